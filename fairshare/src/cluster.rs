@@ -1,0 +1,446 @@
+//! Nodes and their GPUs: what is healthy, leased, claimed, and where work fits.
+//!
+//! GPUs of a node are bits of a `u64` mask (at most 64 per node). Two indexes keep
+//! placement cheap at thousands of nodes: schedulable nodes bucketed by free-GPU count
+//! (best fit is the first node of the smallest bucket that fits) and, per cluster,
+//! nodes that are wholly free (what gangs need).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// Index of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NodeId(pub u32);
+
+impl NodeId {
+    /// The index as usize.
+    pub fn idx(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A set of GPUs on one node, as bits.
+pub type GpuMask = u64;
+
+/// Most GPUs a node may have.
+pub const MAX_GPUS_PER_NODE: u32 = 64;
+
+/// A node as configured or registered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeSpec {
+    /// Host name, unique.
+    pub name: String,
+    /// The cluster it belongs to; gangs never span clusters.
+    pub cluster: String,
+    /// Number of GPUs (1..=64).
+    pub gpus: u32,
+    /// CPU cores.
+    pub cpu: u32,
+    /// Memory in GB.
+    pub memory_gb: u32,
+}
+
+/// Whether a node takes new work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeState {
+    /// Schedulable.
+    Ready,
+    /// No new leases; running leases are revoked at their min-runtime lapse.
+    Draining,
+    /// No new leases; running leases are revoked at once.
+    DrainNow,
+    /// Gone: unreachable or powered off. Its leases are ended by whoever saw it go.
+    Down,
+}
+
+/// One node's live state.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Configuration.
+    pub spec: NodeSpec,
+    /// Index into `Cluster::cluster_names`.
+    pub cluster: u16,
+    /// Scheduling state.
+    pub state: NodeState,
+    /// GPUs that are healthy.
+    pub healthy: GpuMask,
+    /// GPUs held by leases.
+    pub used: GpuMask,
+    /// GPUs set aside for one pending workload (a preemption claim or a reservation).
+    pub claimed: GpuMask,
+    /// GPUs held by leases that may be preempted now (unfunded, or past protection)
+    /// and are not already being revoked.
+    pub soft: GpuMask,
+    /// CPU cores held by leases.
+    pub cpu_used: u32,
+    /// Memory held by leases, GB.
+    pub mem_used: u32,
+}
+
+impl Node {
+    /// All GPU bits of this node.
+    pub fn all(&self) -> GpuMask {
+        mask_of(self.spec.gpus)
+    }
+
+    /// GPUs free for general placement: healthy, unleased, unclaimed, node ready.
+    pub fn free(&self) -> GpuMask {
+        if self.state == NodeState::Ready {
+            self.healthy & !self.used & !self.claimed
+        } else {
+            0
+        }
+    }
+
+    /// True when every GPU is healthy, free and unclaimed on a ready node.
+    pub fn wholly_free(&self) -> bool {
+        self.state == NodeState::Ready && self.free() == self.all() && self.cpu_used == 0
+    }
+
+    /// GPUs that are free or could be freed by preemption now.
+    pub fn clearable(&self) -> GpuMask {
+        if self.state == NodeState::Ready {
+            self.healthy & !self.claimed & (!self.used | self.soft)
+        } else {
+            0
+        }
+    }
+
+    /// True when preemption could empty the whole node.
+    pub fn wholly_clearable(&self) -> bool {
+        self.state == NodeState::Ready && self.claimed == 0 && self.clearable() == self.all()
+    }
+
+    /// True when `cpu` cores and `mem` GB still fit.
+    pub fn fits_host(&self, cpu: u32, mem: u32) -> bool {
+        self.cpu_used + cpu <= self.spec.cpu && self.mem_used + mem <= self.spec.memory_gb
+    }
+}
+
+/// The mask with the low `n` bits set.
+pub fn mask_of(n: u32) -> GpuMask {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+/// The lowest `n` bits set in `from` (fewer if it has fewer).
+pub fn lowest_bits(from: GpuMask, n: u32) -> GpuMask {
+    let mut out = 0;
+    let mut rest = from;
+    for _ in 0..n {
+        if rest == 0 {
+            break;
+        }
+        let bit = rest & rest.wrapping_neg();
+        out |= bit;
+        rest &= !bit;
+    }
+    out
+}
+
+/// Why a node list was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterError {
+    /// GPU count outside 1..=64.
+    #[error("node {name:?}: gpus = {gpus}; a node has 1 to 64 GPUs")]
+    BadGpuCount {
+        /// Node.
+        name: String,
+        /// Its count.
+        gpus: u32,
+    },
+    /// Two nodes with one name.
+    #[error("node {0:?} is defined twice; host names must be unique")]
+    Duplicate(String),
+}
+
+/// All nodes, with the indexes placement uses.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    nodes: Vec<Node>,
+    cluster_names: Vec<String>,
+    by_free: Vec<BTreeSet<u32>>,
+    whole_free: Vec<BTreeSet<u32>>,
+    by_clearable: Vec<BTreeSet<u32>>,
+    whole_clearable: Vec<BTreeSet<u32>>,
+    free_total: u64,
+    total_gpus: u64,
+    total_cpu: u64,
+    total_mem: u64,
+}
+
+impl Cluster {
+    /// Builds the node table; every node starts ready and healthy.
+    pub fn new(specs: Vec<NodeSpec>) -> Result<Self, ClusterError> {
+        let mut cluster_names: Vec<String> = Vec::new();
+        let mut nodes = Vec::with_capacity(specs.len());
+        let mut seen = BTreeSet::new();
+        for spec in specs {
+            if spec.gpus == 0 || spec.gpus > MAX_GPUS_PER_NODE {
+                return Err(ClusterError::BadGpuCount {
+                    name: spec.name,
+                    gpus: spec.gpus,
+                });
+            }
+            if !seen.insert(spec.name.clone()) {
+                return Err(ClusterError::Duplicate(spec.name));
+            }
+            let cluster = match cluster_names.iter().position(|c| *c == spec.cluster) {
+                Some(i) => i,
+                None => {
+                    cluster_names.push(spec.cluster.clone());
+                    cluster_names.len() - 1
+                }
+            } as u16;
+            let all = mask_of(spec.gpus);
+            nodes.push(Node {
+                spec,
+                cluster,
+                state: NodeState::Ready,
+                healthy: all,
+                used: 0,
+                claimed: 0,
+                soft: 0,
+                cpu_used: 0,
+                mem_used: 0,
+            });
+        }
+        let max_gpus = nodes.iter().map(|n| n.spec.gpus).max().unwrap_or(0) as usize;
+        let mut c = Cluster {
+            by_free: vec![BTreeSet::new(); max_gpus + 1],
+            whole_free: vec![BTreeSet::new(); cluster_names.len()],
+            by_clearable: vec![BTreeSet::new(); max_gpus + 1],
+            whole_clearable: vec![BTreeSet::new(); cluster_names.len()],
+            cluster_names,
+            free_total: 0,
+            total_gpus: nodes.iter().map(|n| u64::from(n.spec.gpus)).sum(),
+            total_cpu: nodes.iter().map(|n| u64::from(n.spec.cpu)).sum(),
+            total_mem: nodes.iter().map(|n| u64::from(n.spec.memory_gb)).sum(),
+            nodes,
+        };
+        for i in 0..c.nodes.len() {
+            c.index(i);
+        }
+        Ok(c)
+    }
+
+    fn index(&mut self, i: usize) {
+        let n = &self.nodes[i];
+        let free = n.free().count_ones();
+        self.free_total += u64::from(free);
+        if free > 0 {
+            self.by_free[free as usize].insert(i as u32);
+        }
+        if n.wholly_free() {
+            self.whole_free[n.cluster as usize].insert(i as u32);
+        }
+        let clear = n.clearable().count_ones();
+        if clear > 0 {
+            self.by_clearable[clear as usize].insert(i as u32);
+        }
+        if n.wholly_clearable() {
+            self.whole_clearable[n.cluster as usize].insert(i as u32);
+        }
+    }
+
+    fn unindex(&mut self, i: usize) {
+        let n = &self.nodes[i];
+        let free = n.free().count_ones();
+        self.free_total -= u64::from(free);
+        if free > 0 {
+            self.by_free[free as usize].remove(&(i as u32));
+        }
+        self.whole_free[n.cluster as usize].remove(&(i as u32));
+        let clear = n.clearable().count_ones();
+        if clear > 0 {
+            self.by_clearable[clear as usize].remove(&(i as u32));
+        }
+        self.whole_clearable[n.cluster as usize].remove(&(i as u32));
+    }
+
+    /// Changes one node through `f`, keeping the indexes true.
+    pub fn update<R>(&mut self, id: NodeId, f: impl FnOnce(&mut Node) -> R) -> R {
+        self.unindex(id.idx());
+        let r = f(&mut self.nodes[id.idx()]);
+        self.index(id.idx());
+        r
+    }
+
+    /// A node.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.idx()]
+    }
+
+    /// All nodes in id order.
+    pub fn nodes(&self) -> impl Iterator<Item = (NodeId, &Node)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (NodeId(i as u32), n))
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True with no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Looks a node up by host name (linear; for shells and tests, not the hot path).
+    pub fn find(&self, name: &str) -> Option<NodeId> {
+        self.nodes
+            .iter()
+            .position(|n| n.spec.name == name)
+            .map(|i| NodeId(i as u32))
+    }
+
+    /// Cluster names, indexed by `Node::cluster`.
+    pub fn cluster_names(&self) -> &[String] {
+        &self.cluster_names
+    }
+
+    /// GPUs free for general placement, over all nodes.
+    pub fn free_total(&self) -> u64 {
+        self.free_total
+    }
+
+    /// Installed GPUs, healthy or not.
+    pub fn total_gpus(&self) -> u64 {
+        self.total_gpus
+    }
+
+    /// Installed CPU cores.
+    pub fn total_cpu(&self) -> u64 {
+        self.total_cpu
+    }
+
+    /// Installed memory, GB.
+    pub fn total_mem(&self) -> u64 {
+        self.total_mem
+    }
+
+    /// The largest number of free GPUs on any one node.
+    pub fn largest_free_block(&self) -> u32 {
+        (1..self.by_free.len())
+            .rev()
+            .find(|&k| !self.by_free[k].is_empty())
+            .unwrap_or(0) as u32
+    }
+
+    /// Best fit for single-node work: the node with the fewest free GPUs that still
+    /// holds `gpus` GPUs and the CPU and memory (lowest id on ties).
+    pub fn best_fit(&self, gpus: u32, cpu: u32, mem: u32) -> Option<NodeId> {
+        let lo = gpus.max(1) as usize;
+        for bucket in self.by_free.iter().skip(lo) {
+            for &i in bucket {
+                if self.nodes[i as usize].fits_host(cpu, mem) {
+                    return Some(NodeId(i));
+                }
+            }
+        }
+        None
+    }
+
+    /// `count` wholly free nodes of one cluster, each with at least `gpus` GPUs and
+    /// room for the CPU and memory; the first cluster (by name order) that has them.
+    pub fn whole_nodes(&self, count: u32, gpus: u32, cpu: u32, mem: u32) -> Option<Vec<NodeId>> {
+        for set in &self.whole_free {
+            if (set.len() as u32) < count {
+                continue;
+            }
+            let picked: Vec<NodeId> = set
+                .iter()
+                .map(|&i| NodeId(i))
+                .filter(|&id| {
+                    let n = &self.nodes[id.idx()];
+                    n.spec.gpus >= gpus && n.fits_host(cpu, mem)
+                })
+                .take(count as usize)
+                .collect();
+            if picked.len() == count as usize {
+                return Some(picked);
+            }
+        }
+        None
+    }
+
+    /// The largest number of GPUs on one node that are free or preemptible now.
+    pub fn largest_clearable_block(&self) -> u32 {
+        (1..self.by_clearable.len())
+            .rev()
+            .find(|&k| !self.by_clearable[k].is_empty())
+            .unwrap_or(0) as u32
+    }
+
+    /// Nodes with at least `gpus` free-or-preemptible GPUs, fewest first.
+    pub fn clearable_nodes(&self, gpus: u32) -> impl Iterator<Item = NodeId> + '_ {
+        self.by_clearable
+            .iter()
+            .skip(gpus.max(1) as usize)
+            .flat_map(|b| b.iter().map(|&i| NodeId(i)))
+    }
+
+    /// Per cluster, the nodes that preemption could empty entirely.
+    pub fn wholly_clearable(&self) -> &[BTreeSet<u32>] {
+        &self.whole_clearable
+    }
+
+    /// Number of wholly free nodes in the cluster with the most of them.
+    pub fn most_whole_free(&self) -> u32 {
+        self.whole_free.iter().map(|s| s.len() as u32).max().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes(n: u32, gpus: u32) -> Vec<NodeSpec> {
+        (0..n)
+            .map(|i| NodeSpec {
+                name: format!("n{i}"),
+                cluster: "c".into(),
+                gpus,
+                cpu: 64,
+                memory_gb: 512,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn best_fit_prefers_the_fullest_node_that_fits() {
+        let mut c = Cluster::new(nodes(3, 8)).expect("valid");
+        c.update(NodeId(0), |n| n.used = mask_of(6)); // 2 free
+        c.update(NodeId(1), |n| n.used = mask_of(3)); // 5 free
+        assert_eq!(c.best_fit(2, 1, 1), Some(NodeId(0)));
+        assert_eq!(c.best_fit(3, 1, 1), Some(NodeId(1)));
+        assert_eq!(c.best_fit(8, 1, 1), Some(NodeId(2)));
+        assert_eq!(c.free_total(), 2 + 5 + 8);
+        assert_eq!(c.largest_free_block(), 8);
+        assert_eq!(c.whole_nodes(1, 8, 0, 0), Some(vec![NodeId(2)]));
+        assert_eq!(c.whole_nodes(2, 8, 0, 0), None);
+        c.update(NodeId(2), |n| n.state = NodeState::Draining);
+        assert_eq!(c.best_fit(8, 1, 1), None);
+        assert_eq!(c.free_total(), 7);
+    }
+
+    #[test]
+    fn host_resources_limit_fit() {
+        let c = Cluster::new(nodes(1, 8)).expect("valid");
+        assert_eq!(c.best_fit(1, 65, 1), None);
+        assert_eq!(c.best_fit(1, 64, 512), Some(NodeId(0)));
+    }
+
+    #[test]
+    fn lowest_bits_takes_from_the_bottom() {
+        assert_eq!(lowest_bits(0b1011_0100, 2), 0b0001_0100);
+        assert_eq!(lowest_bits(0b1, 3), 0b1);
+    }
+}

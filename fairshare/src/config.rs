@@ -1,0 +1,116 @@
+//! Policy settings, each with its default and why.
+
+use crate::ledger::UsageModel;
+use crate::time::{de_duration, Secs, DAY, HOUR, MINUTE};
+use serde::Deserialize;
+
+/// Default lookback: 7 days of usage.
+pub const DEFAULT_WINDOW: Secs = 7 * DAY;
+/// Default weight of current allocation in the served ratio: 1 day, so that starting
+/// work moves a group's ratio at once (one burst cannot take everything) while history
+/// still dominates.
+pub const DEFAULT_ALLOCATION_HORIZON: Secs = DAY;
+/// Default aging: one priority point per hour of waiting …
+pub const DEFAULT_AGING_PER_HOUR: u32 = 1;
+/// … up to this many points, so aging orders but never overturns priorities wholesale.
+pub const DEFAULT_AGING_CAP: u32 = 24;
+/// Default hysteresis between served ratios before funded work is preempted.
+pub const DEFAULT_HYSTERESIS: f64 = 0.05;
+/// Default protection after a preempted workload restarts.
+pub const DEFAULT_COOLDOWN: Secs = 30 * MINUTE;
+/// Preemption plans per pass (each scans the candidate victims once).
+pub const DEFAULT_MAX_PREEMPTION_PLANS: u32 = 16;
+/// Gangs holding reservations at once.
+pub const DEFAULT_MAX_RESERVATIONS: u32 = 2;
+/// Workloads looked at per pass, like Slurm's `default_queue_depth`, so a pass stays
+/// cheap with tens of thousands pending.
+pub const DEFAULT_MAX_EXAMINED: u32 = 2_000;
+
+/// How the core ranks, funds, preempts and reserves.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// `window` (hard sliding window) or `half-life` (exponential decay).
+    pub usage_model: UsageModelKind,
+    /// Window length, or the half-life.
+    #[serde(deserialize_with = "de_duration")]
+    pub lookback: Secs,
+    /// How much current allocation weighs in the served ratio (see DEFAULT).
+    #[serde(deserialize_with = "de_duration")]
+    pub allocation_horizon: Secs,
+    /// Priority points gained per hour of waiting.
+    pub aging_per_hour: u32,
+    /// Most points aging adds.
+    pub aging_cap: u32,
+    /// Ratio margin the requester must stay under the victim's group by.
+    pub hysteresis: f64,
+    /// Protection after a preempted workload restarts.
+    #[serde(deserialize_with = "de_duration")]
+    pub cooldown: Secs,
+    /// Count CPU and memory too: usage is the dominant share (DRF).
+    pub drf: bool,
+    /// Preemption plans per pass.
+    pub max_preemption_plans: u32,
+    /// Gangs holding reservations at once.
+    pub max_reservations: u32,
+    /// Workloads examined per pass.
+    pub max_examined: u32,
+}
+
+/// Which usage model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UsageModelKind {
+    /// Hard sliding window (default).
+    Window,
+    /// Exponential half-life.
+    HalfLife,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            usage_model: UsageModelKind::Window,
+            lookback: DEFAULT_WINDOW,
+            allocation_horizon: DEFAULT_ALLOCATION_HORIZON,
+            aging_per_hour: DEFAULT_AGING_PER_HOUR,
+            aging_cap: DEFAULT_AGING_CAP,
+            hysteresis: DEFAULT_HYSTERESIS,
+            cooldown: DEFAULT_COOLDOWN,
+            drf: false,
+            max_preemption_plans: DEFAULT_MAX_PREEMPTION_PLANS,
+            max_reservations: DEFAULT_MAX_RESERVATIONS,
+            max_examined: DEFAULT_MAX_EXAMINED,
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// The ledger model these settings describe.
+    pub fn usage(&self) -> UsageModel {
+        match self.usage_model {
+            UsageModelKind::Window => UsageModel::Window { secs: self.lookback },
+            UsageModelKind::HalfLife => UsageModel::HalfLife { secs: self.lookback },
+        }
+    }
+
+    /// Checks ranges; the error names the field and the fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.lookback < HOUR {
+            return Err(format!(
+                "policy.lookback = {}s is too short; use at least 1h (default 7d)",
+                self.lookback
+            ));
+        }
+        if !(self.hysteresis.is_finite() && self.hysteresis >= 0.0) {
+            return Err(format!(
+                "policy.hysteresis = {}; use a non-negative number such as 0.05",
+                self.hysteresis
+            ));
+        }
+        if self.max_examined == 0 {
+            return Err("policy.max_examined = 0 would never schedule; use at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,182 @@
+//! What the core tells its shell to do, and why.
+
+use crate::time::{format_duration, Time};
+use crate::workload::{LeaseId, NodeGpus, RevokeWhy, WorkloadId};
+use serde::Serialize;
+
+/// One thing for the shell to carry out.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "action")]
+pub enum Action {
+    /// Start a lease now.
+    Start {
+        /// New lease id.
+        lease: LeaseId,
+        /// The workload it runs.
+        workload: WorkloadId,
+        /// Where.
+        placement: Vec<NodeGpus>,
+        /// Charged to the project's budget (otherwise free, always preemptible).
+        funded: bool,
+        /// Why it starts now.
+        why: StartWhy,
+    },
+    /// Take a lease back: checkpoint ladder no earlier than `not_before`.
+    Revoke {
+        /// The lease.
+        lease: LeaseId,
+        /// Its workload.
+        workload: WorkloadId,
+        /// The contract's min-runtime lapse (or now).
+        not_before: Time,
+        /// Why.
+        why: RevokeWhy,
+    },
+    /// Nodes are set aside for a gang that cannot fit yet.
+    Reserve {
+        /// The gang.
+        workload: WorkloadId,
+        /// The nodes.
+        nodes: Vec<crate::cluster::NodeId>,
+        /// When they are expected to be free.
+        start: Time,
+    },
+}
+
+/// Why a lease starts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum StartWhy {
+    /// Ranked `rank` in this pass and fitted on free GPUs; its project's served ratio.
+    Free {
+        /// Position among workloads examined this pass (1 = first).
+        rank: u32,
+        /// Project's served ratio before it started.
+        ratio: f64,
+    },
+    /// Its claim is satisfied: the victims it preempted have gone.
+    AfterPreemption,
+    /// Its reservation's nodes are free.
+    Reservation,
+    /// Backfilled on nodes reserved for another gang, ending before that starts.
+    Backfill {
+        /// The gang holding the reservation.
+        reservation_of: WorkloadId,
+        /// When the reservation starts.
+        starts: Time,
+    },
+}
+
+/// Why a pending workload is not running.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Blocked {
+    /// No node has enough free GPUs for it.
+    NoFit {
+        /// GPUs needed on one node.
+        need: u32,
+        /// The most any node has free.
+        largest_free: u32,
+    },
+    /// Not enough wholly free nodes in one cluster for the gang.
+    NoWholeNodes {
+        /// Nodes needed.
+        need: u32,
+        /// Most wholly free nodes in a cluster.
+        free: u32,
+    },
+    /// Victims were asked to checkpoint; it starts when they are gone.
+    WaitingForVictims,
+    /// Nodes are reserved for it from `start`.
+    Reserved {
+        /// Expected start.
+        start: Time,
+    },
+    /// Its project's budget is spent and unfunded work cannot preempt.
+    Unfunded,
+    /// Nothing it may preempt would make room (protected, or better-served groups).
+    NothingPreemptible,
+    /// Baseline policy only: its team is at its concurrent-GPU cap.
+    OverCap {
+        /// The team's cap.
+        cap: u64,
+    },
+    /// The pass ended before reaching it (others ranked ahead took the capacity).
+    NotReached,
+}
+
+/// A pending workload's explanation, ranked reasons first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explanation {
+    /// The workload.
+    pub workload: WorkloadId,
+    /// Its project.
+    pub project: String,
+    /// The project's served ratio (usage over entitlement).
+    pub project_ratio: f64,
+    /// Its team.
+    pub team: String,
+    /// The team's served ratio.
+    pub team_ratio: f64,
+    /// What stops it, as of the last pass that examined it.
+    pub blocked: Blocked,
+    /// Protected leases and when the first of them lapses.
+    pub protected_leases: u32,
+    /// Earliest protection lapse.
+    pub next_lapse: Option<Time>,
+    /// The same, for people.
+    pub text: String,
+}
+
+/// Renders the explanation line users read in `allot status`.
+pub fn render(
+    project: &str,
+    project_ratio: f64,
+    team: &str,
+    team_ratio: f64,
+    blocked: &Blocked,
+    protected: u32,
+    next_lapse: Option<Time>,
+    now: Time,
+) -> String {
+    let mut s = format!("project {project} is served {project_ratio:.2}× its share");
+    if team != project {
+        s += &format!(" (team {team} {team_ratio:.2}×)");
+    }
+    s += "; ";
+    s += &match blocked {
+        Blocked::NoFit { need, largest_free } => {
+            format!("needs {need} GPUs on one node, the most free is {largest_free}")
+        }
+        Blocked::NoWholeNodes { need, free } => {
+            format!("needs {need} whole nodes, {free} are free in one cluster")
+        }
+        Blocked::WaitingForVictims => "preempted work is checkpointing to make room".into(),
+        Blocked::Reserved { start } => format!(
+            "nodes reserved, starting in {}",
+            format_duration(start.saturating_sub(now))
+        ),
+        Blocked::Unfunded => "budget spent: runs unfunded, only on idle GPUs".into(),
+        Blocked::NothingPreemptible => "nothing may be preempted for it yet".into(),
+        Blocked::OverCap { cap } => format!("team is at its cap of {cap} GPUs"),
+        Blocked::NotReached => "work ranked ahead took the free capacity".into(),
+    };
+    if let (true, Some(t)) = (protected > 0, next_lapse) {
+        s += &format!(
+            "; {protected} protected leases, the first lapses in {}",
+            format_duration(t.saturating_sub(now))
+        );
+    }
+    s
+}
+
+/// Everything one call to [`crate::Scheduler::schedule`] decided.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Decisions {
+    /// Actions in the order to carry them out.
+    pub actions: Vec<Action>,
+    /// When the core next needs to run even if nothing else happens.
+    pub next_wakeup: Option<Time>,
+    /// Workloads examined this pass.
+    pub examined: u32,
+}

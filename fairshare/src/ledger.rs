@@ -1,0 +1,215 @@
+//! The usage ledger: what each project consumed over the lookback window.
+//!
+//! Exact, not sampled: each project keeps its cumulative consumption as a
+//! piecewise-linear function of time (a breakpoint wherever its allocation changes),
+//! so usage over `[now - W, now]` is two lookups, `C(now) - C(now - W)`, each a binary
+//! search, and an update is O(1) amortised. Breakpoints older than the window are
+//! pruned. The exponential half-life model (Slurm's and Kueue's) keeps one decayed
+//! sum per project instead.
+
+use crate::time::{Secs, Time};
+use crate::tree::GroupId;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+/// What the ledger measures, per project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// GPUs held (funded and unfunded).
+    Gpu = 0,
+    /// CPU cores held.
+    Cpu = 1,
+    /// Memory held, in GB.
+    Mem = 2,
+    /// GPUs held by funded leases: what the budget is charged.
+    FundedGpu = 3,
+}
+
+/// Number of channels.
+pub const CHANNELS: usize = 4;
+
+/// Allocation rates per channel (units held at once).
+pub type Rates = [i64; CHANNELS];
+
+/// How old usage is forgotten.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "model")]
+pub enum UsageModel {
+    /// Hard sliding window: usage older than `secs` counts for nothing.
+    Window {
+        /// Window length in seconds.
+        secs: Secs,
+    },
+    /// Exponential decay: usage `secs` old counts half.
+    HalfLife {
+        /// Half-life in seconds.
+        secs: Secs,
+    },
+}
+
+impl UsageModel {
+    /// The length of history the model weighs, in seconds: the window itself, or the
+    /// integral of the decay kernel (half-life / ln 2).
+    pub fn effective_secs(&self) -> f64 {
+        match *self {
+            UsageModel::Window { secs } => secs as f64,
+            UsageModel::HalfLife { secs } => secs as f64 / std::f64::consts::LN_2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    t: Time,
+    cum: [u64; CHANNELS],
+    rate: [u64; CHANNELS],
+}
+
+#[derive(Debug, Clone, Default)]
+struct ProjectLedger {
+    points: VecDeque<Point>,
+    decayed: [f64; CHANNELS],
+    decayed_at: Time,
+    rate: [u64; CHANNELS],
+}
+
+impl ProjectLedger {
+    fn cum_at(&self, t: Time) -> [u64; CHANNELS] {
+        // Index of the last point at or before t.
+        let i = self.points.partition_point(|p| p.t <= t);
+        if i == 0 {
+            return [0; CHANNELS];
+        }
+        let p = &self.points[i - 1];
+        let dt = t - p.t;
+        std::array::from_fn(|c| p.cum[c] + p.rate[c] * dt)
+    }
+}
+
+/// Per-project usage over the lookback, exact for the window model.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    model: UsageModel,
+    projects: Vec<ProjectLedger>,
+}
+
+impl Ledger {
+    /// A ledger with room for `groups` groups (indexed by `GroupId`).
+    pub fn new(model: UsageModel, groups: usize) -> Self {
+        Ledger {
+            model,
+            projects: vec![ProjectLedger::default(); groups],
+        }
+    }
+
+    /// The model in force.
+    pub fn model(&self) -> UsageModel {
+        self.model
+    }
+
+    /// Changes what `g` holds from `now` on by `delta` (positive on start, negative on
+    /// end). Times must not go backwards per project.
+    pub fn add_rate(&mut self, g: GroupId, now: Time, delta: Rates) {
+        let model = self.model;
+        let p = &mut self.projects[g.idx()];
+        let new_rate: [u64; CHANNELS] =
+            std::array::from_fn(|c| p.rate[c].saturating_add_signed(delta[c]));
+        match model {
+            UsageModel::Window { secs } => {
+                let cum = p.cum_at(now);
+                match p.points.back_mut() {
+                    Some(last) if last.t == now => last.rate = new_rate,
+                    _ => p.points.push_back(Point {
+                        t: now,
+                        cum,
+                        rate: new_rate,
+                    }),
+                }
+                let horizon = now.saturating_sub(secs);
+                while p.points.len() >= 2 && p.points[1].t <= horizon {
+                    p.points.pop_front();
+                }
+            }
+            UsageModel::HalfLife { secs } => {
+                p.decayed = decay(p.decayed, p.rate, now - p.decayed_at.min(now), secs);
+                p.decayed_at = now;
+            }
+        }
+        p.rate = new_rate;
+    }
+
+    /// Resource-seconds `g` consumed over the lookback as of `now` (decayed for the
+    /// half-life model), per channel.
+    pub fn usage(&self, g: GroupId, now: Time) -> [f64; CHANNELS] {
+        let p = &self.projects[g.idx()];
+        match self.model {
+            UsageModel::Window { secs } => {
+                let hi = p.cum_at(now);
+                let lo = p.cum_at(now.saturating_sub(secs));
+                std::array::from_fn(|c| (hi[c] - lo[c]) as f64)
+            }
+            UsageModel::HalfLife { secs } => {
+                decay(p.decayed, p.rate, now - p.decayed_at.min(now), secs)
+            }
+        }
+    }
+
+    /// What `g` holds right now, per channel.
+    pub fn rate(&self, g: GroupId) -> [u64; CHANNELS] {
+        self.projects[g.idx()].rate
+    }
+}
+
+/// Decayed sums after `dt` seconds at constant `rate`: `U·d + r·τ·(1−d)`.
+fn decay(u: [f64; CHANNELS], rate: [u64; CHANNELS], dt: Secs, half_life: Secs) -> [f64; CHANNELS] {
+    let tau = half_life as f64 / std::f64::consts::LN_2;
+    let d = (-(dt as f64) / tau).exp();
+    std::array::from_fn(|c| u[c] * d + rate[c] as f64 * tau * (1.0 - d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: GroupId = GroupId(1);
+
+    fn gpus(n: i64) -> Rates {
+        [n, 0, 0, 0]
+    }
+
+    #[test]
+    fn window_usage_is_exact_across_breakpoints() {
+        let mut l = Ledger::new(UsageModel::Window { secs: 100 }, 2);
+        l.add_rate(G, 0, gpus(4)); // 4 GPUs from t=0
+        l.add_rate(G, 50, gpus(-2)); // 2 GPUs from t=50
+        l.add_rate(G, 120, gpus(-2)); // none from t=120
+        assert_eq!(l.usage(G, 50)[0], 200.0);
+        assert_eq!(l.usage(G, 100)[0], 4.0 * 50.0 + 2.0 * 50.0);
+        // Window [30, 130]: 4*20 + 2*70 + 0*10.
+        assert_eq!(l.usage(G, 130)[0], 80.0 + 140.0);
+        // Window [200, 300]: nothing left.
+        assert_eq!(l.usage(G, 300)[0], 0.0);
+    }
+
+    #[test]
+    fn window_prunes_old_breakpoints() {
+        let mut l = Ledger::new(UsageModel::Window { secs: 10 }, 2);
+        for t in 0..1000 {
+            l.add_rate(G, t, gpus(if t % 2 == 0 { 1 } else { -1 }));
+        }
+        assert!(l.projects[1].points.len() <= 12, "{}", l.projects[1].points.len());
+        // Alternating 1/0 per second: 5 GPU-seconds in any 10 s window.
+        assert_eq!(l.usage(G, 999)[0], 5.0);
+    }
+
+    #[test]
+    fn half_life_halves() {
+        let mut l = Ledger::new(UsageModel::HalfLife { secs: 3600 }, 2);
+        l.add_rate(G, 0, gpus(1));
+        l.add_rate(G, 1000, gpus(-1));
+        let at_stop = l.usage(G, 1000)[0];
+        assert!(at_stop > 900.0 && at_stop < 1000.0, "{at_stop}");
+        let later = l.usage(G, 1000 + 3600)[0];
+        assert!((later - at_stop / 2.0).abs() < 1e-6, "{later} vs {at_stop}");
+    }
+}

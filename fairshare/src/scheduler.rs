@@ -1,0 +1,1298 @@
+//! The fair-share scheduler: state plus `now` in, [`Decisions`] out.
+//!
+//! The shell feeds it inputs (`submit`, `cancel`, `lease_ended`, `set_node_state`,
+//! `set_gpu_health`) and calls [`Scheduler::schedule`] after each batch; it carries out
+//! the returned actions and calls again no later than `next_wakeup`. Nothing here
+//! reads a clock, touches a file or a socket, or depends on hash order.
+
+use crate::cluster::{lowest_bits, Cluster, ClusterError, NodeId, NodeSpec, NodeState};
+use crate::config::PolicyConfig;
+use crate::decision::{render, Action, Blocked, Decisions, Explanation, StartWhy};
+use crate::ledger::{Channel, Ledger};
+use crate::queue::{Aging, ProjectQueue, Shape};
+use crate::ratios::Ratios;
+use crate::time::Time;
+use crate::tree::{GroupId, OrgTree};
+use crate::workload::{
+    Lease, LeaseId, NodeGpus, RevokeWhy, Revocation, Workload, WorkloadId, WorkloadSpec,
+    WorkloadState,
+};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// How a lease ended, as the shell saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// The workload exited successfully on its own.
+    Completed,
+    /// The workload failed on its own.
+    Failed,
+    /// The lease was revoked and the checkpoint ladder finished.
+    Revoked,
+    /// The time limit was reached.
+    TimeLimit,
+    /// The node or GPU went away under it.
+    NodeLost,
+}
+
+/// Errors from the core's entry points; each names what was wrong.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CoreError {
+    /// Unknown project, or a team rather than a project.
+    #[error("project {0:?} is not a project of the org tree (a leaf); see `allot share` for the tree")]
+    UnknownProject(String),
+    /// A request that can never be satisfied by this cluster.
+    #[error("{field} = {value}: {why}")]
+    Impossible {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// Why and what would fit.
+        why: String,
+    },
+    /// No such workload.
+    #[error("workload {0} does not exist")]
+    UnknownWorkload(u64),
+    /// No such lease.
+    #[error("lease {0} does not exist (already ended?)")]
+    UnknownLease(u64),
+    /// No such node.
+    #[error("node {0} does not exist")]
+    UnknownNode(u32),
+    /// The workload is already finished.
+    #[error("workload {0} has already ended")]
+    AlreadyEnded(u64),
+    /// Bad node list.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// Bad policy settings.
+    #[error("policy: {0}")]
+    Config(String),
+}
+
+/// GPUs set aside for one pending workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// What kind.
+    pub kind: ClaimKind,
+    /// Claimed GPUs per node.
+    pub nodes: Vec<NodeGpus>,
+}
+
+/// Why GPUs are claimed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ClaimKind {
+    /// Victims were revoked for this workload; it starts when they are gone.
+    Preemption,
+    /// Whole nodes reserved for a gang from `start`.
+    Reservation {
+        /// Expected start.
+        start: Time,
+    },
+}
+
+/// The static-priority policy allot replaces, kept for before/after comparisons:
+/// one global order by priority then submit time, a concurrent-GPU cap per team for
+/// protected work, protected work never preempted, and preemptible (`min_runtime = 0`)
+/// work allowed past the cap on idle GPUs.
+#[derive(Debug, Clone)]
+pub struct Baseline {
+    /// Cap per group index; only teams (children of the root) are read.
+    pub team_caps: Vec<u64>,
+}
+
+/// The policy core.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    cfg: PolicyConfig,
+    tree: OrgTree,
+    queues: Vec<ProjectQueue>,
+    st: State,
+    baseline: Option<Baseline>,
+}
+
+#[derive(Debug, Clone)]
+struct State {
+    cluster: Cluster,
+    ledger: Ledger,
+    workloads: BTreeMap<WorkloadId, Workload>,
+    leases: BTreeMap<LeaseId, Lease>,
+    node_leases: Vec<Vec<LeaseId>>,
+    claims: BTreeMap<WorkloadId, Claim>,
+    protected: BTreeSet<(Time, LeaseId)>,
+    outbox: Vec<Action>,
+    dequeue: Vec<WorkloadId>,
+    demand: Vec<u64>,
+    pending: usize,
+    pending_gangs: usize,
+    next_workload: u64,
+    next_lease: u64,
+    protect_forever: bool,
+}
+
+impl Scheduler {
+    /// A scheduler for `tree` over `nodes`, all ready and healthy.
+    pub fn new(cfg: PolicyConfig, tree: OrgTree, nodes: Vec<NodeSpec>) -> Result<Self, CoreError> {
+        cfg.validate().map_err(CoreError::Config)?;
+        let cluster = Cluster::new(nodes)?;
+        let n = tree.len();
+        Ok(Scheduler {
+            st: State {
+                node_leases: vec![Vec::new(); cluster.len()],
+                cluster,
+                ledger: Ledger::new(cfg.usage(), n),
+                workloads: BTreeMap::new(),
+                leases: BTreeMap::new(),
+                claims: BTreeMap::new(),
+                protected: BTreeSet::new(),
+                outbox: Vec::new(),
+                dequeue: Vec::new(),
+                demand: vec![0; n],
+                pending: 0,
+                pending_gangs: 0,
+                next_workload: 1,
+                next_lease: 1,
+                protect_forever: false,
+            },
+            baseline: None,
+            queues: vec![ProjectQueue::default(); n],
+            tree,
+            cfg,
+        })
+    }
+
+    /// Turns this scheduler into the static-priority baseline (no fair share, no
+    /// aging, no reservations, protected work never preempted).
+    pub fn into_baseline(mut self, b: Baseline) -> Self {
+        self.cfg.aging_per_hour = 0;
+        self.cfg.max_reservations = 0;
+        self.st.protect_forever = true;
+        self.baseline = Some(b);
+        self
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &PolicyConfig {
+        &self.cfg
+    }
+
+    /// The org tree.
+    pub fn tree(&self) -> &OrgTree {
+        &self.tree
+    }
+
+    /// The nodes.
+    pub fn cluster(&self) -> &Cluster {
+        &self.st.cluster
+    }
+
+    /// A workload by id.
+    pub fn workload(&self, id: WorkloadId) -> Option<&Workload> {
+        self.st.workloads.get(&id)
+    }
+
+    /// A lease by id.
+    pub fn lease(&self, id: LeaseId) -> Option<&Lease> {
+        self.st.leases.get(&id)
+    }
+
+    /// All live leases in id order.
+    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.st.leases.values()
+    }
+
+    /// Claims (preemption and reservation) in workload order.
+    pub fn claims(&self) -> &BTreeMap<WorkloadId, Claim> {
+        &self.st.claims
+    }
+
+    /// Number of pending workloads.
+    pub fn pending_len(&self) -> usize {
+        self.st.pending
+    }
+
+    /// GPUs wanted by each project's pending and running work, indexed by group.
+    pub fn demand(&self) -> &[u64] {
+        &self.st.demand
+    }
+
+    /// Forgets finished workloads so long runs keep constant memory; returns how many.
+    pub fn forget_finished(&mut self) -> usize {
+        let before = self.st.workloads.len();
+        self.st.workloads.retain(|_, w| !w.state.is_final());
+        before - self.st.workloads.len()
+    }
+
+    /// Accepts a workload; it is pending from `now`.
+    pub fn submit(&mut self, now: Time, spec: WorkloadSpec) -> Result<WorkloadId, CoreError> {
+        let project = self
+            .tree
+            .find(&spec.project)
+            .filter(|&g| self.tree.is_project(g))
+            .ok_or_else(|| CoreError::UnknownProject(spec.project.clone()))?;
+        self.check_fits(&spec)?;
+        let id = WorkloadId(self.st.next_workload);
+        self.st.next_workload += 1;
+        self.st.demand[project.idx()] += u64::from(spec.total_gpus());
+        let w = Workload {
+            id,
+            spec,
+            project,
+            submit: now,
+            state: WorkloadState::Pending,
+            lease: None,
+            first_start: None,
+            preemptions: 0,
+            last_preempted: None,
+            blocked: None,
+        };
+        self.enqueue(&w);
+        self.st.workloads.insert(id, w);
+        Ok(id)
+    }
+
+    fn check_fits(&self, spec: &WorkloadSpec) -> Result<(), CoreError> {
+        let c = &self.st.cluster;
+        let max_gpus = c.nodes().map(|(_, n)| n.spec.gpus).max().unwrap_or(0);
+        if spec.gpus_per_node == 0 || spec.gpus_per_node > max_gpus {
+            return Err(CoreError::Impossible {
+                field: "gpus",
+                value: u64::from(spec.gpus_per_node),
+                why: format!("ask for 1 to {max_gpus} GPUs per node"),
+            });
+        }
+        let mut per_cluster = vec![0u64; c.cluster_names().len()];
+        for (_, n) in c.nodes() {
+            if n.spec.gpus >= spec.gpus_per_node
+                && n.spec.cpu >= spec.cpu_per_node
+                && n.spec.memory_gb >= spec.mem_per_node_gb
+            {
+                per_cluster[n.cluster as usize] += 1;
+            }
+        }
+        let most = per_cluster.into_iter().max().unwrap_or(0);
+        if spec.nodes == 0 || u64::from(spec.nodes) > most {
+            return Err(CoreError::Impossible {
+                field: "nodes",
+                value: u64::from(spec.nodes),
+                why: format!(
+                    "at most {most} nodes of one cluster can hold {} GPUs, {} CPUs and {} GB each",
+                    spec.gpus_per_node, spec.cpu_per_node, spec.mem_per_node_gb
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn enqueue(&mut self, w: &Workload) {
+        self.queues[w.project.idx()].insert(Shape::of(&w.spec), w.spec.priority, w.submit, w.id);
+        self.st.pending += 1;
+        if w.spec.nodes > 1 && w.spec.min_runtime > 0 {
+            self.st.pending_gangs += 1;
+        }
+    }
+
+    fn dequeue(&mut self, id: WorkloadId) {
+        let Some(w) = self.st.workloads.get(&id) else {
+            return;
+        };
+        if self.queues[w.project.idx()].remove(Shape::of(&w.spec), w.spec.priority, w.submit, id) {
+            self.st.pending -= 1;
+            if w.spec.nodes > 1 && w.spec.min_runtime > 0 {
+                self.st.pending_gangs -= 1;
+            }
+        }
+    }
+
+    /// Cancels a workload: pending ones end now, running ones are revoked at once.
+    pub fn cancel(&mut self, now: Time, id: WorkloadId) -> Result<(), CoreError> {
+        let w = self
+            .st
+            .workloads
+            .get(&id)
+            .ok_or(CoreError::UnknownWorkload(id.0))?;
+        match (w.state, w.lease) {
+            (WorkloadState::Pending, _) => {
+                self.dequeue(id);
+                self.st.drop_claim(id);
+                self.st.finish(id, WorkloadState::Cancelled);
+                Ok(())
+            }
+            (WorkloadState::Running, Some(lease)) => {
+                self.st.revoke(lease, now, RevokeWhy::Cancelled);
+                Ok(())
+            }
+            _ => Err(CoreError::AlreadyEnded(id.0)),
+        }
+    }
+
+    /// The shell reports that a lease is over; returns the workload's new state.
+    pub fn lease_ended(
+        &mut self,
+        now: Time,
+        lease: LeaseId,
+        end: LeaseEnd,
+    ) -> Result<WorkloadState, CoreError> {
+        let l = self
+            .st
+            .release(now, lease)
+            .ok_or(CoreError::UnknownLease(lease.0))?;
+        let wid = l.workload;
+        let resumable = self
+            .st
+            .workloads
+            .get(&wid)
+            .map(|w| w.spec.resumable)
+            .unwrap_or(false);
+        let cancelled = matches!(
+            l.revoke,
+            Some(Revocation {
+                why: RevokeWhy::Cancelled,
+                ..
+            })
+        );
+        let next = match end {
+            LeaseEnd::Completed => WorkloadState::Completed,
+            LeaseEnd::Failed => WorkloadState::Failed,
+            LeaseEnd::TimeLimit => WorkloadState::TimedOut,
+            _ if cancelled => WorkloadState::Cancelled,
+            LeaseEnd::Revoked | LeaseEnd::NodeLost if resumable => WorkloadState::Pending,
+            LeaseEnd::Revoked => WorkloadState::Preempted,
+            LeaseEnd::NodeLost => WorkloadState::Failed,
+        };
+        if next == WorkloadState::Pending {
+            let w = self
+                .st
+                .workloads
+                .get_mut(&wid)
+                .ok_or(CoreError::UnknownWorkload(wid.0))?;
+            w.state = WorkloadState::Pending;
+            w.lease = None;
+            w.blocked = None;
+            if matches!(
+                l.revoke,
+                Some(Revocation {
+                    why: RevokeWhy::Preempted { .. } | RevokeWhy::Reservation { .. },
+                    ..
+                })
+            ) {
+                w.preemptions += 1;
+                w.last_preempted = Some(now);
+            }
+            let w = w.clone();
+            self.enqueue(&w);
+        } else {
+            self.st.finish(wid, next);
+        }
+        Ok(next)
+    }
+
+    /// Changes a node's scheduling state. `Draining` revokes its leases at their
+    /// min-runtime lapse, `DrainNow` and `Down` at once.
+    pub fn set_node_state(
+        &mut self,
+        now: Time,
+        node: NodeId,
+        state: NodeState,
+    ) -> Result<(), CoreError> {
+        if node.idx() >= self.st.cluster.len() {
+            return Err(CoreError::UnknownNode(node.0));
+        }
+        self.st.cluster.update(node, |n| n.state = state);
+        if state != NodeState::Ready {
+            for lid in self.st.node_leases[node.idx()].clone() {
+                let Some(l) = self.st.leases.get(&lid) else {
+                    continue;
+                };
+                let (not_before, why) = match state {
+                    NodeState::Draining => (l.protected_until.max(now), RevokeWhy::Drain { node }),
+                    _ => (now, RevokeWhy::DrainNow { node }),
+                };
+                let earlier = l.revoke.as_ref().is_none_or(|r| r.not_before > not_before);
+                if earlier {
+                    self.st.revoke_at(lid, not_before, why);
+                }
+            }
+            self.st.drop_claims_on(node);
+        }
+        Ok(())
+    }
+
+    /// Marks one GPU healthy or not (a failed GPU takes no new leases).
+    pub fn set_gpu_health(&mut self, node: NodeId, gpu: u32, healthy: bool) -> Result<(), CoreError> {
+        if node.idx() >= self.st.cluster.len() || gpu >= self.st.cluster.node(node).spec.gpus {
+            return Err(CoreError::UnknownNode(node.0));
+        }
+        let bit = 1u64 << gpu;
+        self.st.cluster.update(node, |n| {
+            if healthy {
+                n.healthy |= bit
+            } else {
+                n.healthy &= !bit
+            }
+        });
+        if !healthy {
+            self.st.drop_claims_on(node);
+        }
+        Ok(())
+    }
+
+    /// Served ratio of every group as of `now` (usage plus current allocation over
+    /// entitlement), indexed by group.
+    pub fn group_ratios(&self, now: Time) -> Vec<f64> {
+        let r = Ratios::compute(&self.cfg, &self.tree, &self.st.ledger, &self.st.cluster, now, &[]);
+        (0..self.tree.len())
+            .map(|i| r.ratio(GroupId(i as u32)))
+            .collect()
+    }
+
+    /// Whether `project`'s budget for the lookback is spent (new work runs unfunded).
+    pub fn budget_spent(&self, project: GroupId, now: Time) -> bool {
+        self.st.budget_spent(&self.tree, project, now)
+    }
+
+    /// Every pending workload with its reasons, best-ranked project first.
+    pub fn explain(&self, now: Time) -> Vec<Explanation> {
+        let r = Ratios::compute(&self.cfg, &self.tree, &self.st.ledger, &self.st.cluster, now, &[]);
+        let mut projects: Vec<GroupId> = self.tree.projects().to_vec();
+        projects.sort_by(|a, b| r.ratio(*a).total_cmp(&r.ratio(*b)).then(a.cmp(b)));
+        let next_lapse = self.st.protected.range((now + 1, LeaseId(0))..).next().map(|x| x.0);
+        let protected = self.st.protected.range((now + 1, LeaseId(0))..).count() as u32;
+        let mut out = Vec::new();
+        for p in projects {
+            let team = self.tree.team_of(p);
+            let mut cur = self.queues[p.idx()].cursor(now, self.aging());
+            while let Some((id, _)) = cur.next(|_| false) {
+                let blocked = self
+                    .st
+                    .workloads
+                    .get(&id)
+                    .and_then(|w| w.blocked.clone())
+                    .unwrap_or(Blocked::NotReached);
+                let (pn, tn) = (&self.tree.group(p).name, &self.tree.group(team).name);
+                out.push(Explanation {
+                    workload: id,
+                    project: pn.clone(),
+                    project_ratio: r.ratio(p),
+                    team: tn.clone(),
+                    team_ratio: r.ratio(team),
+                    text: render(pn, r.ratio(p), tn, r.ratio(team), &blocked, protected, next_lapse, now),
+                    blocked,
+                    protected_leases: protected,
+                    next_lapse,
+                });
+            }
+        }
+        out
+    }
+
+    fn aging(&self) -> Aging {
+        Aging {
+            per_hour: self.cfg.aging_per_hour,
+            cap: self.cfg.aging_cap,
+        }
+    }
+
+    /// Runs one scheduling pass at `now`.
+    pub fn schedule(&mut self, now: Time) -> Decisions {
+        let mut d = Decisions {
+            actions: std::mem::take(&mut self.st.outbox),
+            ..Decisions::default()
+        };
+        self.st.lapse_protection(now);
+        let claimed_alloc: Vec<(GroupId, [f64; 3])> = self
+            .st
+            .claims
+            .keys()
+            .filter_map(|id| self.st.workloads.get(id))
+            .map(|w| (w.project, alloc_of(&w.spec)))
+            .collect();
+        let mut r = Ratios::compute(
+            &self.cfg,
+            &self.tree,
+            &self.st.ledger,
+            &self.st.cluster,
+            now,
+            &claimed_alloc,
+        );
+        self.st.process_claims(now, &self.tree, &mut r, &mut d.actions);
+        let aging = self.aging();
+        let mut pass = Pass::new(&self.cfg, &self.tree, &self.st, now, self.baseline.as_ref());
+        pass.run(&self.queues, &mut self.st, &mut r, aging, &mut d);
+        let more = pass.cut_short;
+        for id in std::mem::take(&mut self.st.dequeue) {
+            self.dequeue(id);
+        }
+        d.next_wakeup = self.st.next_wakeup(now, more);
+        d.actions.append(&mut self.st.outbox);
+        d
+    }
+}
+
+/// GPU, CPU and memory a workload holds in all.
+fn alloc_of(spec: &WorkloadSpec) -> [f64; 3] {
+    let n = f64::from(spec.nodes);
+    [
+        f64::from(spec.gpus_per_node) * n,
+        f64::from(spec.cpu_per_node) * n,
+        f64::from(spec.mem_per_node_gb) * n,
+    ]
+}
+
+impl State {
+    fn finish(&mut self, id: WorkloadId, state: WorkloadState) {
+        if let Some(w) = self.workloads.get_mut(&id) {
+            w.state = state;
+            w.lease = None;
+            let g = u64::from(w.spec.total_gpus());
+            self.demand[w.project.idx()] -= g.min(self.demand[w.project.idx()]);
+        }
+    }
+
+    fn budget_spent(&self, tree: &OrgTree, project: GroupId, now: Time) -> bool {
+        let used = self.ledger.usage(project, now)[Channel::FundedGpu as usize];
+        let budget = tree.group(project).share
+            * self.cluster.total_gpus() as f64
+            * self.ledger.model().effective_secs();
+        used >= budget
+    }
+
+    /// Funded leases whose protection lapsed become preemption candidates.
+    fn lapse_protection(&mut self, now: Time) {
+        while let Some(&(t, lid)) = self.protected.first() {
+            if t > now {
+                break;
+            }
+            self.protected.pop_first();
+            if let Some(l) = self.leases.get(&lid) {
+                if l.revoke.is_none() {
+                    for p in l.placement.clone() {
+                        self.cluster.update(p.node, |n| n.soft |= p.gpus);
+                    }
+                }
+            }
+        }
+    }
+
+    fn next_wakeup(&self, now: Time, more: bool) -> Option<Time> {
+        if self.pending == 0 {
+            return None;
+        }
+        let mut t = self.protected.range((now + 1, LeaseId(0))..).next().map(|x| x.0);
+        for c in self.claims.values() {
+            if let ClaimKind::Reservation { start } = c.kind {
+                if start > now {
+                    t = Some(t.map_or(start, |x| x.min(start)));
+                }
+            }
+        }
+        if more {
+            t = Some(now + 1);
+        }
+        t
+    }
+
+    fn start_lease(
+        &mut self,
+        now: Time,
+        cooldown: u64,
+        id: WorkloadId,
+        placement: Vec<NodeGpus>,
+        funded: bool,
+        backfill_for: Option<WorkloadId>,
+        why: StartWhy,
+    ) -> Action {
+        let lid = LeaseId(self.next_lease);
+        self.next_lease += 1;
+        let w = self.workloads.get_mut(&id).expect("started workloads exist");
+        let s = &w.spec;
+        let hold = if funded {
+            let cool = if w.last_preempted.is_some() { cooldown } else { 0 };
+            s.min_runtime.max(cool)
+        } else {
+            0
+        };
+        let preemptible_at = if funded && self.protect_forever {
+            Time::MAX
+        } else {
+            now + hold
+        };
+        let gpus: u32 = placement.iter().map(|p| p.gpus.count_ones()).sum();
+        let (cpu, mem) = (s.cpu_per_node, s.mem_per_node_gb);
+        for p in &placement {
+            let soft = if preemptible_at <= now { p.gpus } else { 0 };
+            self.cluster.update(p.node, |n| {
+                n.used |= p.gpus;
+                n.soft |= soft;
+                n.cpu_used += cpu;
+                n.mem_used += mem;
+            });
+            self.node_leases[p.node.idx()].push(lid);
+        }
+        let nodes = placement.len() as i64;
+        self.ledger.add_rate(
+            w.project,
+            now,
+            [
+                i64::from(gpus),
+                i64::from(cpu) * nodes,
+                i64::from(mem) * nodes,
+                if funded { i64::from(gpus) } else { 0 },
+            ],
+        );
+        if preemptible_at > now && preemptible_at != Time::MAX {
+            self.protected.insert((preemptible_at, lid));
+        }
+        w.state = WorkloadState::Running;
+        w.lease = Some(lid);
+        w.first_start.get_or_insert(now);
+        w.blocked = None;
+        self.dequeue.push(id);
+        let lease = Lease {
+            id: lid,
+            workload: id,
+            project: w.project,
+            placement: placement.clone(),
+            gpus,
+            cpu_per_node: cpu,
+            mem_per_node: mem,
+            start: now,
+            protected_until: now + s.min_runtime,
+            preemptible_at,
+            funded,
+            revoke: None,
+            backfill_for,
+        };
+        self.leases.insert(lid, lease);
+        Action::Start {
+            lease: lid,
+            workload: id,
+            placement,
+            funded,
+            why,
+        }
+    }
+
+    fn release(&mut self, now: Time, lid: LeaseId) -> Option<Lease> {
+        let l = self.leases.remove(&lid)?;
+        let nodes = l.placement.len() as u32;
+        for p in &l.placement {
+            self.cluster.update(p.node, |n| {
+                n.used &= !p.gpus;
+                n.soft &= !p.gpus;
+                n.cpu_used -= l.cpu_per_node.min(n.cpu_used);
+                n.mem_used -= l.mem_per_node.min(n.mem_used);
+            });
+            self.node_leases[p.node.idx()].retain(|x| *x != lid);
+        }
+        self.ledger.add_rate(
+            l.project,
+            now,
+            [
+                -i64::from(l.gpus),
+                -i64::from(l.cpu_per_node * nodes),
+                -i64::from(l.mem_per_node * nodes),
+                if l.funded { -i64::from(l.gpus) } else { 0 },
+            ],
+        );
+        self.protected.remove(&(l.preemptible_at, lid));
+        Some(l)
+    }
+
+    fn revoke(&mut self, lid: LeaseId, now: Time, why: RevokeWhy) {
+        self.revoke_at(lid, now, why);
+    }
+
+    fn revoke_at(&mut self, lid: LeaseId, not_before: Time, why: RevokeWhy) {
+        let Some(l) = self.leases.get_mut(&lid) else {
+            return;
+        };
+        l.revoke = Some(Revocation {
+            not_before,
+            why: why.clone(),
+        });
+        let (workload, placement) = (l.workload, l.placement.clone());
+        for p in placement {
+            self.cluster.update(p.node, |n| n.soft &= !p.gpus);
+        }
+        self.outbox.push(Action::Revoke {
+            lease: lid,
+            workload,
+            not_before,
+            why,
+        });
+    }
+
+    fn drop_claim(&mut self, id: WorkloadId) {
+        if let Some(c) = self.claims.remove(&id) {
+            for p in c.nodes {
+                self.cluster.update(p.node, |n| n.claimed &= !p.gpus);
+            }
+        }
+    }
+
+    fn drop_claims_on(&mut self, node: NodeId) {
+        let ids: Vec<WorkloadId> = self
+            .claims
+            .iter()
+            .filter(|(_, c)| c.nodes.iter().any(|p| p.node == node))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.drop_claim(id);
+        }
+    }
+
+    fn add_claim(&mut self, id: WorkloadId, claim: Claim) {
+        for p in &claim.nodes {
+            self.cluster.update(p.node, |n| n.claimed |= p.gpus);
+        }
+        self.claims.insert(id, claim);
+    }
+
+    /// Starts claimants whose GPUs are free; a reservation whose start has come
+    /// reclaims its nodes.
+    fn process_claims(&mut self, now: Time, tree: &OrgTree, r: &mut Ratios, out: &mut Vec<Action>) {
+        let _ = tree;
+        let ids: Vec<WorkloadId> = self.claims.keys().copied().collect();
+        for id in ids {
+            let Some(claim) = self.claims.get(&id).cloned() else {
+                continue;
+            };
+            let Some(w) = self.workloads.get(&id) else {
+                self.drop_claim(id);
+                continue;
+            };
+            if w.state != WorkloadState::Pending {
+                self.drop_claim(id);
+                continue;
+            }
+            let (g, cpu, mem) = (w.spec.gpus_per_node, w.spec.cpu_per_node, w.spec.mem_per_node_gb);
+            let funded = w.spec.min_runtime > 0;
+            let usable = claim.nodes.iter().all(|p| {
+                let n = self.cluster.node(p.node);
+                n.state == NodeState::Ready && (p.gpus & n.healthy).count_ones() >= g
+            });
+            if !usable {
+                self.drop_claim(id);
+                continue;
+            }
+            let ready = claim.nodes.iter().all(|p| {
+                let n = self.cluster.node(p.node);
+                (p.gpus & n.healthy & !n.used).count_ones() >= g && n.fits_host(cpu, mem)
+            });
+            if ready {
+                let placement: Vec<NodeGpus> = claim
+                    .nodes
+                    .iter()
+                    .map(|p| {
+                        let n = self.cluster.node(p.node);
+                        NodeGpus {
+                            node: p.node,
+                            gpus: lowest_bits(p.gpus & n.healthy & !n.used, g),
+                        }
+                    })
+                    .collect();
+                self.drop_claim(id);
+                let why = match claim.kind {
+                    ClaimKind::Preemption => StartWhy::AfterPreemption,
+                    ClaimKind::Reservation { .. } => StartWhy::Reservation,
+                };
+                // The claimant's allocation was counted at pass start already.
+                let _ = &r;
+                out.push(self.start_lease(now, 0, id, placement, funded, None, why));
+                continue;
+            }
+            if let ClaimKind::Reservation { start } = claim.kind {
+                if now >= start {
+                    for p in &claim.nodes {
+                        for lid in self.node_leases[p.node.idx()].clone() {
+                            let Some(l) = self.leases.get(&lid) else {
+                                continue;
+                            };
+                            let soft = l.placement.iter().any(|x| {
+                                x.node == p.node && self.cluster.node(x.node).soft & x.gpus != 0
+                            });
+                            if l.revoke.is_none() && (soft || l.backfill_for == Some(id)) {
+                                self.revoke(lid, now, RevokeWhy::Reservation { by: id });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One ranking pass: pick the best-ranked project, its best workload, try to start
+/// it (free GPUs, then backfill, then preemption, then a reservation), repeat.
+struct Pass<'c> {
+    baseline: Option<&'c Baseline>,
+    team_protected: Vec<u64>,
+    cap_dead: BTreeSet<(GroupId, Shape)>,
+    cfg: &'c PolicyConfig,
+    tree: &'c OrgTree,
+    now: Time,
+    active_children: Vec<u32>,
+    project_active: Vec<bool>,
+    budget_ok: Vec<Option<bool>>,
+    free_dead: BTreeSet<Shape>,
+    preempt_dead: BTreeSet<(GroupId, Shape)>,
+    reserve_dead: BTreeSet<(GroupId, Shape)>,
+    plans_left: u32,
+    examined: u32,
+    cut_short: bool,
+}
+
+impl<'c> Pass<'c> {
+    fn new(
+        cfg: &'c PolicyConfig,
+        tree: &'c OrgTree,
+        st: &State,
+        now: Time,
+        baseline: Option<&'c Baseline>,
+    ) -> Self {
+        let mut team_protected = vec![0; tree.len()];
+        if baseline.is_some() {
+            for &p in tree.projects() {
+                team_protected[tree.team_of(p).idx()] +=
+                    st.ledger.rate(p)[Channel::FundedGpu as usize];
+            }
+        }
+        Pass {
+            baseline,
+            team_protected,
+            cap_dead: BTreeSet::new(),
+            cfg,
+            tree,
+            now,
+            active_children: vec![0; tree.len()],
+            project_active: vec![false; tree.len()],
+            budget_ok: vec![None; tree.len()],
+            free_dead: BTreeSet::new(),
+            preempt_dead: BTreeSet::new(),
+            reserve_dead: BTreeSet::new(),
+            plans_left: cfg.max_preemption_plans,
+            examined: 0,
+            cut_short: false,
+        }
+    }
+
+    fn activate(&mut self, p: GroupId) {
+        self.project_active[p.idx()] = true;
+        let mut g = p;
+        while let Some(parent) = self.tree.group(g).parent {
+            self.active_children[parent.idx()] += 1;
+            if self.active_children[parent.idx()] > 1 {
+                break;
+            }
+            g = parent;
+        }
+    }
+
+    fn deactivate(&mut self, p: GroupId) {
+        self.project_active[p.idx()] = false;
+        let mut g = p;
+        while let Some(parent) = self.tree.group(g).parent {
+            self.active_children[parent.idx()] -= 1;
+            if self.active_children[parent.idx()] > 0 {
+                break;
+            }
+            g = parent;
+        }
+    }
+
+    fn is_active(&self, g: GroupId) -> bool {
+        if self.tree.is_project(g) {
+            self.project_active[g.idx()]
+        } else {
+            self.active_children[g.idx()] > 0
+        }
+    }
+
+    /// Descends from the root to the lowest-ratio project with work left.
+    fn pick(&self, r: &Ratios) -> Option<GroupId> {
+        let mut g = GroupId::ROOT;
+        while !self.tree.is_project(g) {
+            let best = self
+                .tree
+                .group(g)
+                .children
+                .iter()
+                .copied()
+                .filter(|&c| self.is_active(c))
+                .min_by(|a, b| r.ratio(*a).total_cmp(&r.ratio(*b)).then(a.cmp(b)))?;
+            g = best;
+        }
+        Some(g)
+    }
+
+    /// Baseline order: the project whose best workload has the highest priority, then
+    /// the earliest submit time, across the whole cluster.
+    fn pick_by_priority<'q>(
+        &self,
+        cursors: &mut [Option<crate::queue::Cursor<'q>>],
+        queues: &'q [ProjectQueue],
+        aging: Aging,
+    ) -> Option<GroupId> {
+        let mut best: Option<((i64, std::cmp::Reverse<Time>, std::cmp::Reverse<WorkloadId>), GroupId)> =
+            None;
+        for &p in self.tree.projects() {
+            if !self.project_active[p.idx()] {
+                continue;
+            }
+            let c = cursors[p.idx()].get_or_insert_with(|| queues[p.idx()].cursor(self.now, aging));
+            let key = match c.peek() {
+                Some((eff, submit, id)) => (eff, std::cmp::Reverse(submit), std::cmp::Reverse(id)),
+                None => (i64::MIN, std::cmp::Reverse(0), std::cmp::Reverse(WorkloadId(0))),
+            };
+            if best.as_ref().is_none_or(|b| key > b.0) {
+                best = Some((key, p));
+            }
+        }
+        best.map(|b| b.1)
+    }
+
+    fn funded(&mut self, st: &State, p: GroupId, shape: &Shape) -> bool {
+        if !shape.protected {
+            return false;
+        }
+        if self.baseline.is_some() {
+            return true;
+        }
+        let now = self.now;
+        let tree = self.tree;
+        !*self.budget_ok[p.idx()].get_or_insert_with(|| st.budget_spent(tree, p, now))
+    }
+
+    fn run(
+        &mut self,
+        queues: &[ProjectQueue],
+        st: &mut State,
+        r: &mut Ratios,
+        aging: Aging,
+        d: &mut Decisions,
+    ) {
+        let mut cursors: Vec<Option<crate::queue::Cursor<'_>>> =
+            (0..self.tree.len()).map(|_| None).collect();
+        for &p in self.tree.projects() {
+            if !queues[p.idx()].is_empty() {
+                self.activate(p);
+            }
+        }
+        let reservations_before = st
+            .claims
+            .values()
+            .filter(|c| matches!(c.kind, ClaimKind::Reservation { .. }))
+            .count() as u32;
+        let mut reservations = reservations_before;
+        let mut backfill_cap = backfill_capacity(st, self.now);
+        loop {
+            let can_reserve = reservations < self.cfg.max_reservations
+                && st.pending_gangs > reservations as usize;
+            let can_preempt = self.plans_left > 0 && st.cluster.largest_clearable_block() > 0;
+            if st.cluster.free_total() == 0 && !can_preempt && backfill_cap == 0 && !can_reserve {
+                break;
+            }
+            let picked = if self.baseline.is_some() {
+                self.pick_by_priority(&mut cursors, queues, aging)
+            } else {
+                self.pick(r)
+            };
+            let Some(p) = picked else { break };
+            let cursor = cursors[p.idx()].get_or_insert_with(|| queues[p.idx()].cursor(self.now, aging));
+            let largest_free = st.cluster.largest_free_block();
+            let most_whole = st.cluster.most_whole_free();
+            let dead = |s: &Shape| {
+                let no_free = self.free_dead.contains(s)
+                    || (s.nodes == 1 && s.gpus > largest_free)
+                    || (s.nodes > 1 && s.nodes > most_whole);
+                let no_backfill = s.nodes > 1 || s.gpus > backfill_cap;
+                let no_preempt = !s.protected
+                    || !can_preempt
+                    || self.preempt_dead.contains(&(p, *s))
+                    || self.budget_ok[p.idx()] == Some(true);
+                let no_reserve =
+                    s.nodes == 1 || !s.protected || !can_reserve || self.reserve_dead.contains(&(p, *s));
+                self.cap_dead.contains(&(p, *s))
+                    || (no_free && no_backfill && no_preempt && no_reserve)
+            };
+            let Some((id, shape)) = cursor.next(dead) else {
+                self.deactivate(p);
+                continue;
+            };
+            if self.examined >= self.cfg.max_examined {
+                self.cut_short = true;
+                break;
+            }
+            self.examined += 1;
+            let Some(w) = st.workloads.get(&id) else { continue };
+            if w.state != WorkloadState::Pending {
+                continue;
+            }
+            if let Some(c) = st.claims.get(&id) {
+                let b = match c.kind {
+                    ClaimKind::Preemption => Blocked::WaitingForVictims,
+                    ClaimKind::Reservation { start } => Blocked::Reserved { start },
+                };
+                if let Some(w) = st.workloads.get_mut(&id) {
+                    w.blocked = Some(b);
+                }
+                continue;
+            }
+            let funded = self.funded(st, p, &shape);
+            let spec_alloc = alloc_of(&w.spec);
+            let ratio_before = r.ratio(p);
+            let team = self.tree.team_of(p);
+            if let (Some(b), true) = (self.baseline, funded) {
+                let cap = b.team_caps.get(team.idx()).copied().unwrap_or(0);
+                if self.team_protected[team.idx()] + u64::from(w.spec.total_gpus()) > cap {
+                    self.cap_dead.insert((p, shape));
+                    if let Some(w) = st.workloads.get_mut(&id) {
+                        w.blocked = Some(Blocked::OverCap { cap });
+                    }
+                    continue;
+                }
+            }
+            let charge = if funded { u64::from(w.spec.total_gpus()) } else { 0 };
+
+            // 1. Free GPUs.
+            if !self.free_dead.contains(&shape) {
+                if let Some(placement) = free_placement(&st.cluster, &shape) {
+                    let why = StartWhy::Free {
+                        rank: self.examined,
+                        ratio: ratio_before,
+                    };
+                    d.actions
+                        .push(st.start_lease(self.now, self.cfg.cooldown, id, placement, funded, None, why));
+                    r.add(self.tree, p, spec_alloc);
+                    self.team_protected[team.idx()] += charge;
+                    continue;
+                }
+                self.free_dead.insert(shape);
+            }
+            // 2. Backfill on reserved nodes, if it will be out of the way in time.
+            if shape.nodes == 1 && shape.gpus <= backfill_cap {
+                if let Some((holder, start, placement)) = backfill_placement(st, &shape, id, funded, self.now, self.cfg.cooldown) {
+                    let why = StartWhy::Backfill {
+                        reservation_of: holder,
+                        starts: start,
+                    };
+                    d.actions.push(st.start_lease(
+                        self.now,
+                        self.cfg.cooldown,
+                        id,
+                        placement,
+                        funded,
+                        Some(holder),
+                        why,
+                    ));
+                    r.add(self.tree, p, spec_alloc);
+                    backfill_cap = backfill_capacity(st, self.now);
+                    continue;
+                }
+            }
+            // 3. Preemption.
+            let mut blocked = if !funded && shape.protected {
+                Blocked::Unfunded
+            } else if shape.nodes > 1 {
+                Blocked::NoWholeNodes {
+                    need: shape.nodes,
+                    free: st.cluster.most_whole_free(),
+                }
+            } else {
+                Blocked::NoFit {
+                    need: shape.gpus,
+                    largest_free: st.cluster.largest_free_block(),
+                }
+            };
+            if funded && self.plans_left > 0 && !self.preempt_dead.contains(&(p, shape)) {
+                self.plans_left -= 1;
+                match crate::preempt::plan(st, self.tree, r, self.cfg, self.now, id, p, &shape) {
+                    Some(plan) => {
+                        for v in &plan.victims {
+                            st.revoke(v.lease, self.now, v.why.clone());
+                        }
+                        st.add_claim(
+                            id,
+                            Claim {
+                                kind: ClaimKind::Preemption,
+                                nodes: plan.claim,
+                            },
+                        );
+                        r.add(self.tree, p, spec_alloc);
+                        self.team_protected[team.idx()] += charge;
+                        if let Some(w) = st.workloads.get_mut(&id) {
+                            w.blocked = Some(Blocked::WaitingForVictims);
+                        }
+                        continue;
+                    }
+                    None => {
+                        self.preempt_dead.insert((p, shape));
+                        blocked = Blocked::NothingPreemptible;
+                    }
+                }
+            } else if funded && self.plans_left == 0 {
+                self.cut_short = true;
+            }
+            // 4. Reservation for a gang that cannot start.
+            if shape.nodes > 1
+                && funded
+                && reservations < self.cfg.max_reservations
+                && !self.reserve_dead.contains(&(p, shape))
+            {
+                match crate::preempt::reserve(st, self.now, &shape) {
+                    Some((nodes, start)) => {
+                        let claim_nodes: Vec<NodeGpus> = nodes
+                            .iter()
+                            .map(|&n| NodeGpus {
+                                node: n,
+                                gpus: st.cluster.node(n).all(),
+                            })
+                            .collect();
+                        st.add_claim(
+                            id,
+                            Claim {
+                                kind: ClaimKind::Reservation { start },
+                                nodes: claim_nodes,
+                            },
+                        );
+                        reservations += 1;
+                        backfill_cap = backfill_capacity(st, self.now);
+                        d.actions.push(Action::Reserve {
+                            workload: id,
+                            nodes,
+                            start,
+                        });
+                        blocked = Blocked::Reserved { start };
+                    }
+                    None => {
+                        self.reserve_dead.insert((p, shape));
+                    }
+                }
+            }
+            if let Some(w) = st.workloads.get_mut(&id) {
+                w.blocked = Some(blocked);
+            }
+        }
+        d.examined = self.examined;
+    }
+}
+
+/// Where `shape` fits on free GPUs: best fit for one node, whole nodes for a gang.
+fn free_placement(c: &Cluster, s: &Shape) -> Option<Vec<NodeGpus>> {
+    if s.nodes == 1 {
+        if s.gpus > c.largest_free_block() {
+            return None;
+        }
+        let n = c.best_fit(s.gpus, s.cpu, s.mem)?;
+        Some(vec![NodeGpus {
+            node: n,
+            gpus: lowest_bits(c.node(n).free(), s.gpus),
+        }])
+    } else {
+        let nodes = c.whole_nodes(s.nodes, s.gpus, s.cpu, s.mem)?;
+        Some(
+            nodes
+                .into_iter()
+                .map(|n| NodeGpus {
+                    node: n,
+                    gpus: lowest_bits(c.node(n).free(), s.gpus),
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The most GPUs free on one reserved node whose reservation has not started.
+fn backfill_capacity(st: &State, now: Time) -> u32 {
+    st.claims
+        .values()
+        .filter(|c| matches!(c.kind, ClaimKind::Reservation { start } if start > now))
+        .flat_map(|c| c.nodes.iter())
+        .map(|p| {
+            let n = st.cluster.node(p.node);
+            if n.state == NodeState::Ready {
+                (n.healthy & !n.used).count_ones()
+            } else {
+                0
+            }
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// A reserved node that `id` can use and leave (finish or become preemptible)
+/// before the reservation starts; best fit among them.
+fn backfill_placement(
+    st: &State,
+    s: &Shape,
+    id: WorkloadId,
+    funded: bool,
+    now: Time,
+    cooldown: u64,
+) -> Option<(WorkloadId, Time, Vec<NodeGpus>)> {
+    let w = st.workloads.get(&id)?;
+    let hold = if funded {
+        let cool = if w.last_preempted.is_some() { cooldown } else { 0 };
+        w.spec.min_runtime.max(cool)
+    } else {
+        0
+    };
+    let mut best: Option<(u32, WorkloadId, Time, NodeId)> = None;
+    for (holder, c) in &st.claims {
+        let ClaimKind::Reservation { start } = c.kind else {
+            continue;
+        };
+        let leaves_in_time = now + hold <= start
+            || w.spec.time_limit.is_some_and(|tl| now + tl <= start);
+        if start <= now || !leaves_in_time {
+            continue;
+        }
+        for p in &c.nodes {
+            let n = st.cluster.node(p.node);
+            let avail = if n.state == NodeState::Ready {
+                (n.healthy & !n.used).count_ones()
+            } else {
+                0
+            };
+            if avail >= s.gpus && n.fits_host(s.cpu, s.mem) && best.is_none_or(|b| avail < b.0) {
+                best = Some((avail, *holder, start, p.node));
+            }
+        }
+    }
+    let (_, holder, start, node) = best?;
+    let n = st.cluster.node(node);
+    Some((
+        holder,
+        start,
+        vec![NodeGpus {
+            node,
+            gpus: lowest_bits(n.healthy & !n.used, s.gpus),
+        }],
+    ))
+}
+
+// Accessors the planner needs without exposing the state type.
+pub(crate) mod access {
+    use super::*;
+
+    /// Read-only view for the preemption planner.
+    pub(crate) trait View {
+        fn cluster(&self) -> &Cluster;
+        fn lease(&self, id: LeaseId) -> Option<&Lease>;
+        fn node_leases(&self, n: NodeId) -> &[LeaseId];
+    }
+}
+
+impl access::View for State {
+    fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+    fn lease(&self, id: LeaseId) -> Option<&Lease> {
+        self.leases.get(&id)
+    }
+    fn node_leases(&self, n: NodeId) -> &[LeaseId] {
+        &self.node_leases[n.idx()]
+    }
+}

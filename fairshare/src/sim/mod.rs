@@ -1,0 +1,348 @@
+//! The policy simulator: discrete events on a virtual clock, driving the very same
+//! [`Scheduler`] the allocator runs.
+//!
+//! Arrivals come from a scenario's classes or a trace; the engine carries out the
+//! core's decisions the way agents would (a revoked lease ends `checkpoint.save` after
+//! its `not_before`, losing `checkpoint.lost` of work), injects host faults, and jumps
+//! the clock to the next event or wake-up. It integrates each team's received and
+//! entitled GPU-hours (the ideal of [`crate::entitlement`]) as it goes.
+
+pub mod report;
+pub mod rng;
+pub mod scenario;
+pub mod trace;
+
+use crate::cluster::{NodeId, NodeState};
+use crate::decision::Action;
+use crate::entitlement::water_fill;
+use crate::scheduler::{Baseline, LeaseEnd, Scheduler};
+use crate::time::{Secs, Time, DAY};
+use crate::tree::{GroupId, OrgTree};
+use crate::workload::{LeaseId, RevokeWhy, WorkloadId};
+pub use report::{Report, Timeline};
+use rng::Rng;
+pub use scenario::{Job, Scenario, ScenarioError};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+/// Which policy drives the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// allot: hierarchical fair share, contracts, preemption, reservations.
+    FairShare,
+    /// The baseline it replaces: static priorities and per-team caps.
+    Priority,
+}
+
+impl PolicyKind {
+    /// Its name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::FairShare => "fairshare",
+            PolicyKind::Priority => "priority",
+        }
+    }
+}
+
+/// Why a run could not start or go on.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SimError {
+    /// A bad scenario or trace.
+    #[error(transparent)]
+    Input(#[from] ScenarioError),
+    /// The core refused something the inputs asked for.
+    #[error("{0}")]
+    Core(String),
+}
+
+/// Options of one run.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// The policy.
+    pub policy: PolicyKind,
+    /// Seed (the scenario's unless given).
+    pub seed: u64,
+    /// Record an hourly timeline for plots.
+    pub timeline: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Finish(LeaseId),
+    RevokeDone(LeaseId),
+    Fault(u32, bool),
+    Repair(u32),
+    Wake,
+}
+
+struct Run {
+    wid: WorkloadId,
+    start: Time,
+    gpus: u64,
+    team: usize,
+    funded: bool,
+    revoke: Option<RevokeWhy>,
+}
+
+struct JobState {
+    remaining: Secs,
+    first_start: Option<Time>,
+}
+
+/// Runs a scenario (or the given trace jobs on its clusters and tree).
+pub fn run(
+    sc: &Scenario,
+    jobs: Vec<Job>,
+    extra_groups: &[(String, String)],
+    opts: &SimOptions,
+) -> Result<Report, SimError> {
+    let specs = sc.tree_specs(extra_groups).map_err(SimError::Core)?;
+    let tree = OrgTree::new(&specs).map_err(|e| SimError::Core(e.to_string()))?;
+    let nodes = sc.nodes();
+    let total_gpus: u64 = nodes.iter().map(|n| u64::from(n.gpus)).sum();
+    let mut core = Scheduler::new(sc.policy.clone(), tree.clone(), nodes)
+        .map_err(|e| SimError::Core(e.to_string()))?;
+    if opts.policy == PolicyKind::Priority {
+        let caps = tree
+            .groups()
+            .map(|(_, g)| (g.share * total_gpus as f64 * sc.baseline.cap_factor).round() as u64)
+            .collect();
+        core = core.into_baseline(Baseline { team_caps: caps });
+    }
+    let horizon = u64::from(sc.days) * DAY;
+    let teams: Vec<GroupId> = tree.teams().to_vec();
+    let team_index: Vec<usize> = tree
+        .groups()
+        .map(|(g, _)| teams.iter().position(|t| *t == tree.team_of(g)).unwrap_or(0))
+        .collect();
+    let mut heap: BinaryHeap<Reverse<(Time, u64, Ev)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut push = |heap: &mut BinaryHeap<Reverse<(Time, u64, Ev)>>, t: Time, ev: Ev| {
+        seq += 1;
+        heap.push(Reverse((t, seq, ev)));
+    };
+    // Host faults: Poisson over all nodes.
+    let mut frng = Rng::new(opts.seed ^ 0xFA17);
+    let n_nodes = core.cluster().len() as f64;
+    for (rate, now_kind) in [
+        (sc.faults.drain_per_node_day, false),
+        (sc.faults.drain_now_per_node_day, true),
+    ] {
+        if rate <= 0.0 || n_nodes == 0.0 {
+            continue;
+        }
+        let mean_gap = DAY as f64 / (rate * n_nodes);
+        let mut t = 0.0;
+        loop {
+            t += frng.exp(mean_gap);
+            if t as Time >= horizon {
+                break;
+            }
+            let node = (frng.unit() * n_nodes) as u32;
+            push(&mut heap, t as Time, Ev::Fault(node, now_kind));
+        }
+    }
+
+    let mut rep = report::Builder::new(&tree, &teams, total_gpus, opts.timeline);
+    let mut job_state: Vec<JobState> = Vec::with_capacity(jobs.len());
+    let mut running: BTreeMap<LeaseId, Run> = BTreeMap::new();
+    let mut wakes: BTreeSet<Time> = BTreeSet::new();
+    let mut next_job = 0usize;
+    let mut last_t: Time = 0;
+    let mut events: u64 = 0;
+    let mut ent = vec![0.0; teams.len()];
+    let mut recv = vec![0u64; teams.len()];
+    let (mut busy, mut busy_unfunded) = (0u64, 0u64);
+    let mut down_gpus = 0u64;
+    let mut entitlement_dirty = true;
+
+    loop {
+        let t_arrive = jobs.get(next_job).map(|j| j.submit).filter(|&t| t < horizon);
+        let t_event = heap.peek().map(|Reverse((t, _, _))| *t).filter(|&t| t < horizon);
+        let t = match (t_arrive, t_event) {
+            (None, None) => break,
+            (Some(a), None) => a,
+            (None, Some(e)) => e,
+            (Some(a), Some(e)) => a.min(e),
+        };
+        rep.integrate(last_t, t, &recv, &ent, busy, busy_unfunded);
+        last_t = t;
+        // Arrivals at t.
+        while let Some(j) = jobs.get(next_job).filter(|j| j.submit == t) {
+            events += 1;
+            core.submit(t, j.spec.clone()).map_err(|e| {
+                SimError::Core(if j.line > 0 {
+                    format!("trace line {}: {e}", j.line)
+                } else {
+                    format!("workload of class {}: {e}", j.spec.class)
+                })
+            })?;
+            job_state.push(JobState {
+                remaining: j.work,
+                first_start: None,
+            });
+            next_job += 1;
+            entitlement_dirty = true;
+        }
+        // Other events at t.
+        while let Some(&Reverse((et, _, ev))) = heap.peek() {
+            if et != t {
+                break;
+            }
+            heap.pop();
+            events += 1;
+            match ev {
+                Ev::Wake => {
+                    wakes.remove(&t);
+                }
+                Ev::Finish(lid) => {
+                    let Some(r) = running.remove(&lid) else { continue };
+                    let js = &mut job_state[(r.wid.0 - 1) as usize];
+                    let ran = t - r.start;
+                    let end = if ran < js.remaining {
+                        LeaseEnd::TimeLimit
+                    } else {
+                        LeaseEnd::Completed
+                    };
+                    js.remaining = js.remaining.saturating_sub(ran);
+                    release(&mut recv, &mut busy, &mut busy_unfunded, &r);
+                    core.lease_ended(t, lid, end)
+                        .map_err(|e| SimError::Core(e.to_string()))?;
+                    entitlement_dirty = true;
+                }
+                Ev::RevokeDone(lid) => {
+                    let Some(r) = running.remove(&lid) else { continue };
+                    let idx = (r.wid.0 - 1) as usize;
+                    let js = &mut job_state[idx];
+                    let ran = t - r.start;
+                    let resumable = jobs[idx].spec.resumable;
+                    let lost = if resumable { ran.min(sc.checkpoint.lost) } else { ran };
+                    js.remaining = js.remaining.saturating_sub(ran - lost);
+                    rep.lost_gpu_s += r.gpus * lost;
+                    match r.revoke {
+                        Some(RevokeWhy::Preempted { .. } | RevokeWhy::Reservation { .. }) => rep.preemptions += 1,
+                        Some(RevokeWhy::Drain { .. } | RevokeWhy::DrainNow { .. }) => rep.drain_revocations += 1,
+                        _ => {}
+                    }
+                    release(&mut recv, &mut busy, &mut busy_unfunded, &r);
+                    core.lease_ended(t, lid, LeaseEnd::Revoked)
+                        .map_err(|e| SimError::Core(e.to_string()))?;
+                    entitlement_dirty = true;
+                }
+                Ev::Fault(node, now_kind) => {
+                    let id = NodeId(node);
+                    if core.cluster().node(id).state != NodeState::Ready {
+                        continue;
+                    }
+                    let state = if now_kind { NodeState::DrainNow } else { NodeState::Draining };
+                    down_gpus += u64::from(core.cluster().node(id).spec.gpus);
+                    core.set_node_state(t, id, state)
+                        .map_err(|e| SimError::Core(e.to_string()))?;
+                    rep.faults += 1;
+                    push(&mut heap, t + sc.faults.repair, Ev::Repair(node));
+                    entitlement_dirty = true;
+                }
+                Ev::Repair(node) => {
+                    let id = NodeId(node);
+                    down_gpus -= u64::from(core.cluster().node(id).spec.gpus).min(down_gpus);
+                    core.set_node_state(t, id, NodeState::Ready)
+                        .map_err(|e| SimError::Core(e.to_string()))?;
+                    entitlement_dirty = true;
+                }
+            }
+        }
+        // One pass for everything that happened at t.
+        let d = core.schedule(t);
+        rep.passes += 1;
+        for a in d.actions {
+            match a {
+                Action::Start {
+                    lease,
+                    workload,
+                    placement: _,
+                    funded,
+                    why: _,
+                } => {
+                    let idx = (workload.0 - 1) as usize;
+                    let job = &jobs[idx];
+                    let js = &mut job_state[idx];
+                    if js.first_start.is_none() {
+                        js.first_start = Some(t);
+                        rep.waited(&job.spec.class, job.spec.nodes, t - job.submit);
+                    }
+                    let run_for = match job.spec.time_limit {
+                        Some(tl) => js.remaining.min(tl),
+                        None => js.remaining,
+                    }
+                    .max(1);
+                    let team = team_index[core.workload(workload).map_or(0, |w| w.project.idx())];
+                    let r = Run {
+                        wid: workload,
+                        start: t,
+                        gpus: u64::from(job.spec.total_gpus()),
+                        team,
+                        funded,
+                        revoke: None,
+                    };
+                    recv[team] += r.gpus;
+                    busy += r.gpus;
+                    if !funded {
+                        busy_unfunded += r.gpus;
+                    }
+                    running.insert(lease, r);
+                    push(&mut heap, t + run_for, Ev::Finish(lease));
+                    entitlement_dirty = true;
+                }
+                Action::Revoke {
+                    lease,
+                    not_before,
+                    why,
+                    ..
+                } => {
+                    if let Some(r) = running.get_mut(&lease) {
+                        if r.revoke.is_none() {
+                            r.revoke = Some(why);
+                            push(&mut heap, not_before.max(t) + sc.checkpoint.save, Ev::RevokeDone(lease));
+                        }
+                    }
+                }
+                Action::Reserve { .. } => rep.reservations += 1,
+            }
+        }
+        if let Some(w) = d.next_wakeup {
+            if w > t && w < horizon && wakes.insert(w) {
+                push(&mut heap, w, Ev::Wake);
+            }
+        }
+        if entitlement_dirty {
+            let capacity = total_gpus.saturating_sub(down_gpus) as f64;
+            let demand: Vec<f64> = core.demand().iter().map(|&x| x as f64).collect();
+            let alloc = water_fill(&tree, capacity, &demand);
+            for (i, team) in teams.iter().enumerate() {
+                ent[i] = alloc[team.idx()];
+            }
+            entitlement_dirty = false;
+        }
+        if events % 8192 == 0 {
+            core.forget_finished();
+        }
+    }
+    rep.integrate(last_t, horizon, &recv, &ent, busy, busy_unfunded);
+    for (i, j) in jobs.iter().enumerate().filter(|(_, j)| j.submit < horizon) {
+        let started = job_state.get(i).and_then(|s| s.first_start).is_some();
+        if !started {
+            rep.waited(&j.spec.class, j.spec.nodes, horizon - j.submit);
+        }
+    }
+    rep.submitted = next_job as u64;
+    rep.events = events;
+    Ok(rep.finish(opts.policy.name(), &sc.name, opts.seed, sc.days, horizon))
+}
+
+fn release(recv: &mut [u64], busy: &mut u64, busy_unfunded: &mut u64, r: &Run) {
+    recv[r.team] -= r.gpus;
+    *busy -= r.gpus;
+    if !r.funded {
+        *busy_unfunded -= r.gpus;
+    }
+}

@@ -1,0 +1,351 @@
+//! What a simulation run shows: fairness per team, occupancy, waits, preemptions.
+
+use crate::time::{Secs, Time, HOUR};
+use crate::tree::{GroupId, OrgTree};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One team's line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TeamRow {
+    /// Team name.
+    pub name: String,
+    /// Configured share of the cluster.
+    pub share: f64,
+    /// Ideal GPU-hours (weighted max-min among teams with demand, capped by demand).
+    pub entitled_gpu_hours: f64,
+    /// GPU-hours actually run, funded and unfunded.
+    pub received_gpu_hours: f64,
+    /// `min(1, received / entitled)`.
+    pub ratio: f64,
+}
+
+/// Fairness summary.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Fairness {
+    /// Mean of team ratios.
+    pub mean_ratio: f64,
+    /// Worst team ratio.
+    pub min_ratio: f64,
+    /// Teams with ratio ≥ 0.95.
+    pub teams_at_least_0_95: u32,
+}
+
+/// Wait percentiles of one class, seconds (never-started work counts its wait so far).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WaitStats {
+    /// Workloads.
+    pub count: u64,
+    /// Median.
+    pub p50: u64,
+    /// 90th percentile.
+    pub p90: u64,
+    /// 99th percentile.
+    pub p99: u64,
+}
+
+/// Waits of the largest gangs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GangWait {
+    /// Their size in nodes.
+    pub nodes: u32,
+    /// Median wait.
+    pub p50: u64,
+    /// 90th percentile.
+    pub p90: u64,
+}
+
+/// Hourly samples for plots.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Timeline {
+    /// Hour index.
+    pub hours: Vec<u64>,
+    /// Busy GPUs / capacity, per hour.
+    pub occupancy: Vec<f64>,
+    /// Per team: share of busy GPUs held, per hour.
+    pub team_share: Vec<Vec<f64>>,
+}
+
+/// The report of one run; `--json` prints it as one object.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// Policy name.
+    pub policy: String,
+    /// Scenario name.
+    pub scenario: String,
+    /// Seed.
+    pub seed: u64,
+    /// Simulated days.
+    pub days: u32,
+    /// GPUs installed.
+    pub gpus: u64,
+    /// Busy GPU-hours / capacity.
+    pub occupancy: f64,
+    /// Share of busy GPU-hours that ran unfunded.
+    pub unallocated_occupancy: f64,
+    /// Per team.
+    pub teams: Vec<TeamRow>,
+    /// Summary.
+    pub fairness: Fairness,
+    /// Per class.
+    pub wait_s: BTreeMap<String, WaitStats>,
+    /// Leases revoked for preemption (and reservations) that ended that way.
+    pub preemptions: u64,
+    /// Leases revoked because their node drained.
+    pub drain_revocations: u64,
+    /// Work redone after revocations, GPU-hours.
+    pub lost_gpu_hours: f64,
+    /// Waits of the largest gangs.
+    pub largest_gang_wait_s: GangWait,
+    /// Workloads submitted.
+    pub submitted: u64,
+    /// Host faults injected.
+    pub faults: u64,
+    /// Reservations made.
+    pub reservations: u64,
+    /// Events processed.
+    pub events: u64,
+    /// Scheduling passes run.
+    pub passes: u64,
+    /// Wall-clock seconds the run took (set by the caller; the core has no clock).
+    pub sim_wall_s: f64,
+    /// Hourly samples, when asked for.
+    #[serde(skip)]
+    pub timeline: Option<Timeline>,
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+fn pct(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// Accumulates a run's figures.
+pub(crate) struct Builder {
+    names: Vec<String>,
+    shares: Vec<f64>,
+    total_gpus: u64,
+    entitled: Vec<f64>,
+    received: Vec<f64>,
+    busy_s: f64,
+    unfunded_s: f64,
+    waits: BTreeMap<String, Vec<u64>>,
+    gang_waits: BTreeMap<u32, Vec<u64>>,
+    timeline: Option<Timeline>,
+    next_sample: Time,
+    pub preemptions: u64,
+    pub drain_revocations: u64,
+    pub lost_gpu_s: u64,
+    pub submitted: u64,
+    pub faults: u64,
+    pub reservations: u64,
+    pub events: u64,
+    pub passes: u64,
+}
+
+impl Builder {
+    pub fn new(tree: &OrgTree, teams: &[GroupId], total_gpus: u64, timeline: bool) -> Self {
+        Builder {
+            names: teams.iter().map(|t| tree.group(*t).name.clone()).collect(),
+            shares: teams.iter().map(|t| tree.group(*t).share).collect(),
+            total_gpus,
+            entitled: vec![0.0; teams.len()],
+            received: vec![0.0; teams.len()],
+            busy_s: 0.0,
+            unfunded_s: 0.0,
+            waits: BTreeMap::new(),
+            gang_waits: BTreeMap::new(),
+            timeline: timeline.then(|| Timeline {
+                team_share: vec![Vec::new(); teams.len()],
+                ..Timeline::default()
+            }),
+            next_sample: 0,
+            preemptions: 0,
+            drain_revocations: 0,
+            lost_gpu_s: 0,
+            submitted: 0,
+            faults: 0,
+            reservations: 0,
+            events: 0,
+            passes: 0,
+        }
+    }
+
+    /// Adds the interval [from, to) at constant allocation.
+    pub fn integrate(&mut self, from: Time, to: Time, recv: &[u64], ent: &[f64], busy: u64, unfunded: u64) {
+        if to <= from {
+            return;
+        }
+        let dt = (to - from) as f64;
+        for i in 0..recv.len() {
+            self.received[i] += recv[i] as f64 * dt;
+            self.entitled[i] += ent[i] * dt;
+        }
+        self.busy_s += busy as f64 * dt;
+        self.unfunded_s += unfunded as f64 * dt;
+        if let Some(tl) = &mut self.timeline {
+            while self.next_sample < to {
+                if self.next_sample >= from {
+                    tl.hours.push(self.next_sample / HOUR);
+                    tl.occupancy.push(busy as f64 / self.total_gpus.max(1) as f64);
+                    for (i, s) in tl.team_share.iter_mut().enumerate() {
+                        s.push(if busy == 0 { 0.0 } else { recv[i] as f64 / busy as f64 });
+                    }
+                }
+                self.next_sample += HOUR;
+            }
+        }
+    }
+
+    /// Records a first start (or a censored wait at the end).
+    pub fn waited(&mut self, class: &str, nodes: u32, wait: Secs) {
+        self.waits.entry(class.to_string()).or_default().push(wait);
+        self.gang_waits.entry(nodes).or_default().push(wait);
+    }
+
+    pub fn finish(mut self, policy: &str, scenario: &str, seed: u64, days: u32, horizon: Time) -> Report {
+        let teams: Vec<TeamRow> = (0..self.names.len())
+            .map(|i| {
+                let e = self.entitled[i] / 3_600.0;
+                let r = self.received[i] / 3_600.0;
+                TeamRow {
+                    name: self.names[i].clone(),
+                    share: round4(self.shares[i]),
+                    entitled_gpu_hours: round4(e),
+                    received_gpu_hours: round4(r),
+                    ratio: round4(if e <= 0.0 { 1.0 } else { (r / e).min(1.0) }),
+                }
+            })
+            .collect();
+        let n = teams.len().max(1) as f64;
+        let fairness = Fairness {
+            mean_ratio: round4(teams.iter().map(|t| t.ratio).sum::<f64>() / n),
+            min_ratio: teams.iter().map(|t| t.ratio).fold(1.0, f64::min),
+            teams_at_least_0_95: teams.iter().filter(|t| t.ratio >= 0.95).count() as u32,
+        };
+        let wait_s = std::mem::take(&mut self.waits)
+            .into_iter()
+            .map(|(k, mut v)| {
+                v.sort_unstable();
+                let s = WaitStats {
+                    count: v.len() as u64,
+                    p50: pct(&v, 0.5),
+                    p90: pct(&v, 0.9),
+                    p99: pct(&v, 0.99),
+                };
+                (k, s)
+            })
+            .collect();
+        let largest_gang_wait_s = match self.gang_waits.iter_mut().next_back() {
+            Some((&nodes, v)) => {
+                v.sort_unstable();
+                GangWait {
+                    nodes,
+                    p50: pct(v, 0.5),
+                    p90: pct(v, 0.9),
+                }
+            }
+            None => GangWait {
+                nodes: 0,
+                p50: 0,
+                p90: 0,
+            },
+        };
+        let capacity = self.total_gpus as f64 * horizon as f64;
+        Report {
+            policy: policy.into(),
+            scenario: scenario.into(),
+            seed,
+            days,
+            gpus: self.total_gpus,
+            occupancy: round4(self.busy_s / capacity.max(1.0)),
+            unallocated_occupancy: round4(if self.busy_s > 0.0 {
+                self.unfunded_s / self.busy_s
+            } else {
+                0.0
+            }),
+            teams,
+            fairness,
+            wait_s,
+            preemptions: self.preemptions,
+            drain_revocations: self.drain_revocations,
+            lost_gpu_hours: round4(self.lost_gpu_s as f64 / 3_600.0),
+            largest_gang_wait_s,
+            submitted: self.submitted,
+            faults: self.faults,
+            reservations: self.reservations,
+            events: self.events,
+            passes: self.passes,
+            sim_wall_s: 0.0,
+            timeline: self.timeline,
+        }
+    }
+}
+
+impl Report {
+    /// The table for people.
+    pub fn table(&self) -> String {
+        use crate::time::format_duration as d;
+        let mut s = format!(
+            "scenario {} · policy {} · seed {} · {} days · {} GPUs\n\n",
+            self.scenario, self.policy, self.seed, self.days, self.gpus
+        );
+        s += &format!(
+            "occupancy {:.1}%  (unallocated {:.1}% of busy)   preemptions {}   drain revocations {}   lost {:.0} GPU-h\n\n",
+            self.occupancy * 100.0,
+            self.unallocated_occupancy * 100.0,
+            self.preemptions,
+            self.drain_revocations,
+            self.lost_gpu_hours
+        );
+        s += &format!(
+            "{:<14} {:>7} {:>12} {:>12} {:>7}\n",
+            "team", "share", "entitled h", "received h", "ratio"
+        );
+        for t in &self.teams {
+            s += &format!(
+                "{:<14} {:>6.1}% {:>12.0} {:>12.0} {:>7.3}\n",
+                t.name,
+                t.share * 100.0,
+                t.entitled_gpu_hours,
+                t.received_gpu_hours,
+                t.ratio
+            );
+        }
+        s += &format!(
+            "fairness: mean {:.3}, worst {:.3}, {} of {} teams ≥ 0.95\n\n",
+            self.fairness.mean_ratio,
+            self.fairness.min_ratio,
+            self.fairness.teams_at_least_0_95,
+            self.teams.len()
+        );
+        s += &format!("{:<14} {:>8} {:>9} {:>9} {:>9}\n", "class", "count", "p50", "p90", "p99");
+        for (k, w) in &self.wait_s {
+            s += &format!(
+                "{:<14} {:>8} {:>9} {:>9} {:>9}\n",
+                k,
+                w.count,
+                d(w.p50),
+                d(w.p90),
+                d(w.p99)
+            );
+        }
+        s += &format!(
+            "largest gangs ({} nodes): wait p50 {}, p90 {}\n",
+            self.largest_gang_wait_s.nodes,
+            d(self.largest_gang_wait_s.p50),
+            d(self.largest_gang_wait_s.p90)
+        );
+        s += &format!(
+            "{} workloads, {} events, {} passes, {} reservations, {} faults, {:.2}s wall\n",
+            self.submitted, self.events, self.passes, self.reservations, self.faults, self.sim_wall_s
+        );
+        s
+    }
+}

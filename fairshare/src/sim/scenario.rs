@@ -1,0 +1,572 @@
+//! Scenario files (TOML): clusters, the org tree, workload classes, faults,
+//! checkpoint cost, policy settings. Errors name the file, the line and the field.
+
+use super::rng::Rng;
+use crate::cluster::NodeSpec;
+use crate::config::PolicyConfig;
+use crate::time::{de_duration, de_opt_duration, Secs, Time, DAY, HOUR};
+use crate::tree::GroupSpec;
+use crate::workload::WorkloadSpec;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// The built-in scenario modelled on the published setting.
+pub const AI2: &str = include_str!("ai2.toml");
+
+/// A scenario file that could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {field}: {message}")]
+pub struct ScenarioError {
+    /// The file.
+    pub file: String,
+    /// 1-based line (0 when unknown).
+    pub line: usize,
+    /// The field at fault.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// One cluster: identical nodes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// Name; gangs never span clusters.
+    pub name: String,
+    /// Node count.
+    pub nodes: u32,
+    /// GPUs per node.
+    pub gpus_per_node: u32,
+    /// CPU cores per node.
+    #[serde(default = "default_cpu")]
+    pub cpu_per_node: u32,
+    /// Memory per node, GB.
+    #[serde(default = "default_mem")]
+    pub memory_gb_per_node: u32,
+}
+
+fn default_cpu() -> u32 {
+    128
+}
+fn default_mem() -> u32 {
+    2048
+}
+fn one() -> f64 {
+    1.0
+}
+
+/// A project inside a team.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectSpec {
+    /// Unique name.
+    pub name: String,
+    /// Weight among the team's projects.
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+/// A team: a child of the root, optionally split into projects.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeamSpec {
+    /// Unique name.
+    pub name: String,
+    /// Weight among teams.
+    pub weight: f64,
+    /// Multiplier on the team's share of every class's arrivals (1 = demand follows
+    /// share).
+    #[serde(default = "one")]
+    pub demand: f64,
+    /// Projects; none means the team itself is the project.
+    #[serde(default)]
+    pub projects: Vec<ProjectSpec>,
+}
+
+/// How long a run takes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "dist", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum DurationDist {
+    /// Log-normal around `median` with shape `sigma`, clipped to [min, max].
+    Lognormal {
+        /// Median.
+        #[serde(deserialize_with = "de_duration")]
+        median: Secs,
+        /// Shape.
+        sigma: f64,
+        /// Lower clip.
+        #[serde(default, deserialize_with = "de_duration")]
+        min: Secs,
+        /// Upper clip.
+        #[serde(deserialize_with = "de_duration")]
+        max: Secs,
+    },
+    /// Exponential with `mean`, clipped to [min, max].
+    Exp {
+        /// Mean.
+        #[serde(deserialize_with = "de_duration")]
+        mean: Secs,
+        /// Lower clip.
+        #[serde(default, deserialize_with = "de_duration")]
+        min: Secs,
+        /// Upper clip.
+        #[serde(deserialize_with = "de_duration")]
+        max: Secs,
+    },
+    /// Uniform in [min, max].
+    Uniform {
+        /// Lower bound.
+        #[serde(deserialize_with = "de_duration")]
+        min: Secs,
+        /// Upper bound.
+        #[serde(deserialize_with = "de_duration")]
+        max: Secs,
+    },
+}
+
+impl DurationDist {
+    fn sample(&self, rng: &mut Rng) -> Secs {
+        let (v, lo, hi) = match *self {
+            DurationDist::Lognormal {
+                median,
+                sigma,
+                min,
+                max,
+            } => ((median as f64) * (sigma * rng.normal()).exp(), min, max),
+            DurationDist::Exp { mean, min, max } => (rng.exp(mean as f64), min, max),
+            DurationDist::Uniform { min, max } => {
+                (min as f64 + rng.unit() * (max - min) as f64, min, max)
+            }
+        };
+        (v.round() as Secs).clamp(lo.max(1), hi.max(1))
+    }
+}
+
+/// A stream of similar workloads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassSpec {
+    /// Class label.
+    pub name: String,
+    /// Poisson arrivals per hour, whole cluster.
+    pub arrivals_per_hour: f64,
+    /// GPUs per node → probability weight.
+    pub gpus: BTreeMap<String, f64>,
+    /// Nodes → probability weight (default: always 1).
+    #[serde(default)]
+    pub nodes: BTreeMap<String, f64>,
+    /// Run length.
+    pub duration: DurationDist,
+    /// Protected time; 0 = unfunded, always preemptible.
+    #[serde(deserialize_with = "de_duration")]
+    pub min_runtime: Secs,
+    /// Optional time limit.
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub time_limit: Option<Secs>,
+    /// Share of workloads that can checkpoint and resume (0..=1).
+    #[serde(default = "one")]
+    pub resumable: f64,
+    /// Priority → probability weight (default: always 0).
+    #[serde(default)]
+    pub priority: BTreeMap<String, f64>,
+    /// CPU cores per GPU requested.
+    #[serde(default = "default_cpu_per_gpu")]
+    pub cpu_per_gpu: u32,
+    /// GB of memory per GPU requested.
+    #[serde(default = "default_mem_per_gpu")]
+    pub mem_per_gpu_gb: u32,
+}
+
+fn default_cpu_per_gpu() -> u32 {
+    8
+}
+fn default_mem_per_gpu() -> u32 {
+    64
+}
+
+/// Host faults, per node per day.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Faults {
+    /// Rate of `drain` verdicts (leases end at their min-runtime lapse).
+    #[serde(default)]
+    pub drain_per_node_day: f64,
+    /// Rate of `drain-now` verdicts (leases end at once).
+    #[serde(default)]
+    pub drain_now_per_node_day: f64,
+    /// Time from the fault until the node is back.
+    #[serde(default = "default_repair", deserialize_with = "de_duration")]
+    pub repair: Secs,
+}
+
+fn default_repair() -> Secs {
+    4 * HOUR
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            drain_per_node_day: 0.0,
+            drain_now_per_node_day: 0.0,
+            repair: default_repair(),
+        }
+    }
+}
+
+/// What a preemption costs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    /// From revocation to the GPUs being free (the checkpoint ladder).
+    #[serde(default = "default_save", deserialize_with = "de_duration")]
+    pub save: Secs,
+    /// Work lost per preemption of resumable work (since the last checkpoint).
+    #[serde(default = "default_lost", deserialize_with = "de_duration")]
+    pub lost: Secs,
+}
+
+fn default_save() -> Secs {
+    60
+}
+fn default_lost() -> Secs {
+    600
+}
+
+impl Default for Checkpoint {
+    fn default() -> Self {
+        Checkpoint {
+            save: default_save(),
+            lost: default_lost(),
+        }
+    }
+}
+
+/// Settings of the static-priority baseline.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BaselineSpec {
+    /// A team's concurrent-GPU cap for protected work, as a multiple of its share of
+    /// the GPUs.
+    #[serde(default = "one")]
+    pub cap_factor: f64,
+}
+
+impl Default for BaselineSpec {
+    fn default() -> Self {
+        BaselineSpec { cap_factor: 1.0 }
+    }
+}
+
+/// A scenario as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Name, shown in reports.
+    pub name: String,
+    /// Simulated days.
+    #[serde(default = "default_days")]
+    pub days: u32,
+    /// Seed for every random draw.
+    #[serde(default)]
+    pub seed: u64,
+    /// Policy settings (defaults as in `PolicyConfig`).
+    #[serde(default)]
+    pub policy: PolicyConfig,
+    /// Clusters.
+    pub clusters: Vec<ClusterSpec>,
+    /// Teams of the org tree.
+    #[serde(default)]
+    pub teams: Vec<TeamSpec>,
+    /// Workload classes.
+    #[serde(default)]
+    pub classes: Vec<ClassSpec>,
+    /// Host faults.
+    #[serde(default)]
+    pub faults: Faults,
+    /// Preemption cost.
+    #[serde(default)]
+    pub checkpoint: Checkpoint,
+    /// Baseline settings.
+    #[serde(default)]
+    pub baseline: BaselineSpec,
+}
+
+fn default_days() -> u32 {
+    30
+}
+
+/// One workload to submit at `submit`, needing `work` seconds of running.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    /// Arrival.
+    pub submit: Time,
+    /// Seconds of running it needs.
+    pub work: Secs,
+    /// What is submitted.
+    pub spec: WorkloadSpec,
+    /// Line in the trace file it came from (0 when generated).
+    pub line: usize,
+}
+
+fn line_of(text: &str, needle: &str) -> usize {
+    text.lines()
+        .position(|l| l.contains(needle))
+        .map_or(0, |i| i + 1)
+}
+
+impl Scenario {
+    /// Parses and checks a scenario; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
+        let s: Scenario = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map_or(0, |sp| text[..sp.start.min(text.len())].lines().count().max(1));
+            let msg = e.message().to_string();
+            let field = msg
+                .split('`')
+                .nth(1)
+                .unwrap_or("(syntax)")
+                .to_string();
+            ScenarioError {
+                file: file.into(),
+                line,
+                field,
+                message: msg,
+            }
+        })?;
+        s.check(text, file)?;
+        Ok(s)
+    }
+
+    fn check(&self, text: &str, file: &str) -> Result<(), ScenarioError> {
+        let err = |needle: &str, field: String, message: String| ScenarioError {
+            file: file.into(),
+            line: line_of(text, needle),
+            field,
+            message,
+        };
+        self.policy
+            .validate()
+            .map_err(|m| err("[policy]", "policy".into(), m))?;
+        if self.days == 0 {
+            return Err(err("days", "days".into(), "must be at least 1".into()));
+        }
+        if self.clusters.is_empty() {
+            return Err(err("", "clusters".into(), "add at least one [[clusters]] table".into()));
+        }
+        for (i, c) in self.clusters.iter().enumerate() {
+            let needle = format!("\"{}\"", c.name);
+            if c.nodes == 0 || c.gpus_per_node == 0 || c.gpus_per_node > 64 {
+                return Err(err(
+                    &needle,
+                    format!("clusters[{i}]"),
+                    format!(
+                        "nodes = {}, gpus_per_node = {}: need at least 1 node and 1 to 64 GPUs per node",
+                        c.nodes, c.gpus_per_node
+                    ),
+                ));
+            }
+        }
+        for (i, c) in self.classes.iter().enumerate() {
+            let needle = format!("\"{}\"", c.name);
+            let at = |f: &str| format!("classes[{i}] ({}).{f}", c.name);
+            if !(c.arrivals_per_hour.is_finite() && c.arrivals_per_hour >= 0.0) {
+                return Err(err(&needle, at("arrivals_per_hour"), "must be a non-negative number".into()));
+            }
+            if !(0.0..=1.0).contains(&c.resumable) {
+                return Err(err(&needle, at("resumable"), "is a share: use a number from 0 to 1".into()));
+            }
+            for (field, map) in [("gpus", &c.gpus), ("nodes", &c.nodes), ("priority", &c.priority)] {
+                for (k, w) in map {
+                    let ok_key = if field == "priority" {
+                        k.parse::<i32>().is_ok()
+                    } else {
+                        k.parse::<u32>().is_ok_and(|n| n > 0)
+                    };
+                    if !ok_key || !(w.is_finite() && *w >= 0.0) {
+                        return Err(err(
+                            &needle,
+                            at(field),
+                            format!("entry {k} = {w}: keys are {} and weights non-negative numbers", if field == "priority" { "integers" } else { "positive integers" }),
+                        ));
+                    }
+                }
+            }
+            if c.gpus.is_empty() {
+                return Err(err(&needle, at("gpus"), "give at least one size, e.g. { 1 = 0.5, 8 = 0.5 }".into()));
+            }
+        }
+        for t in &self.teams {
+            if !(t.demand.is_finite() && t.demand >= 0.0) {
+                return Err(err(
+                    &format!("\"{}\"", t.name),
+                    format!("teams ({}).demand", t.name),
+                    "must be a non-negative number".into(),
+                ));
+            }
+        }
+        self.tree_specs(&[])
+            .and_then(|specs| crate::tree::OrgTree::new(&specs).map(|_| ()).map_err(|e| e.to_string()))
+            .map_err(|m| err("[[teams]]", "teams".into(), m))
+    }
+
+    /// Node list of all clusters.
+    pub fn nodes(&self) -> Vec<NodeSpec> {
+        let mut out = Vec::new();
+        for c in &self.clusters {
+            for i in 0..c.nodes {
+                out.push(NodeSpec {
+                    name: format!("{}-{:04}", c.name, i),
+                    cluster: c.name.clone(),
+                    gpus: c.gpus_per_node,
+                    cpu: c.cpu_per_node,
+                    memory_gb: c.memory_gb_per_node,
+                });
+            }
+        }
+        out
+    }
+
+    /// The org tree, with `extra` (team, project) pairs from a trace added: unknown
+    /// teams get the mean team weight (equal shares), unknown projects weight 1.
+    pub fn tree_specs(&self, extra: &[(String, String)]) -> Result<Vec<GroupSpec>, String> {
+        let mut teams: Vec<(String, f64, Vec<(String, f64)>)> = self
+            .teams
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.weight,
+                    t.projects.iter().map(|p| (p.name.clone(), p.weight)).collect(),
+                )
+            })
+            .collect();
+        let mean = if teams.is_empty() {
+            1.0
+        } else {
+            teams.iter().map(|t| t.1).sum::<f64>() / teams.len() as f64
+        };
+        for (team, project) in extra {
+            let i = match teams.iter().position(|t| t.0 == *team) {
+                Some(i) => i,
+                None => {
+                    teams.push((team.clone(), mean, Vec::new()));
+                    teams.len() - 1
+                }
+            };
+            if project != team && !teams[i].2.iter().any(|p| p.0 == *project) {
+                teams[i].2.push((project.clone(), 1.0));
+            }
+        }
+        if teams.is_empty() {
+            return Err("no teams: add [[teams]] or replay a trace".into());
+        }
+        let mut specs = Vec::new();
+        for (name, weight, _) in &teams {
+            specs.push(GroupSpec {
+                name: name.clone(),
+                parent: None,
+                weight: *weight,
+            });
+        }
+        for (name, _, projects) in &teams {
+            for (p, w) in projects {
+                specs.push(GroupSpec {
+                    name: p.clone(),
+                    parent: Some(name.clone()),
+                    weight: *w,
+                });
+            }
+        }
+        Ok(specs)
+    }
+
+    /// The class named `name`, if any.
+    pub fn class(&self, name: &str) -> Option<&ClassSpec> {
+        self.classes.iter().find(|c| c.name == name)
+    }
+
+    /// Draws every workload of the run from the classes, sorted by arrival.
+    pub fn generate(&self, seed: u64) -> Vec<Job> {
+        let horizon = u64::from(self.days) * DAY;
+        let mut root = Rng::new(seed);
+        let total_w: f64 = self.teams.iter().map(|t| t.weight).sum();
+        let team_w: Vec<f64> = self
+            .teams
+            .iter()
+            .map(|t| t.weight / total_w.max(f64::MIN_POSITIVE) * t.demand)
+            .collect();
+        let mut jobs: Vec<(Time, usize, u64, Job)> = Vec::new();
+        for (ci, c) in self.classes.iter().enumerate() {
+            let mut rng = root.fork(ci as u64);
+            if c.arrivals_per_hour <= 0.0 || team_w.iter().sum::<f64>() <= 0.0 {
+                continue;
+            }
+            let (gk, gw) = weighted_keys::<u32>(&c.gpus);
+            let (nk, nw) = if c.nodes.is_empty() {
+                (vec![1], vec![1.0])
+            } else {
+                weighted_keys::<u32>(&c.nodes)
+            };
+            let (pk, pw) = if c.priority.is_empty() {
+                (vec![0], vec![1.0])
+            } else {
+                weighted_keys::<i32>(&c.priority)
+            };
+            let mean_gap = 3_600.0 / c.arrivals_per_hour;
+            let mut t = 0.0;
+            let mut seq = 0u64;
+            loop {
+                t += rng.exp(mean_gap);
+                let submit = t as Time;
+                if submit >= horizon {
+                    break;
+                }
+                let team = &self.teams[rng.pick(&team_w)];
+                let project = if team.projects.is_empty() {
+                    team.name.clone()
+                } else {
+                    let w: Vec<f64> = team.projects.iter().map(|p| p.weight).collect();
+                    team.projects[rng.pick(&w)].name.clone()
+                };
+                let gpus = gk[rng.pick(&gw)];
+                let nodes = nk[rng.pick(&nw)];
+                let work = c.duration.sample(&mut rng);
+                let resumable = rng.unit() < c.resumable;
+                let priority = pk[rng.pick(&pw)];
+                seq += 1;
+                jobs.push((
+                    submit,
+                    ci,
+                    seq,
+                    Job {
+                        submit,
+                        work,
+                        spec: WorkloadSpec {
+                            project,
+                            user: format!("{}-user", team.name),
+                            class: c.name.clone(),
+                            gpus_per_node: gpus,
+                            nodes,
+                            cpu_per_node: gpus * c.cpu_per_gpu,
+                            mem_per_node_gb: gpus * c.mem_per_gpu_gb,
+                            min_runtime: c.min_runtime,
+                            time_limit: c.time_limit,
+                            resumable,
+                            priority,
+                        },
+                        line: 0,
+                    },
+                ));
+            }
+        }
+        jobs.sort_by_key(|j| (j.0, j.1, j.2));
+        jobs.into_iter().map(|j| j.3).collect()
+    }
+}
+
+fn weighted_keys<K: std::str::FromStr>(m: &BTreeMap<String, f64>) -> (Vec<K>, Vec<f64>) {
+    m.iter()
+        .filter_map(|(k, w)| k.parse::<K>().ok().map(|k| (k, *w)))
+        .unzip()
+}

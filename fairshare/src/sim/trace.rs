@@ -1,0 +1,150 @@
+//! Trace replay: workloads from a CSV file instead of the scenario's classes.
+//!
+//! Header columns: `submit_s,duration_s,gpus,nodes,team,project,user,class,
+//! min_runtime_s,resumable,priority`, in any order. Required: `submit_s`,
+//! `duration_s`, `gpus` (per node), `team`. Defaults for the rest (empty cells too):
+//! `nodes` 1; `project` the team; `user` the team; `class` `batch`; `min_runtime_s`,
+//! `resumable` and `priority` from the scenario's class of that name (min runtime,
+//! resumable when its resumable share is at least one half, its most likely priority),
+//! else 0 (unfunded), true, 0.
+
+use super::scenario::{Job, Scenario, ScenarioError};
+use crate::workload::WorkloadSpec;
+
+const REQUIRED: [&str; 4] = ["submit_s", "duration_s", "gpus", "team"];
+const KNOWN: [&str; 11] = [
+    "submit_s",
+    "duration_s",
+    "gpus",
+    "nodes",
+    "team",
+    "project",
+    "user",
+    "class",
+    "min_runtime_s",
+    "resumable",
+    "priority",
+];
+
+/// The parsed trace: jobs by arrival, and every (team, project) it names.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    /// Workloads, sorted by submit time (stable).
+    pub jobs: Vec<Job>,
+    /// (team, project) pairs in first-seen order.
+    pub groups: Vec<(String, String)>,
+}
+
+/// Parses a trace; `file` names it in errors, which give the line and column.
+pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, ScenarioError> {
+    let err = |line: usize, field: &str, message: String| ScenarioError {
+        file: file.into(),
+        line,
+        field: field.into(),
+        message,
+    };
+    let mut lines = text.lines().enumerate();
+    let header: Vec<String> = loop {
+        match lines.next() {
+            Some((_, l)) if l.trim().is_empty() => continue,
+            Some((_, l)) => break l.split(',').map(|h| h.trim().to_string()).collect(),
+            None => return Err(err(1, "header", "empty file: expected a CSV header".into())),
+        }
+    };
+    for h in &header {
+        if !KNOWN.contains(&h.as_str()) {
+            return Err(err(1, h, format!("unknown column; known columns are {}", KNOWN.join(","))));
+        }
+    }
+    for r in REQUIRED {
+        if !header.iter().any(|h| h == r) {
+            return Err(err(1, r, "required column is missing from the header".into()));
+        }
+    }
+    let col = |name: &str| header.iter().position(|h| h == name);
+    let cols: Vec<Option<usize>> = KNOWN.iter().map(|k| col(k)).collect();
+    let mut jobs = Vec::new();
+    let mut groups: Vec<(String, String)> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, line) in lines {
+        let ln = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        if cells.len() != header.len() {
+            return Err(err(
+                ln,
+                "row",
+                format!("has {} cells, the header has {}", cells.len(), header.len()),
+            ));
+        }
+        let get = |k: usize| cols[k].map(|c| cells[c]).filter(|s| !s.is_empty());
+        let num = |k: usize, what: &str| -> Result<Option<u64>, ScenarioError> {
+            get(k)
+                .map(|s| {
+                    s.parse::<u64>().map_err(|_| {
+                        err(ln, KNOWN[k], format!("{s:?} is not a whole non-negative number ({what})"))
+                    })
+                })
+                .transpose()
+        };
+        let submit = num(0, "seconds")?.ok_or_else(|| err(ln, "submit_s", "is empty".into()))?;
+        let work = num(1, "seconds")?.ok_or_else(|| err(ln, "duration_s", "is empty".into()))?;
+        let gpus = num(2, "GPUs per node")?.ok_or_else(|| err(ln, "gpus", "is empty".into()))?;
+        let nodes = num(3, "nodes")?.unwrap_or(1);
+        if gpus == 0 || gpus > 64 || nodes == 0 || nodes > 100_000 {
+            return Err(err(ln, if gpus == 0 || gpus > 64 { "gpus" } else { "nodes" }, format!("gpus = {gpus}, nodes = {nodes}: need 1..=64 GPUs per node and at least 1 node")));
+        }
+        let team = get(4).ok_or_else(|| err(ln, "team", "is empty".into()))?.to_string();
+        let project = get(5).unwrap_or(&team).to_string();
+        let user = get(6).unwrap_or(&team).to_string();
+        let class = get(7).unwrap_or("batch").to_string();
+        let cls = scenario.class(&class);
+        let min_runtime = num(8, "seconds")?.unwrap_or(cls.map_or(0, |c| c.min_runtime));
+        let resumable = match get(9) {
+            None => cls.is_none_or(|c| c.resumable >= 0.5),
+            Some("true" | "1" | "yes") => true,
+            Some("false" | "0" | "no") => false,
+            Some(s) => return Err(err(ln, "resumable", format!("{s:?}: use true or false"))),
+        };
+        let priority = match get(10) {
+            Some(s) => s
+                .parse::<i32>()
+                .map_err(|_| err(ln, "priority", format!("{s:?} is not an integer")))?,
+            None => cls
+                .and_then(|c| {
+                    c.priority
+                        .iter()
+                        .max_by(|a, b| a.1.total_cmp(b.1))
+                        .and_then(|(k, _)| k.parse().ok())
+                })
+                .unwrap_or(0),
+        };
+        let (cpu_per_gpu, mem_per_gpu) = cls.map_or((8, 64), |c| (c.cpu_per_gpu, c.mem_per_gpu_gb));
+        if seen.insert((team.clone(), project.clone())) {
+            groups.push((team.clone(), project.clone()));
+        }
+        let gpus = gpus as u32;
+        jobs.push(Job {
+            submit,
+            work: work.max(1),
+            spec: WorkloadSpec {
+                project,
+                user,
+                class,
+                gpus_per_node: gpus,
+                nodes: nodes as u32,
+                cpu_per_node: gpus * cpu_per_gpu,
+                mem_per_node_gb: gpus * mem_per_gpu,
+                min_runtime,
+                time_limit: None,
+                resumable,
+                priority,
+            },
+            line: ln,
+        });
+    }
+    jobs.sort_by_key(|j| j.submit);
+    Ok(Trace { jobs, groups })
+}

@@ -1,0 +1,183 @@
+//! Workloads (what users submit) and leases (what runs on GPUs).
+
+use crate::cluster::{GpuMask, NodeId};
+use crate::time::{Secs, Time};
+use crate::tree::GroupId;
+use serde::{Deserialize, Serialize};
+
+/// Identifies a workload for its whole life, across requeues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct WorkloadId(pub u64);
+
+/// Identifies one lease: one run of a workload on a set of GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct LeaseId(pub u64);
+
+/// What a user asks for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadSpec {
+    /// Project (a leaf of the org tree) the work is charged to.
+    pub project: String,
+    /// Who submitted it.
+    pub user: String,
+    /// Free-text class label: `debug`, `training`, `interactive`, `batch` …
+    pub class: String,
+    /// GPUs on each node.
+    pub gpus_per_node: u32,
+    /// Nodes; more than one makes a gang that starts all at once on whole nodes.
+    pub nodes: u32,
+    /// CPU cores on each node.
+    pub cpu_per_node: u32,
+    /// Memory on each node, GB.
+    pub mem_per_node_gb: u32,
+    /// Protected time after start; 0 means unfunded, always preemptible.
+    pub min_runtime: Secs,
+    /// Hard limit on one run, if any.
+    pub time_limit: Option<Secs>,
+    /// Whether it can checkpoint and resume; resumable work is requeued on preemption.
+    pub resumable: bool,
+    /// Order inside its project (higher first), before aging.
+    pub priority: i32,
+}
+
+impl WorkloadSpec {
+    /// Total GPUs across all nodes.
+    pub fn total_gpus(&self) -> u32 {
+        self.gpus_per_node * self.nodes
+    }
+}
+
+/// Where a workload is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkloadState {
+    /// Waiting in its project's queue.
+    Pending,
+    /// Holding a lease.
+    Running,
+    /// Finished on its own.
+    Completed,
+    /// Failed on its own, or lost with its node and not resumable.
+    Failed,
+    /// Cancelled by a user.
+    Cancelled,
+    /// Preempted and not resumable.
+    Preempted,
+    /// Reached its time limit.
+    TimedOut,
+}
+
+impl WorkloadState {
+    /// True once nothing more will happen to it.
+    pub fn is_final(self) -> bool {
+        !matches!(self, WorkloadState::Pending | WorkloadState::Running)
+    }
+}
+
+/// A workload as the core tracks it.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// Its id.
+    pub id: WorkloadId,
+    /// What was asked.
+    pub spec: WorkloadSpec,
+    /// The project as a tree node.
+    pub project: GroupId,
+    /// Original submit time; requeues keep it, so work keeps its place.
+    pub submit: Time,
+    /// Life-cycle state.
+    pub state: WorkloadState,
+    /// The current lease while running.
+    pub lease: Option<LeaseId>,
+    /// When it first started, if ever.
+    pub first_start: Option<Time>,
+    /// How often it was preempted.
+    pub preemptions: u32,
+    /// When it was last preempted.
+    pub last_preempted: Option<Time>,
+    /// What stopped it in the last pass that examined it.
+    pub blocked: Option<crate::decision::Blocked>,
+}
+
+/// Why a lease is being taken back.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum RevokeWhy {
+    /// Preempted so that a better-ranked workload can run.
+    Preempted {
+        /// The workload that needs the GPUs.
+        by: WorkloadId,
+        /// The victim ran unfunded (free occupancy).
+        unfunded: bool,
+        /// Requester's group served ratio after it starts (funded victims only).
+        requester_ratio_after: Option<f64>,
+        /// Victim's group served ratio after the victim stops (funded victims only).
+        victim_ratio_after: Option<f64>,
+    },
+    /// Freed for a reservation whose start has come (backfill ends).
+    Reservation {
+        /// The gang holding the reservation.
+        by: WorkloadId,
+    },
+    /// The node drains: revoked at the min-runtime lapse.
+    Drain {
+        /// The node.
+        node: NodeId,
+    },
+    /// The node must be emptied at once.
+    DrainNow {
+        /// The node.
+        node: NodeId,
+    },
+    /// A user cancelled the workload.
+    Cancelled,
+}
+
+/// A revocation in progress.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Revocation {
+    /// Nothing happens before this (the min-runtime lapse unless drain-now).
+    pub not_before: Time,
+    /// Why.
+    pub why: RevokeWhy,
+}
+
+/// GPUs on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct NodeGpus {
+    /// The node.
+    pub node: NodeId,
+    /// Which of its GPUs.
+    pub gpus: GpuMask,
+}
+
+/// One run of a workload on GPUs.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    /// Its id.
+    pub id: LeaseId,
+    /// The workload it runs.
+    pub workload: WorkloadId,
+    /// The project charged.
+    pub project: GroupId,
+    /// Where.
+    pub placement: Vec<NodeGpus>,
+    /// GPUs in all.
+    pub gpus: u32,
+    /// CPU cores per node.
+    pub cpu_per_node: u32,
+    /// Memory per node, GB.
+    pub mem_per_node: u32,
+    /// Start time.
+    pub start: Time,
+    /// End of the contract's protection (`start + min_runtime`).
+    pub protected_until: Time,
+    /// When preemption for rebalancing may take it (protection and cooldown).
+    pub preemptible_at: Time,
+    /// Charged to the project's budget.
+    pub funded: bool,
+    /// Set while it is being taken back.
+    pub revoke: Option<Revocation>,
+    /// Started on a node reserved for this gang, so the gang may reclaim it.
+    pub backfill_for: Option<WorkloadId>,
+}
