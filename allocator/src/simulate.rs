@@ -41,8 +41,12 @@ pub fn run(a: Args) -> Result<()> {
     let (text, file) = if a.scenario == "ai2" {
         (AI2.to_string(), "ai2 (built-in)".to_string())
     } else {
-        let text = std::fs::read_to_string(&a.scenario)
-            .with_context(|| format!("--scenario {}: cannot read the file (or name a built-in: ai2)", a.scenario))?;
+        let text = std::fs::read_to_string(&a.scenario).with_context(|| {
+            format!(
+                "--scenario {}: cannot read the file (or name a built-in: ai2)",
+                a.scenario
+            )
+        })?;
         (text, a.scenario.clone())
     };
     let mut sc = Scenario::parse(&text, &file)?;

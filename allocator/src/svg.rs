@@ -63,26 +63,60 @@ pub fn write_all(dir: &Path, r: &Report) -> std::io::Result<()> {
     }
     std::fs::write(
         dir.join("team-share.svg"),
-        frame("Share of busy GPUs per team (largest 8 teams)", "hour", "share (0–0.4)", &body, &legend),
+        frame(
+            "Share of busy GPUs per team (largest 8 teams)",
+            "hour",
+            "share (0–0.4)",
+            &body,
+            &legend,
+        ),
     )?;
-    let pts: Vec<(f64, f64)> = tl.occupancy.iter().enumerate().map(|(h, v)| (h as f64, *v)).collect();
+    let pts: Vec<(f64, f64)> = tl
+        .occupancy
+        .iter()
+        .enumerate()
+        .map(|(h, v)| (h as f64, *v))
+        .collect();
     std::fs::write(
         dir.join("occupancy.svg"),
-        frame("Occupancy", "hour", "busy / capacity", &polyline(&pts, hours, 1.0, COLORS[0]), &[]),
+        frame(
+            "Occupancy",
+            "hour",
+            "busy / capacity",
+            &polyline(&pts, hours, 1.0, COLORS[0]),
+            &[],
+        ),
     )?;
     // Wait CDF per class from its percentiles (p50, p90, p99).
     let mut body = String::new();
     let mut legend = Vec::new();
-    let xmax = r.wait_s.values().map(|w| w.p99 as f64).fold(1.0, f64::max).log10().max(1.0);
+    let xmax = r
+        .wait_s
+        .values()
+        .map(|w| w.p99 as f64)
+        .fold(1.0, f64::max)
+        .log10()
+        .max(1.0);
     for (i, (class, w)) in r.wait_s.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
         let lx = |s: u64| ((s.max(1)) as f64).log10();
-        let pts = [(0.0, 0.0), (lx(w.p50), 0.5), (lx(w.p90), 0.9), (lx(w.p99), 0.99)];
+        let pts = [
+            (0.0, 0.0),
+            (lx(w.p50), 0.5),
+            (lx(w.p90), 0.9),
+            (lx(w.p99), 0.99),
+        ];
         body += &polyline(&pts, xmax, 1.0, c);
         legend.push((class.clone(), c));
     }
     std::fs::write(
         dir.join("wait-cdf.svg"),
-        frame("Queue wait CDF per class", "log10(wait seconds)", "fraction", &body, &legend),
+        frame(
+            "Queue wait CDF per class",
+            "log10(wait seconds)",
+            "fraction",
+            &body,
+            &legend,
+        ),
     )
 }

@@ -394,7 +394,11 @@ impl Cluster {
 
     /// Number of wholly free nodes in the cluster with the most of them.
     pub fn most_whole_free(&self) -> u32 {
-        self.whole_free.iter().map(|s| s.len() as u32).max().unwrap_or(0)
+        self.whole_free
+            .iter()
+            .map(|s| s.len() as u32)
+            .max()
+            .unwrap_or(0)
     }
 }
 

@@ -89,8 +89,12 @@ impl PolicyConfig {
     /// The ledger model these settings describe.
     pub fn usage(&self) -> UsageModel {
         match self.usage_model {
-            UsageModelKind::Window => UsageModel::Window { secs: self.lookback },
-            UsageModelKind::HalfLife => UsageModel::HalfLife { secs: self.lookback },
+            UsageModelKind::Window => UsageModel::Window {
+                secs: self.lookback,
+            },
+            UsageModelKind::HalfLife => UsageModel::HalfLife {
+                secs: self.lookback,
+            },
         }
     }
 

@@ -128,46 +128,43 @@ pub struct Explanation {
     pub text: String,
 }
 
-/// Renders the explanation line users read in `allot status`.
-pub fn render(
-    project: &str,
-    project_ratio: f64,
-    team: &str,
-    team_ratio: f64,
-    blocked: &Blocked,
-    protected: u32,
-    next_lapse: Option<Time>,
-    now: Time,
-) -> String {
-    let mut s = format!("project {project} is served {project_ratio:.2}× its share");
-    if team != project {
-        s += &format!(" (team {team} {team_ratio:.2}×)");
-    }
-    s += "; ";
-    s += &match blocked {
-        Blocked::NoFit { need, largest_free } => {
-            format!("needs {need} GPUs on one node, the most free is {largest_free}")
-        }
-        Blocked::NoWholeNodes { need, free } => {
-            format!("needs {need} whole nodes, {free} are free in one cluster")
-        }
-        Blocked::WaitingForVictims => "preempted work is checkpointing to make room".into(),
-        Blocked::Reserved { start } => format!(
-            "nodes reserved, starting in {}",
-            format_duration(start.saturating_sub(now))
-        ),
-        Blocked::Unfunded => "budget spent: runs unfunded, only on idle GPUs".into(),
-        Blocked::NothingPreemptible => "nothing may be preempted for it yet".into(),
-        Blocked::OverCap { cap } => format!("team is at its cap of {cap} GPUs"),
-        Blocked::NotReached => "work ranked ahead took the free capacity".into(),
-    };
-    if let (true, Some(t)) = (protected > 0, next_lapse) {
-        s += &format!(
-            "; {protected} protected leases, the first lapses in {}",
-            format_duration(t.saturating_sub(now))
+impl Explanation {
+    /// Renders the line users read in `allot status`.
+    pub fn render(&self, now: Time) -> String {
+        let mut s = format!(
+            "project {} is served {:.2}× its share",
+            self.project, self.project_ratio
         );
+        if self.team != self.project {
+            s += &format!(" (team {} {:.2}×)", self.team, self.team_ratio);
+        }
+        s += "; ";
+        s += &match &self.blocked {
+            Blocked::NoFit { need, largest_free } => {
+                format!("needs {need} GPUs on one node, the most free is {largest_free}")
+            }
+            Blocked::NoWholeNodes { need, free } => {
+                format!("needs {need} whole nodes, {free} are free in one cluster")
+            }
+            Blocked::WaitingForVictims => "preempted work is checkpointing to make room".into(),
+            Blocked::Reserved { start } => format!(
+                "nodes reserved, starting in {}",
+                format_duration(start.saturating_sub(now))
+            ),
+            Blocked::Unfunded => "budget spent: runs unfunded, only on idle GPUs".into(),
+            Blocked::NothingPreemptible => "nothing may be preempted for it yet".into(),
+            Blocked::OverCap { cap } => format!("team is at its cap of {cap} GPUs"),
+            Blocked::NotReached => "work ranked ahead took the free capacity".into(),
+        };
+        if let (true, Some(t)) = (self.protected_leases > 0, self.next_lapse) {
+            s += &format!(
+                "; {} protected leases, the first lapses in {}",
+                self.protected_leases,
+                format_duration(t.saturating_sub(now))
+            );
+        }
+        s
     }
-    s
 }
 
 /// Everything one call to [`crate::Scheduler::schedule`] decided.

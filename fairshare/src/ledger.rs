@@ -197,7 +197,11 @@ mod tests {
         for t in 0..1000 {
             l.add_rate(G, t, gpus(if t % 2 == 0 { 1 } else { -1 }));
         }
-        assert!(l.projects[1].points.len() <= 12, "{}", l.projects[1].points.len());
+        assert!(
+            l.projects[1].points.len() <= 12,
+            "{}",
+            l.projects[1].points.len()
+        );
         // Alternating 1/0 per second: 5 GPU-seconds in any 10 s window.
         assert_eq!(l.usage(G, 999)[0], 5.0);
     }

@@ -73,7 +73,11 @@ fn plan_node<V: View>(
     let mut cands: Vec<(&Lease, u64)> = Vec::new();
     for &lid in st.node_leases(node) {
         let Some(l) = st.lease(lid) else { continue };
-        let on_node = l.placement.iter().find(|x| x.node == node).map_or(0, |x| x.gpus);
+        let on_node = l
+            .placement
+            .iter()
+            .find(|x| x.node == node)
+            .map_or(0, |x| x.gpus);
         if l.revoke.is_some() || on_node & n.soft == 0 {
             if whole {
                 return None; // a gang needs every lease gone
@@ -132,7 +136,11 @@ fn plan_node<V: View>(
                 victim_ratio_after: Some(victim_after),
             }
         };
-        let on_node = l.placement.iter().find(|x| x.node == node).map_or(0, |x| x.gpus);
+        let on_node = l
+            .placement
+            .iter()
+            .find(|x| x.node == node)
+            .map_or(0, |x| x.gpus);
         have |= on_node;
         cpu_free += l.cpu_per_node;
         mem_free += l.mem_per_node;
@@ -157,16 +165,15 @@ pub(crate) fn plan<V: View>(
     s: &Shape,
 ) -> Option<Plan> {
     let n = f64::from(s.nodes);
-    let req = [f64::from(s.gpus) * n, f64::from(s.cpu) * n, f64::from(s.mem) * n];
+    let req = [
+        f64::from(s.gpus) * n,
+        f64::from(s.cpu) * n,
+        f64::from(s.mem) * n,
+    ];
     let c = st.cluster();
     if s.nodes == 1 {
         let mut best: Option<NodePlan> = None;
-        let mut seen = 0;
-        for node in c.clearable_nodes(s.gpus) {
-            if seen >= PLAN_SCAN_NODES {
-                break;
-            }
-            seen += 1;
+        for node in c.clearable_nodes(s.gpus).take(PLAN_SCAN_NODES) {
             let Some(np) = plan_node(st, tree, r, cfg, now, by, p, req, node, s, false) else {
                 continue;
             };

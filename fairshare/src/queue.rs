@@ -138,7 +138,8 @@ impl Aging {
     /// Effective priority of work of `priority` submitted at `submit`, at `now`.
     pub fn effective(&self, priority: i32, submit: Time, now: Time) -> i64 {
         let waited = now.saturating_sub(submit);
-        let bonus = (waited.saturating_mul(u64::from(self.per_hour)) / 3_600).min(u64::from(self.cap));
+        let bonus =
+            (waited.saturating_mul(u64::from(self.per_hour)) / 3_600).min(u64::from(self.cap));
         i64::from(priority) + bonus as i64
     }
 }
@@ -244,7 +245,10 @@ mod tests {
         let order: Vec<_> = std::iter::from_fn(|| c.next(|_| false).map(|x| x.0 .0)).collect();
         assert_eq!(order, [2, 3, 1, 4]);
         // At 10h: w1 = 10, w2 = w3 = 12, w4 = 9; cap 6 flattens: w1 = 6, w2 = w3 = 11.
-        let capped = Aging { per_hour: 1, cap: 6 };
+        let capped = Aging {
+            per_hour: 1,
+            cap: 6,
+        };
         let mut c = q.cursor(10 * 3_600, capped);
         let order: Vec<_> = std::iter::from_fn(|| c.next(|_| false).map(|x| x.0 .0)).collect();
         assert_eq!(order, [2, 3, 1, 4]);

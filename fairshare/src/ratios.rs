@@ -48,8 +48,8 @@ impl Ratios {
             alloc[p.idx()] = [a[0] as f64, a[1] as f64, a[2] as f64];
         }
         for (p, x) in extra {
-            for c in 0..3 {
-                alloc[p.idx()][c] += x[c];
+            for (a, v) in alloc[p.idx()].iter_mut().zip(x) {
+                *a += v;
             }
         }
         for i in (1..n).rev() {
@@ -79,7 +79,8 @@ impl Ratios {
 
     fn value(&self, g: GroupId, extra: Res) -> f64 {
         let i = g.idx();
-        let v = |c: usize| (self.usage[i][c] + (self.alloc[i][c] + extra[c]) * self.horizon).max(0.0);
+        let v =
+            |c: usize| (self.usage[i][c] + (self.alloc[i][c] + extra[c]) * self.horizon).max(0.0);
         if self.drf {
             (0..3).map(|c| v(c) / self.cap[c]).fold(0.0, f64::max) * self.cap[0]
         } else {
@@ -101,8 +102,8 @@ impl Ratios {
     pub fn add(&mut self, tree: &OrgTree, project: GroupId, x: Res) {
         let mut g = Some(project);
         while let Some(cur) = g {
-            for c in 0..3 {
-                self.alloc[cur.idx()][c] += x[c];
+            for (a, v) in self.alloc[cur.idx()].iter_mut().zip(&x) {
+                *a += v;
             }
             g = tree.group(cur).parent;
         }

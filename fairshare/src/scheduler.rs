@@ -7,14 +7,14 @@
 
 use crate::cluster::{lowest_bits, Cluster, ClusterError, NodeId, NodeSpec, NodeState};
 use crate::config::PolicyConfig;
-use crate::decision::{render, Action, Blocked, Decisions, Explanation, StartWhy};
+use crate::decision::{Action, Blocked, Decisions, Explanation, StartWhy};
 use crate::ledger::{Channel, Ledger};
 use crate::queue::{Aging, ProjectQueue, Shape};
 use crate::ratios::Ratios;
 use crate::time::Time;
 use crate::tree::{GroupId, OrgTree};
 use crate::workload::{
-    Lease, LeaseId, NodeGpus, RevokeWhy, Revocation, Workload, WorkloadId, WorkloadSpec,
+    Lease, LeaseId, NodeGpus, Revocation, RevokeWhy, Workload, WorkloadId, WorkloadSpec,
     WorkloadState,
 };
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,7 +38,9 @@ pub enum LeaseEnd {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CoreError {
     /// Unknown project, or a team rather than a project.
-    #[error("project {0:?} is not a project of the org tree (a leaf); see `allot share` for the tree")]
+    #[error(
+        "project {0:?} is not a project of the org tree (a leaf); see `allot share` for the tree"
+    )]
     UnknownProject(String),
     /// A request that can never be satisfied by this cluster.
     #[error("{field} = {value}: {why}")]
@@ -419,7 +421,12 @@ impl Scheduler {
     }
 
     /// Marks one GPU healthy or not (a failed GPU takes no new leases).
-    pub fn set_gpu_health(&mut self, node: NodeId, gpu: u32, healthy: bool) -> Result<(), CoreError> {
+    pub fn set_gpu_health(
+        &mut self,
+        node: NodeId,
+        gpu: u32,
+        healthy: bool,
+    ) -> Result<(), CoreError> {
         if node.idx() >= self.st.cluster.len() || gpu >= self.st.cluster.node(node).spec.gpus {
             return Err(CoreError::UnknownNode(node.0));
         }
@@ -440,7 +447,14 @@ impl Scheduler {
     /// Served ratio of every group as of `now` (usage plus current allocation over
     /// entitlement), indexed by group.
     pub fn group_ratios(&self, now: Time) -> Vec<f64> {
-        let r = Ratios::compute(&self.cfg, &self.tree, &self.st.ledger, &self.st.cluster, now, &[]);
+        let r = Ratios::compute(
+            &self.cfg,
+            &self.tree,
+            &self.st.ledger,
+            &self.st.cluster,
+            now,
+            &[],
+        );
         (0..self.tree.len())
             .map(|i| r.ratio(GroupId(i as u32)))
             .collect()
@@ -453,10 +467,22 @@ impl Scheduler {
 
     /// Every pending workload with its reasons, best-ranked project first.
     pub fn explain(&self, now: Time) -> Vec<Explanation> {
-        let r = Ratios::compute(&self.cfg, &self.tree, &self.st.ledger, &self.st.cluster, now, &[]);
+        let r = Ratios::compute(
+            &self.cfg,
+            &self.tree,
+            &self.st.ledger,
+            &self.st.cluster,
+            now,
+            &[],
+        );
         let mut projects: Vec<GroupId> = self.tree.projects().to_vec();
         projects.sort_by(|a, b| r.ratio(*a).total_cmp(&r.ratio(*b)).then(a.cmp(b)));
-        let next_lapse = self.st.protected.range((now + 1, LeaseId(0))..).next().map(|x| x.0);
+        let next_lapse = self
+            .st
+            .protected
+            .range((now + 1, LeaseId(0))..)
+            .next()
+            .map(|x| x.0);
         let protected = self.st.protected.range((now + 1, LeaseId(0))..).count() as u32;
         let mut out = Vec::new();
         for p in projects {
@@ -469,18 +495,19 @@ impl Scheduler {
                     .get(&id)
                     .and_then(|w| w.blocked.clone())
                     .unwrap_or(Blocked::NotReached);
-                let (pn, tn) = (&self.tree.group(p).name, &self.tree.group(team).name);
-                out.push(Explanation {
+                let mut e = Explanation {
                     workload: id,
-                    project: pn.clone(),
+                    project: self.tree.group(p).name.clone(),
                     project_ratio: r.ratio(p),
-                    team: tn.clone(),
+                    team: self.tree.group(team).name.clone(),
                     team_ratio: r.ratio(team),
-                    text: render(pn, r.ratio(p), tn, r.ratio(team), &blocked, protected, next_lapse, now),
+                    text: String::new(),
                     blocked,
                     protected_leases: protected,
                     next_lapse,
-                });
+                };
+                e.text = e.render(now);
+                out.push(e);
             }
         }
         out
@@ -515,7 +542,8 @@ impl Scheduler {
             now,
             &claimed_alloc,
         );
-        self.st.process_claims(now, &self.tree, &mut r, &mut d.actions);
+        self.st
+            .process_claims(now, &self.tree, &mut r, &mut d.actions);
         let aging = self.aging();
         let mut pass = Pass::new(&self.cfg, &self.tree, &self.st, now, self.baseline.as_ref());
         pass.run(&self.queues, &mut self.st, &mut r, aging, &mut d);
@@ -578,7 +606,11 @@ impl State {
         if self.pending == 0 {
             return None;
         }
-        let mut t = self.protected.range((now + 1, LeaseId(0))..).next().map(|x| x.0);
+        let mut t = self
+            .protected
+            .range((now + 1, LeaseId(0))..)
+            .next()
+            .map(|x| x.0);
         for c in self.claims.values() {
             if let ClaimKind::Reservation { start } = c.kind {
                 if start > now {
@@ -592,6 +624,7 @@ impl State {
         t
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn start_lease(
         &mut self,
         now: Time,
@@ -604,10 +637,17 @@ impl State {
     ) -> Action {
         let lid = LeaseId(self.next_lease);
         self.next_lease += 1;
-        let w = self.workloads.get_mut(&id).expect("started workloads exist");
+        let w = self
+            .workloads
+            .get_mut(&id)
+            .expect("started workloads exist");
         let s = &w.spec;
         let hold = if funded {
-            let cool = if w.last_preempted.is_some() { cooldown } else { 0 };
+            let cool = if w.last_preempted.is_some() {
+                cooldown
+            } else {
+                0
+            };
             s.min_runtime.max(cool)
         } else {
             0
@@ -767,7 +807,11 @@ impl State {
                 self.drop_claim(id);
                 continue;
             }
-            let (g, cpu, mem) = (w.spec.gpus_per_node, w.spec.cpu_per_node, w.spec.mem_per_node_gb);
+            let (g, cpu, mem) = (
+                w.spec.gpus_per_node,
+                w.spec.cpu_per_node,
+                w.spec.mem_per_node_gb,
+            );
             let funded = w.spec.min_runtime > 0;
             let usable = claim.nodes.iter().all(|p| {
                 let n = self.cluster.node(p.node);
@@ -935,8 +979,8 @@ impl<'c> Pass<'c> {
         queues: &'q [ProjectQueue],
         aging: Aging,
     ) -> Option<GroupId> {
-        let mut best: Option<((i64, std::cmp::Reverse<Time>, std::cmp::Reverse<WorkloadId>), GroupId)> =
-            None;
+        type Key = (i64, std::cmp::Reverse<Time>, std::cmp::Reverse<WorkloadId>);
+        let mut best: Option<(Key, GroupId)> = None;
         for &p in self.tree.projects() {
             if !self.project_active[p.idx()] {
                 continue;
@@ -944,7 +988,11 @@ impl<'c> Pass<'c> {
             let c = cursors[p.idx()].get_or_insert_with(|| queues[p.idx()].cursor(self.now, aging));
             let key = match c.peek() {
                 Some((eff, submit, id)) => (eff, std::cmp::Reverse(submit), std::cmp::Reverse(id)),
-                None => (i64::MIN, std::cmp::Reverse(0), std::cmp::Reverse(WorkloadId(0))),
+                None => (
+                    i64::MIN,
+                    std::cmp::Reverse(0),
+                    std::cmp::Reverse(WorkloadId(0)),
+                ),
             };
             if best.as_ref().is_none_or(|b| key > b.0) {
                 best = Some((key, p));
@@ -1000,7 +1048,8 @@ impl<'c> Pass<'c> {
                 self.pick(r)
             };
             let Some(p) = picked else { break };
-            let cursor = cursors[p.idx()].get_or_insert_with(|| queues[p.idx()].cursor(self.now, aging));
+            let cursor =
+                cursors[p.idx()].get_or_insert_with(|| queues[p.idx()].cursor(self.now, aging));
             let largest_free = st.cluster.largest_free_block();
             let most_whole = st.cluster.most_whole_free();
             let dead = |s: &Shape| {
@@ -1012,8 +1061,10 @@ impl<'c> Pass<'c> {
                     || !can_preempt
                     || self.preempt_dead.contains(&(p, *s))
                     || self.budget_ok[p.idx()] == Some(true);
-                let no_reserve =
-                    s.nodes == 1 || !s.protected || !can_reserve || self.reserve_dead.contains(&(p, *s));
+                let no_reserve = s.nodes == 1
+                    || !s.protected
+                    || !can_reserve
+                    || self.reserve_dead.contains(&(p, *s));
                 self.cap_dead.contains(&(p, *s))
                     || (no_free && no_backfill && no_preempt && no_reserve)
             };
@@ -1026,7 +1077,9 @@ impl<'c> Pass<'c> {
                 break;
             }
             self.examined += 1;
-            let Some(w) = st.workloads.get(&id) else { continue };
+            let Some(w) = st.workloads.get(&id) else {
+                continue;
+            };
             if w.state != WorkloadState::Pending {
                 continue;
             }
@@ -1054,7 +1107,11 @@ impl<'c> Pass<'c> {
                     continue;
                 }
             }
-            let charge = if funded { u64::from(w.spec.total_gpus()) } else { 0 };
+            let charge = if funded {
+                u64::from(w.spec.total_gpus())
+            } else {
+                0
+            };
 
             // 1. Free GPUs.
             if !self.free_dead.contains(&shape) {
@@ -1063,8 +1120,15 @@ impl<'c> Pass<'c> {
                         rank: self.examined,
                         ratio: ratio_before,
                     };
-                    d.actions
-                        .push(st.start_lease(self.now, self.cfg.cooldown, id, placement, funded, None, why));
+                    d.actions.push(st.start_lease(
+                        self.now,
+                        self.cfg.cooldown,
+                        id,
+                        placement,
+                        funded,
+                        None,
+                        why,
+                    ));
                     r.add(self.tree, p, spec_alloc);
                     self.team_protected[team.idx()] += charge;
                     continue;
@@ -1073,7 +1137,9 @@ impl<'c> Pass<'c> {
             }
             // 2. Backfill on reserved nodes, if it will be out of the way in time.
             if shape.nodes == 1 && shape.gpus <= backfill_cap {
-                if let Some((holder, start, placement)) = backfill_placement(st, &shape, id, funded, self.now, self.cfg.cooldown) {
+                if let Some((holder, start, placement)) =
+                    backfill_placement(st, &shape, id, funded, self.now, self.cfg.cooldown)
+                {
                     let why = StartWhy::Backfill {
                         reservation_of: holder,
                         starts: start,
@@ -1234,7 +1300,11 @@ fn backfill_placement(
 ) -> Option<(WorkloadId, Time, Vec<NodeGpus>)> {
     let w = st.workloads.get(&id)?;
     let hold = if funded {
-        let cool = if w.last_preempted.is_some() { cooldown } else { 0 };
+        let cool = if w.last_preempted.is_some() {
+            cooldown
+        } else {
+            0
+        };
         w.spec.min_runtime.max(cool)
     } else {
         0
@@ -1244,8 +1314,8 @@ fn backfill_placement(
         let ClaimKind::Reservation { start } = c.kind else {
             continue;
         };
-        let leaves_in_time = now + hold <= start
-            || w.spec.time_limit.is_some_and(|tl| now + tl <= start);
+        let leaves_in_time =
+            now + hold <= start || w.spec.time_limit.is_some_and(|tl| now + tl <= start);
         if start <= now || !leaves_in_time {
             continue;
         }

@@ -204,7 +204,11 @@ impl OrgTree {
 
     /// The top-level ancestor (team) of `g`.
     pub fn team_of(&self, g: GroupId) -> GroupId {
-        self.groups[g.idx()].path.first().copied().unwrap_or(GroupId::ROOT)
+        self.groups[g.idx()]
+            .path
+            .first()
+            .copied()
+            .unwrap_or(GroupId::ROOT)
     }
 
     /// The two siblings under the lowest common ancestor of `a` and `b` that contain
@@ -245,7 +249,11 @@ mod tests {
         assert!((share("b") - 0.25).abs() < 1e-12);
         assert!((share("a1") - 0.25).abs() < 1e-12);
         assert!((share("a2") - 0.5).abs() < 1e-12);
-        let names: Vec<_> = t.projects().iter().map(|&p| t.group(p).name.as_str()).collect();
+        let names: Vec<_> = t
+            .projects()
+            .iter()
+            .map(|&p| t.group(p).name.as_str())
+            .collect();
         assert_eq!(names, ["b", "a1", "a2"]);
         let a1 = t.find("a1").expect("a1");
         let a2 = t.find("a2").expect("a2");

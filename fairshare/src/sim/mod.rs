@@ -113,7 +113,12 @@ pub fn run(
     let teams: Vec<GroupId> = tree.teams().to_vec();
     let team_index: Vec<usize> = tree
         .groups()
-        .map(|(g, _)| teams.iter().position(|t| *t == tree.team_of(g)).unwrap_or(0))
+        .map(|(g, _)| {
+            teams
+                .iter()
+                .position(|t| *t == tree.team_of(g))
+                .unwrap_or(0)
+        })
         .collect();
     let mut heap: BinaryHeap<Reverse<(Time, u64, Ev)>> = BinaryHeap::new();
     let mut seq = 0u64;
@@ -157,8 +162,14 @@ pub fn run(
     let mut entitlement_dirty = true;
 
     loop {
-        let t_arrive = jobs.get(next_job).map(|j| j.submit).filter(|&t| t < horizon);
-        let t_event = heap.peek().map(|Reverse((t, _, _))| *t).filter(|&t| t < horizon);
+        let t_arrive = jobs
+            .get(next_job)
+            .map(|j| j.submit)
+            .filter(|&t| t < horizon);
+        let t_event = heap
+            .peek()
+            .map(|Reverse((t, _, _))| *t)
+            .filter(|&t| t < horizon);
         let t = match (t_arrive, t_event) {
             (None, None) => break,
             (Some(a), None) => a,
@@ -196,7 +207,9 @@ pub fn run(
                     wakes.remove(&t);
                 }
                 Ev::Finish(lid) => {
-                    let Some(r) = running.remove(&lid) else { continue };
+                    let Some(r) = running.remove(&lid) else {
+                        continue;
+                    };
                     let js = &mut job_state[(r.wid.0 - 1) as usize];
                     let ran = t - r.start;
                     let end = if ran < js.remaining {
@@ -211,17 +224,27 @@ pub fn run(
                     entitlement_dirty = true;
                 }
                 Ev::RevokeDone(lid) => {
-                    let Some(r) = running.remove(&lid) else { continue };
+                    let Some(r) = running.remove(&lid) else {
+                        continue;
+                    };
                     let idx = (r.wid.0 - 1) as usize;
                     let js = &mut job_state[idx];
                     let ran = t - r.start;
                     let resumable = jobs[idx].spec.resumable;
-                    let lost = if resumable { ran.min(sc.checkpoint.lost) } else { ran };
+                    let lost = if resumable {
+                        ran.min(sc.checkpoint.lost)
+                    } else {
+                        ran
+                    };
                     js.remaining = js.remaining.saturating_sub(ran - lost);
                     rep.lost_gpu_s += r.gpus * lost;
                     match r.revoke {
-                        Some(RevokeWhy::Preempted { .. } | RevokeWhy::Reservation { .. }) => rep.preemptions += 1,
-                        Some(RevokeWhy::Drain { .. } | RevokeWhy::DrainNow { .. }) => rep.drain_revocations += 1,
+                        Some(RevokeWhy::Preempted { .. } | RevokeWhy::Reservation { .. }) => {
+                            rep.preemptions += 1
+                        }
+                        Some(RevokeWhy::Drain { .. } | RevokeWhy::DrainNow { .. }) => {
+                            rep.drain_revocations += 1
+                        }
                         _ => {}
                     }
                     release(&mut recv, &mut busy, &mut busy_unfunded, &r);
@@ -234,7 +257,11 @@ pub fn run(
                     if core.cluster().node(id).state != NodeState::Ready {
                         continue;
                     }
-                    let state = if now_kind { NodeState::DrainNow } else { NodeState::Draining };
+                    let state = if now_kind {
+                        NodeState::DrainNow
+                    } else {
+                        NodeState::Draining
+                    };
                     down_gpus += u64::from(core.cluster().node(id).spec.gpus);
                     core.set_node_state(t, id, state)
                         .map_err(|e| SimError::Core(e.to_string()))?;
@@ -302,7 +329,11 @@ pub fn run(
                     if let Some(r) = running.get_mut(&lease) {
                         if r.revoke.is_none() {
                             r.revoke = Some(why);
-                            push(&mut heap, not_before.max(t) + sc.checkpoint.save, Ev::RevokeDone(lease));
+                            push(
+                                &mut heap,
+                                not_before.max(t) + sc.checkpoint.save,
+                                Ev::RevokeDone(lease),
+                            );
                         }
                     }
                 }
@@ -323,7 +354,7 @@ pub fn run(
             }
             entitlement_dirty = false;
         }
-        if events % 8192 == 0 {
+        if events.is_multiple_of(8192) {
             core.forget_finished();
         }
     }

@@ -178,7 +178,15 @@ impl Builder {
     }
 
     /// Adds the interval [from, to) at constant allocation.
-    pub fn integrate(&mut self, from: Time, to: Time, recv: &[u64], ent: &[f64], busy: u64, unfunded: u64) {
+    pub fn integrate(
+        &mut self,
+        from: Time,
+        to: Time,
+        recv: &[u64],
+        ent: &[f64],
+        busy: u64,
+        unfunded: u64,
+    ) {
         if to <= from {
             return;
         }
@@ -193,9 +201,14 @@ impl Builder {
             while self.next_sample < to {
                 if self.next_sample >= from {
                     tl.hours.push(self.next_sample / HOUR);
-                    tl.occupancy.push(busy as f64 / self.total_gpus.max(1) as f64);
+                    tl.occupancy
+                        .push(busy as f64 / self.total_gpus.max(1) as f64);
                     for (i, s) in tl.team_share.iter_mut().enumerate() {
-                        s.push(if busy == 0 { 0.0 } else { recv[i] as f64 / busy as f64 });
+                        s.push(if busy == 0 {
+                            0.0
+                        } else {
+                            recv[i] as f64 / busy as f64
+                        });
                     }
                 }
                 self.next_sample += HOUR;
@@ -209,7 +222,14 @@ impl Builder {
         self.gang_waits.entry(nodes).or_default().push(wait);
     }
 
-    pub fn finish(mut self, policy: &str, scenario: &str, seed: u64, days: u32, horizon: Time) -> Report {
+    pub fn finish(
+        mut self,
+        policy: &str,
+        scenario: &str,
+        seed: u64,
+        days: u32,
+        horizon: Time,
+    ) -> Report {
         let teams: Vec<TeamRow> = (0..self.names.len())
             .map(|i| {
                 let e = self.entitled[i] / 3_600.0;
@@ -325,7 +345,10 @@ impl Report {
             self.fairness.teams_at_least_0_95,
             self.teams.len()
         );
-        s += &format!("{:<14} {:>8} {:>9} {:>9} {:>9}\n", "class", "count", "p50", "p90", "p99");
+        s += &format!(
+            "{:<14} {:>8} {:>9} {:>9} {:>9}\n",
+            "class", "count", "p50", "p90", "p99"
+        );
         for (k, w) in &self.wait_s {
             s += &format!(
                 "{:<14} {:>8} {:>9} {:>9} {:>9}\n",
@@ -344,7 +367,12 @@ impl Report {
         );
         s += &format!(
             "{} workloads, {} events, {} passes, {} reservations, {} faults, {:.2}s wall\n",
-            self.submitted, self.events, self.passes, self.reservations, self.faults, self.sim_wall_s
+            self.submitted,
+            self.events,
+            self.passes,
+            self.reservations,
+            self.faults,
+            self.sim_wall_s
         );
         s
     }

@@ -92,6 +92,9 @@ mod tests {
             c[r.pick(&[1.0, 2.0, 1.0])] += 1;
             c
         });
-        assert!((counts[1] as f64 / n as f64 - 0.5).abs() < 0.01, "{counts:?}");
+        assert!(
+            (counts[1] as f64 / n as f64 - 0.5).abs() < 0.01,
+            "{counts:?}"
+        );
     }
 }

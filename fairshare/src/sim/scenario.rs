@@ -318,15 +318,11 @@ impl Scenario {
     /// Parses and checks a scenario; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
         let s: Scenario = toml::from_str(text).map_err(|e| {
-            let line = e
-                .span()
-                .map_or(0, |sp| text[..sp.start.min(text.len())].lines().count().max(1));
+            let line = e.span().map_or(0, |sp| {
+                text[..sp.start.min(text.len())].lines().count().max(1)
+            });
             let msg = e.message().to_string();
-            let field = msg
-                .split('`')
-                .nth(1)
-                .unwrap_or("(syntax)")
-                .to_string();
+            let field = msg.split('`').nth(1).unwrap_or("(syntax)").to_string();
             ScenarioError {
                 file: file.into(),
                 line,
@@ -352,7 +348,11 @@ impl Scenario {
             return Err(err("days", "days".into(), "must be at least 1".into()));
         }
         if self.clusters.is_empty() {
-            return Err(err("", "clusters".into(), "add at least one [[clusters]] table".into()));
+            return Err(err(
+                "",
+                "clusters".into(),
+                "add at least one [[clusters]] table".into(),
+            ));
         }
         for (i, c) in self.clusters.iter().enumerate() {
             let needle = format!("\"{}\"", c.name);
@@ -371,29 +371,52 @@ impl Scenario {
             let needle = format!("\"{}\"", c.name);
             let at = |f: &str| format!("classes[{i}] ({}).{f}", c.name);
             if !(c.arrivals_per_hour.is_finite() && c.arrivals_per_hour >= 0.0) {
-                return Err(err(&needle, at("arrivals_per_hour"), "must be a non-negative number".into()));
+                return Err(err(
+                    &needle,
+                    at("arrivals_per_hour"),
+                    "must be a non-negative number".into(),
+                ));
             }
             if !(0.0..=1.0).contains(&c.resumable) {
-                return Err(err(&needle, at("resumable"), "is a share: use a number from 0 to 1".into()));
+                return Err(err(
+                    &needle,
+                    at("resumable"),
+                    "is a share: use a number from 0 to 1".into(),
+                ));
             }
-            for (field, map) in [("gpus", &c.gpus), ("nodes", &c.nodes), ("priority", &c.priority)] {
+            for (field, map) in [
+                ("gpus", &c.gpus),
+                ("nodes", &c.nodes),
+                ("priority", &c.priority),
+            ] {
                 for (k, w) in map {
                     let ok_key = if field == "priority" {
                         k.parse::<i32>().is_ok()
                     } else {
                         k.parse::<u32>().is_ok_and(|n| n > 0)
                     };
-                    if !ok_key || !(w.is_finite() && *w >= 0.0) {
+                    if !(ok_key && w.is_finite() && *w >= 0.0) {
                         return Err(err(
                             &needle,
                             at(field),
-                            format!("entry {k} = {w}: keys are {} and weights non-negative numbers", if field == "priority" { "integers" } else { "positive integers" }),
+                            format!(
+                                "entry {k} = {w}: keys are {} and weights non-negative numbers",
+                                if field == "priority" {
+                                    "integers"
+                                } else {
+                                    "positive integers"
+                                }
+                            ),
                         ));
                     }
                 }
             }
             if c.gpus.is_empty() {
-                return Err(err(&needle, at("gpus"), "give at least one size, e.g. { 1 = 0.5, 8 = 0.5 }".into()));
+                return Err(err(
+                    &needle,
+                    at("gpus"),
+                    "give at least one size, e.g. { 1 = 0.5, 8 = 0.5 }".into(),
+                ));
             }
         }
         for t in &self.teams {
@@ -406,7 +429,11 @@ impl Scenario {
             }
         }
         self.tree_specs(&[])
-            .and_then(|specs| crate::tree::OrgTree::new(&specs).map(|_| ()).map_err(|e| e.to_string()))
+            .and_then(|specs| {
+                crate::tree::OrgTree::new(&specs)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
             .map_err(|m| err("[[teams]]", "teams".into(), m))
     }
 
@@ -430,14 +457,18 @@ impl Scenario {
     /// The org tree, with `extra` (team, project) pairs from a trace added: unknown
     /// teams get the mean team weight (equal shares), unknown projects weight 1.
     pub fn tree_specs(&self, extra: &[(String, String)]) -> Result<Vec<GroupSpec>, String> {
-        let mut teams: Vec<(String, f64, Vec<(String, f64)>)> = self
+        type Team = (String, f64, Vec<(String, f64)>);
+        let mut teams: Vec<Team> = self
             .teams
             .iter()
             .map(|t| {
                 (
                     t.name.clone(),
                     t.weight,
-                    t.projects.iter().map(|p| (p.name.clone(), p.weight)).collect(),
+                    t.projects
+                        .iter()
+                        .map(|p| (p.name.clone(), p.weight))
+                        .collect(),
                 )
             })
             .collect();

@@ -53,12 +53,20 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
     };
     for h in &header {
         if !KNOWN.contains(&h.as_str()) {
-            return Err(err(1, h, format!("unknown column; known columns are {}", KNOWN.join(","))));
+            return Err(err(
+                1,
+                h,
+                format!("unknown column; known columns are {}", KNOWN.join(",")),
+            ));
         }
     }
     for r in REQUIRED {
         if !header.iter().any(|h| h == r) {
-            return Err(err(1, r, "required column is missing from the header".into()));
+            return Err(err(
+                1,
+                r,
+                "required column is missing from the header".into(),
+            ));
         }
     }
     let col = |name: &str| header.iter().position(|h| h == name);
@@ -84,7 +92,11 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
             get(k)
                 .map(|s| {
                     s.parse::<u64>().map_err(|_| {
-                        err(ln, KNOWN[k], format!("{s:?} is not a whole non-negative number ({what})"))
+                        err(
+                            ln,
+                            KNOWN[k],
+                            format!("{s:?} is not a whole non-negative number ({what})"),
+                        )
                     })
                 })
                 .transpose()
@@ -94,9 +106,21 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
         let gpus = num(2, "GPUs per node")?.ok_or_else(|| err(ln, "gpus", "is empty".into()))?;
         let nodes = num(3, "nodes")?.unwrap_or(1);
         if gpus == 0 || gpus > 64 || nodes == 0 || nodes > 100_000 {
-            return Err(err(ln, if gpus == 0 || gpus > 64 { "gpus" } else { "nodes" }, format!("gpus = {gpus}, nodes = {nodes}: need 1..=64 GPUs per node and at least 1 node")));
+            return Err(err(
+                ln,
+                if gpus == 0 || gpus > 64 {
+                    "gpus"
+                } else {
+                    "nodes"
+                },
+                format!(
+                    "gpus = {gpus}, nodes = {nodes}: need 1..=64 GPUs per node and at least 1 node"
+                ),
+            ));
         }
-        let team = get(4).ok_or_else(|| err(ln, "team", "is empty".into()))?.to_string();
+        let team = get(4)
+            .ok_or_else(|| err(ln, "team", "is empty".into()))?
+            .to_string();
         let project = get(5).unwrap_or(&team).to_string();
         let user = get(6).unwrap_or(&team).to_string();
         let class = get(7).unwrap_or("batch").to_string();
