@@ -489,12 +489,13 @@ impl Scheduler {
             let team = self.tree.team_of(p);
             let mut cur = self.queues[p.idx()].cursor(now, self.aging());
             while let Some((id, _)) = cur.next(|_| false) {
-                let blocked = self
-                    .st
-                    .workloads
-                    .get(&id)
-                    .and_then(|w| w.blocked.clone())
-                    .unwrap_or(Blocked::NotReached);
+                let Some(w) = self.st.workloads.get(&id) else {
+                    continue;
+                };
+                let blocked = w
+                    .blocked
+                    .clone()
+                    .unwrap_or_else(|| self.st.present_obstacle(w));
                 let mut e = Explanation {
                     workload: id,
                     project: self.tree.group(p).name.clone(),
@@ -574,6 +575,24 @@ impl State {
             w.lease = None;
             let g = u64::from(w.spec.total_gpus());
             self.demand[w.project.idx()] -= g.min(self.demand[w.project.idx()]);
+        }
+    }
+
+    /// Why a workload no pass has looked at yet cannot start, from the cluster as it is.
+    fn present_obstacle(&self, w: &Workload) -> Blocked {
+        let s = &w.spec;
+        if s.nodes > 1 && self.cluster.most_whole_free() < s.nodes {
+            Blocked::NoWholeNodes {
+                need: s.nodes,
+                free: self.cluster.most_whole_free(),
+            }
+        } else if s.nodes == 1 && self.cluster.largest_free_block() < s.gpus_per_node {
+            Blocked::NoFit {
+                need: s.gpus_per_node,
+                largest_free: self.cluster.largest_free_block(),
+            }
+        } else {
+            Blocked::NotReached
         }
     }
 

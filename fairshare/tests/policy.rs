@@ -1,0 +1,440 @@
+//! Behaviour of the core, one rule per test: funding, preemption, contracts, gangs,
+//! reservations, draining, wake-ups, explanations and input errors.
+
+mod common;
+
+use allot_fairshare::time::{DAY, HOUR, MINUTE};
+use allot_fairshare::{
+    Action, Blocked, CoreError, LeaseEnd, NodeId, NodeState, PolicyConfig, RevokeWhy, Scheduler,
+    WorkloadState,
+};
+use common::{gang, job, nodes, revokes, sched, starts, tree};
+
+fn two_teams() -> allot_fairshare::OrgTree {
+    tree(&[("x", None, 1.0), ("y", None, 1.0)])
+}
+
+fn lease_of(s: &Scheduler, w: allot_fairshare::WorkloadId) -> allot_fairshare::LeaseId {
+    s.workload(w).and_then(|w| w.lease).expect("running")
+}
+
+#[test]
+fn single_node_work_is_packed_best_fit() {
+    let mut s = sched(two_teams(), nodes("c", 3, 8));
+    let a = s.submit(0, job("x", 6, HOUR)).unwrap();
+    let b = s.submit(0, job("y", 4, HOUR)).unwrap();
+    s.schedule(0);
+    let c = s.submit(1, job("x", 2, HOUR)).unwrap();
+    s.schedule(1);
+    // The 2-GPU job goes where exactly 2 are left (beside the 6), keeping a node whole.
+    let node_of = |w| s.lease(lease_of(&s, w)).unwrap().placement[0].node;
+    assert_eq!(node_of(c), node_of(a));
+    assert_ne!(node_of(b), node_of(a));
+    assert_eq!(s.cluster().most_whole_free(), 1);
+}
+
+#[test]
+fn one_burst_cannot_take_everything() {
+    // Both projects submit 16 one-GPU jobs at once on 16 free GPUs: the pass charges
+    // each start to its project at once, so they interleave instead of the first
+    // project in tree order taking all 16.
+    let mut s = sched(two_teams(), nodes("c", 2, 8));
+    let mut ids = Vec::new();
+    for _ in 0..16 {
+        ids.push(("x", s.submit(0, job("x", 1, HOUR)).unwrap()));
+        ids.push(("y", s.submit(0, job("y", 1, HOUR)).unwrap()));
+    }
+    let d = s.schedule(0);
+    let started = starts(&d);
+    assert_eq!(started.len(), 16);
+    let xs = started
+        .iter()
+        .filter(|(w, _, _)| ids.iter().any(|(p, id)| id == w && *p == "x"))
+        .count();
+    assert_eq!(xs, 8, "x got {xs} of 16");
+}
+
+#[test]
+fn funded_work_preempts_unfunded_and_the_victim_is_requeued_in_place() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let free = s.submit(0, job("x", 8, 0)).unwrap();
+    let d = s.schedule(0);
+    assert_eq!(
+        starts(&d),
+        vec![(free, lease_of(&s, free), false)],
+        "min_runtime 0 is unfunded"
+    );
+    let funded = s.submit(10, job("y", 4, HOUR)).unwrap();
+    let d = s.schedule(10);
+    let victim = lease_of(&s, free);
+    assert_eq!(revokes(&d), vec![(victim, 10)]);
+    match &d.actions[0] {
+        Action::Revoke {
+            why: RevokeWhy::Preempted { by, unfunded, .. },
+            ..
+        } => assert_eq!((*by, *unfunded), (funded, true)),
+        other => panic!("expected a preemption, got {other:?}"),
+    }
+    // Nothing else may take the claimed GPUs while the victim checkpoints.
+    let sneaky = s.submit(20, job("x", 4, HOUR)).unwrap();
+    assert!(starts(&s.schedule(20)).is_empty());
+    assert_eq!(
+        s.lease_ended(70, victim, LeaseEnd::Revoked).unwrap(),
+        WorkloadState::Pending
+    );
+    let d = s.schedule(70);
+    let started: Vec<_> = starts(&d).into_iter().map(|x| x.0).collect();
+    assert_eq!(started[0], funded, "the claimant starts first");
+    assert!(started.contains(&sneaky), "then the rest fits");
+    let w = s.workload(free).unwrap();
+    assert_eq!(
+        (w.state, w.submit, w.preemptions),
+        (WorkloadState::Pending, 0, 1)
+    );
+}
+
+#[test]
+fn non_resumable_victims_end_preempted() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let mut spec = job("x", 8, 0);
+    spec.resumable = false;
+    let free = s.submit(0, spec).unwrap();
+    s.schedule(0);
+    s.submit(1, job("y", 8, HOUR)).unwrap();
+    s.schedule(1);
+    let st = s
+        .lease_ended(2, lease_of(&s, free), LeaseEnd::Revoked)
+        .unwrap();
+    assert_eq!(st, WorkloadState::Preempted);
+}
+
+#[test]
+fn protected_leases_wait_out_their_min_runtime() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    // x runs alone for three days, building history.
+    let hog = s.submit(0, job("x", 8, 8 * HOUR)).unwrap();
+    s.schedule(0);
+    let t = 3 * DAY;
+    let y = s.submit(t, job("y", 1, HOUR)).unwrap();
+    let d = s.schedule(t);
+    // Past its 8 h, x is over-served, so y may take one GPU from it.
+    assert_eq!(revokes(&d).len(), 1);
+    let _ = y;
+    // A fresh protected lease is another matter.
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let hog = {
+        let _ = hog;
+        s.submit(0, job("x", 8, 8 * HOUR)).unwrap()
+    };
+    s.schedule(0);
+    s.submit(HOUR, job("y", 1, HOUR)).unwrap();
+    let d = s.schedule(HOUR);
+    assert!(revokes(&d).is_empty(), "protected for 8 h");
+    assert_eq!(
+        d.next_wakeup,
+        Some(8 * HOUR),
+        "woken at the lapse, not later"
+    );
+    assert_eq!(
+        s.workload(hog).unwrap().state,
+        WorkloadState::Running,
+        "still running"
+    );
+}
+
+#[test]
+fn funded_victims_only_from_better_served_groups() {
+    // y has run for three days too: both are equally served, so neither preempts.
+    let mut s = sched(two_teams(), nodes("c", 2, 8));
+    let xh = s.submit(0, job("x", 8, HOUR)).unwrap();
+    let yh = s.submit(0, job("y", 8, HOUR)).unwrap();
+    s.schedule(0);
+    let t = 3 * DAY;
+    s.submit(t, job("y", 8, HOUR)).unwrap();
+    s.submit(t, job("x", 8, HOUR)).unwrap();
+    let d = s.schedule(t);
+    assert!(revokes(&d).is_empty(), "{:?}", d.actions);
+    let (bx, by) = (s.workload(xh).unwrap().state, s.workload(yh).unwrap().state);
+    assert_eq!((bx, by), (WorkloadState::Running, WorkloadState::Running));
+    let pending_reason = s
+        .explain(t)
+        .into_iter()
+        .map(|e| e.blocked)
+        .collect::<Vec<_>>();
+    assert!(
+        pending_reason.contains(&Blocked::NothingPreemptible),
+        "{pending_reason:?}"
+    );
+}
+
+#[test]
+fn budget_spent_runs_unfunded() {
+    // x's budget over the 7-day window is half the cluster: 4 GPUs × 7 days. Running 8
+    // GPUs for 3.5 days spends it.
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let a = s.submit(0, job("x", 8, HOUR)).unwrap();
+    s.schedule(0);
+    let half = 7 * DAY / 2;
+    s.lease_ended(half, lease_of(&s, a), LeaseEnd::Completed)
+        .unwrap();
+    let gx = s.tree().find("x").unwrap();
+    assert!(s.budget_spent(gx, half));
+    let b = s.submit(half, job("x", 8, HOUR)).unwrap();
+    let d = s.schedule(half);
+    assert_eq!(starts(&d), vec![(b, lease_of(&s, b), false)]);
+    // y's funded work may now take x's GPUs at once.
+    s.submit(half + 1, job("y", 2, HOUR)).unwrap();
+    let d = s.schedule(half + 1);
+    assert_eq!(revokes(&d), vec![(lease_of(&s, b), half + 1)]);
+}
+
+#[test]
+fn gangs_start_whole_or_not_at_all_and_reserve_nodes() {
+    let mut s = sched(two_teams(), nodes("c", 3, 8));
+    let small = s.submit(0, job("x", 1, 2 * HOUR)).unwrap();
+    s.schedule(0);
+    // Two whole nodes are free: a 2-node gang starts on both; a 3-node one cannot.
+    let g2 = s.submit(1, gang("y", 2, 8, HOUR)).unwrap();
+    let g3 = s.submit(1, gang("y", 3, 8, HOUR)).unwrap();
+    let d = s.schedule(1);
+    let st = starts(&d);
+    assert_eq!(st.len(), 1);
+    assert_eq!(st[0].0, g2);
+    let l = s.lease(st[0].1).unwrap();
+    assert_eq!(l.placement.len(), 2);
+    assert!(l.placement.iter().all(|p| p.gpus.count_ones() == 8));
+    assert_ne!(l.placement[0].node, l.placement[1].node);
+    // The 3-node gang gets a reservation ending when the protected leases lapse.
+    let reserved = d.actions.iter().find_map(|a| match a {
+        Action::Reserve {
+            workload,
+            start,
+            nodes,
+        } => Some((*workload, *start, nodes.len())),
+        _ => None,
+    });
+    assert_eq!(reserved, Some((g3, 2 * HOUR, 3)));
+    assert_eq!(s.workload(g3).unwrap().state, WorkloadState::Pending);
+    assert_eq!(s.workload(small).unwrap().state, WorkloadState::Running);
+}
+
+#[test]
+fn backfill_only_what_leaves_before_the_reservation() {
+    let mut s = sched(two_teams(), nodes("c", 2, 8));
+    let hold = s.submit(0, job("x", 4, 2 * HOUR)).unwrap();
+    s.schedule(0);
+    let g = s.submit(1, gang("y", 2, 8, HOUR)).unwrap();
+    let d = s.schedule(1);
+    assert!(d
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::Reserve { workload, .. } if *workload == g)));
+    // A protected 4 h job would still be protected at the reservation start: refused.
+    let long = s.submit(2, job("x", 2, 4 * HOUR)).unwrap();
+    // A 30-minute protected job leaves in time: it may backfill.
+    let short = s.submit(2, job("x", 2, 30 * MINUTE)).unwrap();
+    // Unfunded work is preemptible at any time: it may backfill too.
+    let free = s.submit(2, job("x", 2, 0)).unwrap();
+    let d = s.schedule(2);
+    let started: Vec<_> = starts(&d).into_iter().map(|x| x.0).collect();
+    assert!(
+        started.contains(&short) && started.contains(&free),
+        "{started:?}"
+    );
+    assert!(!started.contains(&long));
+    // At the reservation start the gang reclaims its nodes.
+    let d = s.schedule(2 * HOUR);
+    let revoked: Vec<_> = revokes(&d).into_iter().map(|x| x.0).collect();
+    assert!(revoked.contains(&lease_of(&s, hold)));
+    assert!(revoked.contains(&lease_of(&s, free)));
+    assert!(revoked.contains(&lease_of(&s, short)));
+    for l in revoked {
+        s.lease_ended(2 * HOUR + 60, l, LeaseEnd::Revoked).unwrap();
+    }
+    let d = s.schedule(2 * HOUR + 60);
+    assert_eq!(starts(&d)[0].0, g);
+}
+
+#[test]
+fn draining_revokes_at_the_lapse_and_drain_now_at_once() {
+    let mut s = sched(two_teams(), nodes("c", 2, 8));
+    let p = s.submit(0, job("x", 8, 8 * HOUR)).unwrap();
+    let f = s.submit(0, job("y", 8, 0)).unwrap();
+    s.schedule(0);
+    let (lp, lf) = (lease_of(&s, p), lease_of(&s, f));
+    let np = s.lease(lp).unwrap().placement[0].node;
+    let nf = s.lease(lf).unwrap().placement[0].node;
+    s.set_node_state(HOUR, np, NodeState::Draining).unwrap();
+    s.set_node_state(HOUR, nf, NodeState::Draining).unwrap();
+    let d = s.schedule(HOUR);
+    let mut r = revokes(&d);
+    r.sort();
+    let mut want = vec![(lp, 8 * HOUR), (lf, HOUR)];
+    want.sort();
+    assert_eq!(r, want);
+    // No new lease on a draining node.
+    s.submit(HOUR, job("x", 1, HOUR)).unwrap();
+    assert!(starts(&s.schedule(HOUR)).is_empty());
+    // drain-now pulls the protected lease's revocation forward.
+    s.set_node_state(2 * HOUR, np, NodeState::DrainNow).unwrap();
+    let d = s.schedule(2 * HOUR);
+    assert_eq!(revokes(&d), vec![(lp, 2 * HOUR)]);
+}
+
+#[test]
+fn unhealthy_gpus_take_no_leases() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    s.set_gpu_health(NodeId(0), 3, false).unwrap();
+    let w = s.submit(0, job("x", 8, HOUR)).unwrap();
+    assert!(starts(&s.schedule(0)).is_empty());
+    let a = s.submit(0, job("x", 7, HOUR)).unwrap();
+    s.schedule(0);
+    let l = s.lease(lease_of(&s, a)).unwrap();
+    assert_eq!(l.placement[0].gpus & (1 << 3), 0);
+    assert_eq!(s.workload(w).unwrap().state, WorkloadState::Pending);
+}
+
+#[test]
+fn cancel_pending_and_running() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let r = s.submit(0, job("x", 8, HOUR)).unwrap();
+    let p = s.submit(0, job("x", 8, HOUR)).unwrap();
+    s.schedule(0);
+    s.cancel(1, p).unwrap();
+    assert_eq!(s.workload(p).unwrap().state, WorkloadState::Cancelled);
+    assert_eq!(s.pending_len(), 0);
+    s.cancel(1, r).unwrap();
+    let d = s.schedule(1);
+    assert_eq!(
+        revokes(&d),
+        vec![(lease_of(&s, r), 1)],
+        "cancel revokes at once"
+    );
+    let st = s
+        .lease_ended(2, lease_of(&s, r), LeaseEnd::Revoked)
+        .unwrap();
+    assert_eq!(
+        st,
+        WorkloadState::Cancelled,
+        "not requeued although resumable"
+    );
+    assert!(matches!(s.cancel(3, r), Err(CoreError::AlreadyEnded(_))));
+}
+
+#[test]
+fn priority_and_aging_order_a_project() {
+    let mut s = sched(two_teams(), nodes("c", 1, 1));
+    let blocker = s.submit(0, job("x", 1, HOUR)).unwrap();
+    s.schedule(0);
+    let old_low = s.submit(0, job("x", 1, HOUR)).unwrap();
+    let mut hi = job("x", 1, HOUR);
+    hi.priority = 10;
+    let new_high = s.submit(HOUR, hi).unwrap();
+    s.lease_ended(HOUR, lease_of(&s, blocker), LeaseEnd::Completed)
+        .unwrap();
+    // Priority 10 beats one hour of aging.
+    assert_eq!(starts(&s.schedule(HOUR))[0].0, new_high);
+    let _ = old_low;
+    // Thirty hours of waiting (capped at 24 points) beats priority 10.
+    let mut s = sched(two_teams(), nodes("c", 1, 1));
+    let blocker = s.submit(0, job("x", 1, HOUR)).unwrap();
+    s.schedule(0);
+    let old_low = s.submit(0, job("x", 1, HOUR)).unwrap();
+    let mut hi = job("x", 1, HOUR);
+    hi.priority = 10;
+    s.submit(30 * HOUR, hi).unwrap();
+    s.lease_ended(30 * HOUR, lease_of(&s, blocker), LeaseEnd::Completed)
+        .unwrap();
+    assert_eq!(starts(&s.schedule(30 * HOUR))[0].0, old_low);
+}
+
+#[test]
+fn explanations_name_the_ratio_and_the_obstacle() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    s.submit(0, job("x", 8, 2 * HOUR)).unwrap();
+    s.schedule(0);
+    s.submit(60, job("y", 4, HOUR)).unwrap();
+    s.schedule(60);
+    let e = s.explain(60);
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].text.starts_with("project y is served 0.00× its share"),
+        "{}",
+        e[0].text
+    );
+    assert!(
+        e[0].text
+            .contains("needs 4 GPUs on one node, the most free is 0"),
+        "{}",
+        e[0].text
+    );
+    assert!(
+        e[0].text
+            .contains("1 protected leases, the first lapses in 1h59m"),
+        "{}",
+        e[0].text
+    );
+}
+
+#[test]
+fn drf_counts_the_dominant_resource() {
+    let cfg = PolicyConfig {
+        drf: true,
+        ..PolicyConfig::default()
+    };
+    let mut s = Scheduler::new(cfg, two_teams(), nodes("c", 1, 8)).unwrap();
+    let mut cpu_heavy = job("x", 1, HOUR);
+    cpu_heavy.cpu_per_node = 96; // 1/8 of the GPUs, 3/4 of the CPUs
+    s.submit(0, cpu_heavy).unwrap();
+    s.submit(0, job("y", 1, HOUR)).unwrap();
+    s.schedule(0);
+    let r = s.group_ratios(HOUR);
+    let (gx, gy) = (s.tree().find("x").unwrap(), s.tree().find("y").unwrap());
+    assert!((r[gx.idx()] / r[gy.idx()] - 6.0).abs() < 1e-9, "{r:?}");
+    // Without DRF the two are equal.
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let mut cpu_heavy = job("x", 1, HOUR);
+    cpu_heavy.cpu_per_node = 96;
+    s.submit(0, cpu_heavy).unwrap();
+    s.submit(0, job("y", 1, HOUR)).unwrap();
+    s.schedule(0);
+    let r = s.group_ratios(HOUR);
+    assert_eq!(r[gx.idx()], r[gy.idx()]);
+}
+
+#[test]
+fn submissions_that_can_never_fit_are_refused_with_the_field() {
+    let mut s = sched(two_teams(), nodes("c", 2, 8));
+    let e = s.submit(0, job("nope", 1, 0)).unwrap_err();
+    assert!(e.to_string().contains("\"nope\""), "{e}");
+    let e = s.submit(0, job("x", 9, 0)).unwrap_err();
+    assert!(e.to_string().starts_with("gpus = 9"), "{e}");
+    let e = s.submit(0, gang("x", 3, 8, 0)).unwrap_err();
+    assert!(e.to_string().starts_with("nodes = 3"), "{e}");
+    let t = tree(&[("team", None, 1.0), ("proj", Some("team"), 1.0)]);
+    let mut s = sched(t, nodes("c", 1, 8));
+    let e = s.submit(0, job("team", 1, 0)).unwrap_err();
+    assert!(
+        matches!(e, CoreError::UnknownProject(_)),
+        "teams are not charged: {e}"
+    );
+}
+
+#[test]
+fn half_life_usage_decays() {
+    let cfg = PolicyConfig {
+        usage_model: allot_fairshare::config::UsageModelKind::HalfLife,
+        lookback: DAY,
+        allocation_horizon: 1,
+        ..PolicyConfig::default()
+    };
+    let mut s = Scheduler::new(cfg, two_teams(), nodes("c", 1, 8)).unwrap();
+    let a = s.submit(0, job("x", 8, HOUR)).unwrap();
+    s.schedule(0);
+    s.lease_ended(HOUR, lease_of(&s, a), LeaseEnd::Completed)
+        .unwrap();
+    let gx = s.tree().find("x").unwrap().idx();
+    let r1 = s.group_ratios(HOUR)[gx];
+    let r2 = s.group_ratios(HOUR + DAY)[gx];
+    assert!((r2 / r1 - 0.5).abs() < 1e-6, "{r1} → {r2}");
+}
