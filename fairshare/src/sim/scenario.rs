@@ -319,7 +319,11 @@ impl Scenario {
     pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
         let s: Scenario = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(0, |sp| {
-                text[..sp.start.min(text.len())].lines().count().max(1)
+                text.as_bytes()[..sp.start.min(text.len())]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count()
+                    + 1
             });
             let msg = e.message().to_string();
             let field = msg.split('`').nth(1).unwrap_or("(syntax)").to_string();

@@ -1,0 +1,201 @@
+//! The simulator: the ai2 month meets the design's targets and the baseline shows
+//! what it fixes; runs are deterministic; bad scenarios and traces are named.
+
+use allot_fairshare::sim::{self, scenario::AI2, trace, PolicyKind, Report, Scenario, SimOptions};
+
+fn run(sc: &Scenario, policy: PolicyKind) -> Report {
+    let jobs = sc.generate(sc.seed);
+    let opts = SimOptions {
+        policy,
+        seed: sc.seed,
+        timeline: false,
+    };
+    sim::run(sc, jobs, &[], &opts).expect("runs")
+}
+
+fn ai2() -> Scenario {
+    Scenario::parse(AI2, "ai2").expect("the built-in scenario parses")
+}
+
+#[test]
+fn ai2_meets_the_targets_and_beats_the_baseline() {
+    let sc = ai2();
+    let fair = run(&sc, PolicyKind::FairShare);
+    assert!(
+        fair.fairness.mean_ratio >= 0.95,
+        "mean {}",
+        fair.fairness.mean_ratio
+    );
+    assert!(
+        fair.fairness.min_ratio >= 0.90,
+        "worst {}",
+        fair.fairness.min_ratio
+    );
+    assert!(fair.occupancy >= 0.95, "occupancy {}", fair.occupancy);
+    assert!(
+        fair.wait_s["debug"].p90 <= 300,
+        "debug p90 {}",
+        fair.wait_s["debug"].p90
+    );
+    assert_eq!(fair.teams.len(), 15);
+    let base = run(&sc, PolicyKind::Priority);
+    assert!(
+        base.fairness.min_ratio < fair.fairness.min_ratio - 0.2,
+        "baseline worst {}",
+        base.fairness.min_ratio
+    );
+    assert!(
+        base.largest_gang_wait_s.p50 > 10 * fair.largest_gang_wait_s.p50.max(60),
+        "baseline starves gangs: {:?} vs {:?}",
+        base.largest_gang_wait_s,
+        fair.largest_gang_wait_s
+    );
+}
+
+fn small() -> Scenario {
+    let text = AI2
+        .replace("nodes = 128", "nodes = 16")
+        .replace("days = 30", "days = 3")
+        .replace("arrivals_per_hour = 45", "arrivals_per_hour = 6")
+        .replace("arrivals_per_hour = 25", "arrivals_per_hour = 4")
+        .replace("arrivals_per_hour = 16", "arrivals_per_hour = 2")
+        .replace(
+            "nodes = { 1 = 0.35, 2 = 0.25, 4 = 0.20, 8 = 0.15, 16 = 0.05 }",
+            "nodes = { 1 = 0.5, 2 = 0.3, 4 = 0.2 }",
+        )
+        .replace("drain_per_node_day = 0.01", "drain_per_node_day = 0.1");
+    Scenario::parse(&text, "small").expect("parses")
+}
+
+#[test]
+fn same_seed_same_report_other_seed_other_report() {
+    let sc = small();
+    let a = run(&sc, PolicyKind::FairShare);
+    let b = run(&sc, PolicyKind::FairShare);
+    assert_eq!(a, b);
+    assert_eq!(
+        serde_json::to_string(&a).expect("json"),
+        serde_json::to_string(&b).expect("json")
+    );
+    assert!(a.faults > 0, "faults are injected");
+    let mut other = sc.clone();
+    other.seed += 1;
+    assert_ne!(run(&other, PolicyKind::FairShare).events, a.events);
+}
+
+#[test]
+fn scenario_errors_name_file_line_and_field() {
+    let e = Scenario::parse(
+        "name = \"x\"\n[[clusters]]\nname = \"c\"\nnodez = 3\n",
+        "bad.toml",
+    )
+    .unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.starts_with("bad.toml:4: nodez:"), "{msg}");
+    let e = Scenario::parse("name = \"x\"\ndays = \"lots\"\n", "bad.toml").unwrap_err();
+    assert_eq!((e.line, e.file.as_str()), (2, "bad.toml"), "{e}");
+    let bad_class = AI2.replace("resumable = 0.9", "resumable = 9");
+    let e = Scenario::parse(&bad_class, "ai2.toml").unwrap_err();
+    assert!(
+        e.field.contains("training") && e.field.ends_with("resumable"),
+        "{e}"
+    );
+    assert!(
+        e.line > 0
+            && AI2
+                .lines()
+                .nth(e.line - 1)
+                .is_some_and(|l| l.contains("training")),
+        "{e}"
+    );
+    let bad_dur = AI2.replace("min_runtime = \"8h\"", "min_runtime = \"8 hours\"");
+    let e = Scenario::parse(&bad_dur, "ai2.toml").unwrap_err();
+    assert!(e.message.contains("invalid duration"), "{e}");
+    assert!(
+        AI2.lines()
+            .nth(e.line - 1)
+            .is_some_and(|l| l.contains("min_runtime")),
+        "{e}"
+    );
+}
+
+#[test]
+fn trace_errors_name_the_line_and_column() {
+    let sc = ai2();
+    let t = "submit_s,duration_s,gpus,team\n0,60,1,a\n5,sixty,1,a\n";
+    let e = trace::parse(t, "t.csv", &sc).unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (3, "duration_s"), "{e}");
+    assert!(e.to_string().starts_with("t.csv:3: duration_s:"), "{e}");
+    let e = trace::parse("submit_s,gpus,team\n", "t.csv", &sc).unwrap_err();
+    assert_eq!(e.field, "duration_s");
+    let e = trace::parse("submit_s,duration_s,gpus,team,colour\n", "t.csv", &sc).unwrap_err();
+    assert_eq!(e.field, "colour");
+    let e = trace::parse("submit_s,duration_s,gpus,team\n0,1,1\n", "t.csv", &sc).unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (2, "row"));
+    let e = trace::parse(
+        "submit_s,duration_s,gpus,team,resumable\n0,1,1,a,maybe\n",
+        "t.csv",
+        &sc,
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "resumable");
+}
+
+#[test]
+fn trace_replay_uses_class_defaults_and_equal_shares_for_new_teams() {
+    let mut sc = ai2();
+    sc.days = 1;
+    let t = "submit_s,duration_s,gpus,nodes,team,class\n\
+             0,3600,8,2,newteam,training\n\
+             10,600,1,,alpha-llm-team,debug\n\
+             20,7200,4,1,newteam,\n";
+    let tr = trace::parse(t, "t.csv", &sc).expect("parses");
+    assert_eq!(tr.jobs.len(), 3);
+    assert_eq!(
+        tr.jobs[0].spec.min_runtime,
+        8 * 3600,
+        "training's min runtime"
+    );
+    assert_eq!(tr.jobs[1].spec.nodes, 1, "empty nodes cell defaults to 1");
+    assert_eq!(tr.jobs[2].spec.class, "batch");
+    assert_eq!(tr.jobs[2].spec.min_runtime, 0, "batch is unfunded");
+    let specs = sc.tree_specs(&tr.groups).expect("tree");
+    let newteam = specs.iter().find(|g| g.name == "newteam").expect("added");
+    let mean = sc.teams.iter().map(|t| t.weight).sum::<f64>() / sc.teams.len() as f64;
+    assert_eq!(newteam.weight, mean);
+    let opts = SimOptions {
+        policy: PolicyKind::FairShare,
+        seed: 1,
+        timeline: true,
+    };
+    let r = sim::run(&sc, tr.jobs, &tr.groups, &opts).expect("runs");
+    assert_eq!(r.submitted, 3);
+    assert_eq!(
+        r.wait_s["training"].p50, 0,
+        "an idle cluster starts it at once"
+    );
+    let tl = r.timeline.expect("timeline asked for");
+    assert_eq!(tl.hours.len(), 24);
+}
+
+#[test]
+fn trace_jobs_that_cannot_fit_stop_the_run_with_their_line() {
+    let mut sc = ai2();
+    sc.days = 1;
+    let tr = trace::parse(
+        "submit_s,duration_s,gpus,nodes,team\n0,60,8,500,a\n",
+        "t.csv",
+        &sc,
+    )
+    .expect("parses");
+    let opts = SimOptions {
+        policy: PolicyKind::FairShare,
+        seed: 1,
+        timeline: false,
+    };
+    let e = sim::run(&sc, tr.jobs, &tr.groups, &opts).unwrap_err();
+    assert!(
+        e.to_string().starts_with("trace line 2: nodes = 500"),
+        "{e}"
+    );
+}
