@@ -74,6 +74,10 @@ pub struct Node {
     pub soft: GpuMask,
     /// CPU cores held by leases.
     pub cpu_used: u32,
+    /// CPU cores set aside by preemption claims.
+    pub claimed_cpu: u32,
+    /// Memory set aside by preemption claims, GB.
+    pub claimed_mem: u32,
     /// Memory held by leases, GB.
     pub mem_used: u32,
 }
@@ -112,9 +116,11 @@ impl Node {
         self.state == NodeState::Ready && self.claimed == 0 && self.clearable() == self.all()
     }
 
-    /// True when `cpu` cores and `mem` GB still fit.
+    /// True when `cpu` cores and `mem` GB still fit beside what leases hold and
+    /// claims set aside.
     pub fn fits_host(&self, cpu: u32, mem: u32) -> bool {
-        self.cpu_used + cpu <= self.spec.cpu && self.mem_used + mem <= self.spec.memory_gb
+        self.cpu_used + self.claimed_cpu + cpu <= self.spec.cpu
+            && self.mem_used + self.claimed_mem + mem <= self.spec.memory_gb
     }
 }
 
@@ -206,6 +212,8 @@ impl Cluster {
                 claimed: 0,
                 soft: 0,
                 cpu_used: 0,
+                claimed_cpu: 0,
+                claimed_mem: 0,
                 mem_used: 0,
             });
         }

@@ -89,8 +89,8 @@ fn plan_node<V: View>(
     }
     cands.sort_by_key(|(l, cost)| (l.funded, *cost, l.id));
     let mut have = n.free();
-    let mut cpu_free = n.spec.cpu - n.cpu_used.min(n.spec.cpu);
-    let mut mem_free = n.spec.memory_gb - n.mem_used.min(n.spec.memory_gb);
+    let mut cpu_free = n.spec.cpu.saturating_sub(n.cpu_used + n.claimed_cpu);
+    let mut mem_free = n.spec.memory_gb.saturating_sub(n.mem_used + n.claimed_mem);
     let mut removed: Vec<(GroupId, Res)> = Vec::new();
     let mut plan = NodePlan {
         node,
@@ -112,7 +112,13 @@ fn plan_node<V: View>(
                 victim_ratio_after: None,
             }
         } else {
-            let (gr, gv) = tree.diverging(p, l.project)?;
+            let Some((gr, gv)) = tree.diverging(p, l.project) else {
+                // Same project: no funded preemption inside a project.
+                if whole {
+                    return None;
+                }
+                continue;
+            };
             let prior = removed.iter().find(|x| x.0 == gv).map_or([0.0; 3], |x| x.1);
             let v = res_of(l);
             let minus = [-(prior[0] + v[0]), -(prior[1] + v[1]), -(prior[2] + v[2])];
@@ -141,7 +147,7 @@ fn plan_node<V: View>(
             .iter()
             .find(|x| x.node == node)
             .map_or(0, |x| x.gpus);
-        have |= on_node;
+        have |= on_node & n.healthy;
         cpu_free += l.cpu_per_node;
         mem_free += l.mem_per_node;
         plan.cost += cost;
@@ -209,7 +215,7 @@ pub(crate) fn plan<V: View>(
         let mut plans: Vec<NodePlan> = set
             .iter()
             .filter_map(|&i| plan_node(st, tree, r, cfg, now, by, p, req, NodeId(i), s, true))
-            .filter(|np| c.node(np.node).spec.gpus >= s.gpus && c.node(np.node).fits_host(0, 0))
+            .filter(|np| c.node(np.node).spec.gpus >= s.gpus)
             .collect();
         if (plans.len() as u32) < s.nodes {
             continue;
@@ -223,6 +229,36 @@ pub(crate) fn plan<V: View>(
         }
     }
     let (_, _, plans) = best?;
+    // Victims were checked node by node; check the chosen set together, so that a
+    // group losing leases on several nodes still ends at or above the requester.
+    let mut removed: Vec<(GroupId, Res)> = Vec::new();
+    for np in &plans {
+        for v in &np.victims {
+            let Some(l) = st.lease(v.lease) else { continue };
+            if !l.funded {
+                continue;
+            }
+            let (gr, gv) = tree.diverging(p, l.project)?;
+            let x = res_of(l);
+            let total = match removed.iter_mut().find(|e| e.0 == gv) {
+                Some(e) => {
+                    for (a, b) in e.1.iter_mut().zip(x) {
+                        *a += b;
+                    }
+                    e.1
+                }
+                None => {
+                    removed.push((gv, x));
+                    x
+                }
+            };
+            if r.ratio_with(gr, req) + cfg.hysteresis
+                > r.ratio_with(gv, [-total[0], -total[1], -total[2]])
+            {
+                return None;
+            }
+        }
+    }
     let mut victims = Vec::new();
     let mut claim = Vec::new();
     for np in plans {

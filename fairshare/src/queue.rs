@@ -3,8 +3,8 @@
 //! A project's queue is split by *shape* (size and funding kind) and by priority
 //! level; inside one level the oldest comes first, which is also the most aged, so a
 //! k-way merge of the level heads yields the exact project order at any `now` without
-//! re-sorting. Splitting by shape lets a pass skip every workload of a shape that
-//! cannot start any more in one step.
+//! re-sorting. Splitting by shape (size and contract) lets a pass skip every workload
+//! of a shape that cannot start any more in one step.
 
 use crate::time::Time;
 use crate::workload::{WorkloadId, WorkloadSpec};
@@ -24,6 +24,10 @@ pub struct Shape {
     pub mem: u32,
     /// Asks for protection (`min_runtime > 0`), so may be funded and may preempt.
     pub protected: bool,
+    /// The contract: min runtime and time limit decide where work may backfill.
+    pub min_runtime: u64,
+    /// Time limit, if any.
+    pub time_limit: Option<u64>,
 }
 
 impl Shape {
@@ -35,6 +39,8 @@ impl Shape {
             cpu: spec.cpu_per_node,
             mem: spec.mem_per_node_gb,
             protected: spec.min_runtime > 0,
+            min_runtime: spec.min_runtime,
+            time_limit: spec.time_limit,
         }
     }
 }
@@ -226,6 +232,8 @@ mod tests {
             cpu: 0,
             mem: 0,
             protected: true,
+            min_runtime: 3_600,
+            time_limit: None,
         }
     }
 

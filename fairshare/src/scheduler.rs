@@ -79,6 +79,11 @@ pub struct Claim {
     pub kind: ClaimKind,
     /// Claimed GPUs per node.
     pub nodes: Vec<NodeGpus>,
+    /// CPU cores set aside on each node (preemption claims; reservations set none,
+    /// since backfill leaves before they start).
+    pub cpu_per_node: u32,
+    /// Memory set aside on each node, GB.
+    pub mem_per_node: u32,
 }
 
 /// Why GPUs are claimed.
@@ -102,6 +107,9 @@ pub struct Baseline {
     /// Cap per group index; only teams (children of the root) are read.
     pub team_caps: Vec<u64>,
 }
+
+/// Longest min runtime or time limit accepted: a year.
+pub const MAX_CONTRACT: u64 = 365 * 86_400;
 
 /// The policy core.
 #[derive(Debug, Clone)]
@@ -130,6 +138,7 @@ struct State {
     next_workload: u64,
     next_lease: u64,
     protect_forever: bool,
+    last_now: Time,
 }
 
 impl Scheduler {
@@ -155,6 +164,7 @@ impl Scheduler {
                 next_workload: 1,
                 next_lease: 1,
                 protect_forever: false,
+                last_now: 0,
             },
             baseline: None,
             queues: vec![ProjectQueue::default(); n],
@@ -227,6 +237,7 @@ impl Scheduler {
 
     /// Accepts a workload; it is pending from `now`.
     pub fn submit(&mut self, now: Time, spec: WorkloadSpec) -> Result<WorkloadId, CoreError> {
+        let now = self.clock(now);
         let project = self
             .tree
             .find(&spec.project)
@@ -254,6 +265,21 @@ impl Scheduler {
     }
 
     fn check_fits(&self, spec: &WorkloadSpec) -> Result<(), CoreError> {
+        for (field, v) in [
+            ("min_runtime", Some(spec.min_runtime)),
+            ("time_limit", spec.time_limit),
+        ] {
+            if let Some(v) = v.filter(|&v| v > MAX_CONTRACT) {
+                return Err(CoreError::Impossible {
+                    field,
+                    value: v,
+                    why: format!(
+                        "longer than {} days; ask for at most 365d",
+                        MAX_CONTRACT / 86_400
+                    ),
+                });
+            }
+        }
         let c = &self.st.cluster;
         let max_gpus = c.nodes().map(|(_, n)| n.spec.gpus).max().unwrap_or(0);
         if spec.gpus_per_node == 0 || spec.gpus_per_node > max_gpus {
@@ -308,6 +334,7 @@ impl Scheduler {
 
     /// Cancels a workload: pending ones end now, running ones are revoked at once.
     pub fn cancel(&mut self, now: Time, id: WorkloadId) -> Result<(), CoreError> {
+        let now = self.clock(now);
         let w = self
             .st
             .workloads
@@ -335,6 +362,7 @@ impl Scheduler {
         lease: LeaseId,
         end: LeaseEnd,
     ) -> Result<WorkloadState, CoreError> {
+        let now = self.clock(now);
         let l = self
             .st
             .release(now, lease)
@@ -397,6 +425,7 @@ impl Scheduler {
         node: NodeId,
         state: NodeState,
     ) -> Result<(), CoreError> {
+        let now = self.clock(now);
         if node.idx() >= self.st.cluster.len() {
             return Err(CoreError::UnknownNode(node.0));
         }
@@ -514,6 +543,13 @@ impl Scheduler {
         out
     }
 
+    /// Time never runs backwards inside the core: an earlier `now` is taken as the
+    /// latest seen, so usage breakpoints stay ordered.
+    fn clock(&mut self, now: Time) -> Time {
+        self.st.last_now = self.st.last_now.max(now);
+        self.st.last_now
+    }
+
     fn aging(&self) -> Aging {
         Aging {
             per_hour: self.cfg.aging_per_hour,
@@ -523,18 +559,27 @@ impl Scheduler {
 
     /// Runs one scheduling pass at `now`.
     pub fn schedule(&mut self, now: Time) -> Decisions {
+        let now = self.clock(now);
         let mut d = Decisions {
             actions: std::mem::take(&mut self.st.outbox),
             ..Decisions::default()
         };
         self.st.lapse_protection(now);
-        let claimed_alloc: Vec<(GroupId, [f64; 3])> = self
+        // Ratios look ahead: claimants count as started, leases being revoked as gone.
+        let mut claimed_alloc: Vec<(GroupId, [f64; 3])> = self
             .st
             .claims
             .keys()
             .filter_map(|id| self.st.workloads.get(id))
             .map(|w| (w.project, alloc_of(&w.spec)))
             .collect();
+        claimed_alloc.extend(
+            self.st
+                .leases
+                .values()
+                .filter(|l| l.revoke.is_some())
+                .map(|l| (l.project, neg(lease_alloc(l)))),
+        );
         let mut r = Ratios::compute(
             &self.cfg,
             &self.tree,
@@ -543,8 +588,9 @@ impl Scheduler {
             now,
             &claimed_alloc,
         );
+        let cooldown = self.cfg.cooldown;
         self.st
-            .process_claims(now, &self.tree, &mut r, &mut d.actions);
+            .process_claims(now, &self.tree, cooldown, &mut d.actions);
         let aging = self.aging();
         let mut pass = Pass::new(&self.cfg, &self.tree, &self.st, now, self.baseline.as_ref());
         pass.run(&self.queues, &mut self.st, &mut r, aging, &mut d);
@@ -556,6 +602,20 @@ impl Scheduler {
         d.actions.append(&mut self.st.outbox);
         d
     }
+}
+
+/// GPU, CPU and memory a lease holds in all.
+pub(crate) fn lease_alloc(l: &Lease) -> [f64; 3] {
+    let n = l.placement.len() as f64;
+    [
+        f64::from(l.gpus),
+        f64::from(l.cpu_per_node) * n,
+        f64::from(l.mem_per_node) * n,
+    ]
+}
+
+fn neg(x: [f64; 3]) -> [f64; 3] {
+    [-x[0], -x[1], -x[2]]
 }
 
 /// GPU, CPU and memory a workload holds in all.
@@ -674,7 +734,7 @@ impl State {
         let preemptible_at = if funded && self.protect_forever {
             Time::MAX
         } else {
-            now + hold
+            now.saturating_add(hold)
         };
         let gpus: u32 = placement.iter().map(|p| p.gpus.count_ones()).sum();
         let (cpu, mem) = (s.cpu_per_node, s.mem_per_node_gb);
@@ -716,7 +776,7 @@ impl State {
             cpu_per_node: cpu,
             mem_per_node: mem,
             start: now,
-            protected_until: now + s.min_runtime,
+            protected_until: now.saturating_add(s.min_runtime),
             preemptible_at,
             funded,
             revoke: None,
@@ -782,10 +842,28 @@ impl State {
         });
     }
 
+    /// True while a lease holding some of the claim's GPUs is still being revoked.
+    fn victims_pending(&self, claim: &Claim) -> bool {
+        claim.nodes.iter().any(|p| {
+            self.node_leases[p.node.idx()].iter().any(|lid| {
+                self.leases.get(lid).is_some_and(|l| {
+                    l.revoke.is_some()
+                        && l.placement
+                            .iter()
+                            .any(|x| x.node == p.node && x.gpus & p.gpus != 0)
+                })
+            })
+        })
+    }
+
     fn drop_claim(&mut self, id: WorkloadId) {
         if let Some(c) = self.claims.remove(&id) {
             for p in c.nodes {
-                self.cluster.update(p.node, |n| n.claimed &= !p.gpus);
+                self.cluster.update(p.node, |n| {
+                    n.claimed &= !p.gpus;
+                    n.claimed_cpu -= c.cpu_per_node.min(n.claimed_cpu);
+                    n.claimed_mem -= c.mem_per_node.min(n.claimed_mem);
+                });
             }
         }
     }
@@ -804,15 +882,18 @@ impl State {
 
     fn add_claim(&mut self, id: WorkloadId, claim: Claim) {
         for p in &claim.nodes {
-            self.cluster.update(p.node, |n| n.claimed |= p.gpus);
+            self.cluster.update(p.node, |n| {
+                n.claimed |= p.gpus;
+                n.claimed_cpu += claim.cpu_per_node;
+                n.claimed_mem += claim.mem_per_node;
+            });
         }
         self.claims.insert(id, claim);
     }
 
     /// Starts claimants whose GPUs are free; a reservation whose start has come
     /// reclaims its nodes.
-    fn process_claims(&mut self, now: Time, tree: &OrgTree, r: &mut Ratios, out: &mut Vec<Action>) {
-        let _ = tree;
+    fn process_claims(&mut self, now: Time, tree: &OrgTree, cooldown: u64, out: &mut Vec<Action>) {
         let ids: Vec<WorkloadId> = self.claims.keys().copied().collect();
         for id in ids {
             let Some(claim) = self.claims.get(&id).cloned() else {
@@ -831,7 +912,9 @@ impl State {
                 w.spec.cpu_per_node,
                 w.spec.mem_per_node_gb,
             );
-            let funded = w.spec.min_runtime > 0;
+            let project = w.project;
+            let funded = w.spec.min_runtime > 0
+                && (self.protect_forever || !self.budget_spent(tree, project, now));
             let usable = claim.nodes.iter().all(|p| {
                 let n = self.cluster.node(p.node);
                 n.state == NodeState::Ready && (p.gpus & n.healthy).count_ones() >= g
@@ -842,7 +925,12 @@ impl State {
             }
             let ready = claim.nodes.iter().all(|p| {
                 let n = self.cluster.node(p.node);
-                (p.gpus & n.healthy & !n.used).count_ones() >= g && n.fits_host(cpu, mem)
+                // Its own claim already sets its host share aside.
+                (p.gpus & n.healthy & !n.used).count_ones() >= g
+                    && n.fits_host(
+                        cpu.saturating_sub(claim.cpu_per_node),
+                        mem.saturating_sub(claim.mem_per_node),
+                    )
             });
             if ready {
                 let placement: Vec<NodeGpus> = claim
@@ -861,9 +949,13 @@ impl State {
                     ClaimKind::Preemption => StartWhy::AfterPreemption,
                     ClaimKind::Reservation { .. } => StartWhy::Reservation,
                 };
-                // The claimant's allocation was counted at pass start already.
-                let _ = &r;
-                out.push(self.start_lease(now, 0, id, placement, funded, None, why));
+                out.push(self.start_lease(now, cooldown, id, placement, funded, None, why));
+                continue;
+            }
+            if claim.kind == ClaimKind::Preemption && !self.victims_pending(&claim) {
+                // Victims are gone yet the claim cannot start (host room taken, say):
+                // give the GPUs back and let the next pass plan afresh.
+                self.drop_claim(id);
                 continue;
             }
             if let ClaimKind::Reservation { start } = claim.kind {
@@ -902,6 +994,7 @@ struct Pass<'c> {
     free_dead: BTreeSet<Shape>,
     preempt_dead: BTreeSet<(GroupId, Shape)>,
     reserve_dead: BTreeSet<(GroupId, Shape)>,
+    backfill_dead: BTreeSet<(GroupId, Shape)>,
     plans_left: u32,
     examined: u32,
     cut_short: bool,
@@ -935,6 +1028,7 @@ impl<'c> Pass<'c> {
             free_dead: BTreeSet::new(),
             preempt_dead: BTreeSet::new(),
             reserve_dead: BTreeSet::new(),
+            backfill_dead: BTreeSet::new(),
             plans_left: cfg.max_preemption_plans,
             examined: 0,
             cut_short: false,
@@ -1075,7 +1169,8 @@ impl<'c> Pass<'c> {
                 let no_free = self.free_dead.contains(s)
                     || (s.nodes == 1 && s.gpus > largest_free)
                     || (s.nodes > 1 && s.nodes > most_whole);
-                let no_backfill = s.nodes > 1 || s.gpus > backfill_cap;
+                let no_backfill =
+                    s.nodes > 1 || s.gpus > backfill_cap || self.backfill_dead.contains(&(p, *s));
                 let no_preempt = !s.protected
                     || !can_preempt
                     || self.preempt_dead.contains(&(p, *s))
@@ -1103,6 +1198,29 @@ impl<'c> Pass<'c> {
                 continue;
             }
             if let Some(c) = st.claims.get(&id) {
+                if matches!(c.kind, ClaimKind::Reservation { .. }) {
+                    if let Some(placement) = free_placement(&st.cluster, &shape) {
+                        // Whole nodes came free elsewhere before the reservation.
+                        st.drop_claim(id);
+                        let funded = self.funded(st, p, &shape);
+                        let why = StartWhy::Free {
+                            rank: self.examined,
+                            ratio: r.ratio(p),
+                        };
+                        d.actions.push(st.start_lease(
+                            self.now,
+                            self.cfg.cooldown,
+                            id,
+                            placement,
+                            funded,
+                            None,
+                            why,
+                        ));
+                        backfill_cap = backfill_capacity(st, self.now);
+                        reservations = reservations.saturating_sub(1);
+                        continue;
+                    }
+                }
                 let b = match c.kind {
                     ClaimKind::Preemption => Blocked::WaitingForVictims,
                     ClaimKind::Reservation { start } => Blocked::Reserved { start },
@@ -1177,6 +1295,11 @@ impl<'c> Pass<'c> {
                     continue;
                 }
             }
+            if shape.nodes == 1 && shape.gpus <= backfill_cap {
+                // Same shape and contract, same project: later ones leave no sooner,
+                // so stop trying them this pass.
+                self.backfill_dead.insert((p, shape));
+            }
             // 3. Preemption.
             let mut blocked = if !funded && shape.protected {
                 Blocked::Unfunded
@@ -1196,6 +1319,9 @@ impl<'c> Pass<'c> {
                 match crate::preempt::plan(st, self.tree, r, self.cfg, self.now, id, p, &shape) {
                     Some(plan) => {
                         for v in &plan.victims {
+                            if let Some(l) = st.leases.get(&v.lease) {
+                                r.add(self.tree, l.project, neg(lease_alloc(l)));
+                            }
                             st.revoke(v.lease, self.now, v.why.clone());
                         }
                         st.add_claim(
@@ -1203,6 +1329,8 @@ impl<'c> Pass<'c> {
                             Claim {
                                 kind: ClaimKind::Preemption,
                                 nodes: plan.claim,
+                                cpu_per_node: shape.cpu,
+                                mem_per_node: shape.mem,
                             },
                         );
                         r.add(self.tree, p, spec_alloc);
@@ -1240,6 +1368,8 @@ impl<'c> Pass<'c> {
                             Claim {
                                 kind: ClaimKind::Reservation { start },
                                 nodes: claim_nodes,
+                                cpu_per_node: 0,
+                                mem_per_node: 0,
                             },
                         );
                         reservations += 1;
@@ -1333,8 +1463,10 @@ fn backfill_placement(
         let ClaimKind::Reservation { start } = c.kind else {
             continue;
         };
-        let leaves_in_time =
-            now + hold <= start || w.spec.time_limit.is_some_and(|tl| now + tl <= start);
+        let leaves_in_time = now.saturating_add(hold) <= start
+            || w.spec
+                .time_limit
+                .is_some_and(|tl| now.saturating_add(tl) <= start);
         if start <= now || !leaves_in_time {
             continue;
         }

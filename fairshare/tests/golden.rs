@@ -166,6 +166,7 @@ fn ranking(t: OrgTree, usage: &[(&str, u64)]) -> Vec<String> {
     let d = s.schedule(0);
     assert_eq!(starts(&d).len(), usage.len(), "all usage jobs start");
     let end = usage.iter().map(|u| u.1).max().unwrap_or(0) * HOUR;
+    runs.sort_by_key(|r| r.1); // report ends in time order, as a shell would
     for (id, hours) in runs {
         let lease = s.workload(id).and_then(|w| w.lease).expect("running");
         s.lease_ended(hours * HOUR, lease, LeaseEnd::Completed)

@@ -438,3 +438,124 @@ fn half_life_usage_decays() {
     let r2 = s.group_ratios(HOUR + DAY)[gx];
     assert!((r2 / r1 - 0.5).abs() < 1e-6, "{r1} → {r2}");
 }
+
+#[test]
+fn a_reserved_gang_takes_whole_nodes_that_free_up_elsewhere() {
+    let mut s = sched(two_teams(), nodes("c", 4, 8));
+    let long = s.submit(0, job("x", 8, 8 * HOUR)).unwrap();
+    let short = s.submit(0, job("x", 8, 8 * HOUR)).unwrap();
+    let a = s.submit(0, job("x", 8, 8 * HOUR)).unwrap();
+    s.schedule(0);
+    let g = s.submit(1, gang("y", 2, 8, HOUR)).unwrap();
+    let d = s.schedule(1);
+    assert!(d
+        .actions
+        .iter()
+        .any(|x| matches!(x, Action::Reserve { .. })));
+    // Two leases off the reserved nodes end early: the gang starts there at once.
+    let _ = (long, a);
+    s.lease_ended(100, lease_of(&s, short), LeaseEnd::Completed)
+        .unwrap();
+    let reserved: Vec<NodeId> = s.claims()[&g].nodes.iter().map(|p| p.node).collect();
+    let other = s
+        .leases()
+        .find(|l| !reserved.contains(&l.placement[0].node))
+        .map(|l| l.id);
+    if let Some(l) = other {
+        s.lease_ended(100, l, LeaseEnd::Completed).unwrap();
+    }
+    let d = s.schedule(100);
+    assert_eq!(starts(&d).first().map(|x| x.0), Some(g), "{:?}", d.actions);
+    assert!(s.claims().is_empty(), "the reservation is released");
+}
+
+#[test]
+fn a_claim_sets_host_room_aside_too() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let cpu = |mut j: allot_fairshare::WorkloadSpec, c| {
+        j.cpu_per_node = c;
+        j
+    };
+    let a = s.submit(0, cpu(job("x", 2, 0), 100)).unwrap();
+    s.schedule(0);
+    // y needs 110 of the 128 cores: it claims two free GPUs and preempts a for CPU.
+    let y = s.submit(1, cpu(job("y", 2, HOUR), 110)).unwrap();
+    // h would fit on GPUs nobody claimed, but not beside y's claimed cores.
+    let h = s.submit(1, cpu(job("x", 2, 0), 28)).unwrap();
+    let d = s.schedule(1);
+    assert_eq!(revokes(&d), vec![(lease_of(&s, a), 1)]);
+    assert!(starts(&d).is_empty(), "{:?}", d.actions);
+    s.lease_ended(2, lease_of(&s, a), LeaseEnd::Revoked)
+        .unwrap();
+    let d = s.schedule(2);
+    let started: Vec<_> = starts(&d).into_iter().map(|x| x.0).collect();
+    assert_eq!(started.first(), Some(&y), "{:?}", d.actions);
+    assert!(s.claims().is_empty());
+    assert_eq!(s.workload(h).unwrap().state, WorkloadState::Pending);
+}
+
+#[test]
+fn own_project_leases_do_not_block_preemption_on_a_node() {
+    let t = tree(&[("x", None, 1.0), ("y", None, 1.0)]);
+    let mut s = sched(t, nodes("c", 1, 8));
+    let y6 = s.submit(0, job("y", 6, HOUR)).unwrap();
+    let x2 = s.submit(0, job("x", 2, HOUR)).unwrap();
+    s.schedule(0);
+    let _ = x2;
+    // Three days on, y's 6 GPUs are well past protection and y is over-served.
+    let t = 3 * DAY;
+    s.submit(t, job("x", 6, HOUR)).unwrap();
+    let d = s.schedule(t);
+    assert_eq!(revokes(&d), vec![(lease_of(&s, y6), t)], "{:?}", d.actions);
+}
+
+#[test]
+fn restarts_after_preemption_get_the_cooldown() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let mut spec = job("x", 8, 10 * MINUTE);
+    spec.priority = 0;
+    let w = s.submit(0, spec).unwrap();
+    s.schedule(0);
+    // x over-served for 3 days; y takes its GPUs, x is requeued.
+    let t = 3 * DAY;
+    s.submit(t, job("y", 8, 10 * MINUTE)).unwrap();
+    let d = s.schedule(t);
+    assert_eq!(revokes(&d).len(), 1);
+    s.lease_ended(t + 60, lease_of(&s, w), LeaseEnd::Revoked)
+        .unwrap();
+    s.schedule(t + 60);
+    let yl = s.leases().next().map(|l| l.id).unwrap();
+    s.lease_ended(t + 120, yl, LeaseEnd::Completed).unwrap();
+    s.schedule(t + 120);
+    let l = s.lease(lease_of(&s, w)).unwrap();
+    assert_eq!(
+        l.preemptible_at,
+        t + 120 + 30 * MINUTE,
+        "cooldown, not the 10 min contract"
+    );
+}
+
+#[test]
+fn absurd_contracts_are_refused_not_overflowed() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let e = s.submit(0, job("x", 1, u64::MAX)).unwrap_err();
+    assert!(e.to_string().starts_with("min_runtime = "), "{e}");
+    let mut j = job("x", 1, HOUR);
+    j.time_limit = Some(u64::MAX);
+    let e = s.submit(0, j).unwrap_err();
+    assert!(e.to_string().starts_with("time_limit = "), "{e}");
+}
+
+#[test]
+fn time_never_runs_backwards() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let a = s.submit(100, job("x", 8, HOUR)).unwrap();
+    s.schedule(100);
+    // A late report with an older timestamp is taken as "now", not as the past.
+    s.lease_ended(50, lease_of(&s, a), LeaseEnd::Completed)
+        .unwrap();
+    let gx = s.tree().find("x").unwrap().idx();
+    assert!(s.group_ratios(200)[gx] >= 0.0);
+    let b = s.submit(10, job("x", 1, HOUR)).unwrap();
+    assert_eq!(s.workload(b).unwrap().submit, 100);
+}
