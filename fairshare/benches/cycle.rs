@@ -70,7 +70,8 @@ fn big_state() -> (Scheduler, u64) {
             ([1, 2, 4, 8][rng.pick(&[0.4, 0.3, 0.2, 0.1])], 1)
         };
         let funded = rng.unit() < 0.5;
-        s.submit(now, spec(&mut rng, gpus, nodes, funded)).expect("fits");
+        s.submit(now, spec(&mut rng, gpus, nodes, funded))
+            .expect("fits");
     }
     (s, now)
 }
@@ -91,7 +92,11 @@ fn time_pass(base: &Scheduler, now: u64, samples: usize) -> (Vec<f64>, u32, usiz
 
 fn main() {
     let (s, now) = big_state();
-    println!("cycle: 1024 nodes x 8 GPUs, {} running leases, {} pending", s.leases().count(), s.pending_len());
+    println!(
+        "cycle: 1024 nodes x 8 GPUs, {} running leases, {} pending",
+        s.leases().count(),
+        s.pending_len()
+    );
     let (mut first, examined, actions) = time_pass(&s, now, 30);
     println!(
         "  pass after 20k submissions: median {:.2} ms, p90 {:.2} ms ({} examined, {} actions)",

@@ -84,6 +84,9 @@ fn plan_node<V: View>(
             }
             continue;
         }
+        if !whole && on_node & n.healthy == 0 {
+            continue; // frees only failed GPUs
+        }
         let cost = u64::from(l.gpus) * now.saturating_sub(l.start);
         cands.push((l, cost));
     }
@@ -124,7 +127,7 @@ fn plan_node<V: View>(
             let minus = [-(prior[0] + v[0]), -(prior[1] + v[1]), -(prior[2] + v[2])];
             let req_after = r.ratio_with(gr, req);
             let victim_after = r.ratio_with(gv, minus);
-            if req_after + cfg.hysteresis > victim_after {
+            if req_after + cfg.hysteresis >= victim_after {
                 if whole {
                     return None;
                 }
@@ -228,7 +231,12 @@ pub(crate) fn plan<V: View>(
             best = Some((funded, cost, plans));
         }
     }
-    let (_, _, plans) = best?;
+    let (_, _, mut plans) = best?;
+    // A victim spanning several chosen nodes is listed once per node: keep one.
+    let mut seen = std::collections::BTreeSet::new();
+    for np in &mut plans {
+        np.victims.retain(|v| seen.insert(v.lease));
+    }
     // Victims were checked node by node; check the chosen set together, so that a
     // group losing leases on several nodes still ends at or above the requester.
     let mut removed: Vec<(GroupId, Res)> = Vec::new();
@@ -253,7 +261,7 @@ pub(crate) fn plan<V: View>(
                 }
             };
             if r.ratio_with(gr, req) + cfg.hysteresis
-                > r.ratio_with(gv, [-total[0], -total[1], -total[2]])
+                >= r.ratio_with(gv, [-total[0], -total[1], -total[2]])
             {
                 return None;
             }

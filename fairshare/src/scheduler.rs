@@ -468,7 +468,7 @@ impl Scheduler {
             }
         });
         if !healthy {
-            self.st.drop_claims_on(node);
+            self.st.drop_claims_holding(node, bit);
         }
         Ok(())
     }
@@ -565,12 +565,14 @@ impl Scheduler {
             ..Decisions::default()
         };
         self.st.lapse_protection(now);
-        // Ratios look ahead: claimants count as started, leases being revoked as gone.
+        // Ratios look ahead: preemption claimants count as started, leases being
+        // revoked as gone. A reservation is not allocation: others still run there.
         let mut claimed_alloc: Vec<(GroupId, [f64; 3])> = self
             .st
             .claims
-            .keys()
-            .filter_map(|id| self.st.workloads.get(id))
+            .iter()
+            .filter(|(_, c)| c.kind == ClaimKind::Preemption)
+            .filter_map(|(id, _)| self.st.workloads.get(id))
             .map(|w| (w.project, alloc_of(&w.spec)))
             .collect();
         claimed_alloc.extend(
@@ -869,10 +871,15 @@ impl State {
     }
 
     fn drop_claims_on(&mut self, node: NodeId) {
+        self.drop_claims_holding(node, u64::MAX);
+    }
+
+    /// Drops the claims that hold any of `gpus` on `node`.
+    fn drop_claims_holding(&mut self, node: NodeId, gpus: u64) {
         let ids: Vec<WorkloadId> = self
             .claims
             .iter()
-            .filter(|(_, c)| c.nodes.iter().any(|p| p.node == node))
+            .filter(|(_, c)| c.nodes.iter().any(|p| p.node == node && p.gpus & gpus != 0))
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
@@ -949,6 +956,13 @@ impl State {
                     ClaimKind::Preemption => StartWhy::AfterPreemption,
                     ClaimKind::Reservation { .. } => StartWhy::Reservation,
                 };
+                if claim.kind == ClaimKind::Preemption {
+                    // It displaced work: protect it for the cooldown as well, so the
+                    // victim cannot take the GPUs straight back.
+                    if let Some(w) = self.workloads.get_mut(&id) {
+                        w.last_preempted.get_or_insert(now);
+                    }
+                }
                 out.push(self.start_lease(now, cooldown, id, placement, funded, None, why));
                 continue;
             }

@@ -203,7 +203,10 @@ fn trace_jobs_that_cannot_fit_stop_the_run_with_their_line() {
 #[test]
 fn every_shipped_scenario_parses() {
     for (file, text) in [
-        ("scenarios/philly.toml", include_str!("../../scenarios/philly.toml")),
+        (
+            "scenarios/philly.toml",
+            include_str!("../../scenarios/philly.toml"),
+        ),
         ("fairshare/src/sim/ai2.toml", AI2),
     ] {
         let sc = Scenario::parse(text, file).unwrap_or_else(|e| panic!("{e}"));
