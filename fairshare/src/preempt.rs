@@ -42,123 +42,204 @@ struct NodePlan {
     have: u64,
 }
 
-fn res_of(l: &Lease) -> Res {
-    let n = l.placement.len() as f64;
-    [
-        f64::from(l.gpus),
-        f64::from(l.cpu_per_node) * n,
-        f64::from(l.mem_per_node) * n,
-    ]
+/// Allocation taken from each victim group so far in one plan.
+#[derive(Default)]
+struct Removed(Vec<(GroupId, Res)>);
+
+impl Removed {
+    fn with(&self, g: GroupId, x: Res) -> Res {
+        let prior = self.0.iter().find(|e| e.0 == g).map_or([0.0; 3], |e| e.1);
+        [prior[0] + x[0], prior[1] + x[1], prior[2] + x[2]]
+    }
+
+    fn add(&mut self, g: GroupId, x: Res) {
+        let total = self.with(g, x);
+        match self.0.iter_mut().find(|e| e.0 == g) {
+            Some(e) => e.1 = total,
+            None => self.0.push((g, total)),
+        }
+    }
 }
 
-/// Plans victims on one node for `need` GPUs (and host room), or None.
-#[allow(clippy::too_many_arguments)]
-fn plan_node<V: View>(
-    st: &V,
-    tree: &OrgTree,
-    r: &Ratios,
-    cfg: &PolicyConfig,
+/// One requester's planning context.
+struct Planner<'a, V> {
+    st: &'a V,
+    tree: &'a OrgTree,
+    r: &'a Ratios,
+    hysteresis: f64,
     now: Time,
     by: WorkloadId,
     p: GroupId,
+    s: &'a Shape,
     req: Res,
-    node: NodeId,
-    s: &Shape,
-    whole: bool,
-) -> Option<NodePlan> {
-    let n = st.cluster().node(node);
-    if n.state != NodeState::Ready || (n.healthy & n.all()).count_ones() < s.gpus {
-        return None;
+}
+
+impl<V: View> Planner<'_, V> {
+    /// Kueue's rule for a funded victim, given what the plan already takes from its
+    /// group: the ratios after, or None when the requester would not stay strictly
+    /// `hysteresis` below the victim's group (or both are in one project).
+    fn fair(&self, l: &Lease, removed: &Removed) -> Option<(GroupId, f64, f64)> {
+        let (gr, gv) = self.tree.diverging(self.p, l.project)?;
+        let total = removed.with(gv, l.alloc());
+        let req_after = self.r.ratio_with(gr, self.req);
+        let victim_after = self.r.ratio_with(gv, [-total[0], -total[1], -total[2]]);
+        (req_after + self.hysteresis < victim_after).then_some((gv, req_after, victim_after))
     }
-    let mut cands: Vec<(&Lease, u64)> = Vec::new();
-    for &lid in st.node_leases(node) {
-        let Some(l) = st.lease(lid) else { continue };
-        let on_node = l
-            .placement
-            .iter()
-            .find(|x| x.node == node)
-            .map_or(0, |x| x.gpus);
-        if l.revoke.is_some() || on_node & n.soft == 0 {
-            if whole {
-                return None; // a gang needs every lease gone
-            }
-            continue;
+
+    /// Victims on one node that make room for one node's share of the request; with
+    /// `whole`, every lease on the node must go.
+    fn node(&self, node: NodeId, whole: bool) -> Option<NodePlan> {
+        let s = self.s;
+        let n = self.st.cluster().node(node);
+        if n.state != NodeState::Ready || (n.healthy & n.all()).count_ones() < s.gpus {
+            return None;
         }
-        if !whole && on_node & n.healthy == 0 {
-            continue; // frees only failed GPUs
-        }
-        let cost = u64::from(l.gpus) * now.saturating_sub(l.start);
-        cands.push((l, cost));
-    }
-    cands.sort_by_key(|(l, cost)| (l.funded, *cost, l.id));
-    let mut have = n.free();
-    let mut cpu_free = n.spec.cpu.saturating_sub(n.cpu_used + n.claimed_cpu);
-    let mut mem_free = n.spec.memory_gb.saturating_sub(n.mem_used + n.claimed_mem);
-    let mut removed: Vec<(GroupId, Res)> = Vec::new();
-    let mut plan = NodePlan {
-        node,
-        funded: 0,
-        cost: 0,
-        victims: Vec::new(),
-        have: 0,
-    };
-    for (l, cost) in cands {
-        let done = have.count_ones() >= s.gpus && cpu_free >= s.cpu && mem_free >= s.mem;
-        if done && !whole {
-            break;
-        }
-        let why = if !l.funded {
-            RevokeWhy::Preempted {
-                by,
-                unfunded: true,
-                requester_ratio_after: None,
-                victim_ratio_after: None,
-            }
-        } else {
-            let Some((gr, gv)) = tree.diverging(p, l.project) else {
-                // Same project: no funded preemption inside a project.
-                if whole {
-                    return None;
-                }
+        let mut cands: Vec<(&Lease, u64)> = Vec::new();
+        for &lid in self.st.node_leases(node) {
+            let Some(l) = self.st.lease(lid) else {
                 continue;
             };
-            let prior = removed.iter().find(|x| x.0 == gv).map_or([0.0; 3], |x| x.1);
-            let v = res_of(l);
-            let minus = [-(prior[0] + v[0]), -(prior[1] + v[1]), -(prior[2] + v[2])];
-            let req_after = r.ratio_with(gr, req);
-            let victim_after = r.ratio_with(gv, minus);
-            if req_after + cfg.hysteresis >= victim_after {
+            let on_node = on(l, node);
+            if l.revoke.is_some() || on_node & n.soft == 0 {
                 if whole {
-                    return None;
+                    return None; // a gang needs every lease gone
                 }
                 continue;
             }
-            match removed.iter_mut().find(|x| x.0 == gv) {
-                Some(x) => x.1 = [-minus[0], -minus[1], -minus[2]],
-                None => removed.push((gv, v)),
+            if !whole && on_node & n.healthy == 0 {
+                continue; // frees only failed GPUs
             }
-            plan.funded += 1;
-            RevokeWhy::Preempted {
-                by,
-                unfunded: false,
-                requester_ratio_after: Some(req_after),
-                victim_ratio_after: Some(victim_after),
-            }
+            cands.push((l, u64::from(l.gpus) * self.now.saturating_sub(l.start)));
+        }
+        cands.sort_by_key(|(l, cost)| (l.funded, *cost, l.id));
+        let mut have = n.free();
+        let mut cpu_free = n.spec.cpu.saturating_sub(n.cpu_used + n.claimed_cpu);
+        let mut mem_free = n.spec.memory_gb.saturating_sub(n.mem_used + n.claimed_mem);
+        let mut removed = Removed::default();
+        let mut plan = NodePlan {
+            node,
+            funded: 0,
+            cost: 0,
+            victims: Vec::new(),
+            have: 0,
         };
-        let on_node = l
-            .placement
-            .iter()
-            .find(|x| x.node == node)
-            .map_or(0, |x| x.gpus);
-        have |= on_node & n.healthy;
-        cpu_free += l.cpu_per_node;
-        mem_free += l.mem_per_node;
-        plan.cost += cost;
-        plan.victims.push(Victim { lease: l.id, why });
+        for (l, cost) in cands {
+            let done = have.count_ones() >= s.gpus && cpu_free >= s.cpu && mem_free >= s.mem;
+            if done && !whole {
+                break;
+            }
+            let (requester_ratio_after, victim_ratio_after) = if l.funded {
+                let Some((gv, req_after, victim_after)) = self.fair(l, &removed) else {
+                    if whole {
+                        return None;
+                    }
+                    continue;
+                };
+                removed.add(gv, l.alloc());
+                plan.funded += 1;
+                (Some(req_after), Some(victim_after))
+            } else {
+                (None, None)
+            };
+            have |= on(l, node) & n.healthy;
+            cpu_free += l.cpu_per_node;
+            mem_free += l.mem_per_node;
+            plan.cost += cost;
+            plan.victims.push(Victim {
+                lease: l.id,
+                why: RevokeWhy::Preempted {
+                    by: self.by,
+                    unfunded: !l.funded,
+                    requester_ratio_after,
+                    victim_ratio_after,
+                },
+            });
+        }
+        let fits = have.count_ones() >= s.gpus && cpu_free >= s.cpu && mem_free >= s.mem;
+        plan.have = have;
+        fits.then_some(plan)
     }
-    let fits = have.count_ones() >= s.gpus && cpu_free >= s.cpu && mem_free >= s.mem;
-    plan.have = have;
-    fits.then_some(plan)
+
+    /// Single-node work: the best node among the first few that preemption can clear.
+    fn single(&self) -> Option<Plan> {
+        let (s, c) = (self.s, self.st.cluster());
+        let b = c
+            .clearable_nodes(s.gpus)
+            .take(PLAN_SCAN_NODES)
+            .filter_map(|node| self.node(node, false))
+            // No victims means free placement failed there for host reasons.
+            .filter(|np| !np.victims.is_empty())
+            .min_by_key(|np| (np.funded, np.cost, np.node))?;
+        let free = c.node(b.node).free();
+        let from_free = lowest_bits(free, s.gpus);
+        let rest = s.gpus - from_free.count_ones();
+        Some(Plan {
+            claim: vec![NodeGpus {
+                node: b.node,
+                gpus: from_free | lowest_bits(b.have & !free, rest),
+            }],
+            victims: b.victims,
+        })
+    }
+
+    /// Gangs: the `k` cheapest nodes of one cluster that preemption can empty.
+    fn gang(&self) -> Option<Plan> {
+        let (s, c) = (self.s, self.st.cluster());
+        let mut best: Option<(u32, u64, Vec<NodePlan>)> = None;
+        for set in c.wholly_clearable() {
+            if (set.len() as u32) < s.nodes {
+                continue;
+            }
+            let mut plans: Vec<NodePlan> = set
+                .iter()
+                .filter_map(|&i| self.node(NodeId(i), true))
+                .filter(|np| c.node(np.node).spec.gpus >= s.gpus)
+                .collect();
+            if (plans.len() as u32) < s.nodes {
+                continue;
+            }
+            plans.sort_by_key(|np| (np.funded, np.cost, np.node));
+            plans.truncate(s.nodes as usize);
+            let funded: u32 = plans.iter().map(|x| x.funded).sum();
+            let cost: u64 = plans.iter().map(|x| x.cost).sum();
+            if best.as_ref().is_none_or(|b| (funded, cost) < (b.0, b.1)) {
+                best = Some((funded, cost, plans));
+            }
+        }
+        let (_, _, plans) = best?;
+        // A victim spanning several chosen nodes is listed once per node: keep one.
+        // Victims were checked node by node; check the chosen set together, so that a
+        // group losing leases on several nodes still ends above the requester.
+        let mut seen = std::collections::BTreeSet::new();
+        let mut removed = Removed::default();
+        let mut victims = Vec::new();
+        let mut claim = Vec::new();
+        for np in plans {
+            claim.push(NodeGpus {
+                node: np.node,
+                gpus: c.node(np.node).all(),
+            });
+            for v in np.victims {
+                if !seen.insert(v.lease) {
+                    continue;
+                }
+                if let Some(l) = self.st.lease(v.lease).filter(|l| l.funded) {
+                    let (gv, _, _) = self.fair(l, &removed)?;
+                    removed.add(gv, l.alloc());
+                }
+                victims.push(v);
+            }
+        }
+        Some(Plan { victims, claim })
+    }
+}
+
+/// The GPUs lease `l` holds on `node`.
+fn on(l: &Lease, node: NodeId) -> u64 {
+    l.placement
+        .iter()
+        .find(|x| x.node == node)
+        .map_or(0, |x| x.gpus)
 }
 
 /// Plans a preemption for workload `by` of `shape` in project `p`, or None.
@@ -174,109 +255,26 @@ pub(crate) fn plan<V: View>(
     s: &Shape,
 ) -> Option<Plan> {
     let n = f64::from(s.nodes);
-    let req = [
-        f64::from(s.gpus) * n,
-        f64::from(s.cpu) * n,
-        f64::from(s.mem) * n,
-    ];
-    let c = st.cluster();
+    let planner = Planner {
+        st,
+        tree,
+        r,
+        hysteresis: cfg.hysteresis,
+        now,
+        by,
+        p,
+        s,
+        req: [
+            f64::from(s.gpus) * n,
+            f64::from(s.cpu) * n,
+            f64::from(s.mem) * n,
+        ],
+    };
     if s.nodes == 1 {
-        let mut best: Option<NodePlan> = None;
-        for node in c.clearable_nodes(s.gpus).take(PLAN_SCAN_NODES) {
-            let Some(np) = plan_node(st, tree, r, cfg, now, by, p, req, node, s, false) else {
-                continue;
-            };
-            if np.victims.is_empty() {
-                continue; // free placement failed there for host reasons
-            }
-            let better = best
-                .as_ref()
-                .is_none_or(|b| (np.funded, np.cost, np.node) < (b.funded, b.cost, b.node));
-            if better {
-                best = Some(np);
-            }
-        }
-        let b = best?;
-        let free = c.node(b.node).free();
-        let from_free = lowest_bits(free, s.gpus);
-        let rest = s.gpus - from_free.count_ones();
-        let claim = from_free | lowest_bits(b.have & !free, rest);
-        return Some(Plan {
-            victims: b.victims,
-            claim: vec![NodeGpus {
-                node: b.node,
-                gpus: claim,
-            }],
-        });
+        planner.single()
+    } else {
+        planner.gang()
     }
-    // Gang: k nodes of one cluster that preemption can empty entirely.
-    let mut best: Option<(u32, u64, Vec<NodePlan>)> = None;
-    for set in c.wholly_clearable() {
-        if (set.len() as u32) < s.nodes {
-            continue;
-        }
-        let mut plans: Vec<NodePlan> = set
-            .iter()
-            .filter_map(|&i| plan_node(st, tree, r, cfg, now, by, p, req, NodeId(i), s, true))
-            .filter(|np| c.node(np.node).spec.gpus >= s.gpus)
-            .collect();
-        if (plans.len() as u32) < s.nodes {
-            continue;
-        }
-        plans.sort_by_key(|np| (np.funded, np.cost, np.node));
-        plans.truncate(s.nodes as usize);
-        let funded: u32 = plans.iter().map(|x| x.funded).sum();
-        let cost: u64 = plans.iter().map(|x| x.cost).sum();
-        if best.as_ref().is_none_or(|b| (funded, cost) < (b.0, b.1)) {
-            best = Some((funded, cost, plans));
-        }
-    }
-    let (_, _, mut plans) = best?;
-    // A victim spanning several chosen nodes is listed once per node: keep one.
-    let mut seen = std::collections::BTreeSet::new();
-    for np in &mut plans {
-        np.victims.retain(|v| seen.insert(v.lease));
-    }
-    // Victims were checked node by node; check the chosen set together, so that a
-    // group losing leases on several nodes still ends at or above the requester.
-    let mut removed: Vec<(GroupId, Res)> = Vec::new();
-    for np in &plans {
-        for v in &np.victims {
-            let Some(l) = st.lease(v.lease) else { continue };
-            if !l.funded {
-                continue;
-            }
-            let (gr, gv) = tree.diverging(p, l.project)?;
-            let x = res_of(l);
-            let total = match removed.iter_mut().find(|e| e.0 == gv) {
-                Some(e) => {
-                    for (a, b) in e.1.iter_mut().zip(x) {
-                        *a += b;
-                    }
-                    e.1
-                }
-                None => {
-                    removed.push((gv, x));
-                    x
-                }
-            };
-            if r.ratio_with(gr, req) + cfg.hysteresis
-                >= r.ratio_with(gv, [-total[0], -total[1], -total[2]])
-            {
-                return None;
-            }
-        }
-    }
-    let mut victims = Vec::new();
-    let mut claim = Vec::new();
-    for np in plans {
-        claim.push(NodeGpus {
-            node: np.node,
-            gpus: c.node(np.node).all(),
-        });
-        victims.extend(np.victims);
-    }
-    Some(Plan { victims, claim })
 }
 
 /// Nodes to reserve for a gang of `shape`: per cluster the `k` nodes whose leases

@@ -573,14 +573,14 @@ impl Scheduler {
             .iter()
             .filter(|(_, c)| c.kind == ClaimKind::Preemption)
             .filter_map(|(id, _)| self.st.workloads.get(id))
-            .map(|w| (w.project, alloc_of(&w.spec)))
+            .map(|w| (w.project, w.spec.alloc()))
             .collect();
         claimed_alloc.extend(
             self.st
                 .leases
                 .values()
                 .filter(|l| l.revoke.is_some())
-                .map(|l| (l.project, neg(lease_alloc(l)))),
+                .map(|l| (l.project, neg(l.alloc()))),
         );
         let mut r = Ratios::compute(
             &self.cfg,
@@ -606,28 +606,9 @@ impl Scheduler {
     }
 }
 
-/// GPU, CPU and memory a lease holds in all.
-pub(crate) fn lease_alloc(l: &Lease) -> [f64; 3] {
-    let n = l.placement.len() as f64;
-    [
-        f64::from(l.gpus),
-        f64::from(l.cpu_per_node) * n,
-        f64::from(l.mem_per_node) * n,
-    ]
-}
-
-fn neg(x: [f64; 3]) -> [f64; 3] {
+/// The negation of an allocation.
+pub(crate) fn neg(x: [f64; 3]) -> [f64; 3] {
     [-x[0], -x[1], -x[2]]
-}
-
-/// GPU, CPU and memory a workload holds in all.
-fn alloc_of(spec: &WorkloadSpec) -> [f64; 3] {
-    let n = f64::from(spec.nodes);
-    [
-        f64::from(spec.gpus_per_node) * n,
-        f64::from(spec.cpu_per_node) * n,
-        f64::from(spec.mem_per_node_gb) * n,
-    ]
 }
 
 impl State {
@@ -1211,41 +1192,18 @@ impl<'c> Pass<'c> {
             if w.state != WorkloadState::Pending {
                 continue;
             }
-            if let Some(c) = st.claims.get(&id) {
-                if matches!(c.kind, ClaimKind::Reservation { .. }) {
-                    if let Some(placement) = free_placement(&st.cluster, &shape) {
-                        // Whole nodes came free elsewhere before the reservation.
-                        st.drop_claim(id);
-                        let funded = self.funded(st, p, &shape);
-                        let why = StartWhy::Free {
-                            rank: self.examined,
-                            ratio: r.ratio(p),
-                        };
-                        d.actions.push(st.start_lease(
-                            self.now,
-                            self.cfg.cooldown,
-                            id,
-                            placement,
-                            funded,
-                            None,
-                            why,
-                        ));
-                        backfill_cap = backfill_capacity(st, self.now);
-                        reservations = reservations.saturating_sub(1);
-                        continue;
+            let reserved = match st.claims.get(&id).map(|c| c.kind) {
+                Some(ClaimKind::Preemption) => {
+                    if let Some(w) = st.workloads.get_mut(&id) {
+                        w.blocked = Some(Blocked::WaitingForVictims);
                     }
+                    continue;
                 }
-                let b = match c.kind {
-                    ClaimKind::Preemption => Blocked::WaitingForVictims,
-                    ClaimKind::Reservation { start } => Blocked::Reserved { start },
-                };
-                if let Some(w) = st.workloads.get_mut(&id) {
-                    w.blocked = Some(b);
-                }
-                continue;
-            }
+                Some(ClaimKind::Reservation { start }) => Some(start),
+                None => None,
+            };
             let funded = self.funded(st, p, &shape);
-            let spec_alloc = alloc_of(&w.spec);
+            let spec_alloc = w.spec.alloc();
             let ratio_before = r.ratio(p);
             let team = self.tree.team_of(p);
             if let (Some(b), true) = (self.baseline, funded) {
@@ -1264,9 +1222,15 @@ impl<'c> Pass<'c> {
                 0
             };
 
-            // 1. Free GPUs.
+            // 1. Free GPUs (for a gang holding a reservation too: whole nodes may
+            // have come free elsewhere before it starts).
             if !self.free_dead.contains(&shape) {
                 if let Some(placement) = free_placement(&st.cluster, &shape) {
+                    if reserved.is_some() {
+                        st.drop_claim(id);
+                        reservations = reservations.saturating_sub(1);
+                        backfill_cap = backfill_capacity(st, self.now);
+                    }
                     let why = StartWhy::Free {
                         rank: self.examined,
                         ratio: ratio_before,
@@ -1285,6 +1249,12 @@ impl<'c> Pass<'c> {
                     continue;
                 }
                 self.free_dead.insert(shape);
+            }
+            if let Some(start) = reserved {
+                if let Some(w) = st.workloads.get_mut(&id) {
+                    w.blocked = Some(Blocked::Reserved { start });
+                }
+                continue;
             }
             // 2. Backfill on reserved nodes, if it will be out of the way in time.
             if shape.nodes == 1 && shape.gpus <= backfill_cap {
@@ -1334,7 +1304,7 @@ impl<'c> Pass<'c> {
                     Some(plan) => {
                         for v in &plan.victims {
                             if let Some(l) = st.leases.get(&v.lease) {
-                                r.add(self.tree, l.project, neg(lease_alloc(l)));
+                                r.add(self.tree, l.project, neg(l.alloc()));
                             }
                             st.revoke(v.lease, self.now, v.why.clone());
                         }

@@ -45,6 +45,16 @@ impl WorkloadSpec {
     pub fn total_gpus(&self) -> u32 {
         self.gpus_per_node * self.nodes
     }
+
+    /// GPUs, CPU cores and GB of memory across all nodes.
+    pub fn alloc(&self) -> [f64; 3] {
+        let n = f64::from(self.nodes);
+        [
+            f64::from(self.gpus_per_node) * n,
+            f64::from(self.cpu_per_node) * n,
+            f64::from(self.mem_per_node_gb) * n,
+        ]
+    }
 }
 
 /// Where a workload is in its life.
@@ -180,4 +190,16 @@ pub struct Lease {
     pub revoke: Option<Revocation>,
     /// Started on a node reserved for this gang, so the gang may reclaim it.
     pub backfill_for: Option<WorkloadId>,
+}
+
+impl Lease {
+    /// GPUs, CPU cores and GB of memory it holds across all nodes.
+    pub fn alloc(&self) -> [f64; 3] {
+        let n = self.placement.len() as f64;
+        [
+            f64::from(self.gpus),
+            f64::from(self.cpu_per_node) * n,
+            f64::from(self.mem_per_node) * n,
+        ]
+    }
 }
