@@ -565,6 +565,9 @@ impl Scheduler {
             ..Decisions::default()
         };
         self.st.lapse_protection(now);
+        let cooldown = self.cfg.cooldown;
+        self.st
+            .process_claims(now, &self.tree, cooldown, &mut d.actions);
         // Ratios look ahead: preemption claimants count as started, leases being
         // revoked as gone. A reservation is not allocation: others still run there.
         let mut claimed_alloc: Vec<(GroupId, [f64; 3])> = self
@@ -590,9 +593,7 @@ impl Scheduler {
             now,
             &claimed_alloc,
         );
-        let cooldown = self.cfg.cooldown;
-        self.st
-            .process_claims(now, &self.tree, cooldown, &mut d.actions);
+
         let aging = self.aging();
         let mut pass = Pass::new(&self.cfg, &self.tree, &self.st, now, self.baseline.as_ref());
         pass.run(&self.queues, &mut self.st, &mut r, aging, &mut d);
