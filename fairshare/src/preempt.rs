@@ -77,9 +77,15 @@ struct Planner<'a, V> {
 impl<V: View> Planner<'_, V> {
     /// Kueue's rule for a funded victim, given what the plan already takes from its
     /// group: the ratios after, or None when the requester would not stay strictly
-    /// `hysteresis` below the victim's group (or both are in one project).
+    /// `hysteresis` below the victim's group (or both are in one project), or when the
+    /// victim's group took from the requester's, directly or round a longer loop,
+    /// within the cooldown: later starts in a pass can move ratios past each other, and
+    /// that must not turn into ping-pong.
     fn fair(&self, l: &Lease, removed: &Removed) -> Option<(GroupId, f64, f64)> {
         let (gr, gv) = self.tree.diverging(self.p, l.project)?;
+        if reaches(self.st.recent_preemptions(), gv, gr) {
+            return None;
+        }
         let total = removed.with(gv, l.alloc());
         let req_after = self.r.ratio_with(gr, self.req);
         let victim_after = self.r.ratio_with(gv, [-total[0], -total[1], -total[2]]);
@@ -232,6 +238,24 @@ impl<V: View> Planner<'_, V> {
         }
         Some(Plan { victims, claim })
     }
+}
+
+/// True if recent preemption edges lead from `from` to `to`.
+fn reaches(edges: &[(Time, GroupId, GroupId)], from: GroupId, to: GroupId) -> bool {
+    let mut seen = vec![from];
+    let mut stack = vec![from];
+    while let Some(g) = stack.pop() {
+        if g == to {
+            return true;
+        }
+        for &(_, a, b) in edges {
+            if a == g && !seen.contains(&b) {
+                seen.push(b);
+                stack.push(b);
+            }
+        }
+    }
+    false
 }
 
 /// The GPUs lease `l` holds on `node`.

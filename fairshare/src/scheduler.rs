@@ -139,6 +139,9 @@ struct State {
     next_lease: u64,
     protect_forever: bool,
     last_now: Time,
+    /// Funded preemptions within the cooldown, as (when, requester side, victim side)
+    /// at the level where their paths diverge.
+    recent: Vec<(Time, GroupId, GroupId)>,
 }
 
 impl Scheduler {
@@ -165,6 +168,7 @@ impl Scheduler {
                 next_lease: 1,
                 protect_forever: false,
                 last_now: 0,
+                recent: Vec::new(),
             },
             baseline: None,
             queues: vec![ProjectQueue::default(); n],
@@ -566,6 +570,9 @@ impl Scheduler {
         };
         self.st.lapse_protection(now);
         let cooldown = self.cfg.cooldown;
+        self.st
+            .recent
+            .retain(|e| e.0.saturating_add(cooldown) >= now);
         self.st
             .process_claims(now, &self.tree, cooldown, &mut d.actions);
         // Ratios look ahead: preemption claimants count as started, leases being
@@ -1306,6 +1313,11 @@ impl<'c> Pass<'c> {
                         for v in &plan.victims {
                             if let Some(l) = st.leases.get(&v.lease) {
                                 r.add(self.tree, l.project, neg(l.alloc()));
+                                if let (true, Some((gr, gv))) =
+                                    (l.funded, self.tree.diverging(p, l.project))
+                                {
+                                    st.recent.push((self.now, gr, gv));
+                                }
                             }
                             st.revoke(v.lease, self.now, v.why.clone());
                         }
@@ -1488,6 +1500,7 @@ pub(crate) mod access {
         fn cluster(&self) -> &Cluster;
         fn lease(&self, id: LeaseId) -> Option<&Lease>;
         fn node_leases(&self, n: NodeId) -> &[LeaseId];
+        fn recent_preemptions(&self) -> &[(Time, GroupId, GroupId)];
     }
 }
 
@@ -1500,5 +1513,8 @@ impl access::View for State {
     }
     fn node_leases(&self, n: NodeId) -> &[LeaseId] {
         &self.node_leases[n.idx()]
+    }
+    fn recent_preemptions(&self) -> &[(Time, GroupId, GroupId)] {
+        &self.recent
     }
 }
