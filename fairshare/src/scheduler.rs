@@ -480,17 +480,22 @@ impl Scheduler {
     /// Served ratio of every group as of `now` (usage plus current allocation over
     /// entitlement), indexed by group.
     pub fn group_ratios(&self, now: Time) -> Vec<f64> {
-        let r = Ratios::compute(
+        let r = self.ratios_at(now);
+        (0..self.tree.len())
+            .map(|i| r.ratio(GroupId(i as u32)))
+            .collect()
+    }
+
+    /// Ratios from usage and live leases alone (no pass in progress).
+    fn ratios_at(&self, now: Time) -> Ratios {
+        Ratios::compute(
             &self.cfg,
             &self.tree,
             &self.st.ledger,
             &self.st.cluster,
             now,
             &[],
-        );
-        (0..self.tree.len())
-            .map(|i| r.ratio(GroupId(i as u32)))
-            .collect()
+        )
     }
 
     /// Whether `project`'s budget for the lookback is spent (new work runs unfunded).
@@ -500,14 +505,7 @@ impl Scheduler {
 
     /// Every pending workload with its reasons, best-ranked project first.
     pub fn explain(&self, now: Time) -> Vec<Explanation> {
-        let r = Ratios::compute(
-            &self.cfg,
-            &self.tree,
-            &self.st.ledger,
-            &self.st.cluster,
-            now,
-            &[],
-        );
+        let r = self.ratios_at(now);
         let mut projects: Vec<GroupId> = self.tree.projects().to_vec();
         projects.sort_by(|a, b| r.ratio(*a).total_cmp(&r.ratio(*b)).then(a.cmp(b)));
         let next_lapse = self
