@@ -1,7 +1,10 @@
 //! `allot`: one CLI for users, managers and operators.
 //!
-//! Today it only knows `version`; the user, manager and operator commands arrive with
-//! the agent (issue 4) and the allocator service (issue 5).
+//! Today: `version` and the operators' `xid explain|scan`; the user, manager and
+//! other operator commands arrive with the agent (issue 4) and the allocator
+//! service (issue 5).
+
+mod xid;
 
 use clap::{Parser, Subcommand};
 
@@ -16,11 +19,24 @@ struct Cli {
 enum Command {
     /// Print the version.
     Version,
+    /// NVIDIA XID errors: what they mean and what allot does about them.
+    #[command(subcommand)]
+    Xid(xid::XidCommand),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Version => println!("allot {}", env!("CARGO_PKG_VERSION")),
+fn main() -> std::process::ExitCode {
+    let result = match Cli::parse().command {
+        Command::Version => {
+            println!("allot {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        Command::Xid(c) => xid::run(c),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("allot: {e:#}");
+            std::process::ExitCode::from(2)
+        }
     }
-    Ok(())
 }
