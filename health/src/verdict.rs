@@ -1,0 +1,509 @@
+//! The health policy: samples and events per GPU in, `healthy | degraded | failed` per
+//! GPU and `ok | drain | drain-now` per host out, each with reasons that name the
+//! signal and the value.
+//!
+//! Pure, like the scheduling core: the caller passes time in. Two kinds of signal:
+//! *events* (XIDs) raise conditions that stay until the GPU is reset or the host
+//! reboots ([`HealthPolicy::gpu_reset`]); *levels* (samples: recovery action, row
+//! remapping, temperature, error rates) raise conditions that clear only after they
+//! have been absent for `clear_after`, so a flapping signal cannot flap the verdict.
+//! The GPU's own state wins over messages where NVML has it: the recovery action and
+//! the remapped-rows state are read from every sample, so an event missed while the
+//! agent was down still drains a GPU that needs a reset.
+
+use crate::xid::{recovery_action, Action, Catalog};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Seconds, on the caller's clock.
+pub type Time = u64;
+
+/// Default: a level condition must be absent this long before it clears. Ten minutes
+/// is a few sampling periods (10 s) beyond anything a transient spike lasts, yet short
+/// enough that a fixed GPU rejoins the pool within one sampling of repair work.
+pub const DEFAULT_CLEAR_AFTER: Time = 600;
+/// Default: corrected ECC errors per hour that mark a GPU degraded. NVIDIA's XID 92
+/// fires on an "excessive" single-bit rate; 100/h is well above a healthy HBM's
+/// background and well below a failing row's storm.
+pub const DEFAULT_SBE_PER_HOUR: f64 = 100.0;
+/// Default: PCIe replays per hour that mark a GPU degraded (a marginal link or riser;
+/// healthy links replay a handful of times a day).
+pub const DEFAULT_PCIE_REPLAY_PER_HOUR: f64 = 60.0;
+/// Default: NVLink CRC/replay/recovery errors per hour that drain the host: collective
+/// jobs stall on a bad link long before it fails outright.
+pub const DEFAULT_NVLINK_ERRORS_PER_HOUR: f64 = 100.0;
+/// Default: degrade this many °C below the slowdown threshold (thermal margin).
+pub const DEFAULT_TEMP_MARGIN_C: u32 = 5;
+
+/// Configurable thresholds; every default is a named constant above, with its why.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Thresholds {
+    /// Seconds a level condition must be absent before it clears.
+    pub clear_after: Time,
+    /// Corrected ECC errors per hour → degraded.
+    pub sbe_per_hour: f64,
+    /// PCIe replays per hour → degraded.
+    pub pcie_replay_per_hour: f64,
+    /// NVLink errors per hour → drain.
+    pub nvlink_errors_per_hour: f64,
+    /// Degrade within this many °C of the slowdown threshold.
+    pub temp_margin_c: u32,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            clear_after: DEFAULT_CLEAR_AFTER,
+            sbe_per_hour: DEFAULT_SBE_PER_HOUR,
+            pcie_replay_per_hour: DEFAULT_PCIE_REPLAY_PER_HOUR,
+            nvlink_errors_per_hour: DEFAULT_NVLINK_ERRORS_PER_HOUR,
+            temp_margin_c: DEFAULT_TEMP_MARGIN_C,
+        }
+    }
+}
+
+/// Remapped-rows state (`nvmlDeviceGetRemappedRows`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemappedRows {
+    /// Rows remapped for correctable errors.
+    pub correctable: u32,
+    /// Rows remapped for uncorrectable errors.
+    pub uncorrectable: u32,
+    /// A remap waits for the next GPU reset.
+    pub pending: bool,
+    /// A remap failed.
+    pub failure: bool,
+}
+
+/// One periodic sample of one GPU; `None` where the GPU or driver does not say.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    /// PCI bus id `dddd:bb:dd`, the key that kernel-log XIDs also carry.
+    pub pci: String,
+    /// GPU UUID.
+    pub uuid: String,
+    /// Core temperature, °C.
+    pub temperature_c: Option<u32>,
+    /// Slowdown threshold, °C.
+    pub slowdown_c: Option<u32>,
+    /// Shutdown threshold, °C.
+    pub shutdown_c: Option<u32>,
+    /// Corrected ECC errors (volatile).
+    pub ecc_corrected: Option<u64>,
+    /// Uncorrected ECC errors (volatile).
+    pub ecc_uncorrected: Option<u64>,
+    /// Row remapping.
+    pub remapped: Option<RemappedRows>,
+    /// Pages pending retirement (pre-Ampere page retirement).
+    pub retired_pending: Option<bool>,
+    /// PCIe replay counter.
+    pub pcie_replay: Option<u64>,
+    /// NVLink CRC + replay + recovery errors, all links.
+    pub nvlink_errors: Option<u64>,
+    /// The driver's recovery action (NVML field 230).
+    pub recovery_action: Option<u32>,
+}
+
+/// State of one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuState {
+    /// Nothing wrong.
+    Healthy,
+    /// Usable, but something is off (or a condition drains the host).
+    Degraded,
+    /// Its leases must end now.
+    Failed,
+}
+
+/// The host's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostVerdict {
+    /// Schedulable.
+    Ok,
+    /// No new leases; running ones end at their min-runtime lapse.
+    Drain,
+    /// Every lease ends now.
+    DrainNow,
+}
+
+/// One reason, naming the signal and its value.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Reason {
+    /// The signal (`xid:79`, `recovery-action`, `row-remap-pending`, …).
+    pub signal: String,
+    /// Its value and what it means.
+    pub detail: String,
+    /// What it asks of scheduling; `None` for a degradation that drains nothing.
+    pub action: Option<Action>,
+    /// Only this GPU's leases need to end (the rest of the host may keep running).
+    pub gpu_only: bool,
+    /// When it was first seen.
+    pub since: Time,
+}
+
+#[derive(Debug, Clone)]
+struct Condition {
+    reason: Reason,
+    sticky: bool,
+    last_seen: Time,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Gpu {
+    conditions: BTreeMap<String, Condition>,
+    last: Option<(Time, GpuSample)>,
+    xids: BTreeMap<u32, u64>,
+    last_xid: Option<u32>,
+    cleared_through_seq: Option<u64>,
+}
+
+/// One GPU's verdict.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuVerdict {
+    /// PCI bus id.
+    pub pci: String,
+    /// State.
+    pub state: GpuState,
+    /// Reasons, most severe first.
+    pub reasons: Vec<Reason>,
+}
+
+/// The whole host's verdict.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// The host.
+    pub host: HostVerdict,
+    /// When only some GPUs' leases must end: their bus ids (empty = the whole host).
+    pub only_gpus: Vec<String>,
+    /// Per GPU.
+    pub gpus: Vec<GpuVerdict>,
+}
+
+/// The policy's memory, fed by samples and events.
+#[derive(Debug, Clone, Default)]
+pub struct HealthPolicy {
+    thresholds: Thresholds,
+    catalog: Catalog,
+    gpus: BTreeMap<String, Gpu>,
+}
+
+impl HealthPolicy {
+    /// A policy with these thresholds and XID catalog.
+    pub fn new(thresholds: Thresholds, catalog: Catalog) -> Self {
+        HealthPolicy {
+            thresholds,
+            catalog,
+            gpus: BTreeMap::new(),
+        }
+    }
+
+    fn raise(&mut self, pci: &str, now: Time, key: String, reason: Reason, sticky: bool) {
+        let gpu = self.gpus.entry(pci.to_string()).or_default();
+        gpu.conditions
+            .entry(key)
+            .and_modify(|c| {
+                c.last_seen = now;
+                // Keep the first sighting; take the newest wording and severity.
+                let since = c.reason.since;
+                c.reason = Reason {
+                    since,
+                    ..reason.clone()
+                };
+            })
+            .or_insert(Condition {
+                reason,
+                sticky,
+                last_seen: now,
+            });
+    }
+
+    /// An XID (or SXid: pass `switch = true`) read from NVML events or the kernel log.
+    /// `seq` is the kmsg sequence number when it came from the kernel log; events at
+    /// or before the last GPU reset's sequence are history and change nothing.
+    pub fn xid(&mut self, now: Time, pci: &str, xid: u32, message: &str, seq: Option<u64>) {
+        let gpu = self.gpus.entry(pci.to_string()).or_default();
+        if let (Some(s), Some(done)) = (seq, gpu.cleared_through_seq) {
+            if s <= done {
+                return;
+            }
+        }
+        *gpu.xids.entry(xid).or_insert(0) += 1;
+        gpu.last_xid = Some(xid);
+        let d = self.catalog.decide(xid, message);
+        let action = match d.action {
+            Action::App if d.known => return, // the workload's fault: counted only
+            Action::App => None,              // unknown: degraded
+            a => Some(a),
+        };
+        let reason = Reason {
+            signal: format!("xid:{xid}"),
+            detail: format!("{} ({message})", d.reason),
+            action,
+            gpu_only: false,
+            since: now,
+        };
+        self.raise(pci, now, format!("xid:{xid}"), reason, true);
+    }
+
+    /// The GPU stopped answering NVML or left the device list: fallen off the bus.
+    pub fn lost(&mut self, now: Time, pci: &str) {
+        let reason = Reason {
+            signal: "gpu-lost".into(),
+            detail: "NVML no longer reaches the GPU: treated as fallen off the bus (XID 79)".into(),
+            action: Some(Action::DrainNow),
+            gpu_only: false,
+            since: now,
+        };
+        self.raise(pci, now, "gpu-lost".into(), reason, true);
+    }
+
+    /// The GPU was reset (or the host rebooted): event conditions end, and kernel-log
+    /// XIDs up to `through_seq` are history.
+    pub fn gpu_reset(&mut self, pci: &str, through_seq: Option<u64>) {
+        let gpu = self.gpus.entry(pci.to_string()).or_default();
+        gpu.conditions.retain(|_, c| !c.sticky);
+        gpu.cleared_through_seq = through_seq.or(gpu.cleared_through_seq);
+    }
+
+    /// A periodic sample.
+    pub fn sample(&mut self, now: Time, s: GpuSample) {
+        let th = self.thresholds.clone();
+        let prev = self.gpus.get(&s.pci).and_then(|g| g.last.clone());
+        let mut raised: Vec<(String, Option<Action>, bool, String)> = Vec::new();
+        if let Some(code) = s.recovery_action.filter(|&c| c != 0) {
+            let (action, _, what) = recovery_action(code);
+            // Reset and P2P drain concern this GPU alone; a reboot concerns the host.
+            let gpu_only = matches!(code, 1 | 3 | 4);
+            raised.push((
+                "recovery-action".into(),
+                Some(action),
+                gpu_only,
+                format!("driver recovery action {code} ({what})"),
+            ));
+        }
+        if let Some(r) = s.remapped {
+            if r.failure {
+                raised.push((
+                    "row-remap-failure".into(),
+                    Some(Action::DrainNow),
+                    false,
+                    "row remapping failed: memory cannot be repaired".into(),
+                ));
+            } else if r.pending {
+                raised.push(("row-remap-pending".into(), Some(Action::Drain), true, format!("row remap pending ({} uncorrectable, {} correctable rows remapped): reset the GPU to apply", r.uncorrectable, r.correctable)));
+            }
+        }
+        if s.retired_pending == Some(true) {
+            raised.push((
+                "page-retirement-pending".into(),
+                Some(Action::Drain),
+                true,
+                "pages pending retirement: reset the GPU to apply".into(),
+            ));
+        }
+        if let (Some(t), Some(shut)) = (s.temperature_c, s.shutdown_c) {
+            if t >= shut {
+                raised.push((
+                    "temperature".into(),
+                    Some(Action::DrainNow),
+                    false,
+                    format!("{t} °C at or above the shutdown threshold {shut} °C"),
+                ));
+            }
+        }
+        if let (Some(t), Some(slow)) = (s.temperature_c, s.slowdown_c) {
+            if t + th.temp_margin_c >= slow && s.shutdown_c.is_none_or(|shut| t < shut) {
+                raised.push((
+                    "temperature-margin".into(),
+                    None,
+                    true,
+                    format!(
+                        "{t} °C within {} °C of the slowdown threshold {slow} °C",
+                        th.temp_margin_c
+                    ),
+                ));
+            }
+        }
+        if let Some((pt, p)) = &prev {
+            let dt = now.saturating_sub(*pt).max(1) as f64 / 3600.0;
+            let rate = |a: Option<u64>, b: Option<u64>| match (a, b) {
+                (Some(new), Some(old)) if new >= old => Some((new - old) as f64 / dt),
+                _ => None,
+            };
+            if let (Some(new), Some(old)) = (s.ecc_uncorrected, p.ecc_uncorrected) {
+                if new > old {
+                    raised.push((
+                        "ecc-uncorrected".into(),
+                        Some(Action::DrainNow),
+                        false,
+                        format!("{} new uncorrectable ECC errors", new - old),
+                    ));
+                }
+            }
+            if let Some(r) =
+                rate(s.ecc_corrected, p.ecc_corrected).filter(|&r| r >= th.sbe_per_hour)
+            {
+                raised.push((
+                    "ecc-corrected-rate".into(),
+                    None,
+                    true,
+                    format!(
+                        "{r:.0} corrected ECC errors/h (threshold {})",
+                        th.sbe_per_hour
+                    ),
+                ));
+            }
+            if let Some(r) =
+                rate(s.pcie_replay, p.pcie_replay).filter(|&r| r >= th.pcie_replay_per_hour)
+            {
+                raised.push((
+                    "pcie-replay-rate".into(),
+                    None,
+                    true,
+                    format!(
+                        "{r:.0} PCIe replays/h (threshold {})",
+                        th.pcie_replay_per_hour
+                    ),
+                ));
+            }
+            if let Some(r) =
+                rate(s.nvlink_errors, p.nvlink_errors).filter(|&r| r >= th.nvlink_errors_per_hour)
+            {
+                raised.push((
+                    "nvlink-error-rate".into(),
+                    Some(Action::Drain),
+                    false,
+                    format!(
+                        "{r:.0} NVLink errors/h (threshold {})",
+                        th.nvlink_errors_per_hour
+                    ),
+                ));
+            }
+        }
+        let pci = s.pci.clone();
+        for (key, action, gpu_only, detail) in raised {
+            let reason = Reason {
+                signal: key.clone(),
+                detail,
+                action,
+                gpu_only,
+                since: now,
+            };
+            self.raise(&pci, now, key, reason, false);
+        }
+        let gpu = self.gpus.entry(pci).or_default();
+        gpu.conditions
+            .retain(|_, c| c.sticky || now.saturating_sub(c.last_seen) < th.clear_after);
+        gpu.last = Some((now, s));
+    }
+
+    /// The verdict as of now.
+    pub fn verdict(&self) -> Verdict {
+        let mut host = HostVerdict::Ok;
+        let mut gpu_only = true;
+        let mut only = Vec::new();
+        let mut gpus = Vec::new();
+        for (pci, g) in &self.gpus {
+            let mut reasons: Vec<Reason> =
+                g.conditions.values().map(|c| c.reason.clone()).collect();
+            reasons.sort_by(|a, b| b.action.cmp(&a.action).then(a.signal.cmp(&b.signal)));
+            let worst = reasons.iter().filter_map(|r| r.action).max();
+            let state = match (worst, reasons.is_empty()) {
+                (Some(Action::DrainNow), _) => GpuState::Failed,
+                (_, false) => GpuState::Degraded,
+                _ => GpuState::Healthy,
+            };
+            let h = match worst {
+                Some(Action::DrainNow) => HostVerdict::DrainNow,
+                Some(Action::Drain) => HostVerdict::Drain,
+                _ => HostVerdict::Ok,
+            };
+            if h > HostVerdict::Ok {
+                only.push(pci.clone());
+                gpu_only &= reasons
+                    .iter()
+                    .filter(|r| r.action.is_some())
+                    .all(|r| r.gpu_only);
+            }
+            host = host.max(h);
+            gpus.push(GpuVerdict {
+                pci: pci.clone(),
+                state,
+                reasons,
+            });
+        }
+        Verdict {
+            host,
+            only_gpus: if host > HostVerdict::Ok && gpu_only {
+                only
+            } else {
+                Vec::new()
+            },
+            gpus,
+        }
+    }
+
+    /// Prometheus text: dcgm-exporter's names where a metric means the same, and a
+    /// counter per GPU and XID so a repeated XID is never invisible.
+    pub fn metrics(&self) -> String {
+        let mut out = String::new();
+        let mut gauge = |name: &str, help: &str, rows: Vec<(String, f64)>| {
+            out += &format!("# HELP {name} {help}\n# TYPE {name} gauge\n");
+            for (labels, v) in rows {
+                out += &format!("{name}{{{labels}}} {v}\n");
+            }
+        };
+        let label = |pci: &str, uuid: &str| format!("pci_bus_id=\"{pci}\",UUID=\"{uuid}\"");
+        let samples: Vec<(&String, &GpuSample)> = self
+            .gpus
+            .iter()
+            .filter_map(|(p, g)| g.last.as_ref().map(|(_, s)| (p, s)))
+            .collect();
+        gauge(
+            "DCGM_FI_DEV_GPU_TEMP",
+            "GPU temperature (in C).",
+            samples
+                .iter()
+                .filter_map(|(p, s)| s.temperature_c.map(|t| (label(p, &s.uuid), f64::from(t))))
+                .collect(),
+        );
+        gauge(
+            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+            "Total number of PCIe retries.",
+            samples
+                .iter()
+                .filter_map(|(p, s)| s.pcie_replay.map(|v| (label(p, &s.uuid), v as f64)))
+                .collect(),
+        );
+        gauge(
+            "DCGM_FI_DEV_XID_ERRORS",
+            "Value of the last XID error encountered.",
+            self.gpus
+                .iter()
+                .filter_map(|(p, g)| {
+                    g.last_xid
+                        .map(|x| (format!("pci_bus_id=\"{p}\""), f64::from(x)))
+                })
+                .collect(),
+        );
+        let v = self.verdict();
+        gauge(
+            "allot_gpu_health_state",
+            "GPU state: 0 healthy, 1 degraded, 2 failed.",
+            v.gpus
+                .iter()
+                .map(|g| (format!("pci_bus_id=\"{}\"", g.pci), g.state as u8 as f64))
+                .collect(),
+        );
+        out += "# HELP allot_gpu_xid_total XID events per GPU and XID.\n# TYPE allot_gpu_xid_total counter\n";
+        for (p, g) in &self.gpus {
+            for (x, n) in &g.xids {
+                out += &format!("allot_gpu_xid_total{{pci_bus_id=\"{p}\",xid=\"{x}\"}} {n}\n");
+            }
+        }
+        out
+    }
+}
