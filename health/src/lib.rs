@@ -9,5 +9,6 @@
 //! sources that feed it.
 
 pub mod kmsg;
+pub mod nvml;
 pub mod verdict;
 pub mod xid;

@@ -1,0 +1,268 @@
+//! GPU samples and XID events from NVML, through nvml-wrapper and a shared library
+//! loaded at run time (NVIDIA's `libnvidia-ml.so.1` on GPU hosts, the repo's fake in
+//! tests).
+//!
+//! Every field the GPU or driver does not offer (`NOT_SUPPORTED`, an older driver
+//! without the symbol) becomes `None` in the sample rather than an error: a missing
+//! field must never stop the others from being read. A GPU that answers
+//! `GPU_IS_LOST` is reported as lost, which the policy treats as fallen off the bus.
+
+use crate::verdict::{GpuSample, RemappedRows};
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::{
+    EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold,
+};
+use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::event::EventSet;
+use nvml_wrapper::struct_wrappers::device::PciInfo;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::{Device, Nvml};
+use std::path::Path;
+
+/// The system's NVML, as the driver installs it.
+pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (R565+).
+pub const FIELD_RECOVERY_ACTION: u32 = 230;
+
+/// NVML could not be used at all.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlSourceError {
+    /// The library is missing or is not NVML.
+    #[error("cannot load NVML from {path}: {source}; install the NVIDIA driver, or set the health source's nvml_library to the path of libnvidia-ml.so.1")]
+    Load {
+        /// What was tried.
+        path: String,
+        /// Why it failed.
+        source: NvmlError,
+    },
+    /// A call that concerns the whole library failed.
+    #[error("NVML {what}: {source}")]
+    Call {
+        /// The call.
+        what: &'static str,
+        /// Why.
+        source: NvmlError,
+    },
+}
+
+/// One GPU could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuReadError {
+    /// It no longer answers: fallen off the bus.
+    #[error("GPU {index} is lost (NVML: GPU_IS_LOST)")]
+    Lost {
+        /// Its NVML index.
+        index: u32,
+        /// Its bus id, when it was known before.
+        pci: Option<String>,
+    },
+    /// A call every sample needs failed.
+    #[error("GPU {index}: {what}: {source}")]
+    Failed {
+        /// Its NVML index.
+        index: u32,
+        /// The call.
+        what: &'static str,
+        /// Why.
+        source: NvmlError,
+    },
+}
+
+/// An XID delivered by an NVML event set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XidNotice {
+    /// Bus id `dddd:bb:dd`.
+    pub pci: String,
+    /// The XID; `None` when NVML reports it as unknown (999).
+    pub xid: Option<u64>,
+}
+
+/// NVML, loaded.
+pub struct NvmlSource {
+    nvml: Nvml,
+}
+
+/// `dddd:bb:dd` from NVML's PCI info.
+fn pci_of(p: &PciInfo) -> String {
+    format!("{:04x}:{:02x}:{:02x}", p.domain, p.bus, p.device)
+}
+
+/// `Some(v)` on success, `None` where the field is not offered; errors that mean the
+/// GPU is gone are passed up.
+fn optional<T>(r: Result<T, NvmlError>) -> Result<Option<T>, NvmlError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(NvmlError::GpuLost) => Err(NvmlError::GpuLost),
+        Err(_) => Ok(None),
+    }
+}
+
+impl NvmlSource {
+    /// Loads NVML from `library` (default: the system's `libnvidia-ml.so.1`).
+    pub fn open(library: Option<&Path>) -> Result<Self, NvmlSourceError> {
+        let path = library.map_or_else(|| DEFAULT_LIBRARY.into(), |p| p.display().to_string());
+        let nvml = match library {
+            Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
+            None => Nvml::init(),
+        }
+        .map_err(|source| NvmlSourceError::Load { path, source })?;
+        Ok(NvmlSource { nvml })
+    }
+
+    /// The driver's version string, if it says.
+    pub fn driver_version(&self) -> Option<String> {
+        self.nvml.sys_driver_version().ok()
+    }
+
+    /// Number of GPUs.
+    pub fn count(&self) -> Result<u32, NvmlSourceError> {
+        self.nvml
+            .device_count()
+            .map_err(|source| NvmlSourceError::Call {
+                what: "device count",
+                source,
+            })
+    }
+
+    /// Samples every GPU; one GPU's failure does not stop the others.
+    pub fn sample_all(&self) -> Result<Vec<Result<GpuSample, GpuReadError>>, NvmlSourceError> {
+        Ok((0..self.count()?).map(|i| self.sample(i)).collect())
+    }
+
+    /// Samples GPU `index`.
+    pub fn sample(&self, index: u32) -> Result<GpuSample, GpuReadError> {
+        let fail = |what: &'static str| {
+            move |source: NvmlError| match source {
+                NvmlError::GpuLost => GpuReadError::Lost { index, pci: None },
+                source => GpuReadError::Failed {
+                    index,
+                    what,
+                    source,
+                },
+            }
+        };
+        let d = self.nvml.device_by_index(index).map_err(fail("handle"))?;
+        let pci = pci_of(&d.pci_info().map_err(fail("PCI info"))?);
+        let lost = |e: NvmlError| match e {
+            NvmlError::GpuLost => GpuReadError::Lost {
+                index,
+                pci: Some(pci.clone()),
+            },
+            source => GpuReadError::Failed {
+                index,
+                what: "sample",
+                source,
+            },
+        };
+        let uuid = d.uuid().map_err(lost)?;
+        let read = || -> Result<GpuSample, NvmlError> {
+            Ok(GpuSample {
+                pci: pci.clone(),
+                uuid: uuid.clone(),
+                temperature_c: optional(d.temperature(TemperatureSensor::Gpu))?,
+                slowdown_c: optional(d.temperature_threshold(TemperatureThreshold::Slowdown))?,
+                shutdown_c: optional(d.temperature_threshold(TemperatureThreshold::Shutdown))?,
+                ecc_corrected: optional(
+                    d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile),
+                )?,
+                ecc_uncorrected: optional(
+                    d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
+                )?,
+                remapped: optional(self.remapped_rows(&d))?,
+                retired_pending: None,
+                pcie_replay: optional(d.pcie_replay_counter())?.map(u64::from),
+                nvlink_errors: None,
+                recovery_action: optional(recovery_action(&d))?,
+            })
+        };
+        read().map_err(lost)
+    }
+
+    /// `nvmlDeviceGetRemappedRows`, which nvml-wrapper does not wrap: called through
+    /// the wrapper's library handle.
+    fn remapped_rows(&self, d: &Device<'_>) -> Result<RemappedRows, NvmlError> {
+        let lib = self.nvml.lib();
+        let f = lib
+            .nvmlDeviceGetRemappedRows
+            .as_ref()
+            .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let (mut corr, mut unc, mut pending, mut failure) = (0u32, 0u32, 0u32, 0u32);
+        // SAFETY: the handle comes from this NVML instance and outlives the call; the
+        // four out-pointers are valid for writes of c_uint.
+        #[allow(unsafe_code)]
+        let ret = unsafe { f(d.handle(), &mut corr, &mut unc, &mut pending, &mut failure) };
+        nvml_wrapper::error::nvml_try(ret)?;
+        Ok(RemappedRows {
+            correctable: corr,
+            uncorrectable: unc,
+            pending: pending != 0,
+            failure: failure != 0,
+        })
+    }
+
+    /// Registers every GPU for XID events and returns the set to wait on.
+    pub fn watch_xids(&self) -> Result<XidWatcher<'_>, NvmlSourceError> {
+        let call = |what| move |source| NvmlSourceError::Call { what, source };
+        let mut set = self
+            .nvml
+            .create_event_set()
+            .map_err(call("create event set"))?;
+        for i in 0..self.count()? {
+            let d = self
+                .nvml
+                .device_by_index(i)
+                .map_err(call("device handle"))?;
+            set = d
+                .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+                .map_err(|e| NvmlSourceError::Call {
+                    what: "register XID events",
+                    source: e.error,
+                })?;
+        }
+        Ok(XidWatcher { set })
+    }
+}
+
+fn recovery_action(d: &Device<'_>) -> Result<u32, NvmlError> {
+    let mut v = d.field_values_for(&[FieldId(FIELD_RECOVERY_ACTION)])?;
+    let sample = v.pop().ok_or(NvmlError::NotSupported)??;
+    match sample.value? {
+        SampleValue::U32(x) => Ok(x),
+        SampleValue::U64(x) => Ok(x as u32),
+        SampleValue::I64(x) => Ok(x as u32),
+        SampleValue::F64(x) => Ok(x as u32),
+    }
+}
+
+/// Waits on NVML's event set for XIDs (blocking, not polling).
+pub struct XidWatcher<'a> {
+    set: EventSet<'a>,
+}
+
+impl XidWatcher<'_> {
+    /// The next XID, or `None` after `timeout_ms` without one.
+    pub fn wait(&mut self, timeout_ms: u32) -> Result<Option<XidNotice>, NvmlSourceError> {
+        match self.set.wait(timeout_ms) {
+            Ok(e) => {
+                let pci = e.device.pci_info().map(|p| pci_of(&p)).map_err(|source| {
+                    NvmlSourceError::Call {
+                        what: "PCI info of an event's GPU",
+                        source,
+                    }
+                })?;
+                let xid = match e.event_data {
+                    Some(XidError::Value(x)) => Some(x),
+                    _ => None,
+                };
+                Ok(Some(XidNotice { pci, xid }))
+            }
+            Err(NvmlError::Timeout) => Ok(None),
+            Err(source) => Err(NvmlSourceError::Call {
+                what: "wait for events",
+                source,
+            }),
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The NVML backend against the repo's fake `libnvidia-ml.so`, loaded through
+//! nvml-wrapper exactly as NVIDIA's library is on a GPU host.
+
+use allot_health::nvml::{GpuReadError, NvmlSource};
+use allot_health::verdict::{HealthPolicy, HostVerdict, Thresholds};
+use allot_health::xid::Catalog;
+#[path = "support/fake_nvml.rs"]
+mod fake_nvml;
+
+use fake_nvml::{eight_gpus, fake, write_state};
+use std::path::Path;
+use std::sync::Mutex;
+
+/// NVML is process-global (one library, one state file): tests take turns.
+static TURN: Mutex<()> = Mutex::new(());
+
+#[test]
+fn samples_eight_gpus() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let (lib, state) = fake();
+    write_state(state, &eight_gpus(""));
+    let src = NvmlSource::open(Some(lib)).expect("loads the fake");
+    assert_eq!(src.driver_version().as_deref(), Some("570.86.15"));
+    let samples = src.sample_all().expect("count");
+    assert_eq!(samples.len(), 8);
+    let s: Vec<_> = samples.into_iter().map(|r| r.expect("sampled")).collect();
+    assert_eq!(s[0].pci, "0000:18:00");
+    assert_eq!(s[0].uuid, "GPU-00000000");
+    assert_eq!(
+        (s[3].temperature_c, s[3].slowdown_c, s[3].shutdown_c),
+        (Some(43), Some(87), Some(92))
+    );
+    assert_eq!(s[5].pcie_replay, Some(5));
+    assert_eq!(s[0].recovery_action, Some(0));
+    assert_eq!(
+        s[7].recovery_action, None,
+        "NOT_SUPPORTED on an older GPU is a missing field"
+    );
+    assert_eq!(s[0].remapped.map(|r| r.pending), Some(false));
+}
+
+#[test]
+fn xid_79_event_drains_the_host_now() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let (lib, state) = fake();
+    write_state(state, &eight_gpus(""));
+    let src = NvmlSource::open(Some(lib)).expect("loads");
+    let mut w = src.watch_xids().expect("event set");
+    assert_eq!(w.wait(20).expect("waits"), None, "no event yet: a timeout");
+    write_state(state, &eight_gpus("xid 2 79\n"));
+    let n = w.wait(2_000).expect("waits").expect("the XID arrives");
+    assert_eq!((n.pci.as_str(), n.xid), ("0000:38:00", Some(79)));
+    let mut p = HealthPolicy::new(Thresholds::default(), Catalog::default());
+    p.xid(1, &n.pci, n.xid.unwrap_or(999) as u32, "NVML event", None);
+    assert_eq!(p.verdict().host, HostVerdict::DrainNow);
+}
+
+#[test]
+fn row_remap_pending_drains() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let (lib, state) = fake();
+    write_state(
+        state,
+        &eight_gpus("").replace(
+            "gpu 4 uuid=GPU-00000004",
+            "gpu 4 remap_unc=1 remap_pending=1 uuid=GPU-00000004",
+        ),
+    );
+    let src = NvmlSource::open(Some(lib)).expect("loads");
+    let mut p = HealthPolicy::new(Thresholds::default(), Catalog::default());
+    for s in src.sample_all().expect("count") {
+        p.sample(0, s.expect("sampled"));
+    }
+    let v = p.verdict();
+    assert_eq!(v.host, HostVerdict::Drain);
+    assert_eq!(v.only_gpus, vec!["0000:58:00".to_string()]);
+}
+
+#[test]
+fn a_lost_gpu_is_reported_lost_and_the_rest_still_sampled() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let (lib, state) = fake();
+    write_state(
+        state,
+        &eight_gpus("").replace("gpu 6 uuid", "gpu 6 lost=1 uuid"),
+    );
+    let src = NvmlSource::open(Some(lib)).expect("loads");
+    let all = src.sample_all().expect("count");
+    assert!(
+        matches!(all[6], Err(GpuReadError::Lost { index: 6, .. })),
+        "{:?}",
+        all[6]
+    );
+    assert_eq!(all.iter().filter(|r| r.is_ok()).count(), 7);
+}
+
+#[test]
+fn a_missing_library_is_a_clear_error() {
+    let e = NvmlSource::open(Some(Path::new("/nonexistent/libnvidia-ml.so.1")))
+        .err()
+        .expect("fails");
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("cannot load NVML from /nonexistent/libnvidia-ml.so.1"),
+        "{msg}"
+    );
+    assert!(msg.contains("install the NVIDIA driver"), "{msg}");
+}
