@@ -9,6 +9,7 @@
 //! sources that feed it.
 
 pub mod kmsg;
+pub mod kmsg_reader;
 pub mod monitor;
 pub mod nvml;
 pub mod verdict;
