@@ -52,7 +52,11 @@ impl Seen {
         use std::io::Write;
         let tmp = path.with_extension("tmp");
         let mut f = File::create(&tmp)?;
-        f.write_all(serde_json::to_string(self).map_err(io::Error::other)?.as_bytes())?;
+        f.write_all(
+            serde_json::to_string(self)
+                .map_err(io::Error::other)?
+                .as_bytes(),
+        )?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     }

@@ -37,12 +37,22 @@ fn history_is_not_acted_on_twice() {
     assert_eq!(seen.last_seq, Some(102));
     assert!(read_fresh(&log, &mut seen, "boot-a").is_empty());
     // New records arrive.
-    let mut f = std::fs::OpenOptions::new().append(true).open(&log).expect("append");
-    writeln!(f, "\n4,103,4000,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.").expect("append");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .expect("append");
+    writeln!(
+        f,
+        "\n4,103,4000,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."
+    )
+    .expect("append");
     assert_eq!(read_fresh(&log, &mut seen, "boot-a"), vec![79]);
     // After a reboot the sequence numbers start over: everything is this boot's.
     let mut fresh_boot = seen.clone();
-    assert_eq!(read_fresh(&log, &mut fresh_boot, "boot-b"), vec![48, 13, 79]);
+    assert_eq!(
+        read_fresh(&log, &mut fresh_boot, "boot-b"),
+        vec![48, 13, 79]
+    );
     // A corrupt memo file is named, not ignored.
     std::fs::write(&memo, "{not json").expect("write");
     let e = Seen::load(&memo).expect_err("corrupt");

@@ -116,14 +116,24 @@ fn a_gpu_that_leaves_the_device_list_is_lost() {
     let src = NvmlSource::open(Some(lib)).expect("loads");
     let mut p = HealthPolicy::new(Thresholds::default(), Catalog::default());
     let mut roster = Roster::default();
-    assert!(roster.apply(&mut p, 0, src.sample_all().expect("count")).is_empty());
+    assert!(roster
+        .apply(&mut p, 0, src.sample_all().expect("count"))
+        .is_empty());
     // The driver drops GPU 7 (0000:88:00) from the list altogether.
-    let seven: String = eight_gpus("").lines().filter(|l| !l.starts_with("gpu 7 ")).map(|l| format!("{l}\n")).collect();
+    let seven: String = eight_gpus("")
+        .lines()
+        .filter(|l| !l.starts_with("gpu 7 "))
+        .map(|l| format!("{l}\n"))
+        .collect();
     write_state(state, &seven);
     let lost = roster.apply(&mut p, 10, src.sample_all().expect("count"));
     assert_eq!(lost, vec!["0000:88:00".to_string()]);
     let v = p.verdict();
     assert_eq!(v.host, HostVerdict::DrainNow);
-    let g = v.gpus.iter().find(|g| g.pci == "0000:88:00").expect("listed");
+    let g = v
+        .gpus
+        .iter()
+        .find(|g| g.pci == "0000:88:00")
+        .expect("listed");
     assert_eq!(g.reasons[0].signal, "gpu-lost");
 }

@@ -1,0 +1,317 @@
+//! A scripted GPU source for development and the local cluster: `n` healthy GPUs, and
+//! faults that happen at given times, written in a small script:
+//!
+//! ```text
+//! # at TIME gpu N WHAT [VALUE]
+//! at 30s gpu 2 xid 79
+//! at 1m  gpu 3 remap-pending
+//! at 2m  gpu 1 temp 90
+//! at 5m  gpu 4 recovery 1
+//! at 6m  gpu 5 lost
+//! at 9m  gpu 3 reset
+//! ```
+//!
+//! Times are from the source's start; durations accept `90s`, `10m`, `8h`, `7d`.
+
+use crate::nvml::GpuReadError;
+use crate::verdict::{GpuSample, RemappedRows, Time};
+
+/// One scripted change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// An XID event.
+    Xid(u32),
+    /// A row remap waits for a reset.
+    RemapPending,
+    /// Temperature in °C.
+    Temp(u32),
+    /// The driver's recovery action.
+    Recovery(u32),
+    /// The GPU stops answering.
+    Lost,
+    /// The GPU is reset: back to healthy.
+    Reset,
+}
+
+/// A script line that could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {message}")]
+pub struct ScriptError {
+    /// The script.
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// What is wrong and the expected form.
+    pub message: String,
+}
+
+#[derive(Debug, Clone)]
+struct GpuState {
+    sample: GpuSample,
+    lost: bool,
+}
+
+/// The scripted source.
+#[derive(Debug, Clone)]
+pub struct FakeSource {
+    gpus: Vec<GpuState>,
+    script: Vec<(Time, usize, Fault)>,
+    next: usize,
+}
+
+/// The bus id of fake GPU `i`, spaced like an HGX board's.
+pub fn fake_pci(i: usize) -> String {
+    format!("0000:{:02x}:00", (0x18 + i * 0x10) % 0x100)
+}
+
+fn parse_secs(s: &str) -> Option<Time> {
+    if let Ok(n) = s.parse() {
+        return Some(n);
+    }
+    let (num, unit) = s.split_at(s.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+impl FakeSource {
+    /// `gpus` healthy GPUs and the faults of `script` (`file` names it in errors).
+    pub fn new(gpus: usize, script: &str, file: &str) -> Result<Self, ScriptError> {
+        let err = |line: usize, message: String| ScriptError {
+            file: file.into(),
+            line,
+            message,
+        };
+        let form = "expected `at TIME gpu N WHAT [VALUE]`, WHAT one of xid N, remap-pending, temp C, recovery N, lost, reset";
+        let mut faults = Vec::new();
+        for (i, raw) in script.lines().enumerate() {
+            let line = raw.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let w: Vec<&str> = line.split_whitespace().collect();
+            let (at, gpu, what, value) = match w.as_slice() {
+                ["at", t, "gpu", n, what, rest @ ..] if rest.len() <= 1 => {
+                    (*t, *n, *what, rest.first().copied())
+                }
+                _ => return Err(err(i + 1, form.into())),
+            };
+            let t = parse_secs(at)
+                .ok_or_else(|| err(i + 1, format!("time {at:?}: use 90s, 10m, 8h or 7d")))?;
+            let g: usize = gpu.parse().ok().filter(|&g| g < gpus).ok_or_else(|| {
+                err(
+                    i + 1,
+                    format!(
+                        "gpu {gpu:?}: this source has GPUs 0 to {}",
+                        gpus.saturating_sub(1)
+                    ),
+                )
+            })?;
+            let num = || {
+                value
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .ok_or_else(|| err(i + 1, format!("{what} needs a number, e.g. `{what} 79`")))
+            };
+            let fault = match what {
+                "xid" => Fault::Xid(num()?),
+                "temp" => Fault::Temp(num()?),
+                "recovery" => Fault::Recovery(num()?),
+                "remap-pending" => Fault::RemapPending,
+                "lost" => Fault::Lost,
+                "reset" => Fault::Reset,
+                other => return Err(err(i + 1, format!("{other:?}: {form}"))),
+            };
+            faults.push((t, g, fault));
+        }
+        faults.sort_by_key(|f| f.0);
+        Ok(FakeSource {
+            gpus: (0..gpus)
+                .map(|i| GpuState {
+                    sample: healthy(i),
+                    lost: false,
+                })
+                .collect(),
+            script: faults,
+            next: 0,
+        })
+    }
+
+    /// Applies the faults due by `now`; returns the XIDs among them as (bus id, XID).
+    pub fn advance(&mut self, now: Time) -> Vec<(String, u32)> {
+        let mut xids = Vec::new();
+        while let Some((t, g, f)) = self.script.get(self.next).cloned() {
+            if t > now {
+                break;
+            }
+            self.next += 1;
+            let gpu = &mut self.gpus[g];
+            match f {
+                Fault::Xid(x) => xids.push((gpu.sample.pci.clone(), x)),
+                Fault::RemapPending => {
+                    gpu.sample.remapped = Some(RemappedRows {
+                        uncorrectable: 1,
+                        pending: true,
+                        ..RemappedRows::default()
+                    })
+                }
+                Fault::Temp(c) => gpu.sample.temperature_c = Some(c),
+                Fault::Recovery(r) => gpu.sample.recovery_action = Some(r),
+                Fault::Lost => gpu.lost = true,
+                Fault::Reset => {
+                    gpu.sample = healthy(g);
+                    gpu.lost = false;
+                }
+            }
+        }
+        xids
+    }
+
+    /// One round of samples, shaped like the NVML source's.
+    pub fn sample_all(&self) -> Vec<Result<GpuSample, GpuReadError>> {
+        self.gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                if g.lost {
+                    Err(GpuReadError::Lost {
+                        index: i as u32,
+                        pci: Some(g.sample.pci.clone()),
+                    })
+                } else {
+                    Ok(g.sample.clone())
+                }
+            })
+            .collect()
+    }
+}
+
+fn healthy(i: usize) -> GpuSample {
+    GpuSample {
+        pci: fake_pci(i),
+        uuid: format!("GPU-fake{i:04}-0000-0000-0000-000000000000"),
+        temperature_c: Some(38),
+        slowdown_c: Some(87),
+        shutdown_c: Some(92),
+        ecc_corrected: Some(0),
+        ecc_uncorrected: Some(0),
+        remapped: Some(RemappedRows::default()),
+        retired_pending: None,
+        pcie_replay: Some(0),
+        nvlink_errors: Some(0),
+        recovery_action: Some(0),
+    }
+}
+
+/// Where GPU health comes from, as written in a config or on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceSpec {
+    /// NVML from the given library, or the system's.
+    Nvml(Option<String>),
+    /// `n` scripted GPUs, optionally with a fault script file.
+    Fake(usize, Option<String>),
+}
+
+/// Parses `nvml`, `nvml:/path/libnvidia-ml.so.1`, `fake:8` or `fake:8:/path/script`.
+pub fn parse_source(s: &str) -> Result<SourceSpec, String> {
+    let bad = || format!("gpu source {s:?}: use nvml, nvml:PATH, fake:N or fake:N:SCRIPT");
+    match s.split_once(':') {
+        None if s == "nvml" => Ok(SourceSpec::Nvml(None)),
+        Some(("nvml", p)) if !p.is_empty() => Ok(SourceSpec::Nvml(Some(p.into()))),
+        Some(("fake", rest)) => {
+            let (n, script) = match rest.split_once(':') {
+                Some((n, p)) => (n, Some(p.to_string())),
+                None => (rest, None),
+            };
+            let n: usize = n
+                .parse()
+                .ok()
+                .filter(|&n| (1..=64).contains(&n))
+                .ok_or_else(bad)?;
+            Ok(SourceSpec::Fake(n, script))
+        }
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::monitor::Roster;
+    use crate::verdict::{GpuState, HealthPolicy, HostVerdict};
+
+    #[test]
+    fn scripted_faults_reach_the_verdict() {
+        let script = "# demo\nat 30s gpu 2 xid 79\nat 1m gpu 3 remap-pending\nat 5m gpu 5 lost\nat 9m gpu 3 reset\n";
+        let mut src = FakeSource::new(8, script, "demo").expect("parses");
+        let mut p = HealthPolicy::default();
+        let mut roster = Roster::default();
+        let mut step = |src: &mut FakeSource, p: &mut HealthPolicy, t| {
+            for (pci, x) in src.advance(t) {
+                p.xid(t, &pci, x, "scripted", None);
+            }
+            roster.apply(p, t, src.sample_all());
+        };
+        step(&mut src, &mut p, 0);
+        assert_eq!(p.verdict().host, HostVerdict::Ok);
+        step(&mut src, &mut p, 60);
+        let v = p.verdict();
+        assert_eq!(v.host, HostVerdict::DrainNow);
+        assert_eq!(
+            v.gpus
+                .iter()
+                .find(|g| g.pci == fake_pci(2))
+                .map(|g| g.state),
+            Some(GpuState::Failed)
+        );
+        assert_eq!(
+            v.gpus
+                .iter()
+                .find(|g| g.pci == fake_pci(3))
+                .map(|g| g.state),
+            Some(GpuState::Degraded)
+        );
+        step(&mut src, &mut p, 300);
+        assert!(p
+            .verdict()
+            .gpus
+            .iter()
+            .any(|g| g.pci == fake_pci(5) && g.state == GpuState::Failed));
+    }
+
+    #[test]
+    fn script_errors_name_the_line() {
+        let e =
+            FakeSource::new(8, "at 1m gpu 2 xid 79\nat soon gpu 1 lost\n", "f.txt").unwrap_err();
+        assert_eq!((e.line, e.file.as_str()), (2, "f.txt"));
+        assert!(e.message.contains("time \"soon\""), "{e}");
+        let e = FakeSource::new(8, "at 1m gpu 9 lost\n", "f.txt").unwrap_err();
+        assert!(e.message.contains("GPUs 0 to 7"), "{e}");
+        let e = FakeSource::new(8, "at 1m gpu 1 xid\n", "f.txt").unwrap_err();
+        assert!(e.message.contains("xid needs a number"), "{e}");
+        let e = FakeSource::new(8, "boom\n", "f.txt").unwrap_err();
+        assert!(e.message.starts_with("expected `at TIME"), "{e}");
+    }
+
+    #[test]
+    fn source_specs() {
+        assert_eq!(parse_source("nvml"), Ok(SourceSpec::Nvml(None)));
+        assert_eq!(
+            parse_source("nvml:/x/lib.so"),
+            Ok(SourceSpec::Nvml(Some("/x/lib.so".into())))
+        );
+        assert_eq!(parse_source("fake:8"), Ok(SourceSpec::Fake(8, None)));
+        assert_eq!(
+            parse_source("fake:4:/s"),
+            Ok(SourceSpec::Fake(4, Some("/s".into())))
+        );
+        for bad in ["", "fake", "fake:0", "fake:x", "dcgm", "nvml:"] {
+            assert!(parse_source(bad).is_err(), "{bad}");
+        }
+    }
+}
