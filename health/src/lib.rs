@@ -8,6 +8,7 @@
 //! (nvml-wrapper, tested against a fake `libnvidia-ml.so`), DCGM and scripted-fake
 //! sources that feed it.
 
+pub mod dcgm;
 pub mod fake;
 pub mod kmsg;
 pub mod kmsg_reader;
