@@ -12,6 +12,7 @@ use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold,
 };
+use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
 use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
@@ -158,9 +159,30 @@ impl NvmlSource {
         };
         let uuid = d.uuid().map_err(lost)?;
         let read = || -> Result<GpuSample, NvmlError> {
+            let memory = optional(d.memory_info())?;
+            let nvlink = nvlink_errors(&d)?;
             Ok(GpuSample {
                 pci: pci.clone(),
                 uuid: uuid.clone(),
+                index: Some(index),
+                name: optional(d.name())?,
+                architecture: optional(d.architecture())?.map(|a| a.to_string()),
+                power_mw: optional(d.power_usage())?,
+                utilization_pct: optional(d.utilization_rates())?.map(|u| u.gpu),
+                memory_total: memory.as_ref().map(|m| m.total),
+                memory_used: memory.as_ref().map(|m| m.used),
+                ecc_corrected_aggregate: optional(
+                    d.total_ecc_errors(MemoryError::Corrected, EccCounter::Aggregate),
+                )?,
+                ecc_uncorrected_aggregate: optional(
+                    d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate),
+                )?,
+                throttle_reasons: optional(d.current_throttle_reasons())?.map(|t| t.bits()),
+                persistence: optional(d.is_in_persistent_mode())?,
+                mig: optional(d.mig_mode())?.map(|m| m.current == 1),
+                nvlink_errors: (!nvlink.is_empty())
+                    .then(|| nvlink.iter().map(|l| l.1 + l.2 + l.3).sum()),
+                nvlink,
                 temperature_c: optional(d.temperature(TemperatureSensor::Gpu))?,
                 slowdown_c: optional(d.temperature_threshold(TemperatureThreshold::Slowdown))?,
                 shutdown_c: optional(d.temperature_threshold(TemperatureThreshold::Shutdown))?,
@@ -171,9 +193,8 @@ impl NvmlSource {
                     d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
                 )?,
                 remapped: optional(self.remapped_rows(&d))?,
-                retired_pending: None,
+                retired_pending: optional(d.are_pages_pending_retired())?,
                 pcie_replay: optional(d.pcie_replay_counter())?.map(u64::from),
-                nvlink_errors: None,
                 recovery_action: optional(recovery_action(&d))?,
             })
         };
@@ -223,6 +244,32 @@ impl NvmlSource {
         }
         Ok(XidWatcher { set })
     }
+}
+
+/// Most NVLinks a GPU has (`NVML_NVLINK_MAX_LINKS`).
+const MAX_LINKS: u32 = 18;
+
+/// Error counters of each active NVLink; empty where NVML offers none (no NVLink, or
+/// Blackwell, whose DL counters moved to field values).
+fn nvlink_errors(d: &Device<'_>) -> Result<Vec<(u32, u64, u64, u64)>, NvmlError> {
+    let mut out = Vec::new();
+    for link in 0..MAX_LINKS {
+        let l = d.link_wrapper_for(link);
+        match optional(l.is_active())? {
+            Some(true) => {}
+            Some(false) => continue,
+            None => break,
+        }
+        let c = |e| optional(l.error_counter(e)).map(|v| v.unwrap_or(0));
+        let crc = c(ErrorCounter::DlCrcFlit)? + c(ErrorCounter::DlCrcData)?;
+        out.push((
+            link,
+            crc,
+            c(ErrorCounter::DlReplay)?,
+            c(ErrorCounter::DlRecovery)?,
+        ));
+    }
+    Ok(out)
 }
 
 fn recovery_action(d: &Device<'_>) -> Result<u32, NvmlError> {

@@ -83,6 +83,32 @@ pub struct GpuSample {
     pub pci: String,
     /// GPU UUID.
     pub uuid: String,
+    /// NVML index.
+    pub index: Option<u32>,
+    /// Product name.
+    pub name: Option<String>,
+    /// Architecture (Hopper, Blackwell …).
+    pub architecture: Option<String>,
+    /// Power draw, mW.
+    pub power_mw: Option<u32>,
+    /// GPU utilisation, %.
+    pub utilization_pct: Option<u32>,
+    /// Memory installed, bytes.
+    pub memory_total: Option<u64>,
+    /// Memory used, bytes.
+    pub memory_used: Option<u64>,
+    /// Corrected ECC errors over the GPU's life.
+    pub ecc_corrected_aggregate: Option<u64>,
+    /// Uncorrected ECC errors over the GPU's life.
+    pub ecc_uncorrected_aggregate: Option<u64>,
+    /// Clock-throttle reasons (NVML bitmask).
+    pub throttle_reasons: Option<u64>,
+    /// Persistence mode on.
+    pub persistence: Option<bool>,
+    /// MIG mode on.
+    pub mig: Option<bool>,
+    /// Per active NVLink: (link, CRC, replay, recovery) error counters.
+    pub nvlink: Vec<(u32, u64, u64, u64)>,
     /// Core temperature, °C.
     pub temperature_c: Option<u32>,
     /// Slowdown threshold, °C.

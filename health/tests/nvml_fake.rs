@@ -37,6 +37,25 @@ fn samples_eight_gpus() {
         "NOT_SUPPORTED on an older GPU is a missing field"
     );
     assert_eq!(s[0].remapped.map(|r| r.pending), Some(false));
+    assert_eq!(s[0].name.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+    assert_eq!(s[0].architecture.as_deref(), Some("Hopper"));
+    assert_eq!(
+        (s[0].power_mw, s[0].utilization_pct),
+        (Some(350_000), Some(50))
+    );
+    assert_eq!(
+        (s[0].memory_total, s[0].memory_used),
+        (Some(85_899_345_920), Some(1024))
+    );
+    assert_eq!((s[0].persistence, s[0].mig), (Some(true), Some(false)));
+    assert_eq!(
+        s[0].retired_pending, None,
+        "page retirement is not offered on Hopper"
+    );
+    assert_eq!(s[3].nvlink.len(), 18, "all active links read");
+    assert_eq!(s[3].nvlink[0], (0, 0, 3, 0));
+    assert_eq!(s[3].nvlink_errors, Some(3));
+    assert_eq!(s[0].index, Some(0));
 }
 
 #[test]

@@ -26,6 +26,7 @@ fn sample(pci: &str) -> GpuSample {
         pcie_replay: Some(0),
         nvlink_errors: Some(0),
         recovery_action: Some(0),
+        ..GpuSample::default()
     }
 }
 

@@ -44,7 +44,7 @@ pub fn eight_gpus(extra: &str) -> String {
     let mut s = String::from("driver 570.86.15\n");
     for i in 0..8 {
         s += &format!(
-            "gpu {i} uuid=GPU-{i:08x} name=NVIDIA_H100_80GB_HBM3 pci=0000:{:02x}:00 temp={} slowdown=87 shutdown=92 power=350000 mem_total=85899345920 mem_used=1024 util=50 ecc_corr=0 ecc_unc=0 pcie_replay={i} recovery=0{}\n",
+            "gpu {i} uuid=GPU-{i:08x} name=NVIDIA_H100_80GB_HBM3 pci=0000:{:02x}:00 temp={} slowdown=87 shutdown=92 power=350000 mem_total=85899345920 mem_used=1024 util=50 ecc_corr=0 ecc_unc=0 pcie_replay={i} recovery=0 nvlinks=18 nvlink_replay={i}{}\n",
             0x18 + i * 0x10,
             40 + i,
             if i == 7 { " unsupported=recovery" } else { "" },

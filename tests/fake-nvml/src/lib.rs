@@ -512,3 +512,95 @@ pub extern "C" fn nvmlDeviceGetHandleByUUID(
 ) -> Ret {
     NOT_FOUND
 }
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetArchitecture(device: *mut c_void, arch: *mut c_uint) -> Ret {
+    gpu(device, |g| {
+        // NVML_DEVICE_ARCH_HOPPER = 9, BLACKWELL = 10.
+        *arch = g.kv.get("arch").and_then(|a| a.parse().ok()).unwrap_or(9);
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
+    device: *mut c_void,
+    _pending: *mut c_uint,
+) -> Ret {
+    // Hopper and later remap rows instead of retiring pages.
+    gpu(device, |_| NOT_SUPPORTED)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
+    device: *mut c_void,
+    r: *mut c_ulonglong,
+) -> Ret {
+    gpu(device, |g| {
+        *r = g.get("throttle");
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
+    device: *mut c_void,
+    mode: *mut c_uint,
+) -> Ret {
+    gpu(device, |_| {
+        *mode = 1;
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: *mut c_void,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> Ret {
+    gpu(device, |g| {
+        *current = g.get("mig") as c_uint;
+        *pending = *current;
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    device: *mut c_void,
+    link: c_uint,
+    active: *mut c_uint,
+) -> Ret {
+    gpu(device, |g| {
+        let links = g.get("nvlinks");
+        if links == 0 {
+            return NOT_SUPPORTED;
+        }
+        if u64::from(link) >= links {
+            return INVALID_ARGUMENT;
+        }
+        *active = 1;
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
+    device: *mut c_void,
+    link: c_uint,
+    counter: c_uint,
+    n: *mut c_ulonglong,
+) -> Ret {
+    gpu(device, |g| {
+        // 0 replay, 1 recovery, 2 CRC flit, 3 CRC data; errors sit on link 0 only.
+        let key = match counter {
+            0 => "nvlink_replay",
+            1 => "nvlink_recovery",
+            2 => "nvlink_crc",
+            _ => "",
+        };
+        *n = if link == 0 { g.get(key) } else { 0 };
+        SUCCESS
+    })
+}
