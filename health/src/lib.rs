@@ -1,13 +1,15 @@
 //! GPU health for allot: what a GPU's errors mean and what to do about them.
 //!
-//! Built so far (issue 3, in progress): [`xid`], NVIDIA's XID catalog with allot's
-//! scheduling action and recovery step per code, overridable; [`kmsg`], a parser for
-//! NVIDIA's `NVRM: Xid` and NVSwitch `SXid` kernel-log lines in every shape they come
-//! in; and [`verdict`], the pure policy turning samples and events into GPU states, a
-//! host verdict with reasons, and Prometheus text. Still to come: the NVML
-//! (nvml-wrapper, tested against a fake `libnvidia-ml.so`), DCGM and scripted-fake
-//! sources that feed it.
+//! Map: [`xid`] (NVIDIA's XID catalog, allot's action and recovery per code,
+//! overridable) · [`kmsg`] (`NVRM: Xid` / `SXid` kernel-log lines in every shape) ·
+//! [`kmsg_reader`] (following `/dev/kmsg`, remembering what was acted on across
+//! restarts) · [`nvml`] (samples and XID events through nvml-wrapper and a run-time
+//! loaded `libnvidia-ml.so`) · [`dcgm`] (dcgm-exporter scrape) · [`fake`] (scripted
+//! GPUs for development) · [`monitor`] (GPUs that vanish are lost) · [`verdict`] (the
+//! pure policy: GPU states, host verdict, reasons, Prometheus text) · [`config`]
+//! (the agent config's `[health]` section).
 
+pub mod config;
 pub mod dcgm;
 pub mod fake;
 pub mod kmsg;
