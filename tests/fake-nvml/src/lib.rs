@@ -1,6 +1,7 @@
 //! A fake `libnvidia-ml.so` for tests: the part of NVML's C API that allot's NVML
 //! backend calls (through nvml-wrapper), driven by a plain-text state file named by
-//! `ALLOT_FAKE_NVML`, re-read whenever it changes:
+//! `ALLOT_FAKE_NVML`, re-read when it changed at the calls that start a sampling round
+//! (init, device count, handle lookup) and while waiting for events:
 //!
 //! ```text
 //! driver 570.86.15
@@ -119,11 +120,20 @@ fn reload(st: &mut State) {
     }
 }
 
+/// Runs `f` on the state as last read. Field queries use this: re-reading the file on
+/// every one of a sample's hundreds of calls would time the fake, not the backend.
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
-    let st = guard.get_or_insert_with(State::default);
-    reload(st);
-    f(st)
+    f(guard.get_or_insert_with(State::default))
+}
+
+/// Runs `f` after picking up changes to the state file: at init, at the device count
+/// and handle lookups that start every sampling round, and while waiting for events.
+fn with_reload<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    with(|st| {
+        reload(st);
+        f(st)
+    })
 }
 
 fn index(device: *mut c_void) -> usize {
@@ -154,12 +164,12 @@ unsafe fn write_str(s: &str, buf: *mut c_char, len: c_uint) -> Ret {
 
 #[no_mangle]
 pub extern "C" fn nvmlInit_v2() -> Ret {
-    with(|_| SUCCESS)
+    with_reload(|_| SUCCESS)
 }
 
 #[no_mangle]
 pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
-    with(|_| SUCCESS)
+    with_reload(|_| SUCCESS)
 }
 
 #[no_mangle]
@@ -183,7 +193,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
     if count.is_null() {
         return INVALID_ARGUMENT;
     }
-    *count = with(|st| st.gpus.len() as c_uint);
+    *count = with_reload(|st| st.gpus.len() as c_uint);
     SUCCESS
 }
 
@@ -192,7 +202,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(i: c_uint, device: *mut *
     if device.is_null() {
         return INVALID_ARGUMENT;
     }
-    let n = with(|st| st.gpus.len());
+    let n = with_reload(|st| st.gpus.len());
     if i as usize >= n {
         return INVALID_ARGUMENT;
     }
@@ -473,7 +483,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
 ) -> Ret {
     let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
     loop {
-        let next = with(|st| {
+        let next = with_reload(|st| {
             let e = st.xids.get(st.delivered).copied();
             if e.is_some() {
                 st.delivered += 1;
