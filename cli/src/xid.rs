@@ -56,6 +56,8 @@ pub fn run(c: XidCommand) -> Result<()> {
                     "meaning": info.map(|i| i.meaning),
                     "immediate": info.map(|i| i.immediate),
                     "investigatory": info.map(|i| i.investigatory),
+                    "hopper": info.map(|i| i.hopper),
+                    "blackwell": info.map(|i| i.blackwell),
                     "action": d.action,
                     "recovery": d.recovery,
                 });
@@ -67,6 +69,8 @@ pub fn run(c: XidCommand) -> Result<()> {
                     println!("XID {} {}", i.xid, i.mnemonic);
                     println!("  meaning:        {}", i.meaning);
                     println!("  NVIDIA:         immediate {}, investigatory {}", i.immediate, i.investigatory);
+                    let yn = |b: bool| if b { "yes" } else { "no" };
+                    println!("  applies to:     H100 {}, Blackwell {}", yn(i.hopper), yn(i.blackwell));
                     println!("  allot action:   {}", d.action);
                     println!("  allot recovery: {}", d.recovery);
                     if xid == 154 {

@@ -81,6 +81,7 @@ fn explain_known_and_unknown() {
         (v["action"].as_str(), v["recovery"].as_str()),
         (Some("drain-now"), Some("reset-gpu"))
     );
+    assert_eq!(v["hopper"], true);
     let (code, out, _) = allot(&["xid", "explain", "4242"], b"");
     assert_eq!(code, 0);
     assert!(out.contains("not in allot's catalog"), "{out}");
