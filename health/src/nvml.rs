@@ -71,13 +71,21 @@ pub enum GpuReadError {
     },
 }
 
-/// An XID delivered by an NVML event set.
+/// What an NVML event set delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct XidNotice {
-    /// Bus id `dddd:bb:dd`.
-    pub pci: String,
-    /// The XID; `None` when NVML reports it as unknown (999).
-    pub xid: Option<u64>,
+pub enum Notice {
+    /// An XID on the GPU at `pci`; `xid` is `None` when NVML reports it unknown (999).
+    Xid {
+        /// Bus id `dddd:bb:dd`.
+        pci: String,
+        /// The XID.
+        xid: Option<u64>,
+    },
+    /// Something else changed on the GPU (its recovery action): sample it now.
+    Changed {
+        /// Bus id `dddd:bb:dd`.
+        pci: String,
+    },
 }
 
 /// NVML, loaded.
@@ -205,10 +213,7 @@ impl NvmlSource {
     /// the wrapper's library handle.
     fn remapped_rows(&self, d: &Device<'_>) -> Result<RemappedRows, NvmlError> {
         let lib = self.nvml.lib();
-        let f = lib
-            .nvmlDeviceGetRemappedRows
-            .as_ref()
-            .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let f = raw_sym(&lib.nvmlDeviceGetRemappedRows)?;
         let (mut corr, mut unc, mut pending, mut failure) = (0u32, 0u32, 0u32, 0u32);
         // SAFETY: the handle comes from this NVML instance and outlives the call; the
         // four out-pointers are valid for writes of c_uint.
@@ -223,27 +228,52 @@ impl NvmlSource {
         })
     }
 
-    /// Registers every GPU for XID events and returns the set to wait on.
-    pub fn watch_xids(&self) -> Result<XidWatcher<'_>, NvmlSourceError> {
+    /// Registers every GPU for XID events and, where the driver offers it (R565+),
+    /// recovery-action changes, and returns the set to wait on. The wrapper knows only
+    /// the older event types, so registration goes through the raw library handle.
+    pub fn watch(&self) -> Result<EventWatcher<'_>, NvmlSourceError> {
         let call = |what| move |source| NvmlSourceError::Call { what, source };
-        let mut set = self
+        let set = self
             .nvml
             .create_event_set()
             .map_err(call("create event set"))?;
+        let lib = self.nvml.lib();
+        let supported =
+            raw_sym(&lib.nvmlDeviceGetSupportedEventTypes).map_err(call("event types"))?;
+        let register = raw_sym(&lib.nvmlDeviceRegisterEvents).map_err(call("register events"))?;
         for i in 0..self.count()? {
             let d = self
                 .nvml
                 .device_by_index(i)
                 .map_err(call("device handle"))?;
-            set = d
-                .register_events(EventTypes::CRITICAL_XID_ERROR, set)
-                .map_err(|e| NvmlSourceError::Call {
-                    what: "register XID events",
-                    source: e.error,
-                })?;
+            let mut offered: u64 = 0;
+            // SAFETY: handles come from this NVML instance and outlive the calls; the
+            // out-pointer is valid for one u64.
+            #[allow(unsafe_code)]
+            let types = unsafe {
+                nvml_wrapper::error::nvml_try(supported(d.handle(), &mut offered))
+                    .map(|_| offered & (EVENT_XID | EVENT_RECOVERY_ACTION))
+                    .unwrap_or(EVENT_XID)
+            };
+            // SAFETY: as above; the set is alive for the whole registration.
+            #[allow(unsafe_code)]
+            let ret = unsafe { register(d.handle(), types, set.handle()) };
+            nvml_wrapper::error::nvml_try(ret).map_err(call("register events"))?;
         }
-        Ok(XidWatcher { set })
+        Ok(EventWatcher { set })
     }
+}
+
+/// `nvmlEventTypeXidCriticalError`.
+const EVENT_XID: u64 = 0x8;
+/// `nvmlEventTypeGpuRecoveryAction` (R565+).
+const EVENT_RECOVERY_ACTION: u64 = 0x8000;
+
+/// A raw symbol of the loaded library, or the wrapper's error for a missing one.
+fn raw_sym<T: Copy, E: std::fmt::Display>(r: &Result<T, E>) -> Result<T, NvmlError> {
+    r.as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))
+        .copied()
 }
 
 /// Most NVLinks a GPU has (`NVML_NVLINK_MAX_LINKS`).
@@ -283,14 +313,14 @@ fn recovery_action(d: &Device<'_>) -> Result<u32, NvmlError> {
     }
 }
 
-/// Waits on NVML's event set for XIDs (blocking, not polling).
-pub struct XidWatcher<'a> {
+/// Waits on NVML's event set (blocking, not polling).
+pub struct EventWatcher<'a> {
     set: EventSet<'a>,
 }
 
-impl XidWatcher<'_> {
-    /// The next XID, or `None` after `timeout_ms` without one.
-    pub fn wait(&mut self, timeout_ms: u32) -> Result<Option<XidNotice>, NvmlSourceError> {
+impl EventWatcher<'_> {
+    /// The next event, or `None` after `timeout_ms` without one.
+    pub fn wait(&mut self, timeout_ms: u32) -> Result<Option<Notice>, NvmlSourceError> {
         match self.set.wait(timeout_ms) {
             Ok(e) => {
                 let pci = e.device.pci_info().map(|p| pci_of(&p)).map_err(|source| {
@@ -299,11 +329,14 @@ impl XidWatcher<'_> {
                         source,
                     }
                 })?;
+                if !e.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+                    return Ok(Some(Notice::Changed { pci }));
+                }
                 let xid = match e.event_data {
                     Some(XidError::Value(x)) => Some(x),
                     _ => None,
                 };
-                Ok(Some(XidNotice { pci, xid }))
+                Ok(Some(Notice::Xid { pci, xid }))
             }
             Err(NvmlError::Timeout) => Ok(None),
             Err(source) => Err(NvmlSourceError::Call {

@@ -1,7 +1,7 @@
 //! The NVML backend against the repo's fake `libnvidia-ml.so`, loaded through
 //! nvml-wrapper exactly as NVIDIA's library is on a GPU host.
 
-use allot_health::nvml::{GpuReadError, NvmlSource};
+use allot_health::nvml::{GpuReadError, Notice, NvmlSource};
 use allot_health::verdict::{HealthPolicy, HostVerdict, Thresholds};
 use allot_health::xid::Catalog;
 #[path = "support/fake_nvml.rs"]
@@ -64,13 +64,16 @@ fn xid_79_event_drains_the_host_now() {
     let (lib, state) = fake();
     write_state(state, &eight_gpus(""));
     let src = NvmlSource::open(Some(lib)).expect("loads");
-    let mut w = src.watch_xids().expect("event set");
+    let mut w = src.watch().expect("event set");
     assert_eq!(w.wait(20).expect("waits"), None, "no event yet: a timeout");
     write_state(state, &eight_gpus("xid 2 79\n"));
     let n = w.wait(2_000).expect("waits").expect("the XID arrives");
-    assert_eq!((n.pci.as_str(), n.xid), ("0000:38:00", Some(79)));
+    let Notice::Xid { pci, xid } = n else {
+        panic!("an XID, got {n:?}")
+    };
+    assert_eq!((pci.as_str(), xid), ("0000:38:00", Some(79)));
     let mut p = HealthPolicy::new(Thresholds::default(), Catalog::default());
-    p.xid(1, &n.pci, n.xid.unwrap_or(999) as u32, "NVML event", None);
+    p.xid(1, &pci, xid.unwrap_or(999) as u32, "NVML event", None);
     assert_eq!(p.verdict().host, HostVerdict::DrainNow);
 }
 
@@ -155,4 +158,37 @@ fn a_gpu_that_leaves_the_device_list_is_lost() {
         .find(|g| g.pci == "0000:88:00")
         .expect("listed");
     assert_eq!(g.reasons[0].signal, "gpu-lost");
+}
+
+#[test]
+fn a_recovery_action_event_prompts_a_sample_that_drains_the_gpu() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let (lib, state) = fake();
+    write_state(state, &eight_gpus(""));
+    let src = NvmlSource::open(Some(lib)).expect("loads");
+    let mut w = src.watch().expect("event set");
+    // The driver now wants GPU 3 reset, and says so through an event.
+    let changed = eight_gpus("recovery-event 3 1\n").replace(
+        "recovery=0 nvlinks=18 nvlink_replay=3",
+        "recovery=1 nvlinks=18 nvlink_replay=3",
+    );
+    write_state(state, &changed);
+    let n = w.wait(2_000).expect("waits").expect("the event arrives");
+    assert_eq!(
+        n,
+        Notice::Changed {
+            pci: "0000:48:00".into()
+        }
+    );
+    let s = src.sample(3).expect("samples");
+    assert_eq!(s.recovery_action, Some(1));
+    let mut p = HealthPolicy::new(Thresholds::default(), Catalog::default());
+    p.sample(0, s);
+    let v = p.verdict();
+    assert_eq!(v.host, HostVerdict::DrainNow);
+    assert_eq!(
+        v.only_gpus,
+        vec!["0000:48:00".to_string()],
+        "a reset concerns that GPU alone"
+    );
 }

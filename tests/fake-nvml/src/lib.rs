@@ -12,7 +12,8 @@
 //! xid 0 79
 //! ```
 //!
-//! `xid G N` lines are events, each delivered once through `nvmlEventSetWait_v2`,
+//! `xid G N` and `recovery-event G N` lines are events (an XID; the recovery action
+//! changing to N), each delivered once through `nvmlEventSetWait_v2`,
 //! which blocks (polling the file) until one is due or the timeout passes. `lost=1`
 //! makes every query of that GPU return `NVML_ERROR_GPU_IS_LOST`; `unsupported=`
 //! lists fields answered with `NVML_ERROR_NOT_SUPPORTED`. Names use `_` for spaces.
@@ -35,6 +36,7 @@ const GPU_IS_LOST: Ret = 15;
 const UNKNOWN: Ret = 999;
 
 const EVENT_XID: c_ulonglong = 0x8;
+const EVENT_RECOVERY_ACTION: c_ulonglong = 0x8000;
 const FIELD_RECOVERY_ACTION: c_uint = 230;
 
 #[derive(Default, Clone)]
@@ -68,7 +70,7 @@ struct State {
     stamp: Option<(std::time::SystemTime, u64)>,
     driver: String,
     gpus: Vec<Gpu>,
-    xids: Vec<(usize, u64)>,
+    events: Vec<(usize, u64, u64)>,
     delivered: usize,
 }
 
@@ -90,8 +92,8 @@ fn reload(st: &mut State) {
     };
     st.stamp = Some(stamp);
     st.gpus.clear();
-    let old_xids = st.xids.len();
-    st.xids.clear();
+    let old_events = st.events.len();
+    st.events.clear();
     for line in text.lines() {
         let mut w = line.split_whitespace();
         match w.next() {
@@ -106,16 +108,21 @@ fn reload(st: &mut State) {
                 }
                 st.gpus.push(g);
             }
-            Some("xid") => {
+            Some(kind @ ("xid" | "recovery-event")) => {
                 let gpu = w.next().and_then(|x| x.parse().ok()).unwrap_or(0);
-                let xid = w.next().and_then(|x| x.parse().ok()).unwrap_or(0);
-                st.xids.push((gpu, xid));
+                let data = w.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+                let ty = if kind == "xid" {
+                    EVENT_XID
+                } else {
+                    EVENT_RECOVERY_ACTION
+                };
+                st.events.push((gpu, ty, data));
             }
             _ => {}
         }
     }
     // A rewritten file with fewer events starts delivery afresh.
-    if st.xids.len() < old_xids {
+    if st.events.len() < old_events {
         st.delivered = 0;
     }
 }
@@ -451,7 +458,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     types: *mut c_ulonglong,
 ) -> Ret {
     gpu(device, |_| {
-        *types = EVENT_XID | 0x1 | 0x2;
+        *types = EVENT_XID | EVENT_RECOVERY_ACTION | 0x1 | 0x2;
         SUCCESS
     })
 }
@@ -484,17 +491,17 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
     loop {
         let next = with_reload(|st| {
-            let e = st.xids.get(st.delivered).copied();
+            let e = st.events.get(st.delivered).copied();
             if e.is_some() {
                 st.delivered += 1;
             }
             e
         });
-        if let Some((gpu, xid)) = next {
+        if let Some((gpu, ty, value)) = next {
             let d = &mut *data;
             d.device = (gpu + 1) as *mut c_void;
-            d.event_type = EVENT_XID;
-            d.event_data = xid;
+            d.event_type = ty;
+            d.event_data = value;
             d.gpu_instance_id = 0xFFFF_FFFF;
             d.compute_instance_id = 0xFFFF_FFFF;
             return SUCCESS;
