@@ -16,5 +16,6 @@ pub mod kmsg;
 pub mod kmsg_reader;
 pub mod monitor;
 pub mod nvml;
+pub mod service;
 pub mod verdict;
 pub mod xid;

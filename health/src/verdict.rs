@@ -274,6 +274,22 @@ impl HealthPolicy {
         self.raise(pci, now, format!("xid:{xid}"), reason, true);
     }
 
+    /// An NVSwitch SXid, keyed by the switch's bus id: fatal ones drain the host.
+    pub fn switch_error(&mut self, now: Time, pci: &str, sxid: u32, message: &str) {
+        let d = crate::xid::decide_sxid(sxid, message);
+        if d.action == Action::App {
+            return;
+        }
+        let reason = Reason {
+            signal: format!("sxid:{sxid}"),
+            detail: format!("{} ({message})", d.reason),
+            action: Some(d.action),
+            gpu_only: false,
+            since: now,
+        };
+        self.raise(pci, now, format!("sxid:{sxid}"), reason, true);
+    }
+
     /// The GPU stopped answering NVML or left the device list: fallen off the bus.
     pub fn lost(&mut self, now: Time, pci: &str) {
         let reason = Reason {

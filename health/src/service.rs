@@ -1,0 +1,278 @@
+//! The running health monitor the agent embeds: a sampling thread (every
+//! `interval_s`, plus DCGM when configured), an NVML event thread (blocking waits), and
+//! a kernel-log thread, all feeding one [`HealthPolicy`]; every change of the verdict
+//! is sent on a channel.
+//!
+//! Plain threads, not async: NVML's event wait and `/dev/kmsg` reads block in the
+//! kernel, and the policy is cheap enough to share behind a mutex.
+
+use crate::config::HealthConfig;
+use crate::dcgm;
+use crate::fake::{FakeSource, SourceSpec};
+use crate::kmsg::{self, Kind};
+use crate::kmsg_reader::{self, KmsgReader, Seen};
+use crate::monitor::Roster;
+use crate::nvml::{GpuReadError, Notice, NvmlSource};
+use crate::verdict::{GpuSample, HealthPolicy, Time, Verdict};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Why the monitor could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// NVML could not be loaded.
+    #[error(transparent)]
+    Nvml(#[from] crate::nvml::NvmlSourceError),
+    /// The fake source's script.
+    #[error(transparent)]
+    Script(#[from] crate::fake::ScriptError),
+    /// A file could not be read.
+    #[error("{0}")]
+    Io(String),
+}
+
+fn now() -> Time {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// One sampling round: per-GPU results, and XIDs the round brought (scripted faults).
+type Round = (Vec<Result<GpuSample, GpuReadError>>, Vec<(String, u32)>);
+
+enum Source {
+    Nvml(Arc<NvmlSource>),
+    Fake(Mutex<FakeSource>, Time),
+}
+
+impl Source {
+    fn round(&self, t: Time) -> Round {
+        match self {
+            Source::Nvml(n) => (n.sample_all().unwrap_or_default(), Vec::new()),
+            Source::Fake(f, start) => {
+                let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
+                let xids = f.advance(t.saturating_sub(*start));
+                (f.sample_all(), xids)
+            }
+        }
+    }
+}
+
+struct Shared {
+    policy: Mutex<(HealthPolicy, Roster, Option<Verdict>)>,
+    tx: Mutex<Sender<Verdict>>,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    /// Runs `f` on the policy and sends the verdict if it changed.
+    fn update(&self, f: impl FnOnce(&mut HealthPolicy, &mut Roster)) {
+        let mut g = self.policy.lock().unwrap_or_else(|e| e.into_inner());
+        let (policy, roster, last) = &mut *g;
+        f(policy, roster);
+        let v = policy.verdict();
+        if last.as_ref() != Some(&v) {
+            *last = Some(v.clone());
+            let _ = self.tx.lock().unwrap_or_else(|e| e.into_inner()).send(v);
+        }
+    }
+}
+
+/// The running monitor; dropping it stops the threads it can stop.
+pub struct HealthMonitor {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    /// Every new verdict, as it changes.
+    pub updates: Receiver<Verdict>,
+}
+
+impl HealthMonitor {
+    /// Starts sampling per `cfg`; `state_dir` keeps the kernel-log memory.
+    pub fn start(cfg: &HealthConfig, state_dir: &Path) -> Result<Self, StartError> {
+        let source = match cfg.source_spec() {
+            SourceSpec::Nvml(lib) => {
+                Source::Nvml(Arc::new(NvmlSource::open(lib.as_deref().map(Path::new))?))
+            }
+            SourceSpec::Fake(n, script) => {
+                let (text, name) = match script {
+                    Some(p) => (
+                        std::fs::read_to_string(&p)
+                            .map_err(|e| StartError::Io(format!("{p}: {e}")))?,
+                        p,
+                    ),
+                    None => (String::new(), "(no script)".into()),
+                };
+                Source::Fake(Mutex::new(FakeSource::new(n, &text, &name)?), now())
+            }
+        };
+        let (tx, updates) = channel();
+        let shared = Arc::new(Shared {
+            policy: Mutex::new((
+                HealthPolicy::new(cfg.thresholds.clone(), cfg.catalog()),
+                Roster::default(),
+                None,
+            )),
+            tx: Mutex::new(tx),
+            stop: AtomicBool::new(false),
+        });
+        let mut threads = Vec::new();
+        let source = Arc::new(source);
+        if let Source::Nvml(n) = &*source {
+            let (n, sh) = (n.clone(), shared.clone());
+            threads.push(std::thread::spawn(move || events(&n, &sh)));
+        }
+        {
+            let (src, sh, interval) = (source.clone(), shared.clone(), cfg.interval_s.max(1));
+            let dcgm_url = cfg.dcgm_url.clone();
+            threads.push(std::thread::spawn(move || {
+                sampler(&src, &sh, interval, dcgm_url)
+            }));
+        }
+        if !cfg.kmsg.is_empty() && Path::new(&cfg.kmsg).exists() {
+            let (path, sh) = (PathBuf::from(&cfg.kmsg), shared.clone());
+            let memo = state_dir.join("kmsg-seen.json");
+            // Not joined: a read of /dev/kmsg blocks until the kernel logs again.
+            std::thread::spawn(move || follow_kmsg(&path, &memo, &sh));
+        }
+        Ok(HealthMonitor {
+            shared,
+            threads,
+            updates,
+        })
+    }
+
+    /// The verdict now.
+    pub fn verdict(&self) -> Verdict {
+        let g = self.shared.policy.lock().unwrap_or_else(|e| e.into_inner());
+        g.0.verdict()
+    }
+
+    /// Prometheus text for `/metrics`.
+    pub fn metrics(&self) -> String {
+        let g = self.shared.policy.lock().unwrap_or_else(|e| e.into_inner());
+        g.0.metrics()
+    }
+
+    /// The GPU was reset (or the operator says it is fine): its XID conditions end.
+    pub fn gpu_reset(&self, pci: &str) {
+        self.shared.update(|p, _| p.gpu_reset(pci, None));
+    }
+}
+
+impl Drop for HealthMonitor {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sleeps up to `d`, waking early on stop; true if stopping.
+fn nap(sh: &Shared, d: Duration) -> bool {
+    let end = std::time::Instant::now() + d;
+    while std::time::Instant::now() < end {
+        if sh.stop.load(Ordering::SeqCst) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20).min(d));
+    }
+    sh.stop.load(Ordering::SeqCst)
+}
+
+fn sampler(src: &Source, sh: &Shared, interval: u64, dcgm_url: Option<String>) {
+    let mut gauge = dcgm::XidGauge::default();
+    loop {
+        let t = now();
+        let (mut round, xids) = src.round(t);
+        let mut dcgm_xids = Vec::new();
+        if let Some(url) = &dcgm_url {
+            match dcgm::fetch(url, Duration::from_secs(5)) {
+                Ok(text) => {
+                    let gpus = dcgm::parse(&text);
+                    for s in round.iter_mut().flatten() {
+                        if let Some(d) = gpus.get(&s.pci) {
+                            dcgm::fold(s, d);
+                        }
+                    }
+                    dcgm_xids = gauge.changes(&gpus);
+                }
+                Err(e) => tracing::warn!(error = %e, "dcgm scrape failed; NVML alone this round"),
+            }
+        }
+        sh.update(|p, roster| {
+            for (pci, x) in xids.iter().chain(&dcgm_xids) {
+                p.xid(t, pci, *x, "scripted or DCGM", None);
+            }
+            roster.apply(p, t, round);
+        });
+        if nap(sh, Duration::from_secs(interval)) {
+            return;
+        }
+    }
+}
+
+fn events(n: &NvmlSource, sh: &Shared) {
+    let Ok(mut w) = n.watch() else {
+        tracing::warn!("NVML events unavailable; relying on sampling and the kernel log");
+        return;
+    };
+    while !sh.stop.load(Ordering::SeqCst) {
+        match w.wait(200) {
+            Ok(Some(Notice::Xid { pci, xid })) => {
+                let x = xid.map_or(999, |x| x as u32);
+                tracing::warn!(gpu = %pci, xid = x, "XID from NVML event");
+                sh.update(|p, _| p.xid(now(), &pci, x, "NVML event", None));
+            }
+            Ok(Some(Notice::Changed { pci })) => {
+                let count = n.count().unwrap_or(0);
+                let fresh: Vec<_> = (0..count)
+                    .map(|i| n.sample(i))
+                    .filter(|r| r.as_ref().is_ok_and(|s| s.pci == pci))
+                    .collect();
+                sh.update(|p, _| {
+                    for s in fresh.into_iter().flatten() {
+                        p.sample(now(), s);
+                    }
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "NVML event wait failed");
+                if nap(sh, Duration::from_secs(1)) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn follow_kmsg(path: &Path, memo: &Path, sh: &Shared) {
+    let boot = kmsg_reader::boot_id().unwrap_or_default();
+    let mut seen = Seen::load(memo).unwrap_or_default();
+    let Ok(mut r) = KmsgReader::open(path) else {
+        tracing::warn!(path = %path.display(), "cannot read the kernel log; XIDs come from NVML only");
+        return;
+    };
+    while let Ok(Some(line)) = r.next_line() {
+        if sh.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(e) = kmsg::parse_line(&line) else {
+            continue;
+        };
+        if !seen.fresh(&boot, e.seq) {
+            continue;
+        }
+        tracing::warn!(pci = %e.pci, xid = e.xid, kind = ?e.kind, "XID from the kernel log");
+        sh.update(|p, _| match e.kind {
+            Kind::Xid => p.xid(now(), &e.pci, e.xid, &e.message, e.seq),
+            Kind::Sxid => p.switch_error(now(), &e.pci, e.xid, &e.message),
+        });
+        let _ = seen.save(memo);
+    }
+}

@@ -1,0 +1,115 @@
+//! The running monitor: a fault from any source reaches a new verdict on the channel.
+
+#[path = "support/fake_nvml.rs"]
+mod fake_nvml;
+
+use allot_health::config::HealthConfig;
+use allot_health::service::HealthMonitor;
+use allot_health::verdict::{HostVerdict, Verdict};
+use std::time::Duration;
+
+/// Waits for a verdict with `host` (the channel is the event; the timeout only stops a
+/// broken build from hanging CI).
+fn until(m: &HealthMonitor, host: HostVerdict) -> Verdict {
+    loop {
+        let v = m
+            .updates
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a verdict update arrives");
+        if v.host == host {
+            return v;
+        }
+    }
+}
+
+fn tempdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("allot-health-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("dir");
+    d
+}
+
+#[test]
+fn scripted_fake_source_fault_drains() {
+    let dir = tempdir("fake");
+    let script = dir.join("faults.txt");
+    std::fs::write(&script, "at 0s gpu 2 xid 79\n").expect("write");
+    let cfg = HealthConfig {
+        source: format!("fake:8:{}", script.display()),
+        kmsg: String::new(),
+        ..HealthConfig::default()
+    };
+    let m = HealthMonitor::start(&cfg, &dir).expect("starts");
+    let v = until(&m, HostVerdict::DrainNow);
+    assert!(v
+        .gpus
+        .iter()
+        .any(|g| g.reasons.iter().any(|r| r.signal == "xid:79")));
+    assert!(m
+        .metrics()
+        .contains("allot_gpu_xid_total{pci_bus_id=\"0000:38:00\",xid=\"79\"} 1"));
+}
+
+#[test]
+fn kernel_log_xid_drains_and_is_not_replayed_after_reset() {
+    let dir = tempdir("kmsg");
+    let log = dir.join("kmsg");
+    std::fs::write(
+        &log,
+        "4,7,100,-;NVRM: Xid (PCI:0000:18:00): 48, pid=1, name=x, DBE\n",
+    )
+    .expect("write");
+    let cfg = HealthConfig {
+        source: "fake:8".into(),
+        kmsg: log.display().to_string(),
+        ..HealthConfig::default()
+    };
+    let m = HealthMonitor::start(&cfg, &dir).expect("starts");
+    until(&m, HostVerdict::DrainNow);
+    m.gpu_reset("0000:18:00");
+    until(&m, HostVerdict::Ok);
+    drop(m);
+    // The agent restarts and replays the log, which has one new record since: the old
+    // one is history (records are read in order, so by the time the new one drains
+    // the host, the old one was passed over).
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .expect("append");
+    std::io::Write::write_all(
+        &mut f,
+        b"4,8,200,-;NVRM: Xid (PCI:0000:28:00): 79, GPU has fallen off the bus.\n",
+    )
+    .expect("append");
+    let m = HealthMonitor::start(&cfg, &dir).expect("restarts");
+    let v = until(&m, HostVerdict::DrainNow);
+    let old = v.gpus.iter().find(|g| g.pci == "0000:18:00");
+    assert!(
+        old.is_none_or(|g| g.reasons.is_empty()),
+        "history acted on again: {v:?}"
+    );
+    assert!(v
+        .gpus
+        .iter()
+        .any(|g| g.pci == "0000:28:00" && g.reasons[0].signal == "xid:79"));
+}
+
+#[test]
+fn nvml_event_drains() {
+    let (lib, state) = fake_nvml::fake();
+    fake_nvml::write_state(state, &fake_nvml::eight_gpus(""));
+    let cfg = HealthConfig {
+        source: format!("nvml:{}", lib.display()),
+        kmsg: String::new(),
+        ..HealthConfig::default()
+    };
+    let m = HealthMonitor::start(&cfg, &tempdir("nvml")).expect("starts");
+    until(&m, HostVerdict::Ok);
+    fake_nvml::write_state(state, &fake_nvml::eight_gpus("xid 5 119\n"));
+    let v = until(&m, HostVerdict::DrainNow);
+    assert!(
+        v.gpus
+            .iter()
+            .any(|g| g.pci == "0000:68:00" && g.reasons[0].signal == "xid:119"),
+        "{v:?}"
+    );
+}
