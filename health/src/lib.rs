@@ -7,7 +7,8 @@
 //! loaded `libnvidia-ml.so`) · [`dcgm`] (dcgm-exporter scrape) · [`fake`] (scripted
 //! GPUs for development) · [`monitor`] (GPUs that vanish are lost) · [`verdict`] (the
 //! pure policy: GPU states, host verdict, reasons, Prometheus text) · [`config`]
-//! (the agent config's `[health]` section).
+//! (the agent config's `[health]` section) · [`service`] (the running monitor the
+//! agent embeds: sampling, NVML events and kernel-log threads feeding the policy).
 
 pub mod config;
 pub mod dcgm;
