@@ -1,4 +1,389 @@
-//! How a workload is asked to checkpoint (signal, exec, HTTP), how completion is seen,
-//! and the escalation ladder.
+//! How a workload is asked to checkpoint, how completion is seen, and the escalation
+//! ladder that ends a revoked lease: hook → wait for the checkpoint (marker file seen
+//! through `notify`, the process exiting, or an HTTP acknowledgement) up to a grace
+//! period → SIGTERM → grace → SIGKILL. The outcome records which rung ended it and how
+//! long each took.
 //!
-//! Placeholder crate: built by issue 4.
+//! Hooks: `signal:USR1` (to the process group), `exec:CMD ARGS…` (run with the lease's
+//! environment; exit 0 means the checkpoint is done), `http:URL` (POST a JSON body; 200
+//! or 204 means done, 202 means started: then the marker or the exit says done).
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use notify::{RecursiveMode, Watcher};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The marker a workload writes in its checkpoint dir when a checkpoint is complete.
+pub const DEFAULT_MARKER: &str = "checkpoint.done";
+/// How often exit is checked while waiting (the marker arrives as an event).
+const TICK: Duration = Duration::from_millis(20);
+/// After a confirmed checkpoint, how long the workload may take to exit on its own
+/// before SIGTERM: most exit right after saving, and a signal mid-exit helps nobody.
+const EXIT_AFTER_CHECKPOINT: Duration = Duration::from_secs(2);
+/// How long to wait for the group to vanish after SIGKILL before giving up.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// How to ask for a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind", content = "value")]
+pub enum Hook {
+    /// Send this signal to the process group.
+    Signal(String),
+    /// Run this command (argv) with the lease's environment.
+    Exec(Vec<String>),
+    /// POST a JSON body to this URL.
+    Http(String),
+}
+
+/// A hook spec that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("checkpoint hook {spec:?}: {why}; use signal:USR1, exec:CMD ARGS or http://HOST:PORT/PATH")]
+pub struct HookError {
+    /// What was given.
+    pub spec: String,
+    /// What is wrong.
+    pub why: String,
+}
+
+fn signal_named(name: &str) -> Option<Signal> {
+    let n = name.trim().to_ascii_uppercase();
+    let n = if n.starts_with("SIG") {
+        n
+    } else {
+        format!("SIG{n}")
+    };
+    Signal::from_str(&n).ok()
+}
+
+impl FromStr for Hook {
+    type Err = HookError;
+
+    fn from_str(spec: &str) -> Result<Self, HookError> {
+        let err = |why: &str| HookError {
+            spec: spec.into(),
+            why: why.into(),
+        };
+        if let Some(sig) = spec.strip_prefix("signal:") {
+            let s = signal_named(sig).ok_or_else(|| err("unknown signal"))?;
+            if matches!(s, Signal::SIGKILL | Signal::SIGSTOP) {
+                return Err(err(
+                    "SIGKILL and SIGSTOP cannot be caught, so they cannot ask for a checkpoint",
+                ));
+            }
+            return Ok(Hook::Signal(s.as_str().to_string()));
+        }
+        if let Some(cmd) = spec.strip_prefix("exec:") {
+            let argv: Vec<String> = cmd.split_whitespace().map(str::to_string).collect();
+            if argv.is_empty() {
+                return Err(err("empty command"));
+            }
+            return Ok(Hook::Exec(argv));
+        }
+        if let Some(rest) = spec.strip_prefix("http:") {
+            let url = if rest.starts_with("//") {
+                format!("http:{rest}")
+            } else {
+                rest.to_string()
+            };
+            if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() < 10 {
+                return Err(err("not an http(s) URL"));
+            }
+            return Ok(Hook::Http(url));
+        }
+        Err(err("unknown kind"))
+    }
+}
+
+/// The workload being revoked.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Lease id, for the HTTP body and the exec environment.
+    pub lease: String,
+    /// Its process group (the agent starts each workload in its own session).
+    pub pgid: i32,
+    /// Where it writes checkpoints and the marker.
+    pub checkpoint_dir: PathBuf,
+    /// The lease's environment, for exec hooks.
+    pub env: Vec<(String, String)>,
+}
+
+/// The ladder's settings.
+#[derive(Debug, Clone)]
+pub struct Ladder {
+    /// How to ask; `None` goes straight to SIGTERM.
+    pub hook: Option<Hook>,
+    /// How long the checkpoint may take.
+    pub grace: Duration,
+    /// How long SIGTERM may take before SIGKILL.
+    pub term_grace: Duration,
+    /// The marker file name.
+    pub marker: String,
+}
+
+/// A rung of the ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rung {
+    /// It had already exited.
+    Exited,
+    /// The checkpoint hook (and the workload exiting after it).
+    Checkpoint,
+    /// SIGTERM.
+    Term,
+    /// SIGKILL.
+    Kill,
+}
+
+/// One rung taken and how long it took.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Step {
+    /// The rung.
+    pub rung: Rung,
+    /// How long it took, in milliseconds.
+    pub took_ms: u64,
+    /// What happened (e.g. "marker seen", "HTTP 503", "grace expired").
+    pub note: String,
+}
+
+/// How a revocation ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Outcome {
+    /// The rung that ended it.
+    pub ended_by: Rung,
+    /// A checkpoint was confirmed before it ended.
+    pub checkpointed: bool,
+    /// Every rung taken, in order.
+    pub steps: Vec<Step>,
+}
+
+/// True while any process of the group is alive (zombies count as gone: they have
+/// exited and only wait to be reaped).
+pub fn group_alive(pgid: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return killpg(Pid::from_raw(pgid), None).is_ok();
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid pgrp …": comm may hold spaces and parentheses.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let mut f = rest.split_whitespace();
+        let state = f.next().unwrap_or("Z");
+        let pgrp = f.nth(1).and_then(|p| p.parse::<i32>().ok());
+        if pgrp == Some(pgid) && state != "Z" && state != "X" {
+            return true;
+        }
+    }
+    false
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX)) as u64
+}
+
+/// Waits until the group exits, `done` reports true, or `limit` passes; returns
+/// (exited, done).
+fn wait(pgid: i32, limit: Duration, mut done: impl FnMut(Duration) -> bool) -> (bool, bool) {
+    let start = Instant::now();
+    loop {
+        if !group_alive(pgid) {
+            return (true, false);
+        }
+        let left = limit.saturating_sub(start.elapsed());
+        if done(left.min(TICK)) {
+            return (!group_alive(pgid), true);
+        }
+        if start.elapsed() >= limit {
+            return (false, false);
+        }
+    }
+}
+
+enum Fired {
+    /// The hook itself confirmed the checkpoint.
+    Acked(String),
+    /// The hook asked; the marker or the exit will tell.
+    Asked(String),
+    /// The hook failed.
+    Failed(String),
+}
+
+fn fire(hook: &Hook, t: &Target, grace: Duration) -> Fired {
+    match hook {
+        Hook::Signal(name) => match signal_named(name).map(|s| killpg(Pid::from_raw(t.pgid), s)) {
+            Some(Ok(())) => Fired::Asked(format!("sent {name} to group {}", t.pgid)),
+            Some(Err(e)) => Fired::Failed(format!("{name}: {e}")),
+            None => Fired::Failed(format!("unknown signal {name}")),
+        },
+        Hook::Exec(argv) => {
+            let mut cmd = std::process::Command::new(&argv[0]);
+            cmd.args(&argv[1..])
+                .envs(t.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .env("ALLOT_LEASE_ID", &t.lease)
+                .env("ALLOT_CHECKPOINT_DIR", &t.checkpoint_dir)
+                .stdin(std::process::Stdio::null());
+            match cmd.status() {
+                Ok(s) if s.success() => Fired::Acked(format!("{} exited 0", argv[0])),
+                Ok(s) => Fired::Failed(format!("{} exited with {s}", argv[0])),
+                Err(e) => Fired::Failed(format!("cannot run {}: {e}", argv[0])),
+            }
+        }
+        Hook::Http(url) => {
+            let body = serde_json::json!({
+                "lease": t.lease,
+                "checkpoint_dir": t.checkpoint_dir,
+                "deadline_s": grace.as_secs(),
+            });
+            let client = reqwest::blocking::Client::builder().timeout(grace).build();
+            let send = |c: reqwest::blocking::Client| {
+                c.post(url)
+                    .header("content-type", "application/json")
+                    .body(body.to_string())
+                    .send()
+            };
+            match client.and_then(send) {
+                Ok(r) if r.status().as_u16() == 202 => {
+                    Fired::Asked("HTTP 202: checkpoint started".into())
+                }
+                Ok(r) if r.status().is_success() => {
+                    Fired::Acked(format!("HTTP {}", r.status().as_u16()))
+                }
+                Ok(r) => Fired::Failed(format!("HTTP {}", r.status().as_u16())),
+                Err(e) => Fired::Failed(format!("POST {url}: {e}")),
+            }
+        }
+    }
+}
+
+/// Runs the ladder on `t` and returns how it ended. Blocks for at most
+/// `grace + term_grace + 5 s`.
+pub fn run(t: &Target, l: &Ladder) -> Outcome {
+    let mut steps = Vec::new();
+    let mut checkpointed = false;
+    if !group_alive(t.pgid) {
+        return Outcome {
+            ended_by: Rung::Exited,
+            checkpointed,
+            steps,
+        };
+    }
+    if let Some(hook) = &l.hook {
+        let start = Instant::now();
+        let marker = t.checkpoint_dir.join(&l.marker);
+        // A marker from an earlier checkpoint must not answer this one.
+        let _ = std::fs::remove_file(&marker);
+        let (tx, rx) = mpsc::channel();
+        let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+            if let Ok(e) = e {
+                let _ = tx.send(e.paths);
+            }
+        })
+        .ok();
+        if let Some(w) = watcher.as_mut() {
+            let _ = w.watch(&t.checkpoint_dir, RecursiveMode::NonRecursive);
+        }
+        let seen = |dt: Duration| -> bool {
+            match rx.recv_timeout(dt) {
+                Ok(paths) => paths.iter().any(|p| p == &marker) && marker.exists(),
+                Err(_) => marker.exists() && watcher.is_none(),
+            }
+        };
+        let note;
+        match fire(hook, t, l.grace) {
+            Fired::Acked(n) => {
+                checkpointed = true;
+                note = n;
+            }
+            Fired::Failed(n) => note = format!("hook failed: {n}"),
+            Fired::Asked(n) => {
+                let (_, done) = wait(t.pgid, l.grace, seen);
+                checkpointed = done;
+                note = if done {
+                    format!("{n}; marker {} seen", marker.display())
+                } else if !group_alive(t.pgid) {
+                    format!("{n}; the workload exited")
+                } else {
+                    format!("{n}; grace of {}s expired", l.grace.as_secs())
+                };
+            }
+        }
+        let exited = if checkpointed {
+            let left = l.grace.saturating_sub(start.elapsed());
+            wait(t.pgid, left.min(EXIT_AFTER_CHECKPOINT), |dt| {
+                std::thread::sleep(dt);
+                false
+            })
+            .0
+        } else {
+            !group_alive(t.pgid)
+        };
+        steps.push(Step {
+            rung: Rung::Checkpoint,
+            took_ms: ms(start.elapsed()),
+            note,
+        });
+        if exited {
+            return Outcome {
+                ended_by: Rung::Checkpoint,
+                checkpointed,
+                steps,
+            };
+        }
+    }
+    let start = Instant::now();
+    let _ = killpg(Pid::from_raw(t.pgid), Signal::SIGTERM);
+    let (exited, _) = wait(t.pgid, l.term_grace, |dt| {
+        std::thread::sleep(dt);
+        false
+    });
+    steps.push(Step {
+        rung: Rung::Term,
+        took_ms: ms(start.elapsed()),
+        note: if exited {
+            "exited on SIGTERM".into()
+        } else {
+            format!("still running after {}s", l.term_grace.as_secs())
+        },
+    });
+    if exited {
+        return Outcome {
+            ended_by: Rung::Term,
+            checkpointed,
+            steps,
+        };
+    }
+    let start = Instant::now();
+    let _ = killpg(Pid::from_raw(t.pgid), Signal::SIGKILL);
+    let (exited, _) = wait(t.pgid, KILL_WAIT, |dt| {
+        std::thread::sleep(dt);
+        false
+    });
+    steps.push(Step {
+        rung: Rung::Kill,
+        took_ms: ms(start.elapsed()),
+        note: if exited {
+            "killed".into()
+        } else {
+            "still present after SIGKILL (uninterruptible sleep?)".into()
+        },
+    });
+    Outcome {
+        ended_by: Rung::Kill,
+        checkpointed,
+        steps,
+    }
+}
