@@ -46,13 +46,21 @@ pub struct DcgmGpu {
 
 /// `00000000:3B:00.0` → `0000:3b:00`.
 fn pci_label(v: &str) -> Option<String> {
-    let mut p = v.split('.').next()?.split(':').collect::<Vec<_>>();
-    if p.len() != 3 {
+    let p: Vec<&str> = v.split('.').next()?.split(':').collect();
+    let [dom, bus, dev] = p.as_slice() else {
         return None;
-    }
-    let dom = p.remove(0);
-    let dom = &dom[dom.len().saturating_sub(4)..];
-    Some(format!("{}:{}:{}", dom, p[0], p[1]).to_ascii_lowercase())
+    };
+    let num = |s: &str, max: usize| {
+        (!s.is_empty() && s.len() <= max && s.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| u32::from_str_radix(s, 16).ok())
+            .flatten()
+    };
+    Some(format!(
+        "{:04x}:{:02x}:{:02x}",
+        num(dom, 8)?,
+        num(bus, 2)?,
+        num(dev, 2)?
+    ))
 }
 
 fn labels(s: &str) -> BTreeMap<&str, &str> {
@@ -161,8 +169,10 @@ impl XidGauge {
             let Some(x) = g.fields.get("DCGM_FI_DEV_XID_ERRORS").map(|v| *v as u64) else {
                 continue;
             };
+            // The first reading is only a baseline: the gauge keeps its last value
+            // across GPU resets, so it may be long settled.
             let before = self.last.insert(pci.clone(), x);
-            if x != 0 && before != Some(x) {
+            if x != 0 && before.is_some_and(|b| b != x) {
                 out.push((pci.clone(), x as u32));
             }
         }

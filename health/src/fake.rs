@@ -59,25 +59,22 @@ pub struct FakeSource {
     next: usize,
 }
 
-/// The bus id of fake GPU `i`, spaced like an HGX board's.
+/// The bus id of fake GPU `i`, spaced like an HGX board's (16 per PCI domain).
 pub fn fake_pci(i: usize) -> String {
-    format!("0000:{:02x}:00", (0x18 + i * 0x10) % 0x100)
+    format!("{:04x}:{:02x}:00", i / 16, 0x18 + (i % 16) * 0x10)
 }
 
 fn parse_secs(s: &str) -> Option<Time> {
     if let Ok(n) = s.parse() {
         return Some(n);
     }
-    let (num, unit) = s.split_at(s.len().checked_sub(1)?);
-    let n: u64 = num.parse().ok()?;
-    let mult = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return None,
-    };
-    n.checked_mul(mult)
+    [("s", 1), ("m", 60), ("h", 3_600), ("d", 86_400)]
+        .iter()
+        .find_map(|(unit, mult)| {
+            s.strip_suffix(unit)
+                .and_then(|n| n.parse::<u64>().ok())
+                .and_then(|n| n.checked_mul(*mult))
+        })
 }
 
 impl FakeSource {
@@ -307,6 +304,8 @@ mod tests {
         assert!(e.message.contains("GPUs 0 to 7"), "{e}");
         let e = FakeSource::new(8, "at 1m gpu 1 xid\n", "f.txt").unwrap_err();
         assert!(e.message.contains("xid needs a number"), "{e}");
+        let e = FakeSource::new(8, "at 5\u{b5} gpu 1 lost\n", "f.txt").unwrap_err();
+        assert!(e.message.contains("time"), "{e}");
         let e = FakeSource::new(8, "boom\n", "f.txt").unwrap_err();
         assert!(e.message.starts_with("expected `at TIME"), "{e}");
     }

@@ -120,12 +120,9 @@ fn normalize_pci(raw: &str) -> Option<String> {
     if !(hex(dom, 8) && hex(bus, 2) && hex(dev, 2)) {
         return None;
     }
-    Some(format!(
-        "{:0>4}:{:0>2}:{:0>2}",
-        dom.to_ascii_lowercase(),
-        bus.to_ascii_lowercase(),
-        dev.to_ascii_lowercase()
-    ))
+    // NVML and DCGM write the domain with 8 digits, the kernel with 4: compare values.
+    let n = |s: &str| u32::from_str_radix(s, 16).ok();
+    Some(format!("{:04x}:{:02x}:{:02x}", n(dom)?, n(bus)?, n(dev)?))
 }
 
 fn parse_xid(line: &str, start: usize, kind: Kind) -> Option<XidEvent> {

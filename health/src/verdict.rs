@@ -32,6 +32,11 @@ pub const DEFAULT_PCIE_REPLAY_PER_HOUR: f64 = 60.0;
 /// Default: NVLink CRC/replay/recovery errors per hour that drain the host: collective
 /// jobs stall on a bad link long before it fails outright.
 pub const DEFAULT_NVLINK_ERRORS_PER_HOUR: f64 = 100.0;
+/// Rates are measured over at most this much history …
+pub const RATE_WINDOW: Time = 3_600;
+/// … and only once at least this much is there: a single error between two 10-second
+/// samples would otherwise read as hundreds per hour.
+pub const RATE_MIN_SPAN: Time = 600;
 /// Default: degrade this many °C below the slowdown threshold (thermal margin).
 pub const DEFAULT_TEMP_MARGIN_C: u32 = 5;
 
@@ -181,6 +186,9 @@ struct Condition {
 struct Gpu {
     conditions: BTreeMap<String, Condition>,
     last: Option<(Time, GpuSample)>,
+    /// Counter readings over the last `RATE_WINDOW`, oldest first: rates are measured
+    /// across it, so one error between two samples is not a rate.
+    history: std::collections::VecDeque<(Time, [Option<u64>; 3])>,
     xids: BTreeMap<u32, u64>,
     last_xid: Option<u32>,
     cleared_through_seq: Option<u64>,
@@ -268,7 +276,12 @@ impl HealthPolicy {
             signal: format!("xid:{xid}"),
             detail: format!("{} ({message})", d.reason),
             action,
-            gpu_only: false,
+            // A reset (or a P2P drain) concerns this GPU alone; a reboot, a lost GPU
+            // or hardware checks concern the host.
+            gpu_only: matches!(
+                d.recovery,
+                crate::xid::Recovery::ResetGpu | crate::xid::Recovery::None
+            ),
             since: now,
         };
         self.raise(pci, now, format!("xid:{xid}"), reason, true);
@@ -306,7 +319,9 @@ impl HealthPolicy {
     /// XIDs up to `through_seq` are history.
     pub fn gpu_reset(&mut self, pci: &str, through_seq: Option<u64>) {
         let gpu = self.gpus.entry(pci.to_string()).or_default();
-        gpu.conditions.retain(|_, c| !c.sticky);
+        // Level conditions go too: the next sample raises them again if they hold.
+        gpu.conditions.clear();
+        gpu.history.clear();
         gpu.cleared_through_seq = through_seq.or(gpu.cleared_through_seq);
     }
 
@@ -357,7 +372,9 @@ impl HealthPolicy {
             }
         }
         if let (Some(t), Some(slow)) = (s.temperature_c, s.slowdown_c) {
-            if t + th.temp_margin_c >= slow && s.shutdown_c.is_none_or(|shut| t < shut) {
+            if t.saturating_add(th.temp_margin_c) >= slow
+                && s.shutdown_c.is_none_or(|shut| t < shut)
+            {
                 raised.push((
                     "temperature-margin".into(),
                     None,
@@ -369,25 +386,43 @@ impl HealthPolicy {
                 ));
             }
         }
-        if let Some((pt, p)) = &prev {
-            let dt = now.saturating_sub(*pt).max(1) as f64 / 3600.0;
-            let rate = |a: Option<u64>, b: Option<u64>| match (a, b) {
-                (Some(new), Some(old)) if new >= old => Some((new - old) as f64 / dt),
-                _ => None,
-            };
+        let counters = [s.ecc_corrected, s.pcie_replay, s.nvlink_errors];
+        let base = {
+            let gpu = self.gpus.entry(s.pci.clone()).or_default();
+            while gpu.history.len() > 1
+                && gpu
+                    .history
+                    .get(1)
+                    .is_some_and(|h| now.saturating_sub(h.0) >= RATE_WINDOW)
+            {
+                gpu.history.pop_front();
+            }
+            let base = gpu.history.front().copied();
+            gpu.history.push_back((now, counters));
+            base
+        };
+        if let Some((_, p)) = &prev {
             if let (Some(new), Some(old)) = (s.ecc_uncorrected, p.ecc_uncorrected) {
                 if new > old {
-                    raised.push((
-                        "ecc-uncorrected".into(),
-                        Some(Action::DrainNow),
-                        false,
-                        format!("{} new uncorrectable ECC errors", new - old),
-                    ));
+                    // Sticky: memory that failed is not fixed by time, only by a reset.
+                    let reason = Reason {
+                        signal: "ecc-uncorrected".into(),
+                        detail: format!("{} new uncorrectable ECC errors", new - old),
+                        action: Some(Action::DrainNow),
+                        gpu_only: true,
+                        since: now,
+                    };
+                    self.raise(&s.pci, now, "ecc-uncorrected".into(), reason, true);
                 }
             }
-            if let Some(r) =
-                rate(s.ecc_corrected, p.ecc_corrected).filter(|&r| r >= th.sbe_per_hour)
-            {
+        }
+        if let Some((bt, b)) = base.filter(|(bt, _)| now.saturating_sub(*bt) >= RATE_MIN_SPAN) {
+            let hours = now.saturating_sub(bt) as f64 / 3600.0;
+            let rate = |i: usize| match (counters[i], b[i]) {
+                (Some(new), Some(old)) if new >= old => Some((new - old) as f64 / hours),
+                _ => None,
+            };
+            if let Some(r) = rate(0).filter(|&r| r >= th.sbe_per_hour) {
                 raised.push((
                     "ecc-corrected-rate".into(),
                     None,
@@ -398,9 +433,7 @@ impl HealthPolicy {
                     ),
                 ));
             }
-            if let Some(r) =
-                rate(s.pcie_replay, p.pcie_replay).filter(|&r| r >= th.pcie_replay_per_hour)
-            {
+            if let Some(r) = rate(1).filter(|&r| r >= th.pcie_replay_per_hour) {
                 raised.push((
                     "pcie-replay-rate".into(),
                     None,
@@ -411,9 +444,7 @@ impl HealthPolicy {
                     ),
                 ));
             }
-            if let Some(r) =
-                rate(s.nvlink_errors, p.nvlink_errors).filter(|&r| r >= th.nvlink_errors_per_hour)
-            {
+            if let Some(r) = rate(2).filter(|&r| r >= th.nvlink_errors_per_hour) {
                 raised.push((
                     "nvlink-error-rate".into(),
                     Some(Action::Drain),

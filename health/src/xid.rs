@@ -2143,8 +2143,12 @@ impl Catalog {
 
 /// The new action in `… changed from 0x4 (Drain and Reset) to 0x1 (GPU Reset …)`.
 fn new_recovery_action(detail: &str) -> Option<u32> {
-    let to = detail.rfind(" to ")?;
-    let rest = detail[to + 4..].trim_start();
+    // "changed from 0x4 (Drain and Reset) to 0x1 (…)": the new code follows ") to ".
+    let to = detail
+        .find(") to ")
+        .map(|i| i + 5)
+        .or_else(|| detail.rfind(" to ").map(|i| i + 4))?;
+    let rest = detail[to..].trim_start();
     let hex = rest.strip_prefix("0x").or_else(|| rest.strip_prefix("0X"));
     let digits: String = hex
         .unwrap_or(rest)

@@ -63,8 +63,18 @@ fn scrape_parse_and_fold() {
     );
     // The last-XID gauge becomes one event per change, not one per scrape.
     let mut g = XidGauge::default();
-    assert_eq!(g.changes(&gpus), vec![("0000:3b:00".to_string(), 79)]);
-    assert!(g.changes(&gpus).is_empty());
+    assert!(
+        g.changes(&gpus).is_empty(),
+        "the first reading is a baseline, not news"
+    );
+    let mut next = gpus.clone();
+    if let Some(a) = next.get_mut("0000:3b:00") {
+        a.fields.insert("DCGM_FI_DEV_XID_ERRORS".into(), 48.0);
+    }
+    assert_eq!(g.changes(&next), vec![("0000:3b:00".to_string(), 48)]);
+    assert!(g.changes(&next).is_empty());
+    // A mangled bus id is skipped, never a panic.
+    assert!(parse("DCGM_FI_DEV_GPU_TEMP{pci_bus_id=\"x\u{e9}000:3b:00.0\"} 1\n").is_empty());
 }
 
 #[test]

@@ -266,3 +266,76 @@ fn metrics_use_dcgm_names() {
         "{m}"
     );
 }
+
+#[test]
+fn one_error_between_close_samples_is_not_a_rate() {
+    let mut p = policy();
+    p.sample(0, sample(A));
+    // +1 on every counter ten seconds later: 360/h if taken at face value.
+    p.sample(
+        10,
+        GpuSample {
+            ecc_corrected: Some(1),
+            pcie_replay: Some(1),
+            nvlink_errors: Some(1),
+            ..sample(A)
+        },
+    );
+    assert_eq!(
+        (p.verdict().host, state(&p, A)),
+        (HostVerdict::Ok, GpuState::Healthy)
+    );
+}
+
+#[test]
+fn uncorrectable_errors_stay_until_reset_and_reset_clears_levels() {
+    let mut p = policy();
+    p.sample(0, sample(A));
+    p.sample(
+        10,
+        GpuSample {
+            ecc_uncorrected: Some(1),
+            remapped: Some(RemappedRows {
+                pending: true,
+                ..RemappedRows::default()
+            }),
+            ..sample(A)
+        },
+    );
+    let v = p.verdict();
+    assert_eq!(v.host, HostVerdict::DrainNow);
+    assert_eq!(
+        v.only_gpus,
+        vec![A.to_string()],
+        "a memory error needs this GPU reset, not the host"
+    );
+    // Long after, with the counter steady, it still stands: time does not fix memory.
+    p.sample(
+        5_000,
+        GpuSample {
+            ecc_uncorrected: Some(1),
+            ..sample(A)
+        },
+    );
+    assert_eq!(p.verdict().host, HostVerdict::DrainNow);
+    // After a reset the GPU is back at once; the next sample decides afresh.
+    p.gpu_reset(A, None);
+    p.sample(
+        5_010,
+        GpuSample {
+            ecc_uncorrected: Some(0),
+            ..sample(A)
+        },
+    );
+    assert_eq!(p.verdict().host, HostVerdict::Ok);
+}
+
+#[test]
+fn xids_needing_a_reset_drain_only_their_gpu() {
+    let mut p = policy();
+    p.sample(0, sample(B));
+    p.xid(0, A, 95, "Uncontained: FBHUB", None);
+    let v = p.verdict();
+    assert_eq!(v.host, HostVerdict::DrainNow);
+    assert_eq!(v.only_gpus, vec![A.to_string()]);
+}
