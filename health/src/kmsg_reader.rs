@@ -2,14 +2,17 @@
 //! was already acted on across agent restarts.
 //!
 //! `/dev/kmsg` replays the whole ring buffer to a new reader, so an agent that
-//! restarts would drain a GPU again for an XID it already handled (and that a reset
-//! may have cured since). [`Seen`] keeps the boot id and the last kmsg sequence number
-//! acted on, in a small file written atomically: records at or below it, in the same
-//! boot, are history.
+//! restarts would act again on XIDs that a reset has cured since. [`KmsgMemory`]
+//! keeps, per GPU and boot, the sequence number its last reset cured, in a small file
+//! written atomically on each reset: older records of that GPU are history, newer ones
+//! (and every record of a GPU never reset) still count.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read};
+use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// The kernel's boot id file.
@@ -22,19 +25,20 @@ pub fn boot_id() -> io::Result<String> {
     Ok(std::fs::read_to_string(BOOT_ID)?.trim().to_string())
 }
 
-/// What was already acted on.
+/// What was already acted on, across agent restarts: per GPU, the kernel-log sequence
+/// number up to which its XIDs were cured by a reset, in this boot.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Seen {
+pub struct KmsgMemory {
     /// Boot the sequence numbers belong to.
     pub boot_id: String,
-    /// Last kmsg sequence number acted on.
-    pub last_seq: Option<u64>,
+    /// Bus id → last sequence number before its latest reset.
+    pub reset_through: BTreeMap<String, u64>,
 }
 
-impl Seen {
+impl KmsgMemory {
     /// Loads from `path`; a missing file is a fresh start, a corrupt one an error
     /// naming the file.
-    pub fn load(path: &Path) -> io::Result<Seen> {
+    pub fn load(path: &Path) -> io::Result<KmsgMemory> {
         match std::fs::read_to_string(path) {
             Ok(t) => serde_json::from_str(&t).map_err(|e| {
                 io::Error::new(
@@ -42,7 +46,7 @@ impl Seen {
                     format!("{}: {e}; delete the file to start afresh", path.display()),
                 )
             }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Seen::default()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(KmsgMemory::default()),
             Err(e) => Err(e),
         }
     }
@@ -61,19 +65,12 @@ impl Seen {
         std::fs::rename(&tmp, path)
     }
 
-    /// True if a record of `boot_id` with `seq` is new, and remembers it.
-    pub fn fresh(&mut self, boot_id: &str, seq: Option<u64>) -> bool {
+    /// Forgets other boots: after a reboot every GPU was reset and sequence numbers
+    /// start over.
+    pub fn for_boot(&mut self, boot_id: &str) {
         if self.boot_id != boot_id {
             self.boot_id = boot_id.to_string();
-            self.last_seq = None;
-        }
-        match seq {
-            Some(s) if self.last_seq.is_some_and(|l| s <= l) => false,
-            Some(s) => {
-                self.last_seq = Some(s);
-                true
-            }
-            None => true,
+            self.reset_through.clear();
         }
     }
 }
@@ -87,18 +84,32 @@ pub struct KmsgReader {
 }
 
 impl KmsgReader {
-    /// Opens `path` (usually [`KMSG`]).
+    /// Opens `path` (usually [`KMSG`]) without blocking reads.
     pub fn open(path: &Path) -> io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+            .open(path)?;
         Ok(KmsgReader {
             path: path.to_path_buf(),
-            file: File::open(path)?,
+            file,
             buf: vec![0; 16 * 1024],
             pending: Vec::new(),
         })
     }
 
-    /// The next line, or `None` at the end of a regular file. On `/dev/kmsg` this
-    /// blocks until the kernel logs something.
+    /// Waits up to `timeout` for something to read (returns at once for a file).
+    pub fn wait(&self, timeout: std::time::Duration) {
+        let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [nix::poll::PollFd::new(
+            self.file.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms));
+    }
+
+    /// The next line, or `None` when nothing more is there for now (end of a file, or
+    /// no new kernel record).
     pub fn next_line(&mut self) -> io::Result<Option<String>> {
         loop {
             if let Some(i) = self.pending.iter().position(|&b| b == b'\n') {
@@ -114,6 +125,7 @@ impl KmsgReader {
                 Ok(n) => self.pending.extend_from_slice(&self.buf[..n]),
                 // The ring buffer overran the reader: records were lost; go on.
                 Err(e) if e.raw_os_error() == Some(32) => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     return Err(io::Error::new(

@@ -3,12 +3,13 @@
 
 use crate::nvml::GpuReadError;
 use crate::verdict::{GpuSample, HealthPolicy, Time};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Remembers which GPUs were seen, so one that vanishes is noticed.
 #[derive(Debug, Clone, Default)]
 pub struct Roster {
     seen: BTreeSet<String>,
+    by_index: BTreeMap<u32, String>,
 }
 
 impl Roster {
@@ -24,17 +25,27 @@ impl Roster {
         for r in round {
             match r {
                 Ok(s) => {
+                    if let Some(i) = s.index {
+                        self.by_index.insert(i, s.pci.clone());
+                    }
                     present.insert(s.pci.clone());
                     policy.sample(now, s);
                 }
-                Err(GpuReadError::Lost { pci: Some(pci), .. }) => {
-                    present.insert(pci.clone());
-                    policy.lost(now, &pci);
-                    lost.push(pci);
+                Err(GpuReadError::Lost { pci, index }) => {
+                    // Lost before its bus id could be read: the index says which.
+                    if let Some(pci) = pci.or_else(|| self.by_index.get(&index).cloned()) {
+                        present.insert(pci.clone());
+                        policy.lost(now, &pci);
+                        lost.push(pci);
+                    }
                 }
-                // Lost before its bus id could be read: the vanished-GPU check below
-                // names it; other read failures leave the last state standing.
-                Err(_) => {}
+                // A read that failed otherwise says nothing new: the GPU is still
+                // there and keeps its last state.
+                Err(GpuReadError::Failed { index, .. }) => {
+                    if let Some(pci) = self.by_index.get(&index) {
+                        present.insert(pci.clone());
+                    }
+                }
             }
         }
         for pci in self.seen.difference(&present) {

@@ -10,12 +10,12 @@ use crate::config::HealthConfig;
 use crate::dcgm;
 use crate::fake::{FakeSource, SourceSpec};
 use crate::kmsg::{self, Kind};
-use crate::kmsg_reader::{self, KmsgReader, Seen};
+use crate::kmsg_reader::{self, KmsgMemory, KmsgReader};
 use crate::monitor::Roster;
 use crate::nvml::{GpuReadError, Notice, NvmlSource};
 use crate::verdict::{GpuSample, HealthPolicy, Time, Verdict};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -50,13 +50,21 @@ enum Source {
 }
 
 impl Source {
-    fn round(&self, t: Time) -> Round {
+    /// One round; `None` when NVML cannot even count its GPUs (nothing is learnt, and
+    /// no GPU should look vanished because of it).
+    fn round(&self, t: Time) -> Option<Round> {
         match self {
-            Source::Nvml(n) => (n.sample_all().unwrap_or_default(), Vec::new()),
+            Source::Nvml(n) => match n.sample_all() {
+                Ok(r) => Some((r, Vec::new())),
+                Err(e) => {
+                    tracing::warn!(error = %e, "NVML sampling round failed");
+                    None
+                }
+            },
             Source::Fake(f, start) => {
                 let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
                 let xids = f.advance(t.saturating_sub(*start));
-                (f.sample_all(), xids)
+                Some((f.sample_all(), xids))
             }
         }
     }
@@ -66,6 +74,10 @@ struct Shared {
     policy: Mutex<(HealthPolicy, Roster, Option<Verdict>)>,
     tx: Mutex<Sender<Verdict>>,
     stop: AtomicBool,
+    /// Highest kernel-log sequence number read so far (0: none).
+    last_seq: AtomicU64,
+    memory: Mutex<KmsgMemory>,
+    memo: PathBuf,
 }
 
 impl Shared {
@@ -110,14 +122,23 @@ impl HealthMonitor {
             }
         };
         let (tx, updates) = channel();
+        let memo = state_dir.join("kmsg-resets.json");
+        let mut memory = KmsgMemory::load(&memo).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "kernel-log memory unreadable; treating every XID of this boot as new");
+            KmsgMemory::default()
+        });
+        memory.for_boot(&kmsg_reader::boot_id().unwrap_or_default());
+        let mut policy = HealthPolicy::new(cfg.thresholds.clone(), cfg.catalog());
+        for (pci, seq) in &memory.reset_through {
+            policy.gpu_reset(pci, Some(*seq));
+        }
         let shared = Arc::new(Shared {
-            policy: Mutex::new((
-                HealthPolicy::new(cfg.thresholds.clone(), cfg.catalog()),
-                Roster::default(),
-                None,
-            )),
+            policy: Mutex::new((policy, Roster::default(), None)),
             tx: Mutex::new(tx),
             stop: AtomicBool::new(false),
+            last_seq: AtomicU64::new(0),
+            memory: Mutex::new(memory),
+            memo,
         });
         let mut threads = Vec::new();
         let source = Arc::new(source);
@@ -134,9 +155,7 @@ impl HealthMonitor {
         }
         if !cfg.kmsg.is_empty() && Path::new(&cfg.kmsg).exists() {
             let (path, sh) = (PathBuf::from(&cfg.kmsg), shared.clone());
-            let memo = state_dir.join("kmsg-seen.json");
-            // Not joined: a read of /dev/kmsg blocks until the kernel logs again.
-            std::thread::spawn(move || follow_kmsg(&path, &memo, &sh));
+            threads.push(std::thread::spawn(move || follow_kmsg(&path, &sh)));
         }
         Ok(HealthMonitor {
             shared,
@@ -157,9 +176,19 @@ impl HealthMonitor {
         g.0.metrics()
     }
 
-    /// The GPU was reset (or the operator says it is fine): its XID conditions end.
+    /// The GPU was reset (or the operator says it is fine): its conditions end, and
+    /// the kernel-log records read so far are history for it, across restarts.
     pub fn gpu_reset(&self, pci: &str) {
-        self.shared.update(|p, _| p.gpu_reset(pci, None));
+        let seq = self.shared.last_seq.load(Ordering::SeqCst);
+        let seq = (seq > 0).then_some(seq);
+        self.shared.update(|p, _| p.gpu_reset(pci, seq));
+        if let Some(seq) = seq {
+            let mut m = self.shared.memory.lock().unwrap_or_else(|e| e.into_inner());
+            m.reset_through.insert(pci.to_string(), seq);
+            if let Err(e) = m.save(&self.shared.memo) {
+                tracing::warn!(error = %e, file = %self.shared.memo.display(), "cannot save the kernel-log memory");
+            }
+        }
     }
 }
 
@@ -188,7 +217,12 @@ fn sampler(src: &Source, sh: &Shared, interval: u64, dcgm_url: Option<String>) {
     let mut gauge = dcgm::XidGauge::default();
     loop {
         let t = now();
-        let (mut round, xids) = src.round(t);
+        let Some((mut round, xids)) = src.round(t) else {
+            if nap(sh, Duration::from_secs(interval)) {
+                return;
+            }
+            continue;
+        };
         let mut dcgm_xids = Vec::new();
         if let Some(url) = &dcgm_url {
             match dcgm::fetch(url, Duration::from_secs(5)) {
@@ -251,28 +285,38 @@ fn events(n: &NvmlSource, sh: &Shared) {
     }
 }
 
-fn follow_kmsg(path: &Path, memo: &Path, sh: &Shared) {
-    let boot = kmsg_reader::boot_id().unwrap_or_default();
-    let mut seen = Seen::load(memo).unwrap_or_default();
+fn follow_kmsg(path: &Path, sh: &Shared) {
     let Ok(mut r) = KmsgReader::open(path) else {
         tracing::warn!(path = %path.display(), "cannot read the kernel log; XIDs come from NVML only");
         return;
     };
-    while let Ok(Some(line)) = r.next_line() {
-        if sh.stop.load(Ordering::SeqCst) {
-            return;
-        }
+    while !sh.stop.load(Ordering::SeqCst) {
+        let line = match r.next_line() {
+            Ok(Some(line)) => line,
+            Ok(None) => {
+                // Blocks until the kernel logs (at most 200 ms, to notice a stop); a
+                // plain file is always readable, so pause briefly there too.
+                r.wait(Duration::from_millis(200));
+                if nap(sh, Duration::from_millis(20)) {
+                    return;
+                }
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "kernel log unreadable; XIDs come from NVML only");
+                return;
+            }
+        };
         let Some(e) = kmsg::parse_line(&line) else {
             continue;
         };
-        if !seen.fresh(&boot, e.seq) {
-            continue;
+        if let Some(seq) = e.seq {
+            sh.last_seq.fetch_max(seq, Ordering::SeqCst);
         }
         tracing::warn!(pci = %e.pci, xid = e.xid, kind = ?e.kind, "XID from the kernel log");
         sh.update(|p, _| match e.kind {
             Kind::Xid => p.xid(now(), &e.pci, e.xid, &e.message, e.seq),
             Kind::Sxid => p.switch_error(now(), &e.pci, e.xid, &e.message),
         });
-        let _ = seen.save(memo);
     }
 }

@@ -1,61 +1,65 @@
-//! Restarting the agent replays the kernel ring buffer: what was acted on stays acted
-//! on, in the same boot; a new boot starts afresh.
+//! Restarting the agent replays the kernel ring buffer: a GPU's XIDs from before its
+//! last reset stay history, in the same boot; other GPUs' XIDs still count.
 
 use allot_health::kmsg::parse_line;
-use allot_health::kmsg_reader::{KmsgReader, Seen};
+use allot_health::kmsg_reader::{KmsgMemory, KmsgReader};
+use allot_health::verdict::{HealthPolicy, HostVerdict};
 use std::io::Write;
 
-fn read_fresh(log: &std::path::Path, seen: &mut Seen, boot: &str) -> Vec<u32> {
+/// A policy fed the whole log, as an agent starting with `memory` would.
+fn replay(log: &std::path::Path, memory: &KmsgMemory) -> HealthPolicy {
+    let mut p = HealthPolicy::default();
+    for (pci, seq) in &memory.reset_through {
+        p.gpu_reset(pci, Some(*seq));
+    }
     let mut r = KmsgReader::open(log).expect("opens");
-    let mut out = Vec::new();
     while let Some(line) = r.next_line().expect("reads") {
         if let Some(e) = parse_line(&line) {
-            if seen.fresh(boot, e.seq) {
-                out.push(e.xid);
-            }
+            p.xid(0, &e.pci, e.xid, &e.message, e.seq);
         }
     }
-    out
+    p
 }
 
 #[test]
-fn history_is_not_acted_on_twice() {
+fn history_stays_history_per_gpu_and_boot() {
     let dir = std::env::temp_dir().join(format!("allot-kmsg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let log = dir.join("kmsg");
-    let memo = dir.join("seen.json");
+    let memo = dir.join("resets.json");
     std::fs::write(
         &log,
-        "6,100,1000,-;usb 1-1: hello\n4,101,2000,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE\n4,102,3000,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics",
+        "6,100,1000,-;usb 1-1: hello\n4,101,2000,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE\n",
     )
     .expect("write");
-    let mut seen = Seen::load(&memo).expect("fresh start");
-    assert_eq!(read_fresh(&log, &mut seen, "boot-a"), vec![48, 13]);
-    seen.save(&memo).expect("saves");
-    // The agent restarts: same boot, the ring buffer replays; nothing is new.
-    let mut seen = Seen::load(&memo).expect("loads");
-    assert_eq!(seen.last_seq, Some(102));
-    assert!(read_fresh(&log, &mut seen, "boot-a").is_empty());
-    // New records arrive.
+    let mut m = KmsgMemory::load(&memo).expect("fresh start");
+    m.for_boot("boot-a");
+    // Not reset yet: a restart still sees the DBE.
+    assert_eq!(replay(&log, &m).verdict().host, HostVerdict::DrainNow);
+    // The GPU is reset after record 101; the memory is saved.
+    m.reset_through.insert("0000:3b:00".into(), 101);
+    m.save(&memo).expect("saves");
+    let mut m = KmsgMemory::load(&memo).expect("loads");
+    m.for_boot("boot-a");
+    assert_eq!(replay(&log, &m).verdict().host, HostVerdict::Ok);
+    // A new XID after the reset counts again.
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(&log)
         .expect("append");
     writeln!(
         f,
-        "\n4,103,4000,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."
+        "4,102,3000,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."
     )
     .expect("append");
-    assert_eq!(read_fresh(&log, &mut seen, "boot-a"), vec![79]);
-    // After a reboot the sequence numbers start over: everything is this boot's.
-    let mut fresh_boot = seen.clone();
-    assert_eq!(
-        read_fresh(&log, &mut fresh_boot, "boot-b"),
-        vec![48, 13, 79]
-    );
-    // A corrupt memo file is named, not ignored.
+    assert_eq!(replay(&log, &m).verdict().host, HostVerdict::DrainNow);
+    // Another boot forgets the old resets.
+    let mut other = m.clone();
+    other.for_boot("boot-b");
+    assert!(other.reset_through.is_empty());
+    // A corrupt memory file is named, not ignored.
     std::fs::write(&memo, "{not json").expect("write");
-    let e = Seen::load(&memo).expect_err("corrupt");
-    assert!(e.to_string().contains("seen.json"), "{e}");
+    let e = KmsgMemory::load(&memo).expect_err("corrupt");
+    assert!(e.to_string().contains("resets.json"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -50,12 +50,12 @@ fn scripted_fake_source_fault_drains() {
 }
 
 #[test]
-fn kernel_log_xid_drains_and_is_not_replayed_after_reset() {
+fn kernel_log_xids_survive_restarts_until_the_gpu_is_reset() {
     let dir = tempdir("kmsg");
     let log = dir.join("kmsg");
     std::fs::write(
         &log,
-        "4,7,100,-;NVRM: Xid (PCI:0000:18:00): 48, pid=1, name=x, DBE\n",
+        "4,7,100,-;NVRM: Xid (PCI:0000:18:00): 119, pid=1, name=x, GSP timeout\n",
     )
     .expect("write");
     let cfg = HealthConfig {
@@ -65,12 +65,16 @@ fn kernel_log_xid_drains_and_is_not_replayed_after_reset() {
     };
     let m = HealthMonitor::start(&cfg, &dir).expect("starts");
     until(&m, HostVerdict::DrainNow);
+    drop(m);
+    // Restarted without a reset: the GPU still needs one, so the replay drains again.
+    let m = HealthMonitor::start(&cfg, &dir).expect("restarts");
+    until(&m, HostVerdict::DrainNow);
     m.gpu_reset("0000:18:00");
     until(&m, HostVerdict::Ok);
     drop(m);
-    // The agent restarts and replays the log, which has one new record since: the old
-    // one is history (records are read in order, so by the time the new one drains
-    // the host, the old one was passed over).
+    // Restarted after the reset, with one new record since on another GPU: the old
+    // record is history (records are read in order, so by the time the new one drains
+    // the host the old one was passed over).
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(&log)

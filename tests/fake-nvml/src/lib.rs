@@ -72,6 +72,8 @@ struct State {
     gpus: Vec<Gpu>,
     events: Vec<(usize, u64, u64)>,
     delivered: usize,
+    /// Event types registered per GPU: only those are delivered.
+    registered: BTreeMap<usize, u64>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -466,10 +468,14 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
 #[no_mangle]
 pub extern "C" fn nvmlDeviceRegisterEvents(
     device: *mut c_void,
-    _types: c_ulonglong,
+    types: c_ulonglong,
     _set: *mut c_void,
 ) -> Ret {
-    gpu(device, |_| SUCCESS)
+    let r = gpu(device, |_| SUCCESS);
+    if r == SUCCESS {
+        with(|st| *st.registered.entry(index(device)).or_insert(0) |= types);
+    }
+    r
 }
 
 /// `nvmlEventData_t`.
@@ -491,11 +497,14 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
     loop {
         let next = with_reload(|st| {
-            let e = st.events.get(st.delivered).copied();
-            if e.is_some() {
+            // Events of types nobody registered for are consumed unseen, as NVML does.
+            while let Some(&(gpu, ty, value)) = st.events.get(st.delivered) {
                 st.delivered += 1;
+                if st.registered.get(&gpu).is_some_and(|m| m & ty != 0) {
+                    return Some((gpu, ty, value));
+                }
             }
-            e
+            None
         });
         if let Some((gpu, ty, value)) = next {
             let d = &mut *data;
