@@ -1,5 +1,12 @@
 //! `allot.v1`: the wire API between allotd, allot-agent and the CLI.
 //!
-//! Placeholder crate: the protobuf definitions and their generated tonic/prost code
-//! arrive with the allocator service (issue 5). Only this crate and the service
-//! shells will know the wire format.
+//! Generated at build time from `proto/allot/v1/allot.proto` by protox (a pure-Rust
+//! protobuf compiler, so building needs no system `protoc`) and tonic-prost-build.
+//! Only this crate and the service shells know these types.
+
+#![allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
+
+/// Messages, clients (`*_client`) and servers (`*_server`) of package `allot.v1`.
+pub mod v1 {
+    tonic::include_proto!("allot.v1");
+}
