@@ -1,3 +1,5 @@
-//! `allot-agent`: lease table, workload launcher, contract timers, drain, local API.
-//!
-//! Placeholder crate: built by issue 4.
+//! `allot-agent`: the per-host daemon. In progress (issue 4): today the workload
+//! launcher and the process identity used to re-adopt workloads safely; the lease
+//! table, contract timers, drain and local API come next.
+
+pub mod process;

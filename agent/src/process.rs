@@ -1,0 +1,173 @@
+//! Starting workloads, and knowing them again later.
+//!
+//! A workload runs in its own session and process group (so the checkpoint ladder can
+//! signal all of it, and an agent restart does not take it down), with its GPUs in
+//! `CUDA_VISIBLE_DEVICES`/`NVIDIA_VISIBLE_DEVICES`, `ALLOT_LEASE_ID` and
+//! `ALLOT_CHECKPOINT_DIR` in its environment, and its output appended to per-lease log
+//! files. A process is identified by pid *and* start time (`/proc/PID/stat` field
+//! 22), so a pid the kernel recycled for something else is never mistaken for it.
+
+use std::fs::OpenOptions;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// Lease id.
+    pub lease: String,
+    /// Command and arguments.
+    pub argv: Vec<String>,
+    /// GPU UUIDs the lease holds.
+    pub gpus: Vec<String>,
+    /// Where it checkpoints.
+    pub checkpoint_dir: PathBuf,
+    /// Where `<lease>.out` and `<lease>.err` go.
+    pub log_dir: PathBuf,
+    /// Run as this user and group (the agent runs as root); `None`: the agent's own.
+    pub uid: Option<u32>,
+    /// Group.
+    pub gid: Option<u32>,
+    /// More environment.
+    pub env: Vec<(String, String)>,
+}
+
+/// A process, as pid plus start time (clock ticks since boot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcId {
+    /// Process id (also its process group and session id when we started it).
+    pub pid: i32,
+    /// Start time, in clock ticks since boot.
+    pub start_ticks: u64,
+}
+
+/// Why a workload could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// Nothing to run.
+    #[error("lease {0}: empty command; give the program and its arguments")]
+    EmptyCommand(String),
+    /// A directory or log file could not be made.
+    #[error("lease {lease}: {path}: {source}")]
+    Io {
+        /// Lease.
+        lease: String,
+        /// The path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The program could not be started.
+    #[error("lease {lease}: cannot start {program:?}: {source}")]
+    Spawn {
+        /// Lease.
+        lease: String,
+        /// The program.
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Fields of `/proc/PID/stat` after the command name: state, ppid, pgrp, session …
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain anything, even ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// The identity of `pid` now, if it exists and has not exited.
+pub fn identity(pid: i32) -> Option<ProcId> {
+    let f = stat_fields(pid)?;
+    // After ')': [0] state, [1] ppid, [2] pgrp, [3] session, … [19] starttime.
+    if matches!(f.first().map(String::as_str), Some("Z" | "X")) {
+        return None;
+    }
+    Some(ProcId {
+        pid,
+        start_ticks: f.get(19)?.parse().ok()?,
+    })
+}
+
+/// True if `p` still names the same live process (not a recycled pid).
+pub fn is_same(p: ProcId) -> bool {
+    identity(p.pid) == Some(p)
+}
+
+/// Process group and session of `pid`.
+pub fn group_and_session(pid: i32) -> Option<(i32, i32)> {
+    let f = stat_fields(pid)?;
+    Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?))
+}
+
+fn log_file(l: &Launch, ext: &str) -> Result<std::fs::File, LaunchError> {
+    let path = l.log_dir.join(format!("{}.{ext}", l.lease));
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|source| LaunchError::Io {
+            lease: l.lease.clone(),
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+fn make_dir(l: &Launch, p: &Path) -> Result<(), LaunchError> {
+    std::fs::create_dir_all(p).map_err(|source| LaunchError::Io {
+        lease: l.lease.clone(),
+        path: p.display().to_string(),
+        source,
+    })
+}
+
+/// Starts the workload; returns the child (for reaping) and its identity.
+pub fn launch(l: &Launch) -> Result<(Child, ProcId), LaunchError> {
+    let (program, args) = l
+        .argv
+        .split_first()
+        .ok_or_else(|| LaunchError::EmptyCommand(l.lease.clone()))?;
+    make_dir(l, &l.checkpoint_dir)?;
+    make_dir(l, &l.log_dir)?;
+    let gpus = l.gpus.join(",");
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .envs(l.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("CUDA_VISIBLE_DEVICES", &gpus)
+        .env("NVIDIA_VISIBLE_DEVICES", &gpus)
+        .env("ALLOT_LEASE_ID", &l.lease)
+        .env("ALLOT_CHECKPOINT_DIR", &l.checkpoint_dir)
+        .stdin(Stdio::null())
+        .stdout(log_file(l, "out")?)
+        .stderr(log_file(l, "err")?);
+    if let Some(uid) = l.uid {
+        cmd.uid(uid);
+    }
+    if let Some(gid) = l.gid {
+        cmd.gid(gid);
+    }
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent; it
+    // makes the workload a session and process-group leader, apart from the agent.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid()
+                .map(|_| ())
+                .map_err(std::io::Error::from)
+        });
+    }
+    let child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+        lease: l.lease.clone(),
+        program: program.clone(),
+        source,
+    })?;
+    let pid = child.id() as i32;
+    // Read at once: the identity that every later signal is checked against.
+    let id = identity(pid).unwrap_or(ProcId {
+        pid,
+        start_ticks: 0,
+    });
+    Ok((child, id))
+}
