@@ -7,6 +7,7 @@
 //! files. A process is identified by pid *and* start time (`/proc/PID/stat` field
 //! 22), so a pid the kernel recycled for something else is never mistaken for it.
 
+use allot_checkpoint_hooks::proc_stat;
 use std::fs::OpenOptions;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -70,24 +71,11 @@ pub enum LaunchError {
     },
 }
 
-/// Fields of `/proc/PID/stat` after the command name: state, ppid, pgrp, session …
-fn stat_fields(pid: i32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may contain anything, even ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    Some(rest.split_whitespace().map(str::to_string).collect())
-}
-
 /// The identity of `pid` now, if it exists and has not exited.
 pub fn identity(pid: i32) -> Option<ProcId> {
-    let f = stat_fields(pid)?;
-    // After ')': [0] state, [1] ppid, [2] pgrp, [3] session, … [19] starttime.
-    if matches!(f.first().map(String::as_str), Some("Z" | "X")) {
-        return None;
-    }
-    Some(ProcId {
+    proc_stat(pid).filter(|s| !s.exited()).map(|s| ProcId {
         pid,
-        start_ticks: f.get(19)?.parse().ok()?,
+        start_ticks: s.start_ticks,
     })
 }
 
@@ -98,8 +86,7 @@ pub fn is_same(p: ProcId) -> bool {
 
 /// Process group and session of `pid`.
 pub fn group_and_session(pid: i32) -> Option<(i32, i32)> {
-    let f = stat_fields(pid)?;
-    Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?))
+    proc_stat(pid).map(|s| (s.pgrp, s.session))
 }
 
 fn log_file(l: &Launch, ext: &str) -> Result<std::fs::File, LaunchError> {

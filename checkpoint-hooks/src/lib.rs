@@ -160,35 +160,53 @@ pub struct Outcome {
     pub steps: Vec<Step>,
 }
 
+/// What allot reads from `/proc/PID/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// State letter (`R`, `S`, `Z` …).
+    pub state: char,
+    /// Process group.
+    pub pgrp: i32,
+    /// Session.
+    pub session: i32,
+    /// Start time in clock ticks since boot: with the pid, it names one process.
+    pub start_ticks: u64,
+}
+
+impl ProcStat {
+    /// True once it has exited (a zombie only waits to be reaped).
+    pub fn exited(&self) -> bool {
+        matches!(self.state, 'Z' | 'X')
+    }
+}
+
+/// Reads `/proc/PID/stat`; `None` if there is no such process.
+pub fn proc_stat(pid: i32) -> Option<ProcStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid pgrp session … starttime …": comm may hold anything,
+    // even ')', so fields are counted from the last ')'.
+    let f: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    Some(ProcStat {
+        state: f.first()?.chars().next()?,
+        pgrp: f.get(2)?.parse().ok()?,
+        session: f.get(3)?.parse().ok()?,
+        start_ticks: f.get(19)?.parse().ok()?,
+    })
+}
+
 /// True while any process of the group is alive (zombies count as gone: they have
 /// exited and only wait to be reaped).
 pub fn group_alive(pgid: i32) -> bool {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return killpg(Pid::from_raw(pgid), None).is_ok();
     };
-    for e in dir.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
+    dir.flatten().any(|e| {
+        e.file_name()
             .to_str()
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // "pid (comm) state ppid pgrp …": comm may hold spaces and parentheses.
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-            continue;
-        };
-        let mut f = rest.split_whitespace();
-        let state = f.next().unwrap_or("Z");
-        let pgrp = f.nth(1).and_then(|p| p.parse::<i32>().ok());
-        if pgrp == Some(pgid) && state != "Z" && state != "X" {
-            return true;
-        }
-    }
-    false
+            .and_then(|n| n.parse::<i32>().ok())
+            .and_then(proc_stat)
+            .is_some_and(|s| s.pgrp == pgid && !s.exited())
+    })
 }
 
 fn ms(d: Duration) -> u64 {
