@@ -46,7 +46,11 @@ fn a_workload_leads_its_own_session_and_is_known_by_start_time() {
         start_ticks: id.start_ticks + 1,
     };
     assert!(!is_same(recycled));
-    let _ = child.kill();
+    // The whole group: sh may have forked sleep rather than exec'd it.
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(id.pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
     let _ = child.wait();
 }
 
