@@ -352,7 +352,7 @@ impl Scheduler {
                 Ok(())
             }
             (WorkloadState::Running, Some(lease)) => {
-                self.st.revoke(lease, now, RevokeWhy::Cancelled);
+                self.st.revoke_at(lease, now, RevokeWhy::Cancelled);
                 Ok(())
             }
             _ => Err(CoreError::AlreadyEnded(id.0)),
@@ -612,6 +612,21 @@ impl Scheduler {
     }
 }
 
+/// How long a lease of `w` may not be taken for rebalancing: its min runtime when
+/// funded, at least the cooldown if it was preempted (or displaced others) before;
+/// unfunded work is always preemptible.
+fn protection(w: &Workload, funded: bool, cooldown: u64) -> u64 {
+    if !funded {
+        return 0;
+    }
+    let cool = if w.last_preempted.is_some() {
+        cooldown
+    } else {
+        0
+    };
+    w.spec.min_runtime.max(cool)
+}
+
 /// The negation of an allocation.
 pub(crate) fn neg(x: [f64; 3]) -> [f64; 3] {
     [-x[0], -x[1], -x[2]]
@@ -710,16 +725,7 @@ impl State {
             .get_mut(&id)
             .expect("started workloads exist");
         let s = &w.spec;
-        let hold = if funded {
-            let cool = if w.last_preempted.is_some() {
-                cooldown
-            } else {
-                0
-            };
-            s.min_runtime.max(cool)
-        } else {
-            0
-        };
+        let hold = protection(w, funded, cooldown);
         let preemptible_at = if funded && self.protect_forever {
             Time::MAX
         } else {
@@ -805,10 +811,6 @@ impl State {
         );
         self.protected.remove(&(l.preemptible_at, lid));
         Some(l)
-    }
-
-    fn revoke(&mut self, lid: LeaseId, now: Time, why: RevokeWhy) {
-        self.revoke_at(lid, now, why);
     }
 
     fn revoke_at(&mut self, lid: LeaseId, not_before: Time, why: RevokeWhy) {
@@ -970,7 +972,7 @@ impl State {
                                 x.node == p.node && self.cluster.node(x.node).soft & x.gpus != 0
                             });
                             if l.revoke.is_none() && (soft || l.backfill_for == Some(id)) {
-                                self.revoke(lid, now, RevokeWhy::Reservation { by: id });
+                                self.revoke_at(lid, now, RevokeWhy::Reservation { by: id });
                             }
                         }
                     }
@@ -1083,6 +1085,45 @@ impl<'c> Pass<'c> {
             g = best;
         }
         Some(g)
+    }
+
+    /// Starts a lease for `id` (of project `p`) and charges it within the pass.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &mut self,
+        st: &mut State,
+        r: &mut Ratios,
+        d: &mut Decisions,
+        (id, p, funded): (WorkloadId, GroupId, bool),
+        placement: Vec<NodeGpus>,
+        backfill_for: Option<WorkloadId>,
+        why: StartWhy,
+    ) {
+        let alloc = st
+            .workloads
+            .get(&id)
+            .map(|w| w.spec.alloc())
+            .unwrap_or_default();
+        let lease = st.start_lease(
+            self.now,
+            self.cfg.cooldown,
+            id,
+            placement,
+            funded,
+            backfill_for,
+            why,
+        );
+        d.actions.push(lease);
+        self.charge(r, p, funded, &alloc);
+    }
+
+    /// Counts work placed (or claimed) in this pass: in the ratios at once, and
+    /// against the team's cap under the baseline.
+    fn charge(&mut self, r: &mut Ratios, p: GroupId, funded: bool, alloc: &[f64; 3]) {
+        r.add(self.tree, p, *alloc);
+        if funded {
+            self.team_protected[self.tree.team_of(p).idx()] += alloc[0] as u64;
+        }
     }
 
     /// Baseline order: the project whose best workload has the highest priority, then
@@ -1222,11 +1263,6 @@ impl<'c> Pass<'c> {
                     continue;
                 }
             }
-            let charge = if funded {
-                u64::from(w.spec.total_gpus())
-            } else {
-                0
-            };
 
             // 1. Free GPUs (for a gang holding a reservation too: whole nodes may
             // have come free elsewhere before it starts).
@@ -1241,17 +1277,7 @@ impl<'c> Pass<'c> {
                         rank: self.examined,
                         ratio: ratio_before,
                     };
-                    d.actions.push(st.start_lease(
-                        self.now,
-                        self.cfg.cooldown,
-                        id,
-                        placement,
-                        funded,
-                        None,
-                        why,
-                    ));
-                    r.add(self.tree, p, spec_alloc);
-                    self.team_protected[team.idx()] += charge;
+                    self.launch(st, r, d, (id, p, funded), placement, None, why);
                     continue;
                 }
                 self.free_dead.insert(shape);
@@ -1271,16 +1297,7 @@ impl<'c> Pass<'c> {
                         reservation_of: holder,
                         starts: start,
                     };
-                    d.actions.push(st.start_lease(
-                        self.now,
-                        self.cfg.cooldown,
-                        id,
-                        placement,
-                        funded,
-                        Some(holder),
-                        why,
-                    ));
-                    r.add(self.tree, p, spec_alloc);
+                    self.launch(st, r, d, (id, p, funded), placement, Some(holder), why);
                     backfill_cap = backfill_capacity(st, self.now);
                     continue;
                 }
@@ -1317,7 +1334,7 @@ impl<'c> Pass<'c> {
                                     st.recent.push((self.now, gr, gv));
                                 }
                             }
-                            st.revoke(v.lease, self.now, v.why.clone());
+                            st.revoke_at(v.lease, self.now, v.why.clone());
                         }
                         st.add_claim(
                             id,
@@ -1328,8 +1345,7 @@ impl<'c> Pass<'c> {
                                 mem_per_node: shape.mem,
                             },
                         );
-                        r.add(self.tree, p, spec_alloc);
-                        self.team_protected[team.idx()] += charge;
+                        self.charge(r, p, funded, &spec_alloc);
                         if let Some(w) = st.workloads.get_mut(&id) {
                             w.blocked = Some(Blocked::WaitingForVictims);
                         }
@@ -1443,16 +1459,7 @@ fn backfill_placement(
     cooldown: u64,
 ) -> Option<(WorkloadId, Time, Vec<NodeGpus>)> {
     let w = st.workloads.get(&id)?;
-    let hold = if funded {
-        let cool = if w.last_preempted.is_some() {
-            cooldown
-        } else {
-            0
-        };
-        w.spec.min_runtime.max(cool)
-    } else {
-        0
-    };
+    let hold = protection(w, funded, cooldown);
     let mut best: Option<(u32, WorkloadId, Time, NodeId)> = None;
     for (holder, c) in &st.claims {
         let ClaimKind::Reservation { start } = c.kind else {
