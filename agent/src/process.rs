@@ -151,10 +151,18 @@ pub fn launch(l: &Launch) -> Result<(Child, ProcId), LaunchError> {
         source,
     })?;
     let pid = child.id() as i32;
-    // Read at once: the identity that every later signal is checked against.
-    let id = identity(pid).unwrap_or(ProcId {
-        pid,
-        start_ticks: 0,
-    });
+    // Read at once: the identity that every later signal is checked against. The
+    // child cannot be reaped before we wait on it, so even one that has already
+    // exited (a zombie) still shows its start time here.
+    let id = proc_stat(pid)
+        .map(|s| ProcId {
+            pid,
+            start_ticks: s.start_ticks,
+        })
+        .ok_or_else(|| LaunchError::Io {
+            lease: l.lease.clone(),
+            path: format!("/proc/{pid}/stat"),
+            source: std::io::Error::other("the new process has no /proc entry"),
+        })?;
     Ok((child, id))
 }
