@@ -1,5 +1,15 @@
-//! `allot-agent`: the per-host daemon. In progress (issue 4): today the workload
-//! launcher and the process identity used to re-adopt workloads safely; the lease
-//! table, contract timers, drain and local API come next.
+//! `allot-agent`: the per-host daemon. It holds the host's leases in SQLite, starts
+//! or adopts their workloads, enforces each contract (min runtime, time limit, the
+//! checkpoint ladder), acts on the health verdict, and answers the local API.
+//!
+//! `contract` is pure (lease + time → what is due); `host` holds every rule about
+//! leases, drains and GPUs; `daemon` and `api` are the thin async shell.
 
+pub mod api;
+pub mod config;
+pub mod contract;
+pub mod daemon;
+pub mod host;
+pub mod lease;
 pub mod process;
+pub mod store;

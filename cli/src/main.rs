@@ -1,12 +1,16 @@
 //! `allot`: one CLI for users, managers and operators.
 //!
-//! Today: `version` and the operators' `xid explain|scan`; the user, manager and
-//! other operator commands arrive with the agent (issue 4) and the allocator
-//! service (issue 5).
+//! Today: `version`, the operators' `xid explain|scan`, and the per-host operator
+//! commands that talk to the local allot-agent (`leases`, `gpus`, `drain`,
+//! `undrain`, `events`, `lease start|revoke`); the user and manager commands arrive
+//! with the allocator service (issue 5).
 
+mod duration;
+mod local;
+mod table;
 mod xid;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "allot", version, about = "allot: GPU fair-share allocator CLI")]
@@ -22,6 +26,8 @@ enum Command {
     /// NVIDIA XID errors: what they mean and what allot does about them.
     #[command(subcommand)]
     Xid(xid::XidCommand),
+    #[command(flatten)]
+    Local(local::Local),
 }
 
 fn main() -> std::process::ExitCode {
@@ -31,6 +37,12 @@ fn main() -> std::process::ExitCode {
             Ok(())
         }
         Command::Xid(c) => xid::run(c),
+        Command::Local(c) => {
+            if let Err(u) = local::validate(&c) {
+                usage_error(u);
+            }
+            return local::run(c);
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -39,4 +51,20 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(2)
         }
     }
+}
+
+/// Exits 2 with clap's layout and the usage line of the subcommand at fault.
+fn usage_error(u: local::Usage) -> ! {
+    let mut root = Cli::command();
+    // Building fills in each subcommand's full name (`allot lease start`) for its usage.
+    root.build();
+    let mut cmd = root;
+    for name in u.path {
+        match cmd.find_subcommand(name).cloned() {
+            Some(sub) => cmd = sub,
+            None => break,
+        }
+    }
+    cmd.error(clap::error::ErrorKind::MissingRequiredArgument, u.message)
+        .exit()
 }

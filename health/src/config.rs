@@ -57,6 +57,60 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// The 1-based line where the key of `field` (dotted; its last part) is set, 0 if
+/// nowhere: semantic errors found after parsing point at the line to edit.
+pub fn line_of(text: &str, field: &str) -> usize {
+    let key = field.rsplit('.').next().unwrap_or(field);
+    text.lines()
+        .position(|l| {
+            l.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map_or(0, |i| i + 1)
+}
+
+/// The dotted key set on 1-based `line` (`section.key`), if that line sets one.
+fn key_at(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let key = lines.get(line.checked_sub(1)?)?.split_once('=')?.0.trim();
+    let section = lines[..line - 1].iter().rev().find_map(|l| {
+        let l = l.trim();
+        l.strip_prefix('[')
+            .and_then(|r| r.strip_suffix(']'))
+            .map(|s| s.trim_matches(['[', ']']).trim().to_string())
+    });
+    Some(match section {
+        Some(s) if !s.is_empty() => format!("{s}.{key}"),
+        _ => key.to_string(),
+    })
+}
+
+/// A TOML syntax or type error as a [`ConfigError`]: the line from the error's span,
+/// the field from the message, else the key set on that line, else `default_field`.
+pub fn toml_error(text: &str, file: &str, e: &toml::de::Error, default_field: &str) -> ConfigError {
+    let line = e.span().map_or(0, |s| {
+        text.as_bytes()[..s.start.min(text.len())]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count()
+            + 1
+    });
+    let field = e
+        .message()
+        .split('`')
+        .nth(1)
+        .map(str::to_string)
+        .or_else(|| key_at(text, line))
+        .unwrap_or_else(|| default_field.to_string());
+    ConfigError {
+        file: file.into(),
+        line,
+        field,
+        message: e.message().to_string(),
+    }
+}
+
 impl HealthConfig {
     /// Parses a `[health]` table (the text of the whole agent config; other sections
     /// are ignored) and checks it.
@@ -66,32 +120,11 @@ impl HealthConfig {
             #[serde(default)]
             health: HealthConfig,
         }
-        let line_of = |needle: &str| {
-            text.lines()
-                .position(|l| l.trim_start().starts_with(needle))
-                .map_or(0, |i| i + 1)
-        };
-        let w: Wrapper = toml::from_str(text).map_err(|e| ConfigError {
-            file: file.into(),
-            line: e.span().map_or(0, |s| {
-                text.as_bytes()[..s.start.min(text.len())]
-                    .iter()
-                    .filter(|&&b| b == b'\n')
-                    .count()
-                    + 1
-            }),
-            field: e
-                .message()
-                .split('`')
-                .nth(1)
-                .unwrap_or("health")
-                .to_string(),
-            message: e.message().to_string(),
-        })?;
+        let w: Wrapper = toml::from_str(text).map_err(|e| toml_error(text, file, &e, "health"))?;
         let c = w.health;
         let err = |field: &str, message: String| ConfigError {
             file: file.into(),
-            line: line_of(field.rsplit('.').next().unwrap_or(field)),
+            line: line_of(text, field),
             field: field.into(),
             message,
         };

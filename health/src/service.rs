@@ -170,6 +170,12 @@ impl HealthMonitor {
         g.0.verdict()
     }
 
+    /// The GPUs as last sampled (UUID, bus id, index, model …).
+    pub fn inventory(&self) -> Vec<GpuSample> {
+        let g = self.shared.policy.lock().unwrap_or_else(|e| e.into_inner());
+        g.0.inventory()
+    }
+
     /// Prometheus text for `/metrics`.
     pub fn metrics(&self) -> String {
         let g = self.shared.policy.lock().unwrap_or_else(|e| e.into_inner());

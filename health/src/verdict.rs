@@ -473,6 +473,18 @@ impl HealthPolicy {
         gpu.last = Some((now, s));
     }
 
+    /// The last sample of every GPU seen (a lost GPU keeps its last one, so its UUID
+    /// stays known), in NVML index order.
+    pub fn inventory(&self) -> Vec<GpuSample> {
+        let mut v: Vec<GpuSample> = self
+            .gpus
+            .values()
+            .filter_map(|g| g.last.as_ref().map(|(_, s)| s.clone()))
+            .collect();
+        v.sort_by(|a, b| a.index.cmp(&b.index).then_with(|| a.pci.cmp(&b.pci)));
+        v
+    }
+
     /// The verdict as of now.
     pub fn verdict(&self) -> Verdict {
         let mut host = HostVerdict::Ok;

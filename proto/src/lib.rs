@@ -10,3 +10,5 @@
 pub mod v1 {
     tonic::include_proto!("allot.v1");
 }
+
+pub mod uds;

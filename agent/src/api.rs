@@ -1,0 +1,339 @@
+//! The local gRPC API (`allot.v1.AgentLocal`) over the agent's unix socket. Reads are
+//! open to whoever can open the socket (its mode and group decide); changes need
+//! root, the agent's own user, or the socket's group, checked on the peer's
+//! credentials.
+
+use crate::host::{Caller, GpuView, Host, HostError, StartSpec};
+use crate::lease::{LeaseRecord, LeaseState};
+use allot_health::verdict::{GpuState, HostVerdict};
+use allot_proto::v1 as pb;
+use allot_proto::v1::agent_local_server::AgentLocal;
+use std::sync::{Arc, Mutex};
+use tonic::{Request, Response, Status};
+
+/// What the API and the daemon loop share.
+pub struct Shared {
+    /// The host state.
+    pub host: Mutex<Host>,
+    /// Wakes the contract loop after a change.
+    pub wake: tokio::sync::Notify,
+    /// Processes the agent started, to be reaped by a waiter thread.
+    pub spawned: tokio::sync::mpsc::UnboundedSender<(String, std::process::Child)>,
+    /// Members of this group may change things.
+    pub admin_gid: Option<u32>,
+    /// Per-workload CPU and memory.
+    pub sys: Mutex<sysinfo::System>,
+}
+
+impl Shared {
+    /// Locks the host (a panic elsewhere must not wedge the API).
+    pub fn host(&self) -> std::sync::MutexGuard<'_, Host> {
+        self.host.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The service.
+pub struct LocalApi(pub Arc<Shared>);
+
+fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
+    req.extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>()
+        .and_then(|i| i.peer_cred)
+        .map(|c| Caller {
+            uid: c.uid(),
+            gid: c.gid(),
+        })
+        .ok_or_else(|| Status::unauthenticated("the local API only answers on its unix socket"))
+}
+
+/// Supplementary groups of a process, from /proc (peer credentials carry only the
+/// primary group).
+fn groups_of(pid: i32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+                g.split_whitespace()
+                    .filter_map(|n| n.parse().ok())
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+impl LocalApi {
+    fn may_change<T>(&self, req: &Request<T>, what: &str) -> Result<Caller, Status> {
+        let c = caller(req)?;
+        let me = nix::unistd::geteuid().as_raw();
+        let pid = req
+            .extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .and_then(|i| i.peer_cred)
+            .and_then(|c| c.pid());
+        let in_group = self
+            .0
+            .admin_gid
+            .is_some_and(|g| c.gid == g || pid.is_some_and(|p| groups_of(p).contains(&g)));
+        if c.uid == 0 || c.uid == me || in_group {
+            Ok(c)
+        } else {
+            Err(Status::permission_denied(format!(
+                "{what} needs root or membership of the agent's group (uid {} is neither); reading (`allot leases`, `allot gpus`, `allot events`) is allowed",
+                c.uid
+            )))
+        }
+    }
+}
+
+fn status(e: HostError) -> Status {
+    match e {
+        HostError::Invalid { .. } => Status::invalid_argument(e.to_string()),
+        HostError::Refused(_) => Status::failed_precondition(e.to_string()),
+        HostError::NoLease(_) => Status::not_found(e.to_string()),
+        HostError::Launch(_) => Status::invalid_argument(e.to_string()),
+        HostError::Store(_) => Status::internal(e.to_string()),
+    }
+}
+
+fn secs(ms: i64) -> i64 {
+    ms.div_euclid(1000)
+}
+
+/// The wire form of a lease.
+pub fn lease_pb(l: &LeaseRecord) -> pb::Lease {
+    pb::Lease {
+        id: l.id.clone(),
+        workload_id: l.workload_id.clone(),
+        gpu_uuids: l.gpus.clone(),
+        start_unix: secs(l.start_ms),
+        min_runtime_s: l.min_runtime_s,
+        time_limit_s: l.time_limit_s,
+        checkpoint_hook: l.hook.clone(),
+        grace_s: l.grace_s,
+        state: match l.state {
+            LeaseState::Starting => pb::LeaseState::Starting,
+            LeaseState::Running => pb::LeaseState::Running,
+            LeaseState::Revoking => pb::LeaseState::Revoking,
+            LeaseState::Checkpointing => pb::LeaseState::Checkpointing,
+            LeaseState::Ended => pb::LeaseState::Ended,
+        } as i32,
+        not_before_unix: l.not_before_ms.map_or(0, secs),
+        ended_by: l.ended_by.clone(),
+        steps: l
+            .steps
+            .iter()
+            .map(|s| pb::LeaseStep {
+                rung: s.rung.clone(),
+                took_ms: s.took_ms,
+                note: s.note.clone(),
+            })
+            .collect(),
+        pid: u32::try_from(l.pid).unwrap_or(0),
+        start_unix_ms: l.start_ms,
+        cpu_pct: 0.0,
+        rss_bytes: 0,
+        user: l.user.clone(),
+        end_reason: l.end_reason.clone(),
+        exit_code: l.exit_code,
+        ended_unix: secs(l.ended_ms),
+        revoke_why: l.revoke_why.clone(),
+        adopted: l.adopted,
+    }
+}
+
+/// The wire form of a GPU.
+pub fn gpu_pb(g: &GpuView) -> pb::Gpu {
+    pb::Gpu {
+        uuid: g.sample.uuid.clone(),
+        index: g.sample.index.unwrap_or(0),
+        pci: g.sample.pci.clone(),
+        model: g.sample.name.clone().unwrap_or_default(),
+        state: match g.state {
+            GpuState::Healthy => pb::GpuState::Healthy,
+            GpuState::Degraded => pb::GpuState::Degraded,
+            GpuState::Failed => pb::GpuState::Failed,
+        } as i32,
+        reasons: g
+            .reasons
+            .iter()
+            .map(|r| pb::HealthReason {
+                signal: r.signal.clone(),
+                detail: r.detail.clone(),
+                action: r
+                    .action
+                    .map(|a| {
+                        serde_json::to_value(a)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_default()
+                    })
+                    .unwrap_or_default(),
+                gpu_only: r.gpu_only,
+                since_unix: i64::try_from(r.since).unwrap_or(0),
+            })
+            .collect(),
+        lease_id: g.lease.clone().unwrap_or_default(),
+    }
+}
+
+/// The wire form of a host verdict.
+pub fn verdict_pb(v: HostVerdict) -> pb::HostVerdict {
+    match v {
+        HostVerdict::Ok => pb::HostVerdict::Ok,
+        HostVerdict::Drain => pb::HostVerdict::Drain,
+        HostVerdict::DrainNow => pb::HostVerdict::DrainNow,
+    }
+}
+
+fn drain_pb(h: &Host) -> pb::DrainResponse {
+    h.drain_state()
+        .map_or_else(pb::DrainResponse::default, |d| pb::DrainResponse {
+            draining: true,
+            reason: d.reason.clone(),
+            now: d.now,
+            by: d.by.clone(),
+        })
+}
+
+#[tonic::async_trait]
+impl AgentLocal for LocalApi {
+    async fn list_leases(
+        &self,
+        req: Request<pb::ListLeasesRequest>,
+    ) -> Result<Response<pb::ListLeasesResponse>, Status> {
+        caller(&req)?;
+        let leases = self.0.host().leases();
+        let pids: Vec<sysinfo::Pid> = leases
+            .iter()
+            .filter(|l| l.live() && l.pid > 0)
+            .map(|l| sysinfo::Pid::from_u32(l.pid.unsigned_abs()))
+            .collect();
+        let mut sys = self.0.sys.lock().unwrap_or_else(|e| e.into_inner());
+        sys.refresh_processes(sysinfo::ProcessesToUpdate::Some(&pids), true);
+        let leases = leases
+            .iter()
+            .map(|l| {
+                let mut p = lease_pb(l);
+                if let Some(proc_) = l
+                    .live()
+                    .then(|| sys.process(sysinfo::Pid::from_u32(l.pid.unsigned_abs())))
+                    .flatten()
+                {
+                    p.cpu_pct = f64::from(proc_.cpu_usage());
+                    p.rss_bytes = proc_.memory();
+                }
+                p
+            })
+            .collect();
+        Ok(Response::new(pb::ListLeasesResponse { leases }))
+    }
+
+    async fn list_gpus(
+        &self,
+        req: Request<pb::ListGpusRequest>,
+    ) -> Result<Response<pb::ListGpusResponse>, Status> {
+        caller(&req)?;
+        let h = self.0.host();
+        Ok(Response::new(pb::ListGpusResponse {
+            verdict: verdict_pb(h.host_verdict()) as i32,
+            gpus: h.gpus().iter().map(gpu_pb).collect(),
+            drain: Some(drain_pb(&h)),
+        }))
+    }
+
+    async fn start_lease(
+        &self,
+        req: Request<pb::StartLeaseRequest>,
+    ) -> Result<Response<pb::Lease>, Status> {
+        let c = self.may_change(&req, "starting a lease")?;
+        let r = req.into_inner();
+        let spec = StartSpec {
+            gpus: r.gpus,
+            min_runtime_s: r.min_runtime_s,
+            time_limit_s: r.time_limit_s,
+            hook: r.checkpoint_hook,
+            grace_s: r.grace_s,
+            argv: r.argv,
+            adopt_pid: (r.adopt_pid > 0).then(|| i32::try_from(r.adopt_pid).unwrap_or(i32::MAX)),
+            user: r.user,
+            workload_id: r.workload_id,
+            env: Vec::new(),
+        };
+        let (l, child) = self
+            .0
+            .host()
+            .start(spec, c, crate::host::now_ms())
+            .map_err(status)?;
+        if let Some(child) = child {
+            let _ = self.0.spawned.send((l.id.clone(), child));
+        }
+        self.0.wake.notify_one();
+        Ok(Response::new(lease_pb(&l)))
+    }
+
+    async fn revoke_lease(
+        &self,
+        req: Request<pb::RevokeLeaseRequest>,
+    ) -> Result<Response<pb::Lease>, Status> {
+        let c = self.may_change(&req, "revoking a lease")?;
+        let r = req.into_inner();
+        let l = self
+            .0
+            .host()
+            .revoke(
+                &r.lease_id,
+                r.now,
+                &format!("operator (uid {})", c.uid),
+                crate::host::now_ms(),
+            )
+            .map_err(status)?;
+        self.0.wake.notify_one();
+        Ok(Response::new(lease_pb(&l)))
+    }
+
+    async fn drain(
+        &self,
+        req: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::DrainResponse>, Status> {
+        self.may_change(&req, "draining")?;
+        let r = req.into_inner();
+        let mut h = self.0.host();
+        h.drain(&r.reason, r.now, crate::host::now_ms())
+            .map_err(status)?;
+        self.0.wake.notify_one();
+        Ok(Response::new(drain_pb(&h)))
+    }
+
+    async fn undrain(
+        &self,
+        req: Request<pb::UndrainRequest>,
+    ) -> Result<Response<pb::DrainResponse>, Status> {
+        self.may_change(&req, "undraining")?;
+        let mut h = self.0.host();
+        h.undrain().map_err(status)?;
+        Ok(Response::new(drain_pb(&h)))
+    }
+
+    async fn events(
+        &self,
+        req: Request<pb::EventsRequest>,
+    ) -> Result<Response<pb::EventsResponse>, Status> {
+        caller(&req)?;
+        let since = req.into_inner().since_unix.saturating_mul(1000);
+        let events = self
+            .0
+            .host()
+            .events(since)
+            .map_err(status)?
+            .into_iter()
+            .map(|e| pb::Event {
+                at_unix: secs(e.at_ms),
+                kind: e.kind,
+                lease_id: e.lease,
+                gpu: e.gpu,
+                message: e.message,
+            })
+            .collect();
+        Ok(Response::new(pb::EventsResponse { events }))
+    }
+}

@@ -1,0 +1,233 @@
+//! `/etc/allot/agent.toml`: the `[agent]` section here, `[health]` in allot-health.
+//! Errors name the file, line and field; flags given to `allot-agent` override the
+//! file; `SIGHUP` or an edit reloads the settings marked reloadable.
+
+use allot_checkpoint_hooks::Hook;
+use allot_fairshare::time::de_duration;
+use allot_health::config::{line_of, toml_error, ConfigError, HealthConfig};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+/// Where the agent looks for its config when `--config` is not given.
+pub const DEFAULT_PATH: &str = "/etc/allot/agent.toml";
+
+/// The `[agent]` section.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentSection {
+    /// The local API's unix socket (restart to change).
+    pub socket: PathBuf,
+    /// Its mode, octal (restart to change).
+    pub socket_mode: String,
+    /// Its group: members may read and change (restart to change).
+    pub socket_group: String,
+    /// Lease table, event log, kernel-log memory (restart to change).
+    pub state_dir: PathBuf,
+    /// Checkpoint grace for leases that name none (reloadable).
+    #[serde(deserialize_with = "de_duration")]
+    pub default_grace: u64,
+    /// How long SIGTERM may take before SIGKILL (reloadable).
+    #[serde(deserialize_with = "de_duration")]
+    pub term_grace: u64,
+    /// The time-limit warning goes this long before the limit; 0: none (reloadable).
+    #[serde(deserialize_with = "de_duration")]
+    pub time_limit_warning: u64,
+    /// The warning's signal, to the workload's process group (reloadable).
+    pub time_limit_signal: String,
+    /// Checkpoint hook for leases that name none; empty: straight to SIGTERM
+    /// (reloadable).
+    pub default_checkpoint: String,
+    /// The allocator (allotd) this agent reports to; empty: run alone (reloadable).
+    pub allocator: String,
+    /// This host's name for the allocator; empty: the system hostname.
+    pub host: String,
+    /// The cluster it belongs to.
+    pub cluster: String,
+}
+
+impl Default for AgentSection {
+    fn default() -> Self {
+        AgentSection {
+            socket: "/run/allot/agent.sock".into(),
+            socket_mode: "0660".into(),
+            socket_group: "allot".into(),
+            state_dir: "/var/lib/allot/agent".into(),
+            default_grace: 120,
+            term_grace: 30,
+            time_limit_warning: 300,
+            time_limit_signal: "USR2".into(),
+            default_checkpoint: "signal:USR1".into(),
+            allocator: String::new(),
+            host: String::new(),
+            cluster: "default".into(),
+        }
+    }
+}
+
+/// The whole agent config.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AgentConfig {
+    /// `[agent]`.
+    pub agent: AgentSection,
+    /// `[health]`.
+    pub health: HealthConfig,
+}
+
+impl AgentConfig {
+    /// Parses and checks a config file's text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<AgentConfig, ConfigError> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Wrapper {
+            #[serde(default)]
+            agent: AgentSection,
+            // Checked by HealthConfig::parse below.
+            #[serde(default)]
+            #[allow(dead_code)]
+            health: Option<toml::Value>,
+        }
+        let w: Wrapper = toml::from_str(text).map_err(|e| toml_error(text, file, &e, "agent"))?;
+        let health = HealthConfig::parse(text, file)?;
+        let a = w.agent;
+        let err = |field: &str, message: String| ConfigError {
+            file: file.into(),
+            line: line_of(text, field),
+            field: field.into(),
+            message,
+        };
+        socket_mode(&a.socket_mode).map_err(|m| err("agent.socket_mode", m))?;
+        if a.socket.as_os_str().is_empty() {
+            return Err(err(
+                "agent.socket",
+                "empty; give a path such as /run/allot/agent.sock".into(),
+            ));
+        }
+        if a.state_dir.as_os_str().is_empty() {
+            return Err(err(
+                "agent.state_dir",
+                "empty; give a directory such as /var/lib/allot/agent".into(),
+            ));
+        }
+        format!("signal:{}", a.time_limit_signal)
+            .parse::<Hook>()
+            .map_err(|e| {
+                err(
+                    "agent.time_limit_signal",
+                    format!(
+                        "{:?} is not a signal that can be caught ({}); use e.g. USR2",
+                        a.time_limit_signal, e.why
+                    ),
+                )
+            })?;
+        if !a.default_checkpoint.is_empty() {
+            a.default_checkpoint
+                .parse::<Hook>()
+                .map_err(|e| err("agent.default_checkpoint", e.to_string()))?;
+        }
+        Ok(AgentConfig { agent: a, health })
+    }
+
+    /// Reads and parses `path`.
+    pub fn load(path: &std::path::Path) -> Result<AgentConfig, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: 0,
+            field: "(file)".into(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(&text, &file)
+    }
+
+    /// The settings that differ from `new` but only take effect after a restart.
+    pub fn needs_restart(&self, new: &AgentConfig) -> Vec<&'static str> {
+        let (a, b) = (&self.agent, &new.agent);
+        let mut v = Vec::new();
+        if a.socket != b.socket {
+            v.push("agent.socket");
+        }
+        if a.socket_mode != b.socket_mode {
+            v.push("agent.socket_mode");
+        }
+        if a.socket_group != b.socket_group {
+            v.push("agent.socket_group");
+        }
+        if a.state_dir != b.state_dir {
+            v.push("agent.state_dir");
+        }
+        if a.host != b.host || a.cluster != b.cluster {
+            v.push("agent.host/cluster");
+        }
+        if self.health != new.health {
+            v.push("health");
+        }
+        v
+    }
+}
+
+/// Parses an octal mode such as `0660`.
+pub fn socket_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal file mode; use e.g. \"0660\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_need_no_file() {
+        let c = AgentConfig::parse("", "agent.toml").expect("empty is fine");
+        assert_eq!(c, AgentConfig::default());
+        assert_eq!(socket_mode(&c.agent.socket_mode), Ok(0o660));
+    }
+
+    #[test]
+    fn values_and_durations() {
+        let c = AgentConfig::parse(
+            "[agent]\nsocket = \"/tmp/a.sock\"\ndefault_grace = \"5m\"\nterm_grace = 10\n[health]\nsource = \"fake:8\"\n",
+            "a.toml",
+        )
+        .expect("valid");
+        assert_eq!(c.agent.default_grace, 300);
+        assert_eq!(c.agent.term_grace, 10);
+        assert_eq!(c.health.source, "fake:8");
+    }
+
+    #[test]
+    fn errors_name_line_and_field() {
+        let e = AgentConfig::parse("[agent]\n\ndefault_grace = \"soon\"\n", "a.toml").unwrap_err();
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (3, "agent.default_grace"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("a.toml:3"), "{e}");
+        let e = AgentConfig::parse("[agent]\nsokcet = \"/x\"\n", "a.toml").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (2, "sokcet"), "{e}");
+        let e = AgentConfig::parse("[agent]\nsocket_mode = \"rw\"\n", "a.toml").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (2, "agent.socket_mode"), "{e}");
+        let e =
+            AgentConfig::parse("[agent]\ntime_limit_signal = \"KILL\"\n", "a.toml").unwrap_err();
+        assert_eq!(e.field, "agent.time_limit_signal", "{e}");
+        let e =
+            AgentConfig::parse("[agent]\ndefault_checkpoint = \"smoke\"\n", "a.toml").unwrap_err();
+        assert!(e.message.contains("signal:USR1"), "{e}");
+        let e = AgentConfig::parse("[health]\nsource = \"gpu\"\n", "a.toml").unwrap_err();
+        assert_eq!(e.field, "health.source", "{e}");
+        let e = AgentConfig::parse("[agnet]\n", "a.toml").unwrap_err();
+        assert_eq!(e.field, "agnet", "{e}");
+    }
+
+    #[test]
+    fn restart_only_settings_are_named() {
+        let a = AgentConfig::default();
+        let mut b = a.clone();
+        b.agent.default_grace = 1;
+        assert!(a.needs_restart(&b).is_empty());
+        b.agent.socket = "/elsewhere".into();
+        assert_eq!(a.needs_restart(&b), vec!["agent.socket"]);
+    }
+}

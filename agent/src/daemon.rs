@@ -1,0 +1,316 @@
+//! The daemon shell: loads the config, opens the state, starts the health monitor and
+//! the local API, and runs the contract loop: sleep until the host's next deadline,
+//! a request, a process exit, a verdict or a reload, then let [`Host`] act.
+
+use crate::api::{LocalApi, Shared};
+use crate::config::{socket_mode, AgentConfig, DEFAULT_PATH};
+use crate::host::{now_ms, Host, Settings};
+use crate::store::Store;
+use allot_health::service::HealthMonitor;
+use allot_health::verdict::{GpuSample, Verdict};
+use allot_proto::v1::agent_local_server::AgentLocalServer;
+use anyhow::{bail, Context};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Command-line overrides of the config file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// Config file; `None`: `/etc/allot/agent.toml` if it exists, else defaults.
+    pub config: Option<PathBuf>,
+    /// `agent.socket`.
+    pub socket: Option<PathBuf>,
+    /// `agent.state_dir`.
+    pub state_dir: Option<PathBuf>,
+    /// `health.source`.
+    pub gpu_source: Option<String>,
+    /// `health.kmsg`.
+    pub kmsg: Option<String>,
+}
+
+impl Overrides {
+    fn apply(&self, mut c: AgentConfig) -> AgentConfig {
+        if let Some(s) = &self.socket {
+            c.agent.socket = s.clone();
+        }
+        if let Some(s) = &self.state_dir {
+            c.agent.state_dir = s.clone();
+        }
+        if let Some(s) = &self.gpu_source {
+            c.health.source = s.clone();
+        }
+        if let Some(s) = &self.kmsg {
+            c.health.kmsg = s.clone();
+        }
+        c
+    }
+
+    /// Reads the config (or the defaults) with these overrides.
+    pub fn load(&self) -> Result<AgentConfig, allot_health::config::ConfigError> {
+        let c = match &self.config {
+            Some(p) => AgentConfig::load(p)?,
+            None if Path::new(DEFAULT_PATH).exists() => AgentConfig::load(Path::new(DEFAULT_PATH))?,
+            None => AgentConfig::default(),
+        };
+        Ok(self.apply(c))
+    }
+
+    fn config_path(&self) -> Option<PathBuf> {
+        self.config.clone().or_else(|| {
+            Path::new(DEFAULT_PATH)
+                .exists()
+                .then(|| DEFAULT_PATH.into())
+        })
+    }
+}
+
+/// The host settings a config gives.
+pub fn settings(c: &AgentConfig) -> Settings {
+    Settings {
+        default_grace_s: c.agent.default_grace,
+        term_grace_s: c.agent.term_grace,
+        warning_before_ms: i64::try_from(c.agent.time_limit_warning.saturating_mul(1000))
+            .unwrap_or(i64::MAX),
+        // Checked when the config was parsed.
+        warning_signal: nix::sys::signal::Signal::from_str(&format!(
+            "SIG{}",
+            c.agent.time_limit_signal.trim_start_matches("SIG")
+        ))
+        .unwrap_or(nix::sys::signal::Signal::SIGUSR2),
+        default_hook: c.agent.default_checkpoint.clone(),
+        state_dir: c.agent.state_dir.clone(),
+    }
+}
+
+/// Creates the socket: parent dir, stale file removed, mode and group set.
+fn bind(c: &AgentConfig) -> anyhow::Result<(tokio::net::UnixListener, Option<u32>)> {
+    let path = &c.agent.socket;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!(
+                "{}: another agent is listening here; stop it or choose another --socket",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding {}", path.display()))?;
+    let mode = socket_mode(&c.agent.socket_mode).map_err(anyhow::Error::msg)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
+    let gid = nix::unistd::Group::from_name(&c.agent.socket_group)
+        .ok()
+        .flatten()
+        .map(|g| g.gid);
+    if let Some(g) = gid {
+        if let Err(e) = nix::unistd::chown(path, None, Some(g)) {
+            tracing::warn!(socket = %path.display(), group = %c.agent.socket_group, error = %e, "cannot give the socket to its group");
+        }
+    } else {
+        tracing::info!(group = %c.agent.socket_group, "no such group: the socket is for root and the agent's user only");
+    }
+    Ok((listener, gid.map(|g| g.as_raw())))
+}
+
+/// Tells systemd (Type=notify) that the agent is ready; nothing without systemd.
+fn sd_notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sock = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(_) => return,
+    };
+    let path = PathBuf::from(path);
+    // An abstract socket ("@name") is a Linux-only address.
+    let sent = if let Some(name) = path.to_str().and_then(|p| p.strip_prefix('@')) {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+            .and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
+    } else {
+        sock.send_to(state.as_bytes(), &path)
+    };
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, "cannot notify systemd");
+    }
+}
+
+/// Runs the health monitor on its own thread and forwards each verdict with the GPU
+/// inventory; returns a stop flag. A monitor that cannot start is logged and the
+/// agent goes on without GPUs: the leases it holds are still enforced.
+fn health(
+    c: &AgentConfig,
+    tx: mpsc::UnboundedSender<(Verdict, Vec<GpuSample>)>,
+) -> (Arc<std::sync::atomic::AtomicBool>, Option<String>) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let monitor = match HealthMonitor::start(&c.health, &c.agent.state_dir) {
+        Ok(m) => m,
+        Err(e) => {
+            let msg = format!("health monitor cannot start: {e}; for a host without GPUs set [health] source = \"fake:8\"");
+            tracing::error!(error = %e, "health monitor cannot start; no GPUs will be offered");
+            return (stop, Some(msg));
+        }
+    };
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+            match monitor.updates.recv_timeout(Duration::from_millis(500)) {
+                Ok(v) => {
+                    if tx.send((v, monitor.inventory())).is_err() {
+                        return;
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    });
+    (stop, None)
+}
+
+/// Watches the config file (its directory: editors replace files) for changes.
+fn watch_config(path: &Path, tx: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
+    use notify::Watcher;
+    let dir = path.parent()?.to_path_buf();
+    let name = path.file_name()?.to_os_string();
+    let mut w = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if let Ok(ev) = ev {
+            if (ev.kind.is_modify() || ev.kind.is_create())
+                && ev.paths.iter().any(|p| p.file_name() == Some(&name))
+            {
+                let _ = tx.send(());
+            }
+        }
+    })
+    .ok()?;
+    w.watch(&dir, notify::RecursiveMode::NonRecursive).ok()?;
+    Some(w)
+}
+
+fn reload(o: &Overrides, current: &mut AgentConfig, shared: &Shared) {
+    match o.load() {
+        Err(e) => {
+            tracing::error!(error = %e, "config rejected; the running config stays");
+            shared
+                .host()
+                .config_event(&format!("config rejected, the running config stays: {e}"));
+        }
+        Ok(new) if new == *current => {}
+        Ok(new) => {
+            let restart = current.needs_restart(&new);
+            shared.host().set_settings(settings(&new));
+            let mut msg = "config reloaded".to_string();
+            if !restart.is_empty() {
+                msg.push_str(&format!(
+                    "; a restart is needed for: {}",
+                    restart.join(", ")
+                ));
+            }
+            shared.host().config_event(&msg);
+            *current = new;
+            shared.wake.notify_one();
+        }
+    }
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(o: Overrides) -> anyhow::Result<()> {
+    let mut cfg = o.load()?;
+    let store = Store::open(&cfg.agent.state_dir)?;
+    let host = Host::open(store, settings(&cfg), now_ms())?;
+    let (vtx, mut vrx) = mpsc::unbounded_channel();
+    let (health_stop, health_error) = health(&cfg, vtx);
+    if let Some(m) = &health_error {
+        host.config_event(m);
+    }
+    let (listener, admin_gid) = bind(&cfg)?;
+    let (spawned_tx, mut spawned_rx) = mpsc::unbounded_channel::<(String, std::process::Child)>();
+    let shared = Arc::new(Shared {
+        host: Mutex::new(host),
+        wake: tokio::sync::Notify::new(),
+        spawned: spawned_tx,
+        admin_gid,
+        sys: Mutex::new(sysinfo::System::new()),
+    });
+    // The first verdict carries the GPU inventory: take it before answering anyone.
+    if health_error.is_none() {
+        if let Ok(Some((v, inv))) = tokio::time::timeout(Duration::from_secs(10), vrx.recv()).await
+        {
+            shared.host().on_verdict(v, inv, now_ms());
+        } else {
+            tracing::warn!("no GPU sample within 10 s; serving without an inventory yet");
+        }
+    }
+    let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(String, Option<i32>)>();
+    tokio::spawn(async move {
+        while let Some((id, mut child)) = spawned_rx.recv().await {
+            let tx = exit_tx.clone();
+            // One parked thread per workload the agent started: wait(2) is the only
+            // exact exit status, and the agent must reap its children anyway.
+            std::thread::spawn(move || {
+                let code = child.wait().ok().and_then(|s| s.code());
+                let _ = tx.send((id, code));
+            });
+        }
+    });
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentLocalServer::new(LocalApi(shared.clone())))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                async {
+                    let _ = stop_rx.await;
+                },
+            ),
+    );
+    let (cfg_tx, mut cfg_rx) = mpsc::unbounded_channel();
+    let _watcher = o.config_path().and_then(|p| watch_config(&p, cfg_tx));
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    tracing::info!(socket = %cfg.agent.socket.display(), state_dir = %cfg.agent.state_dir.display(), source = %cfg.health.source, "allot-agent ready");
+    sd_notify("READY=1");
+    loop {
+        let jobs = shared.host().tick(now_ms());
+        for job in jobs {
+            let sh = shared.clone();
+            tokio::task::spawn_blocking(move || {
+                let outcome = allot_checkpoint_hooks::run(&job.target, &job.ladder);
+                sh.host().ladder_done(&job.lease, &outcome, now_ms());
+                sh.wake.notify_one();
+            });
+        }
+        let next = shared.host().next_wakeup(now_ms());
+        let sleep = next.map_or(Duration::from_secs(3600), |at| {
+            Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0))
+        });
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = shared.wake.notified() => {}
+            Some((id, code)) = exit_rx.recv() => shared.host().on_exit(&id, code, now_ms()),
+            Some((v, inv)) = vrx.recv() => shared.host().on_verdict(v, inv, now_ms()),
+            _ = hup.recv() => reload(&o, &mut cfg, &shared),
+            Some(()) = cfg_rx.recv() => reload(&o, &mut cfg, &shared),
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    // Workloads keep running: the next agent re-adopts them.
+    tracing::info!("allot-agent stopping; workloads keep running");
+    sd_notify("STOPPING=1");
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    let _ = std::fs::remove_file(&cfg.agent.socket);
+    health_stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    Ok(())
+}

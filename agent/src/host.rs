@@ -1,0 +1,1016 @@
+//! The agent's state and every change to it: the lease table, the GPUs and their
+//! health, drains, and the event log. The daemon (`daemon.rs`) feeds it requests,
+//! process exits, health verdicts and the time, and runs the ladders it hands back;
+//! all waiting and all threads live there, all rules live here.
+
+use crate::contract::{self, Due, Terms};
+use crate::lease::{LeaseRecord, LeaseState, StepRecord};
+use crate::process::{identity, is_same, launch, Launch, ProcId};
+use crate::store::{Event, Store, StoreError};
+use allot_checkpoint_hooks::{Hook, Ladder, Outcome, Target, DEFAULT_MARKER};
+use allot_health::verdict::{GpuSample, GpuState, HostVerdict, Verdict};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Child;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Ended leases kept in memory for `allot leases` (all stay in the database).
+const ENDED_SHOWN: usize = 50;
+/// How often processes the agent did not start (adopted) are checked for exit.
+pub const ADOPTED_POLL_MS: i64 = 1_000;
+
+/// Why a request was refused; each names the field or state and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A request field is wrong.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong and the fix.
+        message: String,
+    },
+    /// The host cannot take it now.
+    #[error("{0}")]
+    Refused(String),
+    /// No such lease.
+    #[error("no lease {0:?} on this host; `allot leases` lists them")]
+    NoLease(String),
+    /// The state could not be written; nothing was changed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The workload could not be started.
+    #[error(transparent)]
+    Launch(#[from] crate::process::LaunchError),
+}
+
+/// A drain and who asked for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drain {
+    /// Why.
+    pub reason: String,
+    /// Revoke at once rather than at the min-runtime lapse.
+    pub now: bool,
+    /// `operator` or `health`.
+    pub by: String,
+    /// Since, Unix ms.
+    pub at_ms: i64,
+}
+
+/// Settings the host applies to every lease (reloadable).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Checkpoint grace for leases that name none.
+    pub default_grace_s: u64,
+    /// SIGTERM → SIGKILL grace.
+    pub term_grace_s: u64,
+    /// The time-limit warning's lead, ms.
+    pub warning_before_ms: i64,
+    /// The time-limit warning's signal.
+    pub warning_signal: Signal,
+    /// Hook for leases that name none.
+    pub default_hook: String,
+    /// Where lease dirs (logs, checkpoints) live.
+    pub state_dir: PathBuf,
+}
+
+/// What a caller asks to start.
+#[derive(Debug, Clone, Default)]
+pub struct StartSpec {
+    /// GPUs wanted.
+    pub gpus: u32,
+    /// Protected seconds.
+    pub min_runtime_s: u64,
+    /// Hard limit.
+    pub time_limit_s: Option<u64>,
+    /// Hook spec; empty: the default.
+    pub hook: String,
+    /// Grace; 0: the default.
+    pub grace_s: u64,
+    /// Command; empty when adopting.
+    pub argv: Vec<String>,
+    /// Adopt this pid instead.
+    pub adopt_pid: Option<i32>,
+    /// User name to run as; empty: the caller.
+    pub user: String,
+    /// Workload id; empty: the lease id.
+    pub workload_id: String,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+}
+
+/// Who is calling, from the socket's peer credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// A ladder the daemon must run (it blocks, so not under the lock).
+#[derive(Debug, Clone)]
+pub struct LadderJob {
+    /// The lease.
+    pub lease: String,
+    /// Whom to signal.
+    pub target: Target,
+    /// How.
+    pub ladder: Ladder,
+}
+
+/// One GPU as the agent shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuView {
+    /// The last sample (UUID, bus id, index, model).
+    pub sample: GpuSample,
+    /// Health state.
+    pub state: GpuState,
+    /// Health reasons, most severe first.
+    pub reasons: Vec<allot_health::verdict::Reason>,
+    /// The live lease holding it.
+    pub lease: Option<String>,
+}
+
+/// The host.
+pub struct Host {
+    store: Store,
+    leases: BTreeMap<String, LeaseRecord>,
+    /// Leases whose process the agent started in this run and reaps itself.
+    owned: BTreeSet<String>,
+    settings: Settings,
+    inventory: Vec<GpuSample>,
+    verdict: Option<Verdict>,
+    drain: Option<Drain>,
+    health_drain: Option<Drain>,
+    /// Bus ids whose leases a GPU-only verdict ended or revoked: no new leases there.
+    held_gpus: BTreeSet<String>,
+}
+
+fn lease_dir(s: &Settings, id: &str) -> PathBuf {
+    s.state_dir.join("leases").join(id)
+}
+
+fn lease_env(l: &LeaseRecord, s: &Settings) -> Vec<(String, String)> {
+    let gpus = l.gpus.join(",");
+    vec![
+        ("ALLOT_LEASE_ID".into(), l.id.clone()),
+        (
+            "ALLOT_CHECKPOINT_DIR".into(),
+            lease_dir(s, &l.id).join("checkpoint").display().to_string(),
+        ),
+        ("CUDA_VISIBLE_DEVICES".into(), gpus.clone()),
+        ("NVIDIA_VISIBLE_DEVICES".into(), gpus),
+    ]
+}
+
+impl Host {
+    /// Loads the lease table and re-adopts what still runs: a lease whose pid now
+    /// names another process (or none) ended while the agent was away.
+    pub fn open(store: Store, settings: Settings, now_ms: i64) -> Result<Host, HostError> {
+        let drain = store
+            .get("drain")?
+            .and_then(|v| serde_json::from_str::<Drain>(&v).ok());
+        let mut h = Host {
+            leases: BTreeMap::new(),
+            owned: BTreeSet::new(),
+            settings,
+            inventory: Vec::new(),
+            verdict: None,
+            drain,
+            health_drain: None,
+            held_gpus: BTreeSet::new(),
+            store,
+        };
+        if let Err(e) = h.store.prune_events(now_ms) {
+            tracing::warn!(error = %e, "cannot prune old events");
+        }
+        for mut l in h.store.leases(ENDED_SHOWN)? {
+            if l.live() {
+                let id = ProcId {
+                    pid: l.pid,
+                    start_ticks: l.start_ticks,
+                };
+                if l.pid <= 0 {
+                    l.end(now_ms, "failed-to-start", "");
+                    h.note(
+                        "lease",
+                        &l.id,
+                        "",
+                        "the agent stopped while starting it; never ran",
+                    );
+                } else if !is_same(id) {
+                    l.end(now_ms, "vanished", "exited");
+                    h.note(
+                        "lease",
+                        &l.id,
+                        "",
+                        &format!("pid {} exited while the agent was away", l.pid),
+                    );
+                } else {
+                    if l.state == LeaseState::Checkpointing {
+                        // The ladder was cut short with the old agent: run it again.
+                        l.state = LeaseState::Revoking;
+                        l.not_before_ms = Some(now_ms);
+                    }
+                    h.note(
+                        "lease",
+                        &l.id,
+                        "",
+                        &format!(
+                            "re-adopted pid {} ({}), timers resume",
+                            l.pid,
+                            l.state.as_str()
+                        ),
+                    );
+                }
+                h.store.put_lease(&l)?;
+            }
+            h.leases.insert(l.id.clone(), l);
+        }
+        Ok(h)
+    }
+
+    /// Records an event (and logs it with fields).
+    fn note(&self, kind: &str, lease: &str, gpu: &str, message: &str) {
+        tracing::info!(kind, lease, gpu, "{message}");
+        let e = Event {
+            at_ms: now_ms(),
+            kind: kind.into(),
+            lease: lease.into(),
+            gpu: gpu.into(),
+            message: message.into(),
+        };
+        if let Err(err) = self.store.event(&e) {
+            tracing::error!(error = %err, "cannot record an event");
+        }
+    }
+
+    /// A config reload's new settings.
+    pub fn set_settings(&mut self, s: Settings) {
+        self.settings = s;
+    }
+
+    /// The contract terms now in force.
+    pub fn terms(&self) -> Terms {
+        Terms {
+            warning_before_ms: self.settings.warning_before_ms,
+        }
+    }
+
+    /// Records a config event.
+    pub fn config_event(&self, message: &str) {
+        self.note("config", "", "", message);
+    }
+
+    fn save(&self, l: &LeaseRecord) {
+        // In-memory state stays the truth for this run; a failed write is loud.
+        if let Err(e) = self.store.put_lease(l) {
+            tracing::error!(lease = %l.id, error = %e, "cannot persist the lease");
+        }
+    }
+
+    /// The drain in force: the operator's wins over health's.
+    pub fn drain_state(&self) -> Option<&Drain> {
+        self.drain.as_ref().or(self.health_drain.as_ref())
+    }
+
+    fn pci_of(&self, uuid: &str) -> Option<&str> {
+        self.inventory
+            .iter()
+            .find(|g| g.uuid == uuid)
+            .map(|g| g.pci.as_str())
+    }
+
+    fn gpu_state(&self, pci: &str) -> GpuState {
+        self.verdict
+            .as_ref()
+            .and_then(|v| v.gpus.iter().find(|g| g.pci == pci))
+            .map_or(GpuState::Healthy, |g| g.state)
+    }
+
+    /// Every GPU with its health and lease.
+    pub fn gpus(&self) -> Vec<GpuView> {
+        let holder: BTreeMap<&str, &str> = self
+            .leases
+            .values()
+            .filter(|l| l.live())
+            .flat_map(|l| l.gpus.iter().map(move |g| (g.as_str(), l.id.as_str())))
+            .collect();
+        self.inventory
+            .iter()
+            .map(|s| {
+                let v = self
+                    .verdict
+                    .as_ref()
+                    .and_then(|v| v.gpus.iter().find(|g| g.pci == s.pci));
+                GpuView {
+                    sample: s.clone(),
+                    state: v.map_or(GpuState::Healthy, |g| g.state),
+                    reasons: v.map(|g| g.reasons.clone()).unwrap_or_default(),
+                    lease: holder.get(s.uuid.as_str()).map(|l| l.to_string()),
+                }
+            })
+            .collect()
+    }
+
+    /// The host verdict (health only).
+    pub fn host_verdict(&self) -> HostVerdict {
+        self.verdict.as_ref().map_or(HostVerdict::Ok, |v| v.host)
+    }
+
+    /// Live leases, then recently ended ones.
+    pub fn leases(&self) -> Vec<LeaseRecord> {
+        let mut v: Vec<LeaseRecord> = self.leases.values().cloned().collect();
+        v.sort_by(|a, b| b.live().cmp(&a.live()).then(a.start_ms.cmp(&b.start_ms)));
+        v
+    }
+
+    /// One lease.
+    pub fn lease(&self, id: &str) -> Option<&LeaseRecord> {
+        self.leases.get(id)
+    }
+
+    /// Events since `since_ms`.
+    pub fn events(&self, since_ms: i64) -> Result<Vec<Event>, HostError> {
+        Ok(self.store.events_since(since_ms, 10_000)?)
+    }
+
+    fn resolve_user(
+        &self,
+        spec: &StartSpec,
+        caller: Caller,
+    ) -> Result<(String, Option<u32>, Option<u32>), HostError> {
+        let me = nix::unistd::geteuid().as_raw();
+        let user = if spec.user.is_empty() {
+            nix::unistd::User::from_uid(caller.uid.into())
+                .ok()
+                .flatten()
+        } else {
+            let u = nix::unistd::User::from_name(&spec.user)
+                .ok()
+                .flatten()
+                .ok_or_else(|| HostError::Invalid {
+                    field: "user",
+                    message: format!("no user {:?} on this host", spec.user),
+                })?;
+            if u.uid.as_raw() != caller.uid && caller.uid != 0 {
+                return Err(HostError::Refused(format!(
+                    "only root may start a lease as another user ({:?}); leave --user out to run as yourself",
+                    spec.user
+                )));
+            }
+            Some(u)
+        };
+        let (name, uid, gid) = match user {
+            Some(u) => (u.name, u.uid.as_raw(), u.gid.as_raw()),
+            None => (caller.uid.to_string(), caller.uid, caller.gid),
+        };
+        // Switching identity needs root; running as the agent's own user needs nothing.
+        if uid == me {
+            Ok((name, None, None))
+        } else if me == 0 {
+            Ok((name, Some(uid), Some(gid)))
+        } else {
+            Err(HostError::Refused(format!(
+                "the agent runs as uid {me} and cannot start work as uid {uid}; run the agent as root"
+            )))
+        }
+    }
+
+    fn free_gpus(&self) -> Vec<&GpuSample> {
+        let used: BTreeSet<&str> = self
+            .leases
+            .values()
+            .filter(|l| l.live())
+            .flat_map(|l| l.gpus.iter().map(String::as_str))
+            .collect();
+        self.inventory
+            .iter()
+            .filter(|g| !used.contains(g.uuid.as_str()))
+            .filter(|g| {
+                self.gpu_state(&g.pci) != GpuState::Failed && !self.held_gpus.contains(&g.pci)
+            })
+            .collect()
+    }
+
+    /// Starts (or adopts) a workload under a new lease. The lease is on disk before
+    /// the process starts, and again with its pid right after.
+    pub fn start(
+        &mut self,
+        spec: StartSpec,
+        caller: Caller,
+        now_ms: i64,
+    ) -> Result<(LeaseRecord, Option<Child>), HostError> {
+        if let Some(d) = self.drain_state() {
+            return Err(HostError::Refused(format!(
+                "host is draining ({}: {}); no new leases until `allot undrain`{}",
+                d.by,
+                d.reason,
+                if d.by == "health" {
+                    " and a healthy verdict"
+                } else {
+                    ""
+                }
+            )));
+        }
+        if spec.gpus == 0 {
+            return Err(HostError::Invalid {
+                field: "gpus",
+                message: "must be at least 1".into(),
+            });
+        }
+        match (spec.argv.is_empty(), spec.adopt_pid) {
+            (true, None) => {
+                return Err(HostError::Invalid {
+                    field: "argv",
+                    message: "give a command after `--`, or --adopt PID".into(),
+                })
+            }
+            (false, Some(_)) => {
+                return Err(HostError::Invalid {
+                    field: "adopt_pid",
+                    message: "give either a command or --adopt PID, not both".into(),
+                })
+            }
+            _ => {}
+        }
+        let hook = if spec.hook.is_empty() {
+            self.settings.default_hook.clone()
+        } else {
+            spec.hook.clone()
+        };
+        if !hook.is_empty() {
+            Hook::from_str(&hook).map_err(|e| HostError::Invalid {
+                field: "checkpoint",
+                message: e.to_string(),
+            })?;
+        }
+        let free = self.free_gpus();
+        if free.len() < spec.gpus as usize {
+            return Err(HostError::Refused(format!(
+                "{} GPUs asked, {} free and healthy of {} (`allot gpus` shows which are leased or unhealthy)",
+                spec.gpus,
+                free.len(),
+                self.inventory.len()
+            )));
+        }
+        let gpus: Vec<String> = free[..spec.gpus as usize]
+            .iter()
+            .map(|g| g.uuid.clone())
+            .collect();
+        let adopt = match spec.adopt_pid {
+            Some(pid) => {
+                let id = identity(pid).ok_or_else(|| HostError::Invalid {
+                    field: "adopt_pid",
+                    message: format!("no running process {pid}"),
+                })?;
+                let pgrp = crate::process::group_and_session(pid).map(|g| g.0);
+                if pgrp != Some(pid) {
+                    return Err(HostError::Invalid {
+                        field: "adopt_pid",
+                        message: format!(
+                            "pid {pid} does not lead its process group (group {}), so signals to its group would reach others; adopt the group leader or start it with setsid",
+                            pgrp.unwrap_or(0)
+                        ),
+                    });
+                }
+                if self.leases.values().any(|l| l.live() && l.pid == pid) {
+                    return Err(HostError::Refused(format!(
+                        "pid {pid} already belongs to a lease"
+                    )));
+                }
+                Some(id)
+            }
+            None => None,
+        };
+        let (user, uid, gid) = self.resolve_user(&spec, caller)?;
+        let n = self.store.next_lease_number()?;
+        let id = format!("L-{n}");
+        let mut l = LeaseRecord {
+            id: id.clone(),
+            workload_id: if spec.workload_id.is_empty() {
+                id.clone()
+            } else {
+                spec.workload_id.clone()
+            },
+            gpus,
+            user,
+            argv: spec.argv.clone(),
+            pid: 0,
+            start_ticks: 0,
+            adopted: adopt.is_some(),
+            start_ms: now_ms,
+            min_runtime_s: spec.min_runtime_s,
+            time_limit_s: spec.time_limit_s,
+            hook,
+            grace_s: if spec.grace_s == 0 {
+                self.settings.default_grace_s
+            } else {
+                spec.grace_s
+            },
+            state: LeaseState::Starting,
+            not_before_ms: None,
+            revoke_why: String::new(),
+            warned: false,
+            ladder_reason: String::new(),
+            ended_by: String::new(),
+            end_reason: String::new(),
+            exit_code: None,
+            ended_ms: 0,
+            steps: Vec::new(),
+        };
+        self.store.put_lease(&l)?;
+        let dir = lease_dir(&self.settings, &id);
+        let (child, proc_id) = match adopt {
+            Some(p) => {
+                let _ = std::fs::create_dir_all(dir.join("checkpoint"));
+                (None, p)
+            }
+            None => {
+                let launched = launch(&Launch {
+                    lease: id.clone(),
+                    argv: spec.argv.clone(),
+                    gpus: l.gpus.clone(),
+                    checkpoint_dir: dir.join("checkpoint"),
+                    log_dir: dir.clone(),
+                    uid,
+                    gid,
+                    env: spec.env.clone(),
+                });
+                match launched {
+                    Ok((c, p)) => (Some(c), p),
+                    Err(e) => {
+                        l.end(now_ms, "failed-to-start", "");
+                        self.save(&l);
+                        self.note("lease", &id, "", &e.to_string());
+                        self.leases.insert(id, l);
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        l.pid = proc_id.pid;
+        l.start_ticks = proc_id.start_ticks;
+        l.state = LeaseState::Running;
+        self.store.put_lease(&l)?;
+        if child.is_some() {
+            self.owned.insert(id.clone());
+        }
+        self.note(
+            "lease",
+            &id,
+            &l.gpus.join(","),
+            &format!(
+                "{} pid {} as {} on {} GPU(s), min runtime {}s{}",
+                if l.adopted { "adopted" } else { "started" },
+                l.pid,
+                l.user,
+                l.gpus.len(),
+                l.min_runtime_s,
+                l.time_limit_s
+                    .map_or(String::new(), |t| format!(", time limit {t}s"))
+            ),
+        );
+        self.leases.insert(id, l.clone());
+        Ok((l, child))
+    }
+
+    fn revoke_inner(&mut self, id: &str, now: bool, why: &str, now_ms: i64) -> Option<LeaseRecord> {
+        let l = self.leases.get_mut(id)?;
+        if !matches!(l.state, LeaseState::Running | LeaseState::Revoking) {
+            return Some(l.clone());
+        }
+        let nb = contract::not_before(l, now_ms, now);
+        if l.state == LeaseState::Revoking && l.not_before_ms == Some(nb) {
+            return Some(l.clone());
+        }
+        l.state = LeaseState::Revoking;
+        l.not_before_ms = Some(nb);
+        l.revoke_why = why.to_string();
+        let l = l.clone();
+        self.save(&l);
+        let wait = (nb - now_ms).max(0) / 1000;
+        self.note(
+            "contract",
+            id,
+            "",
+            &format!(
+                "revoked ({why}); the ladder starts {}",
+                if wait == 0 {
+                    "now".to_string()
+                } else {
+                    format!("in {wait}s, at the min-runtime lapse")
+                }
+            ),
+        );
+        Some(l)
+    }
+
+    /// Revokes a lease: its ladder starts at the min-runtime lapse (at once with `now`).
+    pub fn revoke(
+        &mut self,
+        id: &str,
+        now: bool,
+        why: &str,
+        now_ms: i64,
+    ) -> Result<LeaseRecord, HostError> {
+        self.revoke_inner(id, now, why, now_ms)
+            .ok_or_else(|| HostError::NoLease(id.to_string()))
+    }
+
+    fn revoke_all(&mut self, now: bool, why: &str, now_ms: i64) {
+        let ids: Vec<String> = self
+            .leases
+            .values()
+            .filter(|l| l.live())
+            .map(|l| l.id.clone())
+            .collect();
+        for id in ids {
+            self.revoke_inner(&id, now, why, now_ms);
+        }
+    }
+
+    /// The operator drains the host: no new leases; every lease is revoked at its
+    /// lapse (at once with `now`).
+    pub fn drain(&mut self, reason: &str, now: bool, now_ms: i64) -> Result<Drain, HostError> {
+        if reason.trim().is_empty() {
+            return Err(HostError::Invalid {
+                field: "reason",
+                message: "say why (it is kept and shown), e.g. --reason \"rack maintenance\""
+                    .into(),
+            });
+        }
+        let d = Drain {
+            reason: reason.to_string(),
+            now,
+            by: "operator".into(),
+            at_ms: now_ms,
+        };
+        self.store.set(
+            "drain",
+            Some(&serde_json::to_string(&d).unwrap_or_default()),
+        )?;
+        self.drain = Some(d.clone());
+        self.note(
+            "drain",
+            "",
+            "",
+            &format!(
+                "drained by the operator{}: {reason}",
+                if now { " (now)" } else { "" }
+            ),
+        );
+        self.revoke_all(now, &format!("drain: {reason}"), now_ms);
+        Ok(d)
+    }
+
+    /// Ends the operator's drain (a health drain stays while the verdict says so);
+    /// leases already revoked stay revoked.
+    pub fn undrain(&mut self) -> Result<Option<Drain>, HostError> {
+        self.store.set("drain", None)?;
+        if self.drain.take().is_some() {
+            self.note("drain", "", "", "undrained by the operator");
+        }
+        Ok(self.drain_state().cloned())
+    }
+
+    /// A new health verdict (and the GPUs as last sampled).
+    pub fn on_verdict(&mut self, v: Verdict, inventory: Vec<GpuSample>, now_ms: i64) {
+        if !inventory.is_empty() {
+            self.inventory = inventory;
+        }
+        let changed = self.verdict.as_ref() != Some(&v);
+        self.verdict = Some(v.clone());
+        if !changed {
+            return;
+        }
+        for g in &v.gpus {
+            if let Some(r) = g.reasons.first() {
+                self.note(
+                    "health",
+                    "",
+                    &g.pci,
+                    &format!("{:?}: {}: {}", g.state, r.signal, r.detail).to_lowercase(),
+                );
+            }
+        }
+        // A lease on a GPU that failed cannot finish: end it and kill the workload now.
+        let failed: BTreeSet<String> = v
+            .gpus
+            .iter()
+            .filter(|g| g.state == GpuState::Failed)
+            .map(|g| g.pci.clone())
+            .collect();
+        let doomed: Vec<String> = self
+            .leases
+            .values()
+            .filter(|l| {
+                l.live()
+                    && l.gpus
+                        .iter()
+                        .any(|u| self.pci_of(u).is_some_and(|p| failed.contains(p)))
+            })
+            .map(|l| l.id.clone())
+            .collect();
+        for id in doomed {
+            self.kill_lost(&id, now_ms);
+        }
+        let known: BTreeSet<&str> = self.inventory.iter().map(|g| g.pci.as_str()).collect();
+        let summary = v
+            .gpus
+            .iter()
+            .filter(|g| g.reasons.iter().any(|r| r.action.is_some()))
+            .map(|g| {
+                format!(
+                    "{} {}",
+                    g.pci,
+                    g.reasons.first().map_or("", |r| r.signal.as_str())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        if v.host == HostVerdict::Ok {
+            self.held_gpus.clear();
+            if self.health_drain.take().is_some() {
+                self.note(
+                    "drain",
+                    "",
+                    "",
+                    "health verdict ok again: health drain lifted",
+                );
+            }
+            return;
+        }
+        if !v.only_gpus.is_empty() {
+            // Only those GPUs' leases end; the rest of the host keeps working.
+            let now = v.host == HostVerdict::DrainNow;
+            self.held_gpus = v.only_gpus.iter().cloned().collect();
+            let ids: Vec<String> = self
+                .leases
+                .values()
+                .filter(|l| {
+                    l.live()
+                        && l.gpus
+                            .iter()
+                            .any(|u| self.pci_of(u).is_some_and(|p| self.held_gpus.contains(p)))
+                })
+                .map(|l| l.id.clone())
+                .collect();
+            for id in ids {
+                self.revoke_inner(&id, now, &format!("health: {summary}"), now_ms);
+            }
+            return;
+        }
+        // A drain-now whose cause is a GPU already handled above (its lease killed)
+        // leaves the others their protection; one from elsewhere (an NVSwitch) does not.
+        let now = v.host == HostVerdict::DrainNow
+            && v.gpus.iter().any(|g| {
+                g.reasons
+                    .iter()
+                    .any(|r| r.action == Some(allot_health::xid::Action::DrainNow))
+                    && !known.contains(g.pci.as_str())
+            });
+        let d = Drain {
+            reason: summary.clone(),
+            now,
+            by: "health".into(),
+            at_ms: now_ms,
+        };
+        if self.health_drain.as_ref().map(|h| (&h.reason, h.now)) != Some((&d.reason, d.now)) {
+            self.note(
+                "drain",
+                "",
+                "",
+                &format!("drained by health verdict {:?}: {summary}", v.host).to_lowercase(),
+            );
+            self.health_drain = Some(d);
+            self.revoke_all(now, &format!("health: {summary}"), now_ms);
+        }
+    }
+
+    fn kill_lost(&mut self, id: &str, now_ms: i64) {
+        let Some(l) = self.leases.get_mut(id) else {
+            return;
+        };
+        if is_same(ProcId {
+            pid: l.pid,
+            start_ticks: l.start_ticks,
+        }) {
+            let _ = killpg(Pid::from_raw(l.pgid()), Signal::SIGKILL);
+        }
+        l.end(now_ms, "gpu-lost", "kill");
+        let l = l.clone();
+        self.save(&l);
+        self.note(
+            "lease",
+            id,
+            &l.gpus.join(","),
+            "ended as failed: its GPU is gone; workload killed",
+        );
+    }
+
+    /// A process the agent reaps exited.
+    pub fn on_exit(&mut self, id: &str, code: Option<i32>, now_ms: i64) {
+        self.owned.remove(id);
+        let Some(l) = self.leases.get_mut(id) else {
+            return;
+        };
+        l.exit_code = code;
+        if matches!(
+            l.state,
+            LeaseState::Running | LeaseState::Revoking | LeaseState::Starting
+        ) {
+            l.end(now_ms, "exited", "exited");
+            let l = l.clone();
+            self.save(&l);
+            self.note(
+                "lease",
+                id,
+                "",
+                &format!(
+                    "workload exited ({})",
+                    code.map_or("signalled".into(), |c| format!("code {c}"))
+                ),
+            );
+        } else {
+            let l = l.clone();
+            self.save(&l);
+        }
+    }
+
+    /// The agent reaps this lease's process itself (so it need not poll it).
+    pub fn is_owned(&self, id: &str) -> bool {
+        self.owned.contains(id)
+    }
+
+    /// The earliest instant the host needs the daemon's attention.
+    pub fn next_wakeup(&self, now_ms: i64) -> Option<i64> {
+        let timers = contract::next_wakeup(self.leases.values(), self.terms());
+        let poll = self
+            .leases
+            .values()
+            .any(|l| {
+                l.live() && !self.owned.contains(&l.id) && l.state != LeaseState::Checkpointing
+            })
+            .then_some(now_ms + ADOPTED_POLL_MS);
+        timers.into_iter().chain(poll).min()
+    }
+
+    /// Does what is due at `now_ms`; returns the ladders to run.
+    pub fn tick(&mut self, now_ms: i64) -> Vec<LadderJob> {
+        let terms = self.terms();
+        let mut jobs = Vec::new();
+        let ids: Vec<String> = self
+            .leases
+            .values()
+            .filter(|l| l.live())
+            .map(|l| l.id.clone())
+            .collect();
+        for id in ids {
+            let owned = self.owned.contains(&id);
+            let Some(l) = self.leases.get(&id) else {
+                continue;
+            };
+            let alive = is_same(ProcId {
+                pid: l.pid,
+                start_ticks: l.start_ticks,
+            });
+            if !owned && !alive && l.state != LeaseState::Checkpointing {
+                let mut l = l.clone();
+                l.end(now_ms, "exited", "exited");
+                self.save(&l);
+                self.note("lease", &id, "", &format!("pid {} exited", l.pid));
+                self.leases.insert(id, l);
+                continue;
+            }
+            for d in contract::due(l, terms, now_ms) {
+                match d {
+                    Due::Warn => {
+                        let Some(l) = self.leases.get_mut(&id) else {
+                            continue;
+                        };
+                        l.warned = true;
+                        if alive {
+                            let _ = killpg(Pid::from_raw(l.pgid()), self.settings.warning_signal);
+                        }
+                        let l = l.clone();
+                        self.save(&l);
+                        self.note(
+                            "contract",
+                            &id,
+                            "",
+                            &format!(
+                                "time-limit warning ({}) sent",
+                                self.settings.warning_signal.as_str()
+                            ),
+                        );
+                    }
+                    Due::TimeLimit | Due::Revoke => {
+                        let reason = if d == Due::TimeLimit {
+                            "time-limit"
+                        } else {
+                            "revoked"
+                        };
+                        if let Some(j) = self.begin_ladder(&id, reason, alive) {
+                            jobs.push(j);
+                        }
+                    }
+                }
+            }
+        }
+        jobs
+    }
+
+    fn begin_ladder(&mut self, id: &str, reason: &str, alive: bool) -> Option<LadderJob> {
+        let settings = self.settings.clone();
+        let l = self.leases.get_mut(id)?;
+        l.state = LeaseState::Checkpointing;
+        l.ladder_reason = reason.into();
+        let l = l.clone();
+        self.save(&l);
+        self.note(
+            "contract",
+            id,
+            "",
+            &format!(
+                "{reason}: checkpoint ladder starts (hook {}, grace {}s)",
+                if l.hook.is_empty() { "none" } else { &l.hook },
+                l.grace_s
+            ),
+        );
+        // A recycled pid must never be signalled: a gone process gets an empty ladder.
+        let pgid = if alive { l.pgid() } else { i32::MAX };
+        Some(LadderJob {
+            lease: id.to_string(),
+            target: Target {
+                lease: id.to_string(),
+                pgid,
+                checkpoint_dir: lease_dir(&settings, id).join("checkpoint"),
+                env: lease_env(&l, &settings),
+            },
+            ladder: Ladder {
+                hook: l.hook.parse().ok(),
+                grace: Duration::from_secs(l.grace_s),
+                term_grace: Duration::from_secs(settings.term_grace_s),
+                marker: DEFAULT_MARKER.into(),
+            },
+        })
+    }
+
+    /// A ladder finished.
+    pub fn ladder_done(&mut self, id: &str, o: &Outcome, now_ms: i64) {
+        let Some(l) = self.leases.get_mut(id) else {
+            return;
+        };
+        l.steps = o
+            .steps
+            .iter()
+            .map(|s| StepRecord {
+                rung: format!("{:?}", s.rung).to_lowercase(),
+                took_ms: s.took_ms,
+                note: s.note.clone(),
+            })
+            .collect();
+        if l.live() {
+            let reason = if l.ladder_reason.is_empty() {
+                "revoked".to_string()
+            } else {
+                l.ladder_reason.clone()
+            };
+            l.end(now_ms, &reason, &format!("{:?}", o.ended_by).to_lowercase());
+        }
+        let l = l.clone();
+        self.save(&l);
+        self.note(
+            "contract",
+            id,
+            "",
+            &format!(
+                "ended by {}{}: {}",
+                l.ended_by,
+                if o.checkpointed {
+                    " after a checkpoint"
+                } else {
+                    ""
+                },
+                l.steps
+                    .iter()
+                    .map(|s| format!("{} {}ms", s.rung, s.took_ms))
+                    .collect::<Vec<_>>()
+                    .join(" → ")
+            ),
+        );
+    }
+}
+
+/// Wall-clock Unix milliseconds (the daemon's one clock).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}

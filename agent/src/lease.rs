@@ -1,0 +1,123 @@
+//! A lease as the agent holds it: what runs on which GPUs, under which contract, and
+//! how it ended. Stored as one JSON row per lease (see `store.rs`).
+
+use serde::{Deserialize, Serialize};
+
+/// Where a lease is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LeaseState {
+    /// Recorded, the process not yet started.
+    Starting,
+    /// Running under its contract.
+    Running,
+    /// Asked to end; waits for `not_before`.
+    Revoking,
+    /// The checkpoint ladder is running.
+    Checkpointing,
+    /// Over.
+    Ended,
+}
+
+impl LeaseState {
+    /// Lower-case name, as the CLI shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseState::Starting => "starting",
+            LeaseState::Running => "running",
+            LeaseState::Revoking => "revoking",
+            LeaseState::Checkpointing => "checkpointing",
+            LeaseState::Ended => "ended",
+        }
+    }
+}
+
+/// One rung of the ladder that ended the lease, and how long it took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// `checkpoint`, `term`, `kill`, `exited`.
+    pub rung: String,
+    /// Milliseconds on this rung.
+    pub took_ms: u64,
+    /// What was seen.
+    pub note: String,
+}
+
+/// A lease and its workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    /// Lease id.
+    pub id: String,
+    /// Workload id (the lease id for local leases).
+    pub workload_id: String,
+    /// GPUs by UUID.
+    pub gpus: Vec<String>,
+    /// The user it runs as.
+    pub user: String,
+    /// The command (empty when adopted).
+    pub argv: Vec<String>,
+    /// Process id (0 before the start); also its process group and session.
+    pub pid: i32,
+    /// The process's start time in clock ticks since boot: with `pid`, its identity.
+    pub start_ticks: u64,
+    /// Started by something else and adopted by pid.
+    pub adopted: bool,
+    /// Start, Unix milliseconds.
+    pub start_ms: i64,
+    /// Protected for this long from the start.
+    pub min_runtime_s: u64,
+    /// Ends at start + this.
+    pub time_limit_s: Option<u64>,
+    /// The checkpoint hook spec (`signal:USR1`, `exec:…`, `http:…`; empty: none).
+    pub hook: String,
+    /// How long a checkpoint may take.
+    pub grace_s: u64,
+    /// State.
+    pub state: LeaseState,
+    /// While revoking: the ladder starts at this Unix millisecond.
+    pub not_before_ms: Option<i64>,
+    /// Who revoked it and why.
+    pub revoke_why: String,
+    /// The time-limit warning was sent.
+    pub warned: bool,
+    /// Why the ladder runs (`revoked`, `time-limit`), kept for the end reason.
+    pub ladder_reason: String,
+    /// The rung that ended it.
+    pub ended_by: String,
+    /// `exited`, `revoked`, `time-limit`, `gpu-lost`, `vanished`, `failed-to-start`.
+    pub end_reason: String,
+    /// Exit status, when the agent saw it.
+    pub exit_code: Option<i32>,
+    /// End, Unix milliseconds (0 while live).
+    pub ended_ms: i64,
+    /// The ladder's steps.
+    pub steps: Vec<StepRecord>,
+}
+
+impl LeaseRecord {
+    /// Not ended.
+    pub fn live(&self) -> bool {
+        self.state != LeaseState::Ended
+    }
+
+    /// When its protection lapses (Unix ms).
+    pub fn lapse_ms(&self) -> i64 {
+        self.start_ms.saturating_add(
+            i64::try_from(self.min_runtime_s.saturating_mul(1000)).unwrap_or(i64::MAX),
+        )
+    }
+
+    /// The process group the ladder signals (each workload leads its own).
+    pub fn pgid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Ends it now.
+    pub fn end(&mut self, now_ms: i64, reason: &str, by: &str) {
+        self.state = LeaseState::Ended;
+        self.ended_ms = now_ms;
+        self.end_reason = reason.into();
+        self.ended_by = by.into();
+        self.not_before_ms = None;
+    }
+}

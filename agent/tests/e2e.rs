@@ -1,0 +1,522 @@
+//! End to end: the real agent binary on fake GPUs, real workloads (sh) receiving real
+//! signals, driven through the real `allot` CLI over the unix socket.
+
+mod support;
+
+use std::time::Duration;
+use support::{stamp_ms, wait_for, TestAgent};
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// A workload that checkpoints on SIGUSR1: records when the signal came, writes the
+/// marker, ends its child and exits.
+const CHECKPOINTS_ON_USR1: &str = r#"trap 'date +%s%N > "$ALLOT_CHECKPOINT_DIR/got-usr1"; touch "$ALLOT_CHECKPOINT_DIR/checkpoint.done"; kill $P; exit 0' USR1
+sleep 600 & P=$!
+while :; do wait $P; done"#;
+
+fn id(l: &serde_json::Value) -> String {
+    l["id"].as_str().expect("lease id").to_string()
+}
+
+#[test]
+fn checkpoint_signal_waits_for_the_min_runtime_lapse() {
+    let a = TestAgent::start("lapse", "");
+    let l = a.lease_start(
+        &[
+            "--gpus",
+            "2",
+            "--min-runtime",
+            "3s",
+            "--checkpoint",
+            "signal:USR1",
+        ],
+        CHECKPOINTS_ON_USR1,
+    );
+    let lid = id(&l);
+    assert_eq!(l["gpu_uuids"].as_array().map(Vec::len), Some(2));
+    let lapse = l["start_unix_ms"].as_i64().expect("start") + 3_000;
+    let r = a.json(&["lease", "revoke", &lid, "--json"]);
+    assert_eq!(r["state"], "revoking", "{r}");
+    // Protected: nothing has reached the workload yet.
+    assert!(!a.checkpoint_dir(&lid).join("got-usr1").exists());
+    let ended = a.wait_ended(&lid, LONG);
+    let got = stamp_ms(&a.checkpoint_dir(&lid).join("got-usr1")).expect("the workload got SIGUSR1");
+    assert!(got >= lapse, "signal {}ms before the lapse", lapse - got);
+    assert!(got < lapse + 1_000, "signal {}ms late", got - lapse);
+    assert_eq!(ended["ended_by"], "checkpoint", "{ended}");
+    assert_eq!(ended["end_reason"], "revoked", "{ended}");
+    // Its GPUs are free again, and the log has the contract's story.
+    let gpus = a.json(&["gpus", "--json"]);
+    assert!(
+        gpus["gpus"]
+            .as_array()
+            .expect("gpus")
+            .iter()
+            .all(|g| g["lease_id"] == ""),
+        "{gpus}"
+    );
+    let ev = a.events();
+    assert!(
+        ev.iter().any(|e| e["lease_id"] == lid.as_str()
+            && e["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("ended by checkpoint")),
+        "{ev:?}"
+    );
+}
+
+#[test]
+fn a_workload_that_ignores_everything_climbs_to_sigkill() {
+    let a = TestAgent::start("kill", "");
+    let l = a.lease_start(
+        &[
+            "--gpus",
+            "1",
+            "--grace",
+            "1s",
+            "--checkpoint",
+            "signal:USR1",
+        ],
+        "trap '' USR1 TERM; while :; do sleep 1; done",
+    );
+    let lid = id(&l);
+    a.json(&["lease", "revoke", &lid, "--now", "--json"]);
+    let ended = a.wait_ended(&lid, LONG);
+    assert_eq!(ended["ended_by"], "kill", "{ended}");
+    let rungs: Vec<&str> = ended["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter_map(|s| s["rung"].as_str())
+        .collect();
+    assert_eq!(rungs, ["checkpoint", "term", "kill"], "{ended}");
+    let pid = ended["pid"].as_i64().expect("pid") as i32;
+    assert!(
+        !allot_checkpoint_hooks::group_alive(pid),
+        "the whole group is gone"
+    );
+}
+
+#[test]
+fn exec_and_http_hooks_reach_the_workload() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let a = TestAgent::start("hooks", "");
+    // exec: a command run with the lease's environment.
+    let hook_out = a.dir.join("hook-ran");
+    let script = a.dir.join("hook.sh");
+    std::fs::write(
+        &script,
+        format!("echo \"$ALLOT_LEASE_ID\" > {:?}\n", hook_out),
+    )
+    .expect("hook script");
+    let spec = format!("exec:/bin/sh {}", script.display());
+    let l = a.lease_start(&["--gpus", "1", "--checkpoint", &spec], "sleep 600");
+    let lid = id(&l);
+    a.json(&["lease", "revoke", &lid, "--now", "--json"]);
+    let ended = a.wait_ended(&lid, LONG);
+    assert_eq!(
+        std::fs::read_to_string(&hook_out)
+            .expect("the hook ran")
+            .trim(),
+        lid
+    );
+    assert_eq!(ended["steps"][0]["rung"], "checkpoint", "{ended}");
+
+    // http: a POST with a JSON body naming the lease; 200 means done.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("the agent calls");
+        let mut r = BufReader::new(s.try_clone().expect("clone"));
+        let mut head = String::new();
+        let mut len = 0usize;
+        loop {
+            let mut line = String::new();
+            r.read_line(&mut line).expect("header");
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            head.push_str(&line);
+        }
+        let mut body = vec![0; len];
+        r.read_exact(&mut body).expect("body");
+        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .expect("reply");
+        (head, String::from_utf8_lossy(&body).to_string())
+    });
+    let spec = format!("http://127.0.0.1:{port}/checkpoint");
+    let l = a.lease_start(&["--gpus", "1", "--checkpoint", &spec], "sleep 600");
+    let lid = id(&l);
+    a.json(&["lease", "revoke", &lid, "--now", "--json"]);
+    let ended = a.wait_ended(&lid, LONG);
+    let (head, body) = server.join().expect("server");
+    assert!(head.starts_with("POST /checkpoint"), "{head}");
+    assert!(body.contains(&lid), "{body}");
+    assert_eq!(ended["steps"][0]["rung"], "checkpoint", "{ended}");
+}
+
+#[test]
+fn xid_79_ends_the_lost_gpus_lease_at_once_and_drains_the_rest() {
+    let a = TestAgent::start("xid", "");
+    let first = a.lease_start(
+        &[
+            "--gpus",
+            "2",
+            "--min-runtime",
+            "1h",
+            "--checkpoint",
+            "signal:USR1",
+        ],
+        CHECKPOINTS_ON_USR1,
+    );
+    let second = a.lease_start(
+        &[
+            "--gpus",
+            "2",
+            "--min-runtime",
+            "1h",
+            "--checkpoint",
+            "signal:USR1",
+        ],
+        CHECKPOINTS_ON_USR1,
+    );
+    let gpus = a.json(&["gpus", "--json"]);
+    let lost = gpus["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .find(|g| g["lease_id"] == second["id"])
+        .expect("the second lease's GPU")
+        .clone();
+    let pci = lost["pci"].as_str().expect("pci");
+    a.kernel_log(&format!(
+        "[12345.678] NVRM: Xid (PCI:{pci}): 79, pid=1234, name=python, GPU has fallen off the bus."
+    ));
+    let ended = a.wait_ended(&id(&second), LONG);
+    assert_eq!(ended["end_reason"], "gpu-lost", "{ended}");
+    let pid = ended["pid"].as_i64().expect("pid") as i32;
+    wait_for("the killed workload to vanish", LONG, || {
+        (!allot_checkpoint_hooks::group_alive(pid)).then_some(())
+    });
+    // The other lease keeps its protection: revoked for the lapse, still running.
+    let f = wait_for("the healthy lease to be revoked", LONG, || {
+        let f = a.lease(&id(&first));
+        (f["state"] == "revoking").then_some(f)
+    });
+    let lapse = f["start_unix_ms"].as_i64().expect("start") / 1000 + 3_600;
+    assert!(
+        (f["not_before_unix"].as_i64().expect("not_before") - lapse).abs() <= 1,
+        "{f}"
+    );
+    assert!(!a.checkpoint_dir(&id(&first)).join("got-usr1").exists());
+    let g = a.json(&["gpus", "--json"]);
+    assert_eq!(g["verdict"], "drain-now", "{g}");
+    assert_eq!(g["drain"]["by"], "health", "{g}");
+    let failed: Vec<&serde_json::Value> = g["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .filter(|x| x["state"] == "failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{g}");
+    assert_eq!(failed[0]["pci"], pci);
+    // A drained host takes no new lease, and says why.
+    let out = a.allot(&["lease", "start", "--gpus", "1", "--", "true"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("draining") && err.contains("xid:79"), "{err}");
+}
+
+#[test]
+fn operator_drain_and_undrain_with_a_reason() {
+    let a = TestAgent::start("drain", "");
+    let l = a.lease_start(&["--gpus", "1", "--min-runtime", "1h"], "sleep 600");
+    let d = a.json(&["drain", "--reason", "rack maintenance", "--json"]);
+    assert_eq!(d["reason"], "rack maintenance", "{d}");
+    assert_eq!(a.lease(&id(&l))["state"], "revoking");
+    let g = a.json(&["gpus", "--json"]);
+    assert_eq!(g["drain"]["reason"], "rack maintenance", "{g}");
+    let out = a.allot(&["lease", "start", "--gpus", "1", "--", "true"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rack maintenance"));
+    let u = a.json(&["undrain", "--json"]);
+    assert_eq!(u["draining"], false, "{u}");
+    let l2 = a.lease_start(&["--gpus", "1"], "sleep 600");
+    assert_eq!(l2["state"], "running", "{l2}");
+    // The drain with no reason is refused by the CLI itself.
+    assert_eq!(a.allot(&["drain"]).status.code(), Some(2));
+}
+
+#[test]
+fn kill_9_of_the_agent_loses_nothing_and_the_lapse_is_still_kept() {
+    let mut a = TestAgent::start("restart", "");
+    let l = a.lease_start(
+        &[
+            "--gpus",
+            "1",
+            "--min-runtime",
+            "4s",
+            "--checkpoint",
+            "signal:USR1",
+        ],
+        CHECKPOINTS_ON_USR1,
+    );
+    let lid = id(&l);
+    let lapse = l["start_unix_ms"].as_i64().expect("start") + 4_000;
+    a.json(&["lease", "revoke", &lid, "--json"]);
+    a.kill9();
+    let pid = l["pid"].as_i64().expect("pid") as i32;
+    assert!(
+        allot_checkpoint_hooks::group_alive(pid),
+        "the workload outlives its agent"
+    );
+    a.launch();
+    let back = a.lease(&lid);
+    assert_eq!(back["state"], "revoking", "{back}");
+    let ended = a.wait_ended(&lid, LONG);
+    let got = stamp_ms(&a.checkpoint_dir(&lid).join("got-usr1")).expect("signal after the restart");
+    assert!(
+        got >= lapse && got < lapse + 1_500,
+        "lapse {lapse}, signal {got}"
+    );
+    assert_eq!(ended["ended_by"], "checkpoint", "{ended}");
+    assert!(a
+        .events()
+        .iter()
+        .any(|e| e["message"].as_str().unwrap_or("").contains("re-adopted")));
+}
+
+#[test]
+fn a_recycled_pid_is_never_signalled() {
+    use std::os::unix::process::CommandExt;
+    let mut a = TestAgent::start("recycle", "");
+    let l = a.lease_start(&["--gpus", "1", "--min-runtime", "0s"], "sleep 600");
+    let lid = id(&l);
+    a.kill9();
+    // The workload ends while the agent is away, and its pid now names someone else:
+    // another process group leader, standing in for a recycled pid.
+    let old = l["pid"].as_i64().expect("pid") as i32;
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("600")
+        .process_group(0)
+        .spawn()
+        .expect("bystander");
+    let by = bystander.id() as i32;
+    let db = rusqlite::Connection::open(a.dir.join("state/agent.db")).expect("db");
+    let body: String = db
+        .query_row("SELECT body FROM leases WHERE id = ?1", [&lid], |r| {
+            r.get(0)
+        })
+        .expect("row");
+    let mut v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    v["pid"] = by.into();
+    db.execute(
+        "UPDATE leases SET body = ?1 WHERE id = ?2",
+        [v.to_string(), lid.clone()],
+    )
+    .expect("update");
+    drop(db);
+    a.launch();
+    let ended = a.lease(&lid);
+    assert_eq!(ended["state"], "ended", "{ended}");
+    assert_eq!(ended["end_reason"], "vanished", "{ended}");
+    // Revoking it now must not reach the bystander.
+    let _ = a.allot(&["lease", "revoke", &lid, "--now"]);
+    assert_eq!(
+        bystander.try_wait().expect("try_wait"),
+        None,
+        "the bystander was signalled"
+    );
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+}
+
+#[test]
+fn an_adopted_process_is_held_to_the_contract() {
+    use std::os::unix::process::CommandExt;
+    let a = TestAgent::start("adopt", "");
+    let marker = a.dir.join("adopted-got-usr1");
+    let mut p = std::process::Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "trap 'date +%s%N > {:?}; exit 0' USR1; while :; do sleep 0.05; done",
+                marker
+            ),
+        ])
+        .process_group(0)
+        .spawn()
+        .expect("workload");
+    let pid = p.id().to_string();
+    let l = a.json(&[
+        "lease",
+        "start",
+        "--gpus",
+        "1",
+        "--adopt",
+        &pid,
+        "--checkpoint",
+        "signal:USR1",
+        "--json",
+    ]);
+    assert_eq!(l["adopted"], true, "{l}");
+    a.json(&["lease", "revoke", &id(&l), "--now", "--json"]);
+    let ended = a.wait_ended(&id(&l), LONG);
+    assert!(
+        marker.exists(),
+        "the adopted process got the checkpoint signal"
+    );
+    assert_eq!(ended["ended_by"], "checkpoint", "{ended}");
+    let _ = p.wait();
+    // A process that does not lead its group cannot be adopted (its group is shared).
+    let out = a.allot(&[
+        "lease",
+        "start",
+        "--gpus",
+        "1",
+        "--adopt",
+        &std::process::id().to_string(),
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("process group"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn time_limit_warns_then_ends_the_lease() {
+    let a = TestAgent::start(
+        "limit",
+        "time_limit_warning = \"2s\"\ntime_limit_signal = \"USR2\"",
+    );
+    let l = a.lease_start(
+        &[
+            "--gpus",
+            "1",
+            "--time-limit",
+            "3s",
+            "--checkpoint",
+            "signal:USR1",
+        ],
+        r#"trap 'date +%s%N > "$ALLOT_CHECKPOINT_DIR/got-usr2"' USR2
+trap 'kill $P; exit 0' USR1
+sleep 600 & P=$!
+while :; do wait $P; done"#,
+    );
+    let lid = id(&l);
+    let start = l["start_unix_ms"].as_i64().expect("start");
+    let ended = a.wait_ended(&lid, LONG);
+    let warned = stamp_ms(&a.checkpoint_dir(&lid).join("got-usr2")).expect("the warning came");
+    assert!(
+        warned >= start + 1_000 && warned < start + 2_000,
+        "warning at +{}ms",
+        warned - start
+    );
+    assert_eq!(ended["end_reason"], "time-limit", "{ended}");
+    assert!(
+        ended["ended_unix"].as_i64().expect("end") * 1000 >= start + 2_000,
+        "{ended}"
+    );
+}
+
+#[test]
+fn bad_config_bad_arguments_and_outsiders_get_clear_errors() {
+    // A bad config file: the agent refuses to start, naming line and field.
+    let dir = std::env::temp_dir().join(format!("allot-e2e-badcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = dir.join("agent.toml");
+    std::fs::write(
+        &cfg,
+        "[agent]\nsocket = \"/tmp/x.sock\"\ndefault_grace = \"soon\"\n",
+    )
+    .expect("cfg");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_allot-agent"))
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("agent.toml:3") && err.contains("soon"),
+        "{err}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_allot-agent"))
+        .args(["--gpu-source", "gpus:8"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+
+    let a = TestAgent::start("errors", "socket_mode = \"0666\"");
+    // A bad CLI argument.
+    let out = a.allot(&[
+        "lease",
+        "start",
+        "--gpus",
+        "1",
+        "--min-runtime",
+        "10x",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--min-runtime"));
+    // Asking for more GPUs than the host has.
+    let out = a.allot(&["lease", "start", "--gpus", "9", "--", "true"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("9 GPUs asked, 8 free"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // An outsider may read but not change.
+    let nobody = 65_534;
+    let out = a.allot_as(Some(nobody), &["leases", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = a.allot_as(Some(nobody), &["drain", "--reason", "mine now"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs root or membership"), "{err}");
+    assert_eq!(a.json(&["gpus", "--json"])["drain"]["draining"], false);
+
+    // A reload with a broken file keeps the running config and says why.
+    let text = std::fs::read_to_string(&a.config).expect("config");
+    std::fs::write(
+        &a.config,
+        text.replace("term_grace = \"2s\"", "term_grace = \"later\""),
+    )
+    .expect("write");
+    let ev = wait_for("the reload to be rejected", LONG, || {
+        a.events().into_iter().find(|e| {
+            e["kind"] == "config" && e["message"].as_str().unwrap_or("").contains("rejected")
+        })
+    });
+    assert!(
+        ev["message"].as_str().unwrap_or("").contains("term_grace"),
+        "{ev}"
+    );
+    assert!(a.allot(&["gpus"]).status.success(), "still serving");
+}
+
+#[test]
+fn the_default_socket_mode_keeps_outsiders_out() {
+    let a = TestAgent::start("mode", "");
+    let out = a.allot_as(Some(65_534), &["leases"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("permission denied") && err.contains("allot"),
+        "{err}"
+    );
+}

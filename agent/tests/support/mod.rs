@@ -1,0 +1,244 @@
+//! A throwaway agent for end-to-end tests: the real `allot-agent` binary on the fake
+//! GPU source, with its own temp state dir, socket, config and kernel-log file, driven
+//! through the real `allot` CLI. Dropping it stops the agent and every workload group
+//! it started.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+/// The `allot` CLI, built beside the agent (the workspace builds every binary before
+/// its tests; a package-only run builds it here).
+pub fn allot_bin() -> PathBuf {
+    let agent = PathBuf::from(env!("CARGO_BIN_EXE_allot-agent"));
+    let cli = agent.with_file_name("allot");
+    if !cli.exists() {
+        let ok = Command::new(env!("CARGO"))
+            .args(["build", "-p", "allot-cli", "--bin", "allot"])
+            .status()
+            .expect("cargo runs")
+            .success();
+        assert!(ok, "building the allot CLI");
+    }
+    cli
+}
+
+/// Polls `f` until it returns `Some`, for at most `limit`: what the test waits for is
+/// a state change in another process, seen through its API.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// A running test agent.
+pub struct TestAgent {
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub config: PathBuf,
+    pub kmsg: PathBuf,
+    pub child: Option<Child>,
+}
+
+impl TestAgent {
+    /// Writes a config (`extra` is appended to `[agent]`) and starts the agent.
+    pub fn start(tag: &str, extra: &str) -> TestAgent {
+        let dir = std::env::temp_dir().join(format!("allot-e2e-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let socket = dir.join("agent.sock");
+        let kmsg = dir.join("kmsg");
+        std::fs::write(&kmsg, "").expect("kmsg file");
+        let config = dir.join("agent.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nterm_grace = \"2s\"\ndefault_grace = \"2s\"\n{extra}\n[health]\nsource = \"fake:8\"\ninterval_s = 1\nkmsg = {:?}\n",
+                socket,
+                dir.join("state"),
+                kmsg
+            ),
+        )
+        .expect("config");
+        let mut a = TestAgent {
+            dir,
+            socket,
+            config,
+            kmsg,
+            child: None,
+        };
+        a.launch();
+        a
+    }
+
+    /// Starts (or restarts) the agent process and waits until it answers.
+    pub fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("agent.log"))
+            .expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_allot-agent"))
+            .arg("--config")
+            .arg(&self.config)
+            .stderr(log)
+            .spawn()
+            .expect("agent starts");
+        self.child = Some(child);
+        wait_for("the agent to answer", Duration::from_secs(30), || {
+            self.allot(&["gpus", "--json"])
+                .status
+                .success()
+                .then_some(())
+        });
+    }
+
+    /// Runs the CLI against this agent.
+    pub fn allot(&self, args: &[&str]) -> Output {
+        self.allot_as(None, args)
+    }
+
+    /// Runs the CLI as another uid.
+    pub fn allot_as(&self, uid: Option<u32>, args: &[&str]) -> Output {
+        use std::os::unix::process::CommandExt;
+        let mut c = Command::new(allot_bin());
+        // Through the environment: flags after `--` belong to the workload.
+        c.args(args).env("ALLOT_SOCKET", &self.socket);
+        if let Some(u) = uid {
+            c.uid(u).gid(u);
+        }
+        c.output().expect("allot runs")
+    }
+
+    /// Runs the CLI, expects success, parses its JSON.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.allot(args);
+        assert!(
+            out.status.success(),
+            "allot {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "allot {args:?} printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    /// Starts a lease; returns its JSON.
+    pub fn lease_start(&self, flags: &[&str], script: &str) -> serde_json::Value {
+        let mut args = vec!["lease", "start", "--json"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", script]);
+        self.json(&args)
+    }
+
+    /// One lease by id.
+    pub fn lease(&self, id: &str) -> serde_json::Value {
+        let all = self.json(&["leases", "--json"]);
+        all.as_array()
+            .and_then(|a| a.iter().find(|l| l["id"] == id).cloned())
+            .unwrap_or_else(|| panic!("lease {id} not listed: {all}"))
+    }
+
+    /// Waits until the lease has ended; returns it.
+    pub fn wait_ended(&self, id: &str, limit: Duration) -> serde_json::Value {
+        wait_for(&format!("lease {id} to end"), limit, || {
+            let l = self.lease(id);
+            (l["state"] == "ended").then_some(l)
+        })
+    }
+
+    /// Events as JSON.
+    pub fn events(&self) -> Vec<serde_json::Value> {
+        self.json(&["events", "--json"])
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Appends a kernel-log line the agent's health monitor reads.
+    pub fn kernel_log(&self, line: &str) {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.kmsg)
+            .expect("kmsg");
+        writeln!(f, "{line}").expect("write kmsg");
+    }
+
+    /// The checkpoint dir of a lease.
+    pub fn checkpoint_dir(&self, id: &str) -> PathBuf {
+        self.dir
+            .join("state")
+            .join("leases")
+            .join(id)
+            .join("checkpoint")
+    }
+
+    /// kill -9 the agent (workloads keep running).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The agent's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        // Every workload group the agent started, ended or not.
+        if let Ok(out) = Command::new(allot_bin())
+            .args(["leases", "--json", "--socket"])
+            .arg(&self.socket)
+            .output()
+        {
+            if let Ok(serde_json::Value::Array(ls)) = serde_json::from_slice(&out.stdout) {
+                for l in ls {
+                    if let Some(pid) = l["pid"].as_i64().filter(|p| *p > 0) {
+                        let _ = nix::sys::signal::killpg(
+                            nix::unistd::Pid::from_raw(pid as i32),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+            }
+        }
+        if let Some(c) = &self.child {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Reads a file of nanosecond timestamps written by `date +%s%N`, as Unix ms.
+pub fn stamp_ms(p: &Path) -> Option<i64> {
+    std::fs::read_to_string(p)
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse::<i64>()
+        .ok()
+        .map(|ns| ns / 1_000_000)
+}

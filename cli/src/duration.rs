@@ -1,0 +1,150 @@
+//! Durations and instants as operators type and read them.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Clap value parser for `90s`, `10m`, `2h`, `7d` or plain seconds.
+///
+/// Reuses the policy core's parser so that `allot` and the config files agree on
+/// what a duration is; clap adds the flag's name to the message.
+pub fn parse(s: &str) -> Result<u64, String> {
+    allot_fairshare::time::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> i64 {
+    // A clock before 1970 is a broken host; showing ages from 0 is the least harm.
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A span for a table cell: `45s`, `3m12s`, `2h05m`, `3d04h`.
+pub fn age(secs: u64) -> String {
+    if secs < 60 {
+        format!("{secs}s")
+    } else if secs < 3_600 {
+        format!("{}m{:02}s", secs / 60, secs % 60)
+    } else if secs < 86_400 {
+        format!("{}h{:02}m", secs / 3_600, (secs % 3_600) / 60)
+    } else {
+        format!("{}d{:02}h", secs / 86_400, (secs % 86_400) / 3_600)
+    }
+}
+
+/// Milliseconds as whole seconds, rounded up, so that a span still running never
+/// reads `0s`.
+pub fn ms_to_secs_ceil(ms: i64) -> u64 {
+    u64::try_from(ms.max(0)).unwrap_or(0).div_ceil(1_000)
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day).
+///
+/// Howard Hinnant's `civil_from_days`; written out here because one formatter does
+/// not justify a date-time crate.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097); // [0, 146096]
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365]
+    let mp = (5 * doy + 2) / 153; // [0, 11], March first
+    let d = doy - (153 * mp + 2) / 5 + 1; // [1, 31]
+    let m = if mp < 10 { mp + 3 } else { mp - 9 }; // [1, 12]
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    // Both are in range by construction.
+    (y, m as u32, d as u32)
+}
+
+/// Unix seconds as UTC ISO-8601: `2026-11-29T19:20:00Z`.
+pub fn iso_utc(unix: i64) -> String {
+    let days = unix.div_euclid(86_400);
+    let s = unix.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        s / 3_600,
+        (s % 3_600) / 60,
+        s % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_what_operators_type() {
+        assert_eq!(parse("90s"), Ok(90));
+        assert_eq!(parse("10m"), Ok(600));
+        assert_eq!(parse("2h"), Ok(7_200));
+        assert_eq!(parse("7d"), Ok(604_800));
+        assert_eq!(parse("45"), Ok(45));
+        assert_eq!(parse("0"), Ok(0));
+    }
+
+    #[test]
+    fn refuses_garbage_and_says_what_is_expected() {
+        for bad in ["", "10x", "m", "-5m", "1.5h", "ten minutes"] {
+            let e = parse(bad).expect_err(bad);
+            assert!(e.contains("90s, 10m"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn ages_read_like_people_write_them() {
+        assert_eq!(age(0), "0s");
+        assert_eq!(age(59), "59s");
+        assert_eq!(age(192), "3m12s");
+        assert_eq!(age(3_600 + 5 * 60 + 9), "1h05m");
+        assert_eq!(age(3 * 86_400 + 4 * 3_600), "3d04h");
+    }
+
+    #[test]
+    fn rounds_time_left_up() {
+        assert_eq!(ms_to_secs_ceil(-5), 0);
+        assert_eq!(ms_to_secs_ceil(0), 0);
+        assert_eq!(ms_to_secs_ceil(1), 1);
+        assert_eq!(ms_to_secs_ceil(60_000), 60);
+        assert_eq!(ms_to_secs_ceil(60_001), 61);
+    }
+
+    #[test]
+    fn formats_utc_iso_8601() {
+        assert_eq!(iso_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(iso_utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(iso_utc(1_709_164_799), "2024-02-28T23:59:59Z");
+        assert_eq!(iso_utc(1_709_251_200), "2024-03-01T00:00:00Z");
+        assert_eq!(iso_utc(1_795_980_000), "2026-11-29T19:20:00Z");
+        assert_eq!(iso_utc(1_798_572_000), "2026-12-29T19:20:00Z");
+        assert_eq!(iso_utc(-1), "1969-12-31T23:59:59Z");
+        assert_eq!(iso_utc(4_102_444_800), "2100-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn civil_dates_round_trip_every_day_for_centuries() {
+        // Walk day by day from 1900 to 2200 and check the calendar advances correctly.
+        let mut prev = civil_from_days(-25_567); // 1900-01-01
+        assert_eq!(prev, (1900, 1, 1));
+        for days in -25_566..84_000 {
+            let cur = civil_from_days(days);
+            let (py, pm, pd) = prev;
+            let leap = (py % 4 == 0 && py % 100 != 0) || py % 400 == 0;
+            let len = match pm {
+                2 if leap => 29,
+                2 => 28,
+                4 | 6 | 9 | 11 => 30,
+                _ => 31,
+            };
+            let want = if pd < len {
+                (py, pm, pd + 1)
+            } else if pm < 12 {
+                (py, pm + 1, 1)
+            } else {
+                (py + 1, 1, 1)
+            };
+            assert_eq!(cur, want, "day {days}");
+            prev = cur;
+        }
+    }
+}
