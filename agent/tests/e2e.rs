@@ -455,6 +455,9 @@ fn bad_config_bad_arguments_and_outsiders_get_clear_errors() {
         .expect("runs");
     assert_eq!(out.status.code(), Some(2));
 
+    if !support::is_root() {
+        return;
+    }
     let a = TestAgent::start("errors", "socket_mode = \"0666\"");
     // A bad CLI argument.
     let out = a.allot(&[
@@ -511,6 +514,9 @@ fn bad_config_bad_arguments_and_outsiders_get_clear_errors() {
 
 #[test]
 fn the_default_socket_mode_keeps_outsiders_out() {
+    if !support::is_root() {
+        return;
+    }
     let a = TestAgent::start("mode", "");
     let out = a.allot_as(Some(65_534), &["leases"]);
     assert_eq!(out.status.code(), Some(1));
@@ -519,4 +525,48 @@ fn the_default_socket_mode_keeps_outsiders_out() {
         err.contains("permission denied") && err.contains("allot"),
         "{err}"
     );
+}
+
+#[test]
+fn sighup_reloads_what_can_be_reloaded() {
+    let mut a = TestAgent::prepare("hup", "");
+    // The file lives elsewhere, behind a symlink, so the directory watcher does not
+    // see the edit: only SIGHUP can bring it in.
+    let real = a.dir.join("real");
+    std::fs::create_dir_all(&real).expect("dir");
+    let text = std::fs::read_to_string(&a.config).expect("config");
+    std::fs::write(real.join("agent.toml"), &text).expect("copy");
+    std::fs::remove_file(&a.config).expect("rm");
+    std::os::unix::fs::symlink(real.join("agent.toml"), &a.config).expect("symlink");
+    a.launch();
+    std::fs::write(
+        real.join("agent.toml"),
+        text.replace("default_grace = \"2s\"", "default_grace = \"7s\"")
+            .replace("[health]", "cluster = \"east\"\n[health]"),
+    )
+    .expect("edit");
+    let pid = a.child.as_ref().expect("agent").id() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .expect("hup");
+    let ev = wait_for("the reload", LONG, || {
+        a.events().into_iter().find(|e| {
+            e["message"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("config reloaded")
+        })
+    });
+    assert!(
+        ev["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("restart is needed for: agent.host/cluster"),
+        "{ev}"
+    );
+    // The new default grace applies to the next lease.
+    let l = a.lease_start(&["--gpus", "1"], "sleep 600");
+    assert_eq!(l["grace_s"], 7, "{l}");
 }

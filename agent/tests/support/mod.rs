@@ -52,6 +52,13 @@ pub struct TestAgent {
 impl TestAgent {
     /// Writes a config (`extra` is appended to `[agent]`) and starts the agent.
     pub fn start(tag: &str, extra: &str) -> TestAgent {
+        let mut a = Self::prepare(tag, extra);
+        a.launch();
+        a
+    }
+
+    /// Writes the config and the dirs; the agent is not started yet.
+    pub fn prepare(tag: &str, extra: &str) -> TestAgent {
         let dir = std::env::temp_dir().join(format!("allot-e2e-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -70,15 +77,13 @@ impl TestAgent {
             ),
         )
         .expect("config");
-        let mut a = TestAgent {
+        TestAgent {
             dir,
             socket,
             config,
             kmsg,
             child: None,
-        };
-        a.launch();
-        a
+        }
     }
 
     /// Starts (or restarts) the agent process and waits until it answers.
@@ -108,7 +113,7 @@ impl TestAgent {
         self.allot_as(None, args)
     }
 
-    /// Runs the CLI as another uid.
+    /// Runs the CLI as another uid (the caller must be root; see [`is_root`]).
     pub fn allot_as(&self, uid: Option<u32>, args: &[&str]) -> Output {
         use std::os::unix::process::CommandExt;
         let mut c = Command::new(allot_bin());
@@ -241,4 +246,13 @@ pub fn stamp_ms(p: &Path) -> Option<i64> {
         .parse::<i64>()
         .ok()
         .map(|ns| ns / 1_000_000)
+}
+
+/// Tests that act as another user need root to switch; elsewhere they say so and skip.
+pub fn is_root() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("skipped: acting as another user needs root");
+    }
+    root
 }
