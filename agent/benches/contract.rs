@@ -68,7 +68,7 @@ fn main() {
     let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_allot-agent"))
         .arg("--config")
         .arg(&config)
-        .env("RUST_LOG", "warn")
+        .env("ALLOT_LOG", "warn")
         .spawn()
         .expect("agent");
     let rt = tokio::runtime::Builder::new_current_thread()
