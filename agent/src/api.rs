@@ -21,8 +21,10 @@ pub struct Shared {
     pub spawned: tokio::sync::mpsc::UnboundedSender<(String, std::process::Child)>,
     /// Members of this group may change things.
     pub admin_gid: Option<u32>,
-    /// Per-workload CPU and memory.
+    /// Per-workload CPU and memory; the host's CPUs and memory.
     pub sys: Mutex<sysinfo::System>,
+    /// This host's name, as reported.
+    pub host_name: String,
 }
 
 impl Shared {
@@ -233,11 +235,23 @@ impl AgentLocal for LocalApi {
         req: Request<pb::ListGpusRequest>,
     ) -> Result<Response<pb::ListGpusResponse>, Status> {
         caller(&req)?;
+        let (cpus, memory_bytes) = {
+            let mut sys = self.0.sys.lock().unwrap_or_else(|e| e.into_inner());
+            sys.refresh_memory();
+            sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
+            (
+                u32::try_from(sys.cpus().len()).unwrap_or(u32::MAX),
+                sys.total_memory(),
+            )
+        };
         let h = self.0.host();
         Ok(Response::new(pb::ListGpusResponse {
             verdict: verdict_pb(h.host_verdict()) as i32,
             gpus: h.gpus().iter().map(gpu_pb).collect(),
             drain: Some(drain_pb(&h)),
+            host: self.0.host_name.clone(),
+            cpus,
+            memory_bytes,
         }))
     }
 

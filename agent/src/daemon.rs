@@ -240,6 +240,11 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         spawned: spawned_tx,
         admin_gid,
         sys: Mutex::new(sysinfo::System::new()),
+        host_name: if cfg.agent.host.is_empty() {
+            sysinfo::System::host_name().unwrap_or_else(|| "localhost".into())
+        } else {
+            cfg.agent.host.clone()
+        },
     });
     // The first verdict carries the GPU inventory: take it before answering anyone.
     if health_error.is_none() {

@@ -47,6 +47,11 @@ fn checkpoint_signal_waits_for_the_min_runtime_lapse() {
     assert_eq!(ended["end_reason"], "revoked", "{ended}");
     // Its GPUs are free again, and the log has the contract's story.
     let gpus = a.json(&["gpus", "--json"]);
+    // What the agent will report to the allocator: the host's CPUs and memory too.
+    assert!(
+        gpus["cpus"].as_u64().unwrap_or(0) >= 1 && gpus["memory_bytes"].as_u64().unwrap_or(0) > 0,
+        "{gpus}"
+    );
     assert!(
         gpus["gpus"]
             .as_array()

@@ -587,6 +587,9 @@ fn gpus_json(r: &ListGpusResponse) -> Value {
     let drain = r.drain.clone().unwrap_or_default();
     json!({
         "verdict": verdict(r.verdict()),
+        "host": r.host,
+        "cpus": r.cpus,
+        "memory_bytes": r.memory_bytes,
         "drain": drain_json(&drain),
         "gpus": r.gpus.iter().map(gpu_json).collect::<Vec<_>>(),
     })
@@ -597,6 +600,14 @@ fn gpus_text(r: &ListGpusResponse) -> String {
     let mut out = format!("host: {}", verdict(r.verdict()));
     if drain.draining {
         out.push_str(&format!(" ({})", drain_detail(&drain)));
+    }
+    if !r.host.is_empty() {
+        out.push_str(&format!(
+            "\n{}: {} CPUs, {} memory",
+            r.host,
+            r.cpus,
+            table::bytes(r.memory_bytes)
+        ));
     }
     out.push('\n');
     let rows: Vec<Vec<String>> = r
@@ -748,6 +759,7 @@ mod tests {
                 ],
                 lease_id: "L-7".into(),
             }],
+            ..Default::default()
         }
     }
 

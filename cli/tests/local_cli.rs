@@ -190,6 +190,7 @@ impl AgentLocal for Fake {
                 }],
                 lease_id: "L-1".into(),
             }],
+            ..Default::default()
         }))
     }
 
