@@ -101,15 +101,7 @@ mod tests {
             hook: "signal:USR1".into(),
             grace_s: 120,
             state: LeaseState::Running,
-            not_before_ms: None,
-            revoke_why: String::new(),
-            warned: false,
-            ladder_reason: String::new(),
-            ended_by: String::new(),
-            end_reason: String::new(),
-            exit_code: None,
-            ended_ms: 0,
-            steps: Vec::new(),
+            ..Default::default()
         }
     }
 

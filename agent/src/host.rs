@@ -501,8 +501,6 @@ impl Host {
             gpus,
             user,
             argv: spec.argv.clone(),
-            pid: 0,
-            start_ticks: 0,
             adopted: adopt.is_some(),
             start_ms: now_ms,
             min_runtime_s: spec.min_runtime_s,
@@ -513,16 +511,7 @@ impl Host {
             } else {
                 spec.grace_s
             },
-            state: LeaseState::Starting,
-            not_before_ms: None,
-            revoke_why: String::new(),
-            warned: false,
-            ladder_reason: String::new(),
-            ended_by: String::new(),
-            end_reason: String::new(),
-            exit_code: None,
-            ended_ms: 0,
-            steps: Vec::new(),
+            ..Default::default()
         };
         self.store.put_lease(&l)?;
         let dir = lease_dir(&self.settings, &id);
@@ -623,13 +612,17 @@ impl Host {
             .ok_or_else(|| HostError::NoLease(id.to_string()))
     }
 
-    fn revoke_all(&mut self, now: bool, why: &str, now_ms: i64) {
-        let ids: Vec<String> = self
-            .leases
+    /// Ids of the leases not yet ended (a copy: the callers change the table).
+    fn live_ids(&self) -> Vec<String> {
+        self.leases
             .values()
             .filter(|l| l.live())
             .map(|l| l.id.clone())
-            .collect();
+            .collect()
+    }
+
+    fn revoke_all(&mut self, now: bool, why: &str, now_ms: i64) {
+        let ids = self.live_ids();
         for id in ids {
             self.revoke_inner(&id, now, why, now_ms);
         }
@@ -865,12 +858,7 @@ impl Host {
     pub fn tick(&mut self, now_ms: i64) -> Vec<LadderJob> {
         let terms = self.terms();
         let mut jobs = Vec::new();
-        let ids: Vec<String> = self
-            .leases
-            .values()
-            .filter(|l| l.live())
-            .map(|l| l.id.clone())
-            .collect();
+        let ids = self.live_ids();
         for id in ids {
             let owned = self.owned.contains(&id);
             let Some(l) = self.leases.get(&id) else {

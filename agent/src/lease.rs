@@ -4,10 +4,11 @@
 use serde::{Deserialize, Serialize};
 
 /// Where a lease is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LeaseState {
     /// Recorded, the process not yet started.
+    #[default]
     Starting,
     /// Running under its contract.
     Running,
@@ -43,8 +44,8 @@ pub struct StepRecord {
     pub note: String,
 }
 
-/// A lease and its workload.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A lease and its workload (`Default`: a new lease, nothing started or ended).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LeaseRecord {
     /// Lease id.
     pub id: String,
