@@ -236,6 +236,53 @@ impl Cluster {
         Ok(c)
     }
 
+    /// Adds a node that joined after start; it starts ready and healthy.
+    pub fn add(&mut self, spec: NodeSpec) -> Result<NodeId, ClusterError> {
+        if spec.gpus == 0 || spec.gpus > MAX_GPUS_PER_NODE {
+            return Err(ClusterError::BadGpuCount {
+                name: spec.name,
+                gpus: spec.gpus,
+            });
+        }
+        if self.find(&spec.name).is_some() {
+            return Err(ClusterError::Duplicate(spec.name));
+        }
+        let cluster = match self.cluster_names.iter().position(|c| *c == spec.cluster) {
+            Some(i) => i,
+            None => {
+                self.cluster_names.push(spec.cluster.clone());
+                self.whole_free.push(BTreeSet::new());
+                self.whole_clearable.push(BTreeSet::new());
+                self.cluster_names.len() - 1
+            }
+        } as u16;
+        let slots = spec.gpus as usize + 1;
+        if self.by_free.len() < slots {
+            self.by_free.resize(slots, BTreeSet::new());
+            self.by_clearable.resize(slots, BTreeSet::new());
+        }
+        self.total_gpus += u64::from(spec.gpus);
+        self.total_cpu += u64::from(spec.cpu);
+        self.total_mem += u64::from(spec.memory_gb);
+        let all = mask_of(spec.gpus);
+        self.nodes.push(Node {
+            spec,
+            cluster,
+            state: NodeState::Ready,
+            healthy: all,
+            used: 0,
+            claimed: 0,
+            soft: 0,
+            cpu_used: 0,
+            claimed_cpu: 0,
+            claimed_mem: 0,
+            mem_used: 0,
+        });
+        let i = self.nodes.len() - 1;
+        self.index(i);
+        Ok(NodeId(i as u32))
+    }
+
     fn index(&mut self, i: usize) {
         let n = &self.nodes[i];
         let free = n.free().count_ones();

@@ -52,6 +52,9 @@ pub enum CoreError {
         /// Why and what would fit.
         why: String,
     },
+    /// No such group of the org tree.
+    #[error("group {0:?} is not in the org tree; see `allot share` for the tree")]
+    UnknownGroup(String),
     /// No such workload.
     #[error("workload {0} does not exist")]
     UnknownWorkload(u64),
@@ -419,6 +422,26 @@ impl Scheduler {
             self.st.finish(wid, next);
         }
         Ok(next)
+    }
+
+    /// A node joins (an agent registered a host the scheduler did not know); it is
+    /// ready and healthy.
+    pub fn add_node(&mut self, now: Time, spec: NodeSpec) -> Result<NodeId, CoreError> {
+        self.clock(now);
+        let id = self.st.cluster.add(spec)?;
+        self.st.node_leases.push(Vec::new());
+        Ok(id)
+    }
+
+    /// Changes a group's weight among its siblings (a manager's act).
+    pub fn set_weight(&mut self, group: &str, weight: f64) -> Result<(), CoreError> {
+        let g = self
+            .tree
+            .find(group)
+            .ok_or_else(|| CoreError::UnknownGroup(group.to_string()))?;
+        self.tree
+            .set_weight(g, weight)
+            .map_err(|e| CoreError::Config(e.to_string()))
     }
 
     /// Changes a node's scheduling state. `Draining` revokes its leases at their

@@ -136,18 +136,7 @@ impl OrgTree {
             });
             by_name.insert(s.name.clone(), id);
         }
-        // Parents come first, so one forward sweep fills every share.
-        for i in 0..groups.len() {
-            let total: f64 = groups[i]
-                .children
-                .iter()
-                .map(|c| groups[c.idx()].weight)
-                .sum();
-            let share = groups[i].share;
-            for c in groups[i].children.clone() {
-                groups[c.idx()].share = share * groups[c.idx()].weight / total;
-            }
-        }
+        fill_shares(&mut groups);
         let projects = (1..groups.len())
             .filter(|&i| groups[i].children.is_empty())
             .map(|i| GroupId(i as u32))
@@ -157,6 +146,17 @@ impl OrgTree {
             by_name,
             projects,
         })
+    }
+
+    /// Changes one group's weight (a manager's act); every share is recomputed.
+    pub fn set_weight(&mut self, g: GroupId, weight: f64) -> Result<(), TreeError> {
+        let name = self.groups[g.idx()].name.clone();
+        if g == GroupId::ROOT || !(weight.is_finite() && weight > 0.0) {
+            return Err(TreeError::BadWeight { name, weight });
+        }
+        self.groups[g.idx()].weight = weight;
+        fill_shares(&mut self.groups);
+        Ok(())
     }
 
     /// Number of nodes, the root included.
@@ -272,5 +272,20 @@ mod tests {
         let e = OrgTree::new(&[spec("a", None, 1.0), spec("a", None, 1.0)]).unwrap_err();
         assert_eq!(e, TreeError::Duplicate("a".into()));
         assert_eq!(OrgTree::new(&[]).unwrap_err(), TreeError::Empty);
+    }
+}
+
+/// Parents come first, so one forward sweep fills every share from the weights.
+fn fill_shares(groups: &mut [Group]) {
+    for i in 0..groups.len() {
+        let total: f64 = groups[i]
+            .children
+            .iter()
+            .map(|c| groups[c.idx()].weight)
+            .sum();
+        let share = groups[i].share;
+        for c in groups[i].children.clone() {
+            groups[c.idx()].share = share * groups[c.idx()].weight / total;
+        }
     }
 }

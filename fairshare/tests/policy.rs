@@ -559,3 +559,61 @@ fn time_never_runs_backwards() {
     let b = s.submit(10, job("x", 1, HOUR)).unwrap();
     assert_eq!(s.workload(b).unwrap().submit, 100);
 }
+
+#[test]
+fn a_node_that_joins_later_takes_work_and_gangs() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    // Two whole nodes are needed: impossible until a second node joins.
+    assert!(s.submit(0, gang("x", 2, 8, HOUR)).is_err());
+    let n = s
+        .add_node(
+            1,
+            allot_fairshare::NodeSpec {
+                name: "late".into(),
+                cluster: "c".into(),
+                gpus: 8,
+                cpu: 128,
+                memory_gb: 2048,
+            },
+        )
+        .unwrap();
+    assert!(
+        s.add_node(1, nodes("c", 1, 8).remove(0)).is_err(),
+        "names are unique"
+    );
+    let g = s.submit(2, gang("x", 2, 8, HOUR)).unwrap();
+    let d = s.schedule(2);
+    assert_eq!(starts(&d).len(), 1);
+    let placed: Vec<_> = s
+        .lease(lease_of(&s, g))
+        .unwrap()
+        .placement
+        .iter()
+        .map(|p| p.node)
+        .collect();
+    assert!(placed.contains(&n), "{placed:?}");
+    assert_eq!(s.cluster().total_gpus(), 16);
+}
+
+#[test]
+fn a_new_weight_changes_shares_and_so_the_ranking() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let share = |s: &Scheduler, g: &str| s.tree().group(s.tree().find(g).unwrap()).share;
+    assert_eq!(share(&s, "x"), 0.5);
+    s.set_weight("x", 3.0).unwrap();
+    assert_eq!(share(&s, "x"), 0.75);
+    assert_eq!(share(&s, "y"), 0.25);
+    assert!(s.set_weight("nope", 1.0).is_err());
+    assert!(s.set_weight("x", -1.0).is_err());
+    // 3:1 now: both saturate, x gets 6 of the 8 GPUs.
+    for _ in 0..8 {
+        s.submit(10, job("x", 1, HOUR)).unwrap();
+        s.submit(10, job("y", 1, HOUR)).unwrap();
+    }
+    let d = s.schedule(10);
+    let xs = starts(&d)
+        .iter()
+        .filter(|(w, _, _)| s.workload(*w).unwrap().spec.project == "x")
+        .count();
+    assert_eq!(xs, 6, "x got {xs} of 8");
+}
