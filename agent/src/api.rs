@@ -25,6 +25,8 @@ pub struct Shared {
     pub sys: Mutex<sysinfo::System>,
     /// This host's name, as reported.
     pub host_name: String,
+    /// The allocator's stream while it is up.
+    pub uplink: Mutex<Option<tokio::sync::mpsc::UnboundedSender<pb::AgentMessage>>>,
 }
 
 impl Shared {
@@ -272,6 +274,8 @@ impl AgentLocal for LocalApi {
             user: r.user,
             workload_id: r.workload_id,
             env: Vec::new(),
+            lease_id: String::new(),
+            gpu_uuids: Vec::new(),
         };
         let (l, child) = self
             .0

@@ -245,6 +245,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         } else {
             cfg.agent.host.clone()
         },
+        uplink: Mutex::new(None),
     });
     // The first verdict carries the GPU inventory: take it before answering anyone.
     if health_error.is_none() {
@@ -283,6 +284,13 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    if !cfg.agent.allocator.is_empty() {
+        tokio::spawn(crate::uplink::run(
+            shared.clone(),
+            cfg.agent.allocator.clone(),
+            cfg.agent.cluster.clone(),
+        ));
+    }
     tracing::info!(socket = %cfg.agent.socket.display(), state_dir = %cfg.agent.state_dir.display(), source = %cfg.health.source, "allot-agent ready");
     sd_notify("READY=1");
     loop {
@@ -295,6 +303,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
                 sh.wake.notify_one();
             });
         }
+        crate::uplink::flush(&shared);
         let next = shared.host().next_wakeup(now_ms());
         let sleep = next.map_or(Duration::from_secs(3600), |at| {
             Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0))
@@ -303,7 +312,10 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
             _ = tokio::time::sleep(sleep) => {}
             _ = shared.wake.notified() => {}
             Some((id, code)) = exit_rx.recv() => shared.host().on_exit(&id, code, now_ms()),
-            Some((v, inv)) = vrx.recv() => shared.host().on_verdict(v, inv, now_ms()),
+            Some((v, inv)) = vrx.recv() => {
+                shared.host().on_verdict(v, inv, now_ms());
+                crate::uplink::send(&shared, crate::uplink::health(&shared));
+            }
             _ = hup.recv() => reload(&o, &mut cfg, &shared),
             Some(()) = cfg_rx.recv() => reload(&o, &mut cfg, &shared),
             _ = term.recv() => break,

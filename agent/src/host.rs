@@ -101,6 +101,10 @@ pub struct StartSpec {
     pub workload_id: String,
     /// Extra environment.
     pub env: Vec<(String, String)>,
+    /// The allocator's lease id; empty: a local lease (`L-n`).
+    pub lease_id: String,
+    /// The allocator's choice of GPUs (UUIDs); empty: the agent picks.
+    pub gpu_uuids: Vec<String>,
 }
 
 /// Who is calling, from the socket's peer credentials.
@@ -149,6 +153,8 @@ pub struct Host {
     health_drain: Option<Drain>,
     /// Bus ids whose leases a GPU-only verdict ended or revoked: no new leases there.
     held_gpus: BTreeSet<String>,
+    /// Leases written since the allocator's stream last took them.
+    changed: std::sync::Mutex<Vec<LeaseRecord>>,
 }
 
 fn lease_dir(s: &Settings, id: &str) -> PathBuf {
@@ -184,6 +190,7 @@ impl Host {
             drain,
             health_drain: None,
             held_gpus: BTreeSet::new(),
+            changed: std::sync::Mutex::new(Vec::new()),
             store,
         };
         if let Err(e) = h.store.prune_events(now_ms) {
@@ -272,6 +279,29 @@ impl Host {
         if let Err(e) = self.store.put_lease(l) {
             tracing::error!(lease = %l.id, error = %e, "cannot persist the lease");
         }
+        self.changed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(l.clone());
+    }
+
+    /// Leases changed since the last call (for the allocator's stream).
+    pub fn take_changes(&self) -> Vec<LeaseRecord> {
+        std::mem::take(&mut *self.changed.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Revokes for the allocator: at once when its `not_before` has come (a
+    /// drain-now, a cancel, a lapse already past), else at the contract's lapse as
+    /// this host measures it from the workload's real start.
+    pub fn revoke_until(
+        &mut self,
+        id: &str,
+        not_before_ms: i64,
+        why: &str,
+        now_ms: i64,
+    ) -> Result<LeaseRecord, HostError> {
+        self.revoke_inner(id, not_before_ms <= now_ms, why, now_ms)
+            .ok_or_else(|| HostError::NoLease(id.to_string()))
     }
 
     /// The drain in force: the operator's wins over health's.
@@ -451,18 +481,37 @@ impl Host {
             })?;
         }
         let free = self.free_gpus();
-        if free.len() < spec.gpus as usize {
+        let gpus: Vec<String> = if spec.gpu_uuids.is_empty() {
+            if free.len() < spec.gpus as usize {
+                return Err(HostError::Refused(format!(
+                    "{} GPUs asked, {} free and healthy of {} (`allot gpus` shows which are leased or unhealthy)",
+                    spec.gpus,
+                    free.len(),
+                    self.inventory.len()
+                )));
+            }
+            free[..spec.gpus as usize]
+                .iter()
+                .map(|g| g.uuid.clone())
+                .collect()
+        } else {
+            if let Some(u) = spec
+                .gpu_uuids
+                .iter()
+                .find(|u| !free.iter().any(|g| g.uuid == **u))
+            {
+                return Err(HostError::Refused(format!(
+                    "GPU {u} is not free and healthy here (`allot gpus` shows it)"
+                )));
+            }
+            spec.gpu_uuids.clone()
+        };
+        if !spec.lease_id.is_empty() && self.leases.contains_key(&spec.lease_id) {
             return Err(HostError::Refused(format!(
-                "{} GPUs asked, {} free and healthy of {} (`allot gpus` shows which are leased or unhealthy)",
-                spec.gpus,
-                free.len(),
-                self.inventory.len()
+                "lease {} exists already",
+                spec.lease_id
             )));
         }
-        let gpus: Vec<String> = free[..spec.gpus as usize]
-            .iter()
-            .map(|g| g.uuid.clone())
-            .collect();
         let adopt = match spec.adopt_pid {
             Some(pid) => {
                 let id = identity(pid).ok_or_else(|| HostError::Invalid {
@@ -489,8 +538,11 @@ impl Host {
             None => None,
         };
         let (user, uid, gid) = self.resolve_user(&spec, caller)?;
-        let n = self.store.next_lease_number()?;
-        let id = format!("L-{n}");
+        let id = if spec.lease_id.is_empty() {
+            format!("L-{}", self.store.next_lease_number()?)
+        } else {
+            spec.lease_id.clone()
+        };
         let mut l = LeaseRecord {
             id: id.clone(),
             workload_id: if spec.workload_id.is_empty() {

@@ -13,3 +13,4 @@ pub mod host;
 pub mod lease;
 pub mod process;
 pub mod store;
+pub mod uplink;

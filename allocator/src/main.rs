@@ -1,9 +1,15 @@
-//! `allotd`: the allot fair-share allocator.
-//!
-//! Today it runs the policy simulator (`allotd simulate`); the service (`serve`), the
-//! local cluster (`dev`) and `init` arrive with issue 5.
+//! `allotd`: the allot fair-share allocator: the service (`serve`), a whole local
+//! cluster on fake GPUs (`dev`), an example config (`init`), and the policy
+//! simulator (`simulate`).
 
+mod api;
+mod config;
+mod dev;
+mod metrics;
+mod serve;
 mod simulate;
+mod state;
+mod store;
 mod svg;
 
 use clap::{Parser, Subcommand};
@@ -17,8 +23,45 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the allocator service.
+    Serve {
+        /// Config file (`allotd init` writes one).
+        #[arg(long, default_value = "/etc/allot/allotd.toml")]
+        config: std::path::PathBuf,
+        /// Check the config and exit.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Run allotd and N agents on fake GPUs on this machine.
+    Dev(dev::Args),
+    /// Write an example config with an org tree.
+    Init {
+        /// Where to write it.
+        #[arg(default_value = "allotd.toml")]
+        path: std::path::PathBuf,
+    },
     /// Simulate a month of scheduling on a scenario (and optionally a trace).
     Simulate(simulate::Args),
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+fn init(path: &std::path::Path) -> anyhow::Result<()> {
+    if path.exists() {
+        anyhow::bail!("{} exists; not overwriting it", path.display());
+    }
+    std::fs::write(path, config::EXAMPLE)?;
+    println!(
+        "wrote {}; edit the org tree, then `allotd serve --config {}`",
+        path.display(),
+        path.display()
+    );
+    Ok(())
 }
 
 fn main() -> std::process::ExitCode {
@@ -28,10 +71,21 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Simulate(a) => simulate::run(a),
+        Command::Init { path } => init(&path),
+        Command::Serve { config, check } => match config::ServerConfig::load(&config) {
+            Err(e) => Err(e.into()),
+            Ok(_) if check => {
+                println!("config ok");
+                Ok(())
+            }
+            Ok(cfg) => runtime().and_then(|rt| rt.block_on(serve::serve(cfg, serve::signalled()))),
+        },
+        Command::Dev(a) => runtime().and_then(|rt| rt.block_on(dev::run(a))),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

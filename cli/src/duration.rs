@@ -32,6 +32,19 @@ pub fn age(secs: u64) -> String {
     }
 }
 
+/// A declared duration exactly, in the form `--min-runtime` takes: `8h`, `2d`, `90m`,
+/// `45s`; unlike [`age`] nothing is rounded away, so it can be typed back.
+pub fn exact(secs: u64) -> String {
+    // Remainders matched rather than `is_multiple_of`, which is newer than the MSRV.
+    match (secs % 86_400, secs % 3_600, secs % 60) {
+        _ if secs == 0 => "0".into(),
+        (0, _, _) => format!("{}d", secs / 86_400),
+        (_, 0, _) => format!("{}h", secs / 3_600),
+        (_, _, 0) => format!("{}m", secs / 60),
+        _ => format!("{secs}s"),
+    }
+}
+
 /// Milliseconds as whole seconds, rounded up, so that a span still running never
 /// reads `0s`.
 pub fn ms_to_secs_ceil(ms: i64) -> u64 {
@@ -98,6 +111,21 @@ mod tests {
         assert_eq!(age(192), "3m12s");
         assert_eq!(age(3_600 + 5 * 60 + 9), "1h05m");
         assert_eq!(age(3 * 86_400 + 4 * 3_600), "3d04h");
+    }
+
+    #[test]
+    fn exact_durations_parse_back() {
+        for (secs, text) in [
+            (0, "0"),
+            (45, "45s"),
+            (5_400, "90m"),
+            (28_800, "8h"),
+            (172_800, "2d"),
+            (90_061, "90061s"),
+        ] {
+            assert_eq!(exact(secs), text);
+            assert_eq!(parse(text), Ok(secs));
+        }
     }
 
     #[test]

@@ -167,7 +167,7 @@ pub enum Local {
 }
 
 /// Clap value parser: the hook's kind only; the agent checks the rest and says why.
-fn parse_hook(s: &str) -> Result<String, String> {
+pub(crate) fn parse_hook(s: &str) -> Result<String, String> {
     let known = ["signal:", "exec:", "http:"];
     match known.iter().find(|k| s.starts_with(*k)) {
         Some(k) if s.len() > k.len() => Ok(s.to_string()),
@@ -417,7 +417,8 @@ fn gpu_state(s: GpuState) -> &'static str {
     }
 }
 
-fn verdict(v: HostVerdict) -> &'static str {
+/// A host verdict as tables and JSON show it.
+pub(crate) fn verdict(v: HostVerdict) -> &'static str {
     match v {
         HostVerdict::Ok => "ok",
         HostVerdict::Drain => "drain",
@@ -565,7 +566,8 @@ fn print_drain(d: &DrainResponse, json: bool) {
     }
 }
 
-fn gpu_json(g: &Gpu) -> Value {
+/// A GPU as JSON; `allot gpus` and `allot nodes` show GPUs the same way.
+pub(crate) fn gpu_json(g: &Gpu) -> Value {
     json!({
         "index": g.index,
         "uuid": g.uuid,

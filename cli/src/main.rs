@@ -1,12 +1,15 @@
 //! `allot`: one CLI for users, managers and operators.
 //!
-//! Today: `version`, the operators' `xid explain|scan`, and the per-host operator
-//! commands that talk to the local allot-agent (`leases`, `gpus`, `drain`,
-//! `undrain`, `events`, `lease start|revoke`); the user and manager commands arrive
-//! with the allocator service (issue 5).
+//! `version`; the users' and managers' commands against allotd (`submit`, `queue`,
+//! `status`, `cancel`, `share`, `budget set`) and the operators' `nodes`, in
+//! `remote`; the operators' `xid explain|scan`; and the per-host operator commands
+//! that talk to the local allot-agent (`leases`, `gpus`, `drain`, `undrain`, `events`,
+//! `lease start|revoke`), in `local`.
 
 mod duration;
 mod local;
+mod remote;
+mod size;
 mod table;
 mod xid;
 
@@ -23,6 +26,8 @@ struct Cli {
 enum Command {
     /// Print the version.
     Version,
+    #[command(flatten)]
+    Remote(remote::Remote),
     /// NVIDIA XID errors: what they mean and what allot does about them.
     #[command(subcommand)]
     Xid(xid::XidCommand),
@@ -37,6 +42,12 @@ fn main() -> std::process::ExitCode {
             Ok(())
         }
         Command::Xid(c) => xid::run(c),
+        Command::Remote(c) => {
+            if let Err(u) = remote::validate(&c) {
+                usage_error(u);
+            }
+            return remote::run(c);
+        }
         Command::Local(c) => {
             if let Err(u) = local::validate(&c) {
                 usage_error(u);

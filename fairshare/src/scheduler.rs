@@ -500,6 +500,18 @@ impl Scheduler {
         Ok(())
     }
 
+    /// GPU-seconds `group` consumed over the lookback as of `now` (decayed for the
+    /// half-life model): what `allot share` reports as received.
+    pub fn usage_gpu_secs(&self, group: GroupId, now: Time) -> f64 {
+        // The ledger charges projects; a team's usage is its projects'.
+        self.tree
+            .projects()
+            .iter()
+            .filter(|p| **p == group || self.tree.group(**p).path.contains(&group))
+            .map(|p| self.st.ledger.usage(*p, now)[0])
+            .sum()
+    }
+
     /// Served ratio of every group as of `now` (usage plus current allocation over
     /// entitlement), indexed by group.
     pub fn group_ratios(&self, now: Time) -> Vec<f64> {

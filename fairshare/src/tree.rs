@@ -223,6 +223,21 @@ impl OrgTree {
     }
 }
 
+/// Parents come first, so one forward sweep fills every share from the weights.
+fn fill_shares(groups: &mut [Group]) {
+    for i in 0..groups.len() {
+        let total: f64 = groups[i]
+            .children
+            .iter()
+            .map(|c| groups[c.idx()].weight)
+            .sum();
+        let share = groups[i].share;
+        for c in groups[i].children.clone() {
+            groups[c.idx()].share = share * groups[c.idx()].weight / total;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,20 +287,5 @@ mod tests {
         let e = OrgTree::new(&[spec("a", None, 1.0), spec("a", None, 1.0)]).unwrap_err();
         assert_eq!(e, TreeError::Duplicate("a".into()));
         assert_eq!(OrgTree::new(&[]).unwrap_err(), TreeError::Empty);
-    }
-}
-
-/// Parents come first, so one forward sweep fills every share from the weights.
-fn fill_shares(groups: &mut [Group]) {
-    for i in 0..groups.len() {
-        let total: f64 = groups[i]
-            .children
-            .iter()
-            .map(|c| groups[c.idx()].weight)
-            .sum();
-        let share = groups[i].share;
-        for c in groups[i].children.clone() {
-            groups[c.idx()].share = share * groups[c.idx()].weight / total;
-        }
     }
 }

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 /// The `allot` CLI, built beside the agent (the workspace builds every binary before
 /// its tests; a package-only run builds it here).
 pub fn allot_bin() -> PathBuf {
+    static CHECKED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     let agent = PathBuf::from(env!("CARGO_BIN_EXE_allot-agent"));
     let cli = agent.with_file_name("allot");
-    if !cli.exists() {
+    if CHECKED.get().is_none() && !fresh(&cli) {
         let ok = Command::new(env!("CARGO"))
             .args(["build", "-p", "allot-cli", "--bin", "allot"])
             .status()
@@ -24,6 +25,7 @@ pub fn allot_bin() -> PathBuf {
             .success();
         assert!(ok, "building the allot CLI");
     }
+    let _ = CHECKED.set(());
     cli
 }
 
@@ -255,4 +257,15 @@ pub fn is_root() -> bool {
         eprintln!("skipped: acting as another user needs root");
     }
     root
+}
+
+/// Whether a sibling binary exists and is no older than this test binary: a
+/// package-only test run rebuilds only its own package, and a stale CLI would test
+/// yesterday's code.
+fn fresh(p: &std::path::Path) -> bool {
+    let m = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    match (m(p), std::env::current_exe().ok().and_then(|e| m(&e))) {
+        (Some(bin), Some(test)) => bin >= test,
+        _ => false,
+    }
 }

@@ -1,0 +1,223 @@
+//! The agent's side of the allocator stream (`AgentStream.Session`): register the
+//! host (with its running allocator leases, for reconciliation), then report health
+//! and lease changes; carry out the allocator's starts, revocations and drains.
+//! Reconnects with exponential backoff; the agent works on alone meanwhile.
+
+use crate::api::{gpu_pb, lease_pb, verdict_pb, Shared};
+use crate::host::{now_ms, Caller, StartSpec};
+use crate::lease::LeaseRecord;
+use allot_proto::v1 as pb;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// First and longest wait between connection attempts.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(10));
+
+/// Leases the allocator gave (local leases are the operator's business).
+pub fn from_allocator(l: &LeaseRecord) -> bool {
+    l.id.starts_with("A-")
+}
+
+fn status(l: &LeaseRecord) -> pb::AgentMessage {
+    pb::AgentMessage {
+        body: Some(pb::agent_message::Body::LeaseStatus(pb::LeaseStatus {
+            lease: Some(lease_pb(l)),
+        })),
+    }
+}
+
+/// The health report for the stream.
+pub fn health(sh: &Shared) -> pb::AgentMessage {
+    let h = sh.host();
+    pb::AgentMessage {
+        body: Some(pb::agent_message::Body::Health(pb::HealthReport {
+            verdict: verdict_pb(h.host_verdict()) as i32,
+            only_gpus: Vec::new(),
+            gpus: h.gpus().iter().map(gpu_pb).collect(),
+        })),
+    }
+}
+
+fn register(sh: &Shared, cluster: &str) -> pb::AgentMessage {
+    let (cpu, mem) = {
+        let mut sys = sh.sys.lock().unwrap_or_else(|e| e.into_inner());
+        sys.refresh_memory();
+        sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
+        (sys.cpus().len() as u32, sys.total_memory() / (1 << 30))
+    };
+    let h = sh.host();
+    pb::AgentMessage {
+        body: Some(pb::agent_message::Body::Register(pb::Register {
+            host: sh.host_name.clone(),
+            cluster: cluster.to_string(),
+            labels: Default::default(),
+            cpu,
+            memory_gb: mem,
+            gpus: h.gpus().iter().map(gpu_pb).collect(),
+            running: h
+                .leases()
+                .iter()
+                .filter(|l| l.live() && from_allocator(l))
+                .map(lease_pb)
+                .collect(),
+        })),
+    }
+}
+
+/// Sends to the allocator if the stream is up (otherwise the next register
+/// reconciles).
+pub fn send(sh: &Shared, m: pb::AgentMessage) {
+    if let Some(tx) = sh.uplink.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        let _ = tx.send(m);
+    }
+}
+
+/// Forwards the lease changes the host recorded since the last call.
+pub fn flush(sh: &Shared) {
+    let changes = sh.host().take_changes();
+    for l in changes.iter().filter(|l| from_allocator(l)) {
+        send(sh, status(l));
+    }
+}
+
+fn failed_start(id: &str, why: &str) -> pb::AgentMessage {
+    pb::AgentMessage {
+        body: Some(pb::agent_message::Body::LeaseStatus(pb::LeaseStatus {
+            lease: Some(pb::Lease {
+                id: id.to_string(),
+                state: pb::LeaseState::Ended as i32,
+                end_reason: "failed-to-start".into(),
+                ended_by: why.to_string(),
+                ..Default::default()
+            }),
+        })),
+    }
+}
+
+fn on_command(sh: &Shared, m: pb::AllocatorMessage) {
+    match m.body {
+        Some(pb::allocator_message::Body::Start(c)) => {
+            let Some(l) = c.lease else { return };
+            if let Some(existing) = sh.host().lease(&l.id).cloned() {
+                // Re-sent after a reconnect: answer with what this host knows.
+                send(sh, status(&existing));
+                return;
+            }
+            let spec = StartSpec {
+                gpus: l.gpu_uuids.len() as u32,
+                min_runtime_s: l.min_runtime_s,
+                time_limit_s: l.time_limit_s,
+                hook: l.checkpoint_hook.clone(),
+                grace_s: l.grace_s,
+                argv: c.argv,
+                adopt_pid: None,
+                user: c.user,
+                workload_id: l.workload_id.clone(),
+                env: c.env.into_iter().collect(),
+                lease_id: l.id.clone(),
+                gpu_uuids: l.gpu_uuids.clone(),
+            };
+            // The allocator speaks for root on this host; the host still refuses a
+            // user it cannot become.
+            let started = sh.host().start(spec, Caller { uid: 0, gid: 0 }, now_ms());
+            match started {
+                Ok((_, Some(child))) => {
+                    let _ = sh.spawned.send((l.id.clone(), child));
+                }
+                Ok((_, None)) => {}
+                Err(e) => {
+                    tracing::warn!(lease = %l.id, error = %e, "allocator start refused");
+                    send(sh, failed_start(&l.id, &e.to_string()));
+                }
+            }
+        }
+        Some(pb::allocator_message::Body::Revoke(r)) => {
+            let nb = r.not_before_unix.saturating_mul(1000);
+            if let Err(e) =
+                sh.host()
+                    .revoke_until(&r.lease_id, nb, &format!("allocator: {}", r.why), now_ms())
+            {
+                tracing::info!(lease = %r.lease_id, error = %e, "revocation for a lease this host does not hold");
+            }
+        }
+        Some(pb::allocator_message::Body::Drain(d)) => {
+            let mut h = sh.host();
+            let r = if d.drain {
+                h.drain(&format!("allocator: {}", d.reason), d.now, now_ms())
+                    .map(|_| ())
+            } else {
+                h.undrain().map(|_| ())
+            };
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "allocator drain not applied");
+            }
+        }
+        None => {}
+    }
+    flush(sh);
+    sh.wake.notify_one();
+}
+
+async fn session(sh: &Arc<Shared>, addr: &str, cluster: &str) -> Result<(), String> {
+    let mut client = pb::agent_stream_client::AgentStreamClient::connect(addr.to_string())
+        .await
+        .map_err(|e| format!("cannot reach {addr}: {e}"))?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let _ = tx.send(register(sh, cluster));
+    let _ = tx.send(health(sh));
+    // Ended leases the allocator may not have heard of while the stream was down.
+    let ended: Vec<LeaseRecord> = sh
+        .host()
+        .leases()
+        .into_iter()
+        .filter(|l| !l.live() && from_allocator(l))
+        .collect();
+    for l in &ended {
+        let _ = tx.send(status(l));
+    }
+    sh.host().take_changes();
+    let mut inbound = client
+        .session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+        .await
+        .map_err(|e| format!("allocator refused the session: {}", e.message()))?
+        .into_inner();
+    *sh.uplink.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+    tracing::info!(allocator = %addr, "connected to the allocator");
+    let r = loop {
+        match inbound.message().await {
+            Ok(Some(m)) => on_command(sh, m),
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(format!("stream broke: {}", e.message())),
+        }
+    };
+    *sh.uplink.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    r
+}
+
+/// Keeps a session to the allocator up for as long as the agent runs.
+pub async fn run(sh: Arc<Shared>, addr: String, cluster: String) {
+    let addr = if addr.contains("://") {
+        addr
+    } else {
+        format!("http://{addr}")
+    };
+    let mut wait = BACKOFF.0;
+    loop {
+        let t0 = std::time::Instant::now();
+        match session(&sh, &addr, &cluster).await {
+            Ok(()) => {
+                tracing::warn!(allocator = %addr, "allocator closed the stream; reconnecting")
+            }
+            Err(e) => {
+                tracing::warn!(allocator = %addr, error = %e, "allocator stream down; retrying")
+            }
+        }
+        // A session that lasted resets the backoff; failing fast doubles it.
+        wait = if t0.elapsed() > BACKOFF.1 {
+            BACKOFF.0
+        } else {
+            (wait * 2).min(BACKOFF.1)
+        };
+        tokio::time::sleep(wait).await;
+    }
+}

@@ -1,0 +1,651 @@
+//! The gRPC services of allotd: `Workloads`, `Org`, `Nodes` for people (through
+//! the `allot` CLI) and `AgentStream` for agents. Requests are checked here and
+//! answered with the field at fault and the fix; every change goes through
+//! [`Server::commit`].
+
+use crate::serve::{now, Server};
+use crate::state::{lease_from_wire, lease_wire, EndKind, Input, NodeRec, WorkRec};
+use allot_fairshare::{CoreError, NodeSpec, NodeState, WorkloadSpec, WorkloadState};
+use allot_proto::v1 as pb;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Most GPUs one submission may ask for per node, nodes per gang: beyond any host.
+const MAX_GPUS: u32 = 64;
+
+fn core_status(e: CoreError) -> Status {
+    match e {
+        CoreError::UnknownProject(_)
+        | CoreError::Impossible { .. }
+        | CoreError::UnknownGroup(_) => Status::invalid_argument(e.to_string()),
+        CoreError::UnknownWorkload(_) | CoreError::UnknownLease(_) | CoreError::UnknownNode(_) => {
+            Status::not_found(e.to_string())
+        }
+        CoreError::AlreadyEnded(_) => Status::failed_precondition(e.to_string()),
+        _ => Status::invalid_argument(e.to_string()),
+    }
+}
+
+fn state_pb(s: WorkloadState) -> pb::WorkloadState {
+    match s {
+        WorkloadState::Pending => pb::WorkloadState::Pending,
+        WorkloadState::Running => pb::WorkloadState::Running,
+        WorkloadState::Completed => pb::WorkloadState::Completed,
+        WorkloadState::Failed => pb::WorkloadState::Failed,
+        WorkloadState::Cancelled => pb::WorkloadState::Cancelled,
+        WorkloadState::Preempted => pb::WorkloadState::Preempted,
+        WorkloadState::TimedOut => pb::WorkloadState::TimedOut,
+    }
+}
+
+fn secs(t: u64) -> i64 {
+    i64::try_from(t).unwrap_or(i64::MAX)
+}
+
+/// The wire form of a workload.
+pub fn workload_pb(w: &WorkRec) -> pb::Workload {
+    pb::Workload {
+        id: w.id.to_string(),
+        spec: Some(pb::WorkloadSpec {
+            project: w.spec.project.clone(),
+            user: w.spec.user.clone(),
+            class: w.spec.class.clone(),
+            gpus_per_node: w.spec.gpus_per_node,
+            nodes: w.spec.nodes,
+            cpu_per_node: w.spec.cpu_per_node,
+            mem_per_node_gb: w.spec.mem_per_node_gb,
+            min_runtime_s: w.spec.min_runtime,
+            time_limit_s: w.spec.time_limit,
+            resumable: w.spec.resumable,
+            priority: w.spec.priority,
+            argv: w.argv.clone(),
+            checkpoint_hook: w.hook.clone(),
+        }),
+        state: state_pb(w.state) as i32,
+        submit_unix: secs(w.submit),
+        explanation: w.explanation.clone(),
+        lease_ids: w.leases.iter().map(|l| lease_wire(*l)).collect(),
+        nodes: w.nodes.clone(),
+        preemptions: w.preemptions,
+        start_unix: secs(w.start),
+        end_unix: secs(w.end),
+        funded: w.funded,
+        end_reason: w.end_reason.clone(),
+        history: Vec::new(),
+    }
+}
+
+fn node_state_name(s: NodeState) -> &'static str {
+    match s {
+        NodeState::Ready => "ready",
+        NodeState::Draining => "draining",
+        NodeState::DrainNow => "drain-now",
+        NodeState::Down => "down",
+    }
+}
+
+/// The wire form of a node.
+pub fn node_pb(n: &NodeRec, leases: Vec<String>, free: u32) -> pb::Node {
+    pb::Node {
+        name: n.spec.name.clone(),
+        cluster: n.spec.cluster.clone(),
+        state: node_state_name(n.state).into(),
+        connected: n.connected,
+        gpus: n.spec.gpus,
+        free_gpus: free,
+        cpu: n.spec.cpu,
+        memory_gb: u64::from(n.spec.memory_gb),
+        verdict: n.verdict as i32,
+        lease_ids: leases,
+        drain_reason: if n.drain_by.is_empty() {
+            String::new()
+        } else {
+            format!("{}: {}", n.drain_by, n.drain_reason)
+        },
+        gpu_list: n.gpus.clone(),
+        last_seen_unix: secs(n.last_seen),
+    }
+}
+
+/// The services, sharing one [`Server`].
+#[derive(Clone)]
+pub struct Api(pub Arc<Server>);
+
+impl Api {
+    fn node_view(&self, name: &str) -> Option<pb::Node> {
+        let c = self.0.core();
+        let n = c.alloc.nodes().get(name)?;
+        let leases = c
+            .alloc
+            .leases_on(name)
+            .into_iter()
+            .map(|(l, _)| lease_wire(l))
+            .collect();
+        let free = c.alloc.core.cluster().node(n.id).free().count_ones();
+        Some(node_pb(n, leases, free))
+    }
+
+    fn workload_view(&self, id: u64) -> Result<pb::Workload, Status> {
+        self.0
+            .core()
+            .alloc
+            .workloads()
+            .get(&id)
+            .map(workload_pb)
+            .ok_or_else(|| {
+                Status::not_found(format!("no workload {id}; `allot queue --all` lists them"))
+            })
+    }
+}
+
+fn parse_id(s: &str) -> Result<u64, Status> {
+    s.trim().parse().map_err(|_| {
+        Status::invalid_argument(format!(
+            "id: {s:?} is not a workload id (a number, as `allot queue` shows)"
+        ))
+    })
+}
+
+fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
+    let bad = |field: &str, why: String| Err(Status::invalid_argument(format!("{field}: {why}")));
+    if s.project.trim().is_empty() {
+        return bad(
+            "project",
+            "required; `allot share` lists the projects".into(),
+        );
+    }
+    if s.gpus_per_node == 0 || s.gpus_per_node > MAX_GPUS {
+        return bad(
+            "gpus_per_node",
+            format!("{}: ask for 1 to {MAX_GPUS}", s.gpus_per_node),
+        );
+    }
+    if s.nodes == 0 || s.nodes > 4096 {
+        return bad("nodes", format!("{}: ask for 1 or more nodes", s.nodes));
+    }
+    if s.argv.is_empty() || s.argv[0].is_empty() {
+        return bad("argv", "the command to run is missing (after `--`)".into());
+    }
+    if !s.checkpoint_hook.is_empty() {
+        s.checkpoint_hook
+            .parse::<allot_checkpoint_hooks::Hook>()
+            .map_err(|e| Status::invalid_argument(format!("checkpoint_hook: {e}")))?;
+    }
+    if s.user.trim().is_empty() {
+        return bad("user", "required (the CLI sends $USER)".into());
+    }
+    Ok(())
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl pb::workloads_server::Workloads for Api {
+    async fn submit(
+        &self,
+        req: Request<pb::SubmitRequest>,
+    ) -> Result<Response<pb::SubmitResponse>, Status> {
+        let s = req
+            .into_inner()
+            .spec
+            .ok_or_else(|| Status::invalid_argument("spec: missing"))?;
+        check_spec(&s)?;
+        let input = Input::Submit {
+            spec: WorkloadSpec {
+                project: s.project.clone(),
+                user: s.user.clone(),
+                class: if s.class.is_empty() {
+                    "batch".into()
+                } else {
+                    s.class.clone()
+                },
+                gpus_per_node: s.gpus_per_node,
+                nodes: s.nodes,
+                cpu_per_node: s.cpu_per_node,
+                mem_per_node_gb: s.mem_per_node_gb,
+                min_runtime: s.min_runtime_s,
+                time_limit: s.time_limit_s,
+                resumable: s.resumable,
+                priority: s.priority,
+            },
+            argv: s.argv.clone(),
+            hook: s.checkpoint_hook.clone(),
+        };
+        let a = self.0.commit(input).map_err(core_status)?;
+        Ok(Response::new(pb::SubmitResponse {
+            id: a.id.map(|i| i.to_string()).unwrap_or_default(),
+        }))
+    }
+
+    async fn cancel(
+        &self,
+        req: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::Workload>, Status> {
+        let id = parse_id(&req.into_inner().id)?;
+        self.0.commit(Input::Cancel { id }).map_err(core_status)?;
+        Ok(Response::new(self.workload_view(id)?))
+    }
+
+    async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::Workload>, Status> {
+        let id = parse_id(&req.into_inner().id)?;
+        let mut w = self.workload_view(id)?;
+        // Why it started where it did, why it was revoked: the audit log's lines.
+        w.history = self
+            .0
+            .core()
+            .audit_of(id, 100)
+            .map_err(|e| Status::internal(e.to_string()))?
+            .into_iter()
+            .map(|(at, text)| format!("{at} {text}"))
+            .collect();
+        Ok(Response::new(w))
+    }
+
+    async fn list(
+        &self,
+        req: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        let r = req.into_inner();
+        let c = self.0.core();
+        let workloads = c
+            .alloc
+            .workloads()
+            .values()
+            .filter(|w| r.project.is_empty() || w.spec.project == r.project)
+            .filter(|w| r.user.is_empty() || w.spec.user == r.user)
+            .filter(|w| r.state == 0 || state_pb(w.state) as i32 == r.state)
+            .map(workload_pb)
+            .collect();
+        Ok(Response::new(pb::ListResponse { workloads }))
+    }
+
+    type WatchStream = BoxStream<pb::Workload>;
+
+    async fn watch(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let id = parse_id(&req.into_inner().id)?;
+        let first = self.workload_view(id)?;
+        let api = self.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tokio::spawn(async move {
+            let mut last = first;
+            if tx.send(Ok(last.clone())).await.is_err() {
+                return;
+            }
+            // Changes are rare and cheap to compare; a poll keeps the state machine
+            // free of subscriber bookkeeping.
+            while last.end_unix == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                let Ok(w) = api.workload_view(id) else { return };
+                if w != last {
+                    last = w;
+                    if tx.send(Ok(last.clone())).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::org_server::Org for Api {
+    async fn get_tree(
+        &self,
+        _: Request<pb::GetTreeRequest>,
+    ) -> Result<Response<pb::GetTreeResponse>, Status> {
+        Ok(Response::new(self.0.core().alloc.tree(now())))
+    }
+
+    async fn set_weight(
+        &self,
+        req: Request<pb::SetWeightRequest>,
+    ) -> Result<Response<pb::Group>, Status> {
+        let r = req.into_inner();
+        if !(r.weight.is_finite() && r.weight > 0.0) {
+            return Err(Status::invalid_argument(format!(
+                "weight: {} must be a positive number",
+                r.weight
+            )));
+        }
+        self.0
+            .commit(Input::SetWeight {
+                group: r.name.clone(),
+                weight: r.weight,
+            })
+            .map_err(core_status)?;
+        let tree = self.0.core().alloc.tree(now());
+        tree.groups
+            .into_iter()
+            .find(|g| g.name == r.name)
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(r.name))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::nodes_server::Nodes for Api {
+    async fn list(
+        &self,
+        _: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let names: Vec<String> = self.0.core().alloc.nodes().keys().cloned().collect();
+        let nodes = names.iter().filter_map(|n| self.node_view(n)).collect();
+        Ok(Response::new(pb::ListNodesResponse { nodes }))
+    }
+
+    async fn drain(
+        &self,
+        req: Request<pb::NodeDrainRequest>,
+    ) -> Result<Response<pb::Node>, Status> {
+        let r = req.into_inner();
+        if !self.0.core().alloc.nodes().contains_key(&r.name) {
+            return Err(Status::not_found(format!(
+                "name: no node {:?}; `allot nodes` lists them",
+                r.name
+            )));
+        }
+        if !r.undrain && r.reason.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "reason: say why the node drains (kept and shown)",
+            ));
+        }
+        let state = match (r.undrain, r.now) {
+            (true, _) => NodeState::Ready,
+            (false, true) => NodeState::DrainNow,
+            (false, false) => NodeState::Draining,
+        };
+        self.0
+            .commit(Input::NodeState {
+                node: r.name.clone(),
+                state,
+                reason: r.reason.clone(),
+                by: "operator".into(),
+            })
+            .map_err(core_status)?;
+        self.0.dispatch(&[crate::state::Out::Send {
+            node: r.name.clone(),
+            msg: Box::new(pb::AllocatorMessage {
+                body: Some(pb::allocator_message::Body::Drain(pb::DrainCommand {
+                    drain: !r.undrain,
+                    now: r.now,
+                    reason: r.reason.clone(),
+                })),
+            }),
+        }]);
+        self.node_view(&r.name)
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(r.name))
+    }
+}
+
+/// Checks a registration; returns the node's spec and GPU UUIDs.
+fn check_register(r: &pb::Register) -> Result<(NodeSpec, Vec<String>), Status> {
+    let bad = |f: &str, why: &str| Err(Status::invalid_argument(format!("register.{f}: {why}")));
+    if r.host.trim().is_empty() {
+        return bad("host", "empty; set [agent] host or the system hostname");
+    }
+    if r.gpus.is_empty() || r.gpus.len() > MAX_GPUS as usize {
+        return bad(
+            "gpus",
+            "a host registers 1 to 64 GPUs (the agent has no GPU inventory yet?)",
+        );
+    }
+    let mut gpus = r.gpus.clone();
+    gpus.sort_by_key(|g| g.index);
+    Ok((
+        NodeSpec {
+            name: r.host.clone(),
+            cluster: if r.cluster.is_empty() {
+                "default".into()
+            } else {
+                r.cluster.clone()
+            },
+            gpus: gpus.len() as u32,
+            cpu: r.cpu,
+            memory_gb: u32::try_from(r.memory_gb).unwrap_or(u32::MAX),
+        },
+        gpus.iter().map(|g| g.uuid.clone()).collect(),
+    ))
+}
+
+impl Api {
+    /// A host (re)joins: added if new, back to ready if it was lost, and the leases
+    /// both sides hold are reconciled.
+    fn register(&self, r: &pb::Register) -> Result<Vec<pb::AllocatorMessage>, Status> {
+        let (spec, uuids) = check_register(r)?;
+        let name = spec.name.clone();
+        let known = self.0.core().alloc.nodes().get(&name).map(|n| n.state);
+        match known {
+            None => {
+                self.0
+                    .commit(Input::AddNode {
+                        spec,
+                        gpu_uuids: uuids,
+                    })
+                    .map_err(core_status)?;
+            }
+            Some(NodeState::Down) => {
+                self.0
+                    .commit(Input::NodeState {
+                        node: name.clone(),
+                        state: NodeState::Ready,
+                        reason: "agent back".into(),
+                        by: "agent".into(),
+                    })
+                    .map_err(core_status)?;
+            }
+            Some(_) => {}
+        }
+        let mut c = self.0.core();
+        if let Some(n) = c.alloc.node_mut(&name) {
+            n.connected = true;
+            n.last_seen = now();
+            n.gpus = r.gpus.clone();
+        }
+        let running: std::collections::BTreeSet<u64> = r
+            .running
+            .iter()
+            .filter_map(|l| lease_from_wire(&l.id))
+            .collect();
+        let mut out = Vec::new();
+        for (lease, _) in c.alloc.leases_on(&name) {
+            if !running.contains(&lease) {
+                // Never delivered (or the agent will answer that it ended).
+                if let Some(m) = c.alloc.start_message(lease, &name) {
+                    out.push(m);
+                }
+            }
+        }
+        let ours: std::collections::BTreeSet<u64> = c
+            .alloc
+            .leases_on(&name)
+            .into_iter()
+            .map(|(l, _)| l)
+            .collect();
+        for l in running.difference(&ours) {
+            // The agent's running work wins: reported, not killed.
+            tracing::warn!(node = %name, lease = %lease_wire(*l), "agent runs a lease the allocator no longer holds; left running");
+        }
+        Ok(out)
+    }
+
+    /// One message from an agent.
+    fn on_agent(&self, node: &str, m: pb::AgentMessage) {
+        if let Some(n) = self.0.core().alloc.node_mut(node) {
+            n.last_seen = now();
+        }
+        match m.body {
+            Some(pb::agent_message::Body::LeaseStatus(s)) => {
+                let Some(l) = s.lease else { return };
+                if l.state != pb::LeaseState::Ended as i32 {
+                    return;
+                }
+                let Some(lease) = lease_from_wire(&l.id) else {
+                    return;
+                };
+                let end = EndKind::from_agent(&l.end_reason, l.exit_code);
+                match self.0.commit(Input::LeaseEnded {
+                    lease,
+                    end,
+                    reason: format!("{} on {node}: {}", l.end_reason, l.ended_by),
+                }) {
+                    Ok(_) | Err(CoreError::UnknownLease(_)) => {}
+                    Err(e) => tracing::warn!(node, error = %e, "lease status not applied"),
+                }
+            }
+            Some(pb::agent_message::Body::Health(h)) => self.on_health(node, h),
+            Some(pb::agent_message::Body::Register(_)) => {
+                tracing::warn!(node, "second register on one stream ignored");
+            }
+            None => {}
+        }
+    }
+
+    fn on_health(&self, node: &str, h: pb::HealthReport) {
+        let verdict = pb::HostVerdict::try_from(h.verdict).unwrap_or(pb::HostVerdict::Unspecified);
+        let (prev, state, drained_by) = {
+            let mut c = self.0.core();
+            let Some(n) = c.alloc.node_mut(node) else {
+                return;
+            };
+            let prev = std::mem::replace(&mut n.gpus, h.gpus.clone());
+            n.verdict = verdict;
+            (prev, n.state, n.drain_by.clone())
+        };
+        let failed = |g: &pb::Gpu| g.state == pb::GpuState::Failed as i32;
+        for g in &h.gpus {
+            let was = prev.iter().find(|p| p.index == g.index).is_some_and(failed);
+            if was != failed(g) {
+                let _ = self.0.commit(Input::GpuHealth {
+                    node: node.to_string(),
+                    gpu: g.index,
+                    healthy: !failed(g),
+                });
+            }
+        }
+        let reasons: Vec<String> = h
+            .gpus
+            .iter()
+            .flat_map(|g| {
+                g.reasons
+                    .iter()
+                    .filter(|r| !r.action.is_empty())
+                    .map(move |r| format!("{} {}", g.pci, r.signal))
+            })
+            .collect();
+        match verdict {
+            pb::HostVerdict::Drain | pb::HostVerdict::DrainNow if state == NodeState::Ready => {
+                // A drain-now caused by a failed GPU ends only that GPU's lease (the
+                // agent killed it); the others keep their protection.
+                let now_ = verdict == pb::HostVerdict::DrainNow && !h.gpus.iter().any(failed);
+                let allowed = {
+                    let mut c = self.0.core();
+                    let breaker = self.0.cfg.breaker.clone();
+                    let ok = c.alloc.breaker_allows(now(), &breaker, node);
+                    if !ok {
+                        c.alloc.counters.breaker_held += 1;
+                    }
+                    ok
+                };
+                if !allowed {
+                    tracing::error!(node, reasons = %reasons.join("; "), "automatic drain HELD by the circuit breaker: too many nodes drained recently; drain by hand if it is real");
+                    return;
+                }
+                let _ = self.0.commit(Input::NodeState {
+                    node: node.to_string(),
+                    state: if now_ {
+                        NodeState::DrainNow
+                    } else {
+                        NodeState::Draining
+                    },
+                    reason: reasons.join("; "),
+                    by: "health".into(),
+                });
+            }
+            pb::HostVerdict::Ok if state != NodeState::Ready && drained_by == "health" => {
+                let _ = self.0.commit(Input::NodeState {
+                    node: node.to_string(),
+                    state: NodeState::Ready,
+                    reason: "health verdict ok".into(),
+                    by: "health".into(),
+                });
+            }
+            _ => {}
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::agent_stream_server::AgentStream for Api {
+    type SessionStream = BoxStream<pb::AllocatorMessage>;
+
+    async fn session(
+        &self,
+        req: Request<Streaming<pb::AgentMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let mut inbound = req.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the stream ended before register"))?;
+        let Some(pb::agent_message::Body::Register(reg)) = first.body else {
+            return Err(Status::invalid_argument(
+                "the first message of a session must be register",
+            ));
+        };
+        let backlog = self.register(&reg)?;
+        let node = reg.host.clone();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for m in backlog {
+            let _ = tx.send(Ok(m));
+        }
+        let session = self.0.attach(&node, tx);
+        tracing::info!(node = %node, gpus = reg.gpus.len(), running = reg.running.len(), "agent connected");
+        let api = self.clone();
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(m)) => api.on_agent(&node, m),
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::info!(node = %node, error = %e, "agent stream broke");
+                        break;
+                    }
+                }
+            }
+            tracing::info!(node = %node, "agent disconnected");
+            api.0.detach(&node, session);
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+        )))
+    }
+}
+
+/// Serves the four services on `listener` until `stop`.
+pub async fn grpc(
+    server: Arc<Server>,
+    listener: tokio::net::TcpListener,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let api = Api(server);
+    tonic::transport::Server::builder()
+        .add_service(pb::workloads_server::WorkloadsServer::new(api.clone()))
+        .add_service(pb::org_server::OrgServer::new(api.clone()))
+        .add_service(pb::nodes_server::NodesServer::new(api.clone()))
+        .add_service(pb::agent_stream_server::AgentStreamServer::new(api))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            stop,
+        )
+        .await?;
+    Ok(())
+}

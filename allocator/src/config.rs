@@ -1,0 +1,304 @@
+//! `allotd.toml`: where allotd listens and keeps state, the org tree, the policy,
+//! and the automatic-drain circuit breaker. Errors name file, line and field.
+
+use allot_fairshare::time::de_duration;
+use allot_fairshare::{GroupSpec, OrgTree, PolicyConfig};
+use allot_health::config::{line_of, toml_error, ConfigError};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// The `[server]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// gRPC address (agents, CLI).
+    pub listen: String,
+    /// Prometheus `/metrics` address; empty to disable.
+    pub metrics_listen: String,
+    /// SQLite state directory.
+    pub state_dir: PathBuf,
+    /// A node whose agent is silent this long is lost; its leases are requeued then.
+    #[serde(deserialize_with = "de_duration")]
+    pub lost_grace: u64,
+    /// The scheduling pass also runs this often when nothing happens.
+    #[serde(deserialize_with = "de_duration")]
+    pub schedule_interval: u64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            listen: "127.0.0.1:7070".into(),
+            metrics_listen: "127.0.0.1:9470".into(),
+            state_dir: "/var/lib/allot/allotd".into(),
+            lost_grace: 120,
+            schedule_interval: 10,
+        }
+    }
+}
+
+/// The `[breaker]` table: automatic drains are held when too many nodes drained
+/// recently (a bad driver push or a parser bug must not empty the cluster).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerSection {
+    /// Share of nodes that may go to drain automatically within the window.
+    pub max_share: f64,
+    /// The window.
+    #[serde(deserialize_with = "de_duration")]
+    pub window: u64,
+}
+
+impl Default for BreakerSection {
+    fn default() -> Self {
+        BreakerSection {
+            max_share: 0.5,
+            window: 300,
+        }
+    }
+}
+
+/// The whole config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// `[server]`.
+    pub server: ServerSection,
+    /// `[[group]]`, parents first after sorting.
+    pub groups: Vec<GroupSpec>,
+    /// `[policy]`.
+    pub policy: PolicyConfig,
+    /// `[breaker]`.
+    pub breaker: BreakerSection,
+}
+
+/// The example `allotd init` writes and `allotd dev` uses.
+pub const EXAMPLE: &str = r#"# allotd configuration. Durations: 90s, 10m, 8h, 7d.
+[server]
+listen = "127.0.0.1:7070"          # gRPC: agents and the allot CLI
+metrics_listen = "127.0.0.1:9470"  # Prometheus /metrics; "" to disable
+state_dir = "/var/lib/allot/allotd"
+lost_grace = "2m"                  # silent agent -> node lost -> its leases requeued
+schedule_interval = "10s"
+
+[policy]
+lookback = "7d"                    # the fair-share window
+usage_model = "window"             # or "half-life"
+
+[breaker]
+max_share = 0.5                    # automatic drains held beyond this share of nodes...
+window = "5m"                      # ...within this window
+
+# The org tree: any depth; weights are relative among siblings.
+[[group]]
+name = "research"
+weight = 3
+[[group]]
+name = "demo-a"
+parent = "research"
+weight = 1
+[[group]]
+name = "platform"
+weight = 1
+[[group]]
+name = "demo-b"
+parent = "platform"
+weight = 1
+"#;
+
+impl ServerConfig {
+    /// Parses and checks a config's text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<ServerConfig, ConfigError> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            #[serde(default)]
+            server: ServerSection,
+            #[serde(default)]
+            group: Vec<GroupSpec>,
+            #[serde(default)]
+            policy: PolicyConfig,
+            #[serde(default)]
+            breaker: BreakerSection,
+        }
+        let r: Raw = toml::from_str(text).map_err(|e| toml_error(text, file, &e, "server"))?;
+        let err = |field: &str, needle: &str, message: String| ConfigError {
+            file: file.into(),
+            line: line_of(text, needle),
+            field: field.into(),
+            message,
+        };
+        if !(r.breaker.max_share > 0.0 && r.breaker.max_share <= 1.0) {
+            return Err(err(
+                "breaker.max_share",
+                "max_share",
+                format!(
+                    "{}: use a share of nodes in (0, 1], e.g. 0.5",
+                    r.breaker.max_share
+                ),
+            ));
+        }
+        if r.server.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(err(
+                "server.listen",
+                "listen",
+                format!(
+                    "{:?} is not an address; use e.g. \"0.0.0.0:7070\"",
+                    r.server.listen
+                ),
+            ));
+        }
+        if r.group.is_empty() {
+            return Err(err(
+                "group",
+                "[[group]]",
+                "no org tree: add [[group]] tables (name, parent, weight); `allotd init` writes an example".into(),
+            ));
+        }
+        let groups = parents_first(&r.group).map_err(|(name, m)| ConfigError {
+            file: file.into(),
+            line: group_line(text, &name),
+            field: "group".into(),
+            message: m,
+        })?;
+        OrgTree::new(&groups).map_err(|e| {
+            let name = match &e {
+                allot_fairshare::tree::TreeError::BadWeight { name, .. }
+                | allot_fairshare::tree::TreeError::UnknownParent { name, .. } => name.clone(),
+                allot_fairshare::tree::TreeError::Duplicate(n)
+                | allot_fairshare::tree::TreeError::BadName(n) => n.clone(),
+                _ => String::new(),
+            };
+            ConfigError {
+                file: file.into(),
+                line: group_line(text, &name),
+                field: "group".into(),
+                message: e.to_string(),
+            }
+        })?;
+        Ok(ServerConfig {
+            server: r.server,
+            groups,
+            policy: r.policy,
+            breaker: r.breaker,
+        })
+    }
+
+    /// Reads and parses a file.
+    pub fn load(path: &std::path::Path) -> Result<ServerConfig, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: 0,
+            field: "(file)".into(),
+            message: format!("cannot read: {e}; `allotd init` writes an example"),
+        })?;
+        Self::parse(&text, &file)
+    }
+}
+
+/// The line of `name = "NAME"` in a `[[group]]` table.
+fn group_line(text: &str, name: &str) -> usize {
+    text.lines()
+        .position(|l| {
+            let l = l.trim();
+            l.starts_with("name") && l.contains(&format!("\"{name}\""))
+        })
+        .map_or(0, |i| i + 1)
+}
+
+/// Orders groups parents first (any order is accepted in the file); a cycle or an
+/// unknown parent is named.
+fn parents_first(groups: &[GroupSpec]) -> Result<Vec<GroupSpec>, (String, String)> {
+    let by_name: BTreeMap<&str, &GroupSpec> = groups.iter().map(|g| (g.name.as_str(), g)).collect();
+    let mut out: Vec<GroupSpec> = Vec::with_capacity(groups.len());
+    let mut placed = std::collections::BTreeSet::new();
+    for g in groups {
+        let mut chain = Vec::new();
+        let mut cur = Some(g);
+        while let Some(c) = cur {
+            if placed.contains(c.name.as_str()) {
+                break;
+            }
+            if chain.iter().any(|x: &&GroupSpec| x.name == c.name) {
+                let names: Vec<&str> = chain.iter().map(|x| x.name.as_str()).collect();
+                return Err((
+                    c.name.clone(),
+                    format!(
+                        "org tree: cycle {} → {}; every chain of parents must end at the top",
+                        names.join(" → "),
+                        c.name
+                    ),
+                ));
+            }
+            chain.push(c);
+            cur = match &c.parent {
+                None => None,
+                Some(p) => Some(*by_name.get(p.as_str()).ok_or_else(|| {
+                    (
+                        c.name.clone(),
+                        format!("org tree: group {:?} names parent {p:?}, which is not defined; add a [[group]] named {p:?} or fix the name", c.name),
+                    )
+                })?),
+            };
+        }
+        for c in chain.into_iter().rev() {
+            if placed.insert(c.name.clone()) {
+                out.push(c.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_parses() {
+        let c = ServerConfig::parse(EXAMPLE, "allotd.toml").expect("example is valid");
+        assert_eq!(c.groups.len(), 4);
+        assert_eq!(c.server.lost_grace, 120);
+        assert_eq!(c.breaker.window, 300);
+    }
+
+    #[test]
+    fn groups_may_come_in_any_order() {
+        let c = ServerConfig::parse(
+            "[[group]]\nname = \"p\"\nparent = \"t\"\nweight = 1\n[[group]]\nname = \"t\"\nweight = 1\n",
+            "a.toml",
+        )
+        .expect("valid");
+        assert_eq!(c.groups[0].name, "t");
+    }
+
+    #[test]
+    fn tree_errors_name_the_group_and_line() {
+        let e = ServerConfig::parse(
+            "[[group]]\nname = \"a\"\nparent = \"b\"\nweight = 1\n[[group]]\nname = \"b\"\nparent = \"a\"\nweight = 1\n",
+            "a.toml",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("cycle"), "{e}");
+        let e = ServerConfig::parse(
+            "[[group]]\nname = \"a\"\nparent = \"zz\"\nweight = 1\n",
+            "a.toml",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("\"zz\"") && e.line == 2, "{e}");
+        let e =
+            ServerConfig::parse("[[group]]\nname = \"a\"\nweight = -2\n", "a.toml").unwrap_err();
+        assert!(e.message.contains("positive"), "{e}");
+        let e = ServerConfig::parse(
+            "[server]\nlisten = \"nowhere\"\n[[group]]\nname = \"a\"\nweight = 1\n",
+            "a.toml",
+        )
+        .unwrap_err();
+        assert_eq!((e.field.as_str(), e.line), ("server.listen", 2), "{e}");
+        let e = ServerConfig::parse("[server]\nlost_grace = \"soon\"\n", "a.toml").unwrap_err();
+        assert_eq!(e.field, "server.lost_grace", "{e}");
+        let e = ServerConfig::parse("", "a.toml").unwrap_err();
+        assert!(e.message.contains("allotd init"), "{e}");
+    }
+}

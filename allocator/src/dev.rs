@@ -1,0 +1,128 @@
+//! `allotd dev`: a whole cluster on this machine — allotd plus N real `allot-agent`
+//! processes on fake GPUs, each with its own socket, state dir and kernel-log file
+//! under the state dir, and an example org (projects `demo-a`, `demo-b`). Started
+//! again on the same state dir it resumes where it was.
+
+use crate::config::{ServerConfig, EXAMPLE};
+use anyhow::Context;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+
+/// `allotd dev` flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Agents (hosts) to start.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub nodes: u32,
+    /// Fake GPUs per host.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub gpus_per_node: u32,
+    /// Where allotd and the agents keep their state.
+    #[arg(long, default_value = "allot-dev")]
+    pub state_dir: PathBuf,
+    /// gRPC address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: String,
+    /// Prometheus address.
+    #[arg(long, default_value = "127.0.0.1:9470")]
+    pub metrics: String,
+}
+
+fn agent_binary() -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe().context("locating allotd")?;
+    let p = me.with_file_name("allot-agent");
+    if p.exists() {
+        Ok(p)
+    } else {
+        anyhow::bail!(
+            "{} not found beside allotd; build it with `cargo build --release --bin allot-agent` (the README's main command builds both)",
+            p.display()
+        )
+    }
+}
+
+fn write_if_missing(path: &Path, text: &str) -> anyhow::Result<()> {
+    if !path.exists() {
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs the local cluster until SIGINT/SIGTERM.
+pub async fn run(a: Args) -> anyhow::Result<()> {
+    let dir = std::path::absolute(&a.state_dir).context("state dir")?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let cfg_path = dir.join("allotd.toml");
+    let example = EXAMPLE
+        .replace(
+            "listen = \"127.0.0.1:7070\"",
+            &format!("listen = {:?}", a.listen),
+        )
+        .replace(
+            "metrics_listen = \"127.0.0.1:9470\"",
+            &format!("metrics_listen = {:?}", a.metrics),
+        )
+        .replace(
+            "state_dir = \"/var/lib/allot/allotd\"",
+            &format!("state_dir = {:?}", dir.join("allotd")),
+        )
+        .replace("lost_grace = \"2m\"", "lost_grace = \"30s\"")
+        .replace("schedule_interval = \"10s\"", "schedule_interval = \"2s\"");
+    write_if_missing(&cfg_path, &example)?;
+    let mut cfg = ServerConfig::load(&cfg_path)?;
+    // Flags win over a config kept from an earlier run.
+    cfg.server.listen = a.listen.clone();
+    cfg.server.metrics_listen = a.metrics.clone();
+    let agent = agent_binary()?;
+    let mut agents: Vec<Child> = Vec::new();
+    let server = tokio::spawn(crate::serve::serve(cfg, crate::serve::signalled()));
+    for i in 1..=a.nodes {
+        let d = dir.join("agents").join(format!("node-{i}"));
+        std::fs::create_dir_all(&d)?;
+        let kmsg = d.join("kmsg");
+        write_if_missing(&kmsg, "")?;
+        let conf = d.join("agent.toml");
+        write_if_missing(
+            &conf,
+            &format!(
+                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"http://{}\"\nhost = \"dev-node-{i}\"\ncluster = \"dev\"\nterm_grace = \"10s\"\ndefault_grace = \"30s\"\n\n[health]\nsource = \"fake:{}\"\ninterval_s = 2\nkmsg = {:?}   # append an NVRM Xid line here to inject a fault\n",
+                d.join("agent.sock"),
+                d.join("state"),
+                a.listen,
+                a.gpus_per_node,
+                kmsg
+            ),
+        )?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(d.join("agent.log"))?;
+        agents.push(
+            Command::new(&agent)
+                .arg("--config")
+                .arg(&conf)
+                .stderr(log)
+                .spawn()
+                .with_context(|| format!("starting {}", agent.display()))?,
+        );
+    }
+    println!(
+        "allot local cluster: {} nodes × {} fake GPUs\n  allotd     http://{}  (state {})\n  metrics    http://{}/metrics\n  agents     {}/agents/node-N/ (agent.sock, agent.log, kmsg)\n\nTry:\n  export ALLOT_SERVER=http://{}\n  allot share\n  allot submit --project demo-a --gpus 2 --min-runtime 10m -- sleep 300\n  allot queue\n  allot nodes\n\nCtrl-C stops allotd and the agents; workloads keep running and are re-adopted next time.",
+        a.nodes,
+        a.gpus_per_node,
+        a.listen,
+        dir.display(),
+        a.metrics,
+        dir.display(),
+        a.listen
+    );
+    let r = server.await;
+    for mut c in agents {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = c.wait();
+    }
+    r.context("allotd task")?
+}

@@ -1,0 +1,294 @@
+//! `allotd serve`: the allocator service. One [`Server`] holds the state machine and
+//! its store behind a mutex; every accepted input is applied, journaled (fsynced)
+//! and only then answered; the messages it produces go to the agents' streams. A
+//! scheduling loop runs a pass after any change (debounced), at the core's next
+//! wake-up and on a timer, and marks silent nodes lost after the grace.
+
+use crate::config::ServerConfig;
+use crate::state::{Allocator, Applied, EndKind, Input, Out};
+use crate::store::{Sqlite, Store};
+use allot_fairshare::{CoreError, NodeState, Time};
+use allot_proto::v1 as pb;
+use anyhow::Context;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Notify};
+
+/// Wall-clock Unix seconds: the time every input is stamped with.
+pub fn now() -> Time {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The state machine with its store.
+pub struct Core {
+    /// State.
+    pub alloc: Allocator,
+    store: Box<dyn Store>,
+}
+
+impl Core {
+    /// The audit log's lines about a workload.
+    pub fn audit_of(
+        &self,
+        workload: u64,
+        limit: usize,
+    ) -> Result<Vec<(Time, String)>, crate::store::StoreError> {
+        self.store.audit_of(workload, limit)
+    }
+}
+
+/// Scheduling-loop figures for `/metrics`.
+#[derive(Debug, Default, Clone)]
+pub struct LoopStats {
+    /// Passes run.
+    pub passes: u64,
+    /// Seconds spent in passes.
+    pub seconds: f64,
+    /// The last pass.
+    pub last: f64,
+}
+
+/// One agent's outbound stream.
+pub type Session = mpsc::UnboundedSender<Result<pb::AllocatorMessage, tonic::Status>>;
+
+/// The running service.
+pub struct Server {
+    core: Mutex<Core>,
+    /// Config in force.
+    pub cfg: ServerConfig,
+    /// Open agent streams by node.
+    pub sessions: Mutex<HashMap<String, (u64, Session)>>,
+    /// Wakes the scheduling loop.
+    pub kick: Notify,
+    /// Loop figures.
+    pub stats: Mutex<LoopStats>,
+    next_wakeup: Mutex<Option<Time>>,
+    session_seq: std::sync::atomic::AtomicU64,
+}
+
+impl Server {
+    /// Opens the store, replays the journal, and returns the service.
+    pub fn open(cfg: ServerConfig) -> anyhow::Result<Arc<Server>> {
+        let store = Sqlite::open(&cfg.server.state_dir)?;
+        let mut alloc = Allocator::new(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let entries = store.replay()?;
+        let t0 = Instant::now();
+        for (seq, at, input) in &entries {
+            if let Err(e) = alloc.apply(*at, input) {
+                // The config changed under the journal (a project removed …): say so.
+                tracing::warn!(seq, error = %e, "journal entry no longer applies; skipped");
+            }
+        }
+        tracing::info!(
+            entries = entries.len(),
+            ms = t0.elapsed().as_millis() as u64,
+            "state rebuilt from the journal"
+        );
+        Ok(Arc::new(Server {
+            core: Mutex::new(Core {
+                alloc,
+                store: Box::new(store),
+            }),
+            cfg,
+            sessions: Mutex::new(HashMap::new()),
+            kick: Notify::new(),
+            stats: Mutex::new(LoopStats::default()),
+            next_wakeup: Mutex::new(None),
+            session_seq: std::sync::atomic::AtomicU64::new(1),
+        }))
+    }
+
+    /// Locks the state (a panic elsewhere must not wedge the service).
+    pub fn core(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies, journals and carries out one input. The answer goes back only after
+    /// the journal has it on disk.
+    pub fn commit(&self, input: Input) -> Result<Applied, CoreError> {
+        let at = now();
+        let applied = {
+            let mut c = self.core();
+            let a = c.alloc.apply(at, &input)?;
+            if a.changed {
+                if let Err(e) = c.store.append(at, &input) {
+                    // Memory now holds what the disk does not: stop, the journal wins.
+                    tracing::error!(error = %e, "cannot journal an accepted input; stopping");
+                    eprintln!("allotd: {e}");
+                    std::process::exit(70);
+                }
+            }
+            for o in &a.outs {
+                if let Out::Audit {
+                    workload,
+                    lease,
+                    text,
+                } = o
+                {
+                    tracing::info!(workload, lease, "{text}");
+                    if let Err(e) = c.store.audit(at, *workload, *lease, text) {
+                        tracing::warn!(error = %e, "cannot write the audit log");
+                    }
+                }
+            }
+            a
+        };
+        if matches!(input, Input::Schedule) {
+            *self.next_wakeup.lock().unwrap_or_else(|e| e.into_inner()) = applied.next_wakeup;
+        } else {
+            self.kick.notify_one();
+        }
+        self.dispatch(&applied.outs);
+        Ok(applied)
+    }
+
+    /// Sends each message to its node's stream (a node without one gets it again
+    /// when it reconnects and reconciles).
+    pub fn dispatch(&self, outs: &[Out]) {
+        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        for o in outs {
+            if let Out::Send { node, msg } = o {
+                match sessions.get(node) {
+                    Some((_, tx)) => {
+                        let _ = tx.send(Ok((**msg).clone()));
+                    }
+                    None => {
+                        tracing::debug!(node = %node, "no stream; the message waits for reconciliation")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Registers an agent's stream; returns its session number.
+    pub fn attach(&self, node: &str, tx: Session) -> u64 {
+        let n = self
+            .session_seq
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node.to_string(), (n, tx));
+        n
+    }
+
+    /// Forgets an agent's stream (if it is still this session).
+    pub fn detach(&self, node: &str, session: u64) {
+        let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if s.get(node).is_some_and(|(n, _)| *n == session) {
+            s.remove(node);
+            drop(s);
+            if let Some(n) = self.core().alloc.node_mut(node) {
+                n.connected = false;
+                n.last_seen = now();
+            }
+        }
+    }
+
+    fn pass(&self) {
+        let t0 = Instant::now();
+        if let Err(e) = self.commit(Input::Schedule) {
+            tracing::error!(error = %e, "scheduling pass failed");
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        st.passes += 1;
+        st.seconds += dt;
+        st.last = dt;
+    }
+
+    /// Nodes silent past the grace are lost: their leases end as node-lost (so
+    /// resumable work is requeued), and the node takes no work until it returns.
+    fn mark_lost(&self) {
+        let t = now();
+        let lost: Vec<String> = self
+            .core()
+            .alloc
+            .nodes()
+            .values()
+            .filter(|n| {
+                !n.connected
+                    && n.state != NodeState::Down
+                    && t.saturating_sub(n.last_seen) > self.cfg.server.lost_grace
+            })
+            .map(|n| n.spec.name.clone())
+            .collect();
+        for node in lost {
+            tracing::warn!(node = %node, grace_s = self.cfg.server.lost_grace, "agent silent past the grace: node lost");
+            let _ = self.commit(Input::NodeState {
+                node: node.clone(),
+                state: NodeState::Down,
+                reason: format!("agent silent for more than {}s", self.cfg.server.lost_grace),
+                by: "lost".into(),
+            });
+            let leases = self.core().alloc.leases_on(&node);
+            for (lease, _) in leases {
+                let _ = self.commit(Input::LeaseEnded {
+                    lease,
+                    end: EndKind::NodeLost,
+                    reason: format!("node {node} lost"),
+                });
+            }
+        }
+    }
+
+    /// The scheduling loop: after changes (debounced 20 ms), at the core's wake-up,
+    /// and every `schedule_interval`.
+    pub async fn schedule_loop(self: Arc<Self>) {
+        let interval = Duration::from_secs(self.cfg.server.schedule_interval.max(1));
+        loop {
+            let wake = *self.next_wakeup.lock().unwrap_or_else(|e| e.into_inner());
+            let until = wake
+                .map(|w| Duration::from_secs(w.saturating_sub(now())))
+                .unwrap_or(interval)
+                .min(interval);
+            tokio::select! {
+                _ = self.kick.notified() => tokio::time::sleep(Duration::from_millis(20)).await,
+                _ = tokio::time::sleep(until) => {}
+            }
+            self.mark_lost();
+            self.pass();
+        }
+    }
+}
+
+/// Serves gRPC (and `/metrics`) until SIGTERM/SIGINT or `stop` resolves.
+pub async fn serve(
+    cfg: ServerConfig,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let addr: std::net::SocketAddr = cfg.server.listen.parse().context("server.listen")?;
+    let metrics_addr = cfg.server.metrics_listen.clone();
+    let server = Server::open(cfg)?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr} (server.listen; is another allotd running?)"))?;
+    if !metrics_addr.is_empty() {
+        let l = tokio::net::TcpListener::bind(&metrics_addr)
+            .await
+            .with_context(|| format!("binding {metrics_addr} (server.metrics_listen)"))?;
+        tokio::spawn(crate::metrics::serve(l, server.clone()));
+    }
+    tokio::spawn(server.clone().schedule_loop());
+    server.kick.notify_one();
+    tracing::info!(listen = %addr, metrics = %metrics_addr, "allotd ready");
+    crate::api::grpc(server, listener, stop).await
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn signalled() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut t), Ok(mut i)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = t.recv() => {}
+        _ = i.recv() => {}
+    }
+}

@@ -1,0 +1,157 @@
+//! Durable state behind a trait, so a PostgreSQL backend can follow the SQLite one.
+//!
+//! The journal of accepted inputs *is* the state: replaying it through the
+//! deterministic core rebuilds workloads, leases and the usage window exactly. The
+//! audit log (every decision with its reason) sits beside it for people.
+
+use crate::state::Input;
+use allot_fairshare::Time;
+use rusqlite::{params, Connection};
+use std::path::{Path, PathBuf};
+
+/// A storage failure; the service stops rather than run on state it did not keep.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {what}: {source}")]
+pub struct StoreError {
+    /// Where.
+    pub path: String,
+    /// Doing what.
+    pub what: &'static str,
+    /// Why.
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// What allotd needs from storage.
+pub trait Store: Send {
+    /// Appends an input durably (on disk when this returns); returns its sequence.
+    fn append(&mut self, at: Time, input: &Input) -> Result<u64, StoreError>;
+    /// Every input in order.
+    fn replay(&self) -> Result<Vec<(u64, Time, Input)>, StoreError>;
+    /// Records a decision and its reason.
+    fn audit(&mut self, at: Time, workload: u64, lease: u64, text: &str) -> Result<(), StoreError>;
+    /// The audit lines of one workload (0: all), oldest first, at most `limit`.
+    fn audit_of(&self, workload: u64, limit: usize) -> Result<Vec<(Time, String)>, StoreError>;
+}
+
+/// SQLite in WAL mode, `synchronous=FULL`: one file, `allotd.db`.
+pub struct Sqlite {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Sqlite {
+    /// Opens (creating) `allotd.db` in `dir`.
+    pub fn open(dir: &Path) -> Result<Sqlite, StoreError> {
+        let path = dir.join("allotd.db");
+        let p = path.display().to_string();
+        let fail = |what: &'static str| {
+            let p = p.clone();
+            move |e: rusqlite::Error| StoreError {
+                path: p,
+                what,
+                source: Box::new(e),
+            }
+        };
+        std::fs::create_dir_all(dir).map_err(|e| StoreError {
+            path: dir.display().to_string(),
+            what: "creating the state dir",
+            source: Box::new(e),
+        })?;
+        let conn = Connection::open(&path).map_err(fail("opening"))?;
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             PRAGMA synchronous=FULL;
+             PRAGMA busy_timeout=5000;
+             CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, input TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS audit (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL,
+                 workload INTEGER NOT NULL, lease INTEGER NOT NULL, text TEXT NOT NULL);
+             CREATE INDEX IF NOT EXISTS audit_workload ON audit(workload);",
+        )
+        .map_err(fail("creating tables"))?;
+        Ok(Sqlite { conn, path })
+    }
+
+    fn err(
+        &self,
+        what: &'static str,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError {
+            path: self.path.display().to_string(),
+            what,
+            source: Box::new(e),
+        }
+    }
+}
+
+fn secs(t: Time) -> i64 {
+    i64::try_from(t).unwrap_or(i64::MAX)
+}
+
+impl Store for Sqlite {
+    fn append(&mut self, at: Time, input: &Input) -> Result<u64, StoreError> {
+        let body = serde_json::to_string(input).map_err(|e| self.err("encoding an input", e))?;
+        self.conn
+            .execute(
+                "INSERT INTO journal (at, input) VALUES (?1, ?2)",
+                params![secs(at), body],
+            )
+            .map_err(|e| self.err("appending to the journal", e))?;
+        Ok(self.conn.last_insert_rowid().unsigned_abs())
+    }
+
+    fn replay(&self) -> Result<Vec<(u64, Time, Input)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT seq, at, input FROM journal ORDER BY seq")
+            .map_err(|e| self.err("reading the journal", e))?;
+        let rows = st
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(|e| self.err("reading the journal", e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, at, body) = row.map_err(|e| self.err("reading the journal", e))?;
+            let input: Input =
+                serde_json::from_str(&body).map_err(|e| self.err("decoding a journal entry", e))?;
+            out.push((seq.unsigned_abs(), at.unsigned_abs(), input));
+        }
+        Ok(out)
+    }
+
+    fn audit(&mut self, at: Time, workload: u64, lease: u64, text: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO audit (at, workload, lease, text) VALUES (?1, ?2, ?3, ?4)",
+                params![secs(at), secs(workload), secs(lease), text],
+            )
+            .map_err(|e| self.err("writing the audit log", e))?;
+        Ok(())
+    }
+
+    fn audit_of(&self, workload: u64, limit: usize) -> Result<Vec<(Time, String)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT at, text FROM (SELECT seq, at, text FROM audit WHERE ?1 = 0 OR workload = ?1
+                 ORDER BY seq DESC LIMIT ?2) ORDER BY seq",
+            )
+            .map_err(|e| self.err("reading the audit log", e))?;
+        let rows = st
+            .query_map(params![secs(workload), limit as i64], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+            })
+            .map_err(|e| self.err("reading the audit log", e))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (at, text) = r.map_err(|e| self.err("reading the audit log", e))?;
+            out.push((at.unsigned_abs(), text));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,279 @@
+//! End to end: allotd and real agents on fake GPUs, real workloads, driven through
+//! the `allot` CLI.
+
+mod support;
+
+use std::time::Duration;
+use support::{wait_for, Cluster};
+
+const LONG: Duration = Duration::from_secs(60);
+
+const TWO_PROJECTS: &str =
+    "[[group]]\nname = \"demo-a\"\nweight = 1\n[[group]]\nname = \"demo-b\"\nweight = 1\n";
+
+#[test]
+fn a_job_runs_to_completion() {
+    let c = Cluster::start("complete", TWO_PROJECTS, 2, 4);
+    let id = c.submit(
+        &["--project", "demo-a", "--gpus", "2"],
+        "echo \"$CUDA_VISIBLE_DEVICES\"; sleep 1",
+    );
+    let w = c.wait_state(&id, "completed", LONG);
+    assert_eq!(w["end_reason"], "completed", "{w}");
+    assert_eq!(w["lease_ids"].as_array().map(Vec::len), Some(1), "{w}");
+    // It really ran on an agent with its two GPUs.
+    let lease = w["lease_ids"][0].as_str().expect("lease");
+    let ran = (0..2).any(|i| {
+        let out = c
+            .node_dir(i)
+            .join("state/leases")
+            .join(lease)
+            .join(format!("{lease}.out"));
+        std::fs::read_to_string(out).is_ok_and(|s| s.trim().split(',').count() == 2)
+    });
+    assert!(ran, "no node has the lease's output with two GPUs");
+    let m = c.metrics_text();
+    assert!(m.contains("allot_agents_connected 2"), "{m}");
+    assert!(
+        m.contains("allot_queue_wait_seconds_count{class=\"batch\"} 1"),
+        "{m}"
+    );
+}
+
+#[test]
+fn shares_3_to_1_split_a_saturated_cluster_3_to_1() {
+    let groups =
+        "[[group]]\nname = \"demo-a\"\nweight = 3\n[[group]]\nname = \"demo-b\"\nweight = 1\n";
+    let c = Cluster::start("share", groups, 2, 4);
+    // Saturated demand in short jobs, submitted alternately: first come, first
+    // served would split the 8 GPUs 4:4; fair share gives each freed GPU to the
+    // project furthest below its share.
+    for _ in 0..30 {
+        c.submit(
+            &["--project", "demo-a", "--gpus", "1", "--min-runtime", "1m"],
+            "sleep 3",
+        );
+        c.submit(
+            &["--project", "demo-b", "--gpus", "1", "--min-runtime", "1m"],
+            "sleep 3",
+        );
+    }
+    // The first wave filled the GPUs in arrival order; measure once it has gone.
+    wait_for("the first wave to finish", LONG, || {
+        let done = c.json(&["queue", "--state", "completed", "--json"]);
+        (done.as_array().map_or(0, Vec::len) >= 8).then_some(())
+    });
+    let (mut a, mut b, mut samples) = (0u64, 0u64, 0);
+    wait_for("enough saturated samples", LONG, || {
+        let t = c.json(&["share", "--json"]);
+        let g = |name: &str, f: &str| {
+            t["groups"]
+                .as_array()
+                .and_then(|g| g.iter().find(|g| g["name"] == name))
+                .and_then(|g| g[f].as_u64())
+                .unwrap_or(0)
+        };
+        let (ra, rb) = (g("demo-a", "running_gpus"), g("demo-b", "running_gpus"));
+        if ra + rb == 8 && g("demo-a", "pending_gpus") > 0 && g("demo-b", "pending_gpus") > 0 {
+            a += ra;
+            b += rb;
+            samples += 1;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        (samples >= 20).then_some(())
+    });
+    let share = a as f64 / (a + b) as f64;
+    assert!(
+        (0.65..=0.85).contains(&share),
+        "demo-a held {share:.2} of the GPUs ({a}:{b} over {samples} samples)"
+    );
+}
+
+#[test]
+fn an_unfunded_job_is_preempted_at_once_and_requeued() {
+    let c = Cluster::start("preempt", TWO_PROJECTS, 1, 2);
+    let free = c.submit(
+        &["--project", "demo-b", "--gpus", "2", "--resumable"],
+        "sleep 600",
+    );
+    c.wait_state(&free, "running", LONG);
+    let funded = c.submit(
+        &["--project", "demo-a", "--gpus", "2", "--min-runtime", "1h"],
+        "sleep 600",
+    );
+    let f = c.wait_state(&funded, "running", LONG);
+    assert_eq!(f["funded"], true, "{f}");
+    let v = c.status(&free);
+    assert_eq!(v["state"], "pending", "{v}");
+    assert_eq!(v["preemptions"], 1, "{v}");
+    // Why this victim: the audit log names the preemptor and the rule.
+    let history: Vec<&str> = v["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|h| h.as_str())
+        .collect();
+    assert!(
+        history
+            .iter()
+            .any(|h| h.contains(&format!("preempted for workload {funded}"))
+                && h.contains("unfunded")),
+        "{history:?}"
+    );
+    assert!(c
+        .metrics_text()
+        .contains("allot_revocations_total{reason=\"preempted\"} 1"));
+}
+
+#[test]
+fn xid_79_drains_the_node_and_the_work_resumes_elsewhere() {
+    let c = Cluster::start("xid", TWO_PROJECTS, 2, 2);
+    let id = c.submit(
+        &[
+            "--project",
+            "demo-a",
+            "--gpus",
+            "2",
+            "--resumable",
+            "--min-runtime",
+            "1h",
+        ],
+        "sleep 600",
+    );
+    let w = c.wait_state(&id, "running", LONG);
+    let first = w["node_names"][0].as_str().expect("node").to_string();
+    let i: usize = first.trim_start_matches("node-").parse().expect("index");
+    let gpus = c.agent_json(i, &["gpus", "--json"]);
+    let pci = gpus["gpus"][0]["pci"].as_str().expect("pci").to_string();
+    c.kernel_log(
+        i,
+        &format!("NVRM: Xid (PCI:{pci}): 79, pid=1, name=python, GPU has fallen off the bus."),
+    );
+    let moved = wait_for("the work to resume on the other node", LONG, || {
+        let w = c.status(&id);
+        (w["state"] == "running" && w["node_names"][0] != first.as_str()).then_some(w)
+    });
+    assert_eq!(
+        moved["lease_ids"].as_array().map(Vec::len),
+        Some(2),
+        "{moved}"
+    );
+    let nodes = c.json(&["nodes", "--json"]);
+    let n = nodes
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["name"] == first.as_str()))
+        .expect("node")
+        .clone();
+    assert_ne!(n["state"], "ready", "{n}");
+    assert!(
+        n["drain_reason"].as_str().unwrap_or("").contains("health"),
+        "{n}"
+    );
+}
+
+#[test]
+fn kill_9_of_allotd_loses_nothing_and_touches_no_workload() {
+    let mut c = Cluster::start("restart", TWO_PROJECTS, 2, 2);
+    let running = c.submit(
+        &["--project", "demo-a", "--gpus", "2", "--min-runtime", "1h"],
+        "sleep 600",
+    );
+    let w = c.wait_state(&running, "running", LONG);
+    let pending: Vec<String> = (0..3)
+        .map(|_| {
+            c.submit(
+                &[
+                    "--project",
+                    "demo-b",
+                    "--gpus",
+                    "2",
+                    "--min-runtime",
+                    "1h",
+                    "--nodes",
+                    "2",
+                ],
+                "sleep 600",
+            )
+        })
+        .collect();
+    let node = w["node_names"][0].as_str().expect("node").to_string();
+    let i: usize = node.trim_start_matches("node-").parse().expect("index");
+    let before = c.agent_json(i, &["leases", "--json"]);
+    let pid = before[0]["pid"].as_i64().expect("pid");
+    c.kill9_server();
+    c.start_server();
+    let after = c.status(&running);
+    assert_eq!(after["state"], "running", "{after}");
+    assert_eq!(after["lease_ids"], w["lease_ids"]);
+    for id in &pending {
+        assert_eq!(c.status(id)["state"], "pending");
+    }
+    c.wait_connected(2);
+    let again = c.agent_json(i, &["leases", "--json"]);
+    assert_eq!(again[0]["pid"].as_i64(), Some(pid));
+    assert_eq!(again[0]["state"], "running", "{again}");
+    assert!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok(),
+        "the workload lives"
+    );
+}
+
+#[test]
+fn an_agent_restart_does_not_disturb_its_workloads() {
+    let mut c = Cluster::start("agent", TWO_PROJECTS, 1, 2);
+    let id = c.submit(
+        &["--project", "demo-a", "--gpus", "1", "--min-runtime", "1h"],
+        "sleep 600",
+    );
+    let w = c.wait_state(&id, "running", LONG);
+    let pid = c.agent_json(0, &["leases", "--json"])[0]["pid"]
+        .as_i64()
+        .expect("pid");
+    c.kill9_agent(0);
+    c.start_agent(0, 2);
+    c.wait_connected(1);
+    let l = c.agent_json(0, &["leases", "--json"]);
+    assert_eq!(
+        (l[0]["pid"].as_i64(), l[0]["state"].as_str()),
+        (Some(pid), Some("running")),
+        "{l}"
+    );
+    let after = c.status(&id);
+    assert_eq!(after["lease_ids"], w["lease_ids"], "{after}");
+    assert_eq!(after["state"], "running");
+}
+
+#[test]
+fn bad_requests_get_clear_errors() {
+    let c = Cluster::start("errors", TWO_PROJECTS, 1, 2);
+    let out = c.allot(&["submit", "--project", "nope", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"nope\"") && err.contains("allot share"),
+        "{err}"
+    );
+    let out = c.allot(&["submit", "--project", "demo-a", "--gpus", "9", "--", "true"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("gpus"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = c.allot(&["status", "abc"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a workload id"));
+    let out = c.allot(&[
+        "submit",
+        "--project",
+        "demo-a",
+        "--checkpoint",
+        "signal:KILL",
+        "--",
+        "true",
+    ]);
+    assert!(!out.status.success());
+    let out = c.allot(&["budget", "set", "nope", "--share", "2"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+    // A wrong first message on the agent stream is refused, not fatal.
+    let m = c.metrics_text();
+    assert!(m.contains("allot_agents_connected 1"), "{m}");
+}

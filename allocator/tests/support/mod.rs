@@ -1,0 +1,324 @@
+//! A whole cluster of real processes for end-to-end tests: `allotd serve` with a
+//! temp state dir and ports it picked, and N `allot-agent`s on fake GPUs, each with
+//! its own socket, state dir and kernel-log file; driven through the real `allot`
+//! CLI. Dropping it stops everything, workloads included.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+/// Another binary of the workspace, beside allotd (built if a package-only run did
+/// not build it).
+pub fn sibling(bin: &str, package: &str) -> PathBuf {
+    static CHECKED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let p = PathBuf::from(env!("CARGO_BIN_EXE_allotd")).with_file_name(bin);
+    let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
+    if !checked.iter().any(|b| b == bin) && !fresh(&p) {
+        let ok = Command::new(env!("CARGO"))
+            .args(["build", "-p", package, "--bin", bin])
+            .status()
+            .expect("cargo runs")
+            .success();
+        assert!(ok, "building {bin}");
+    }
+    checked.push(bin.to_string());
+    p
+}
+
+/// Polls until `f` gives a value: the state changes in other processes.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The running cluster.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub addr: String,
+    pub metrics: String,
+    pub config: PathBuf,
+    pub server: Option<Child>,
+    pub agents: Vec<Option<Child>>,
+}
+
+impl Cluster {
+    /// allotd with `groups` (TOML `[[group]]` tables) and `nodes` agents of `gpus`.
+    pub fn start(tag: &str, groups: &str, nodes: usize, gpus: u32) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("allot-cluster-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let config = dir.join("allotd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = {addr:?}\nmetrics_listen = {metrics:?}\nstate_dir = {:?}\nlost_grace = \"30s\"\nschedule_interval = \"1s\"\n{groups}",
+                dir.join("allotd")
+            ),
+        )
+        .expect("config");
+        let mut c = Cluster {
+            dir,
+            addr,
+            metrics,
+            config,
+            server: None,
+            agents: Vec::new(),
+        };
+        c.start_server();
+        for i in 0..nodes {
+            c.agents.push(None);
+            c.start_agent(i, gpus);
+        }
+        c.wait_connected(nodes);
+        c
+    }
+
+    /// (Re)starts allotd.
+    pub fn start_server(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("allotd.log"))
+            .expect("log");
+        self.server = Some(
+            Command::new(env!("CARGO_BIN_EXE_allotd"))
+                .args(["serve", "--config"])
+                .arg(&self.config)
+                .env("ALLOT_LOG", "info")
+                .stderr(log)
+                .spawn()
+                .expect("allotd starts"),
+        );
+        wait_for("allotd to answer", Duration::from_secs(30), || {
+            self.allot(&["share", "--json"])
+                .status
+                .success()
+                .then_some(())
+        });
+    }
+
+    /// The directory of node `i`.
+    pub fn node_dir(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("node-{i}"))
+    }
+
+    /// Node `i`'s host name.
+    pub fn node_name(i: usize) -> String {
+        format!("node-{i}")
+    }
+
+    /// (Re)starts agent `i`.
+    pub fn start_agent(&mut self, i: usize, gpus: u32) {
+        let d = self.node_dir(i);
+        std::fs::create_dir_all(&d).expect("node dir");
+        let kmsg = d.join("kmsg");
+        if !kmsg.exists() {
+            std::fs::write(&kmsg, "").expect("kmsg");
+        }
+        let conf = d.join("agent.toml");
+        std::fs::write(
+            &conf,
+            format!(
+                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"http://{}\"\nhost = \"node-{i}\"\ncluster = \"test\"\nterm_grace = \"2s\"\ndefault_grace = \"3s\"\n[health]\nsource = \"fake:{gpus}\"\ninterval_s = 1\nkmsg = {:?}\n",
+                d.join("agent.sock"),
+                d.join("state"),
+                self.addr,
+                kmsg
+            ),
+        )
+        .expect("agent config");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(d.join("agent.log"))
+            .expect("log");
+        let child = Command::new(sibling("allot-agent", "allot-agent"))
+            .arg("--config")
+            .arg(&conf)
+            .env("ALLOT_LOG", "info")
+            .stderr(log)
+            .spawn()
+            .expect("agent starts");
+        self.agents[i] = Some(child);
+    }
+
+    /// Waits until `n` nodes are connected.
+    pub fn wait_connected(&self, n: usize) {
+        wait_for("agents to connect", Duration::from_secs(60), || {
+            let v = self.json(&["nodes", "--json"]);
+            let up = v
+                .as_array()
+                .map_or(0, |a| a.iter().filter(|n| n["connected"] == true).count());
+            (up >= n).then_some(())
+        });
+    }
+
+    /// Runs the CLI against this allotd.
+    pub fn allot(&self, args: &[&str]) -> Output {
+        Command::new(sibling("allot", "allot-cli"))
+            .args(args)
+            .env("ALLOT_SERVER", format!("http://{}", self.addr))
+            .output()
+            .expect("allot runs")
+    }
+
+    /// Runs the CLI, expects success, parses JSON.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.allot(args);
+        assert!(
+            out.status.success(),
+            "allot {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "allot {args:?}: no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    /// Submits; returns the id.
+    pub fn submit(&self, flags: &[&str], script: &str) -> String {
+        let mut args = vec!["submit", "--json"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", script]);
+        let v = self.json(&args);
+        v["id"].as_str().expect("id").to_string()
+    }
+
+    /// One workload.
+    pub fn status(&self, id: &str) -> serde_json::Value {
+        self.json(&["status", id, "--json"])
+    }
+
+    /// Waits until the workload is in `state`.
+    pub fn wait_state(&self, id: &str, state: &str, limit: Duration) -> serde_json::Value {
+        wait_for(&format!("workload {id} to be {state}"), limit, || {
+            let w = self.status(id);
+            (w["state"] == state).then_some(w)
+        })
+    }
+
+    /// Appends a kernel-log line on node `i`.
+    pub fn kernel_log(&self, i: usize, line: &str) {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.node_dir(i).join("kmsg"))
+            .expect("kmsg");
+        writeln!(f, "{line}").expect("write");
+    }
+
+    /// The local agent's view (through its socket).
+    pub fn agent_json(&self, i: usize, args: &[&str]) -> serde_json::Value {
+        let out = Command::new(sibling("allot", "allot-cli"))
+            .args(args)
+            .env("ALLOT_SOCKET", self.node_dir(i).join("agent.sock"))
+            .output()
+            .expect("allot runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    }
+
+    /// kill -9 allotd.
+    pub fn kill9_server(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// kill -9 agent `i`.
+    pub fn kill9_agent(&mut self, i: usize) {
+        if let Some(mut c) = self.agents[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Prometheus text.
+    pub fn metrics_text(&self) -> String {
+        use std::io::Read;
+        let mut s = std::net::TcpStream::connect(&self.metrics).expect("metrics port");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .expect("request");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+}
+
+/// Every workload group a node's agent started (for cleanup).
+fn workload_pids(dir: &Path) -> Vec<i32> {
+    let mut v = Vec::new();
+    if let Ok(conn) = rusqlite::Connection::open(dir.join("state/agent.db")) {
+        if let Ok(mut st) = conn.prepare("SELECT body FROM leases") {
+            if let Ok(rows) = st.query_map([], |r| r.get::<_, String>(0)) {
+                for b in rows.flatten() {
+                    if let Ok(j) = serde_json::from_str::<serde_json::Value>(&b) {
+                        if let Some(p) = j["pid"].as_i64().filter(|p| *p > 0) {
+                            v.push(p as i32);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in self
+            .agents
+            .iter_mut()
+            .chain(std::iter::once(&mut self.server))
+        {
+            if let Some(mut c) = c.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        for i in 0..self.agents.len() {
+            for pid in workload_pids(&self.node_dir(i)) {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+/// Whether a sibling binary exists and is no older than this test binary: a
+/// package-only test run rebuilds only its own package, and a stale CLI would test
+/// yesterday's code.
+fn fresh(p: &std::path::Path) -> bool {
+    let m = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    match (m(p), std::env::current_exe().ok().and_then(|e| m(&e))) {
+        (Some(bin), Some(test)) => bin >= test,
+        _ => false,
+    }
+}

@@ -1,0 +1,886 @@
+//! The users', managers' and cluster operators' commands as people run them: the real
+//! binary against no allotd (errors) and against a fake allotd (`Workloads`, `Org`,
+//! `Nodes` on a TCP port) that answers with canned data and records what it was asked.
+
+use allot_proto::v1::nodes_server::{Nodes, NodesServer};
+use allot_proto::v1::org_server::{Org, OrgServer};
+use allot_proto::v1::workloads_server::{Workloads, WorkloadsServer};
+use allot_proto::v1::{
+    CancelRequest, GetRequest, GetTreeRequest, GetTreeResponse, Gpu, GpuState, Group, HostVerdict,
+    ListNodesRequest, ListNodesResponse, ListRequest, ListResponse, Node, NodeDrainRequest,
+    SetWeightRequest, SubmitRequest, SubmitResponse, WatchRequest, Workload, WorkloadSpec,
+    WorkloadState,
+};
+use serde_json::Value;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tonic::{Request, Response, Status};
+
+fn allot_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+    cmd.args(args).env_remove("ALLOT_SERVER");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("allot runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn allot(args: &[&str]) -> (i32, String, String) {
+    allot_env(args, &[])
+}
+
+fn json(out: &str) -> Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+// ---------------------------------------------------------------- usage and connection errors
+
+#[test]
+fn no_allotd_names_the_address_and_the_fix() {
+    let (code, out, err) = allot(&["queue", "--server", "127.0.0.1:1"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.starts_with("error: cannot reach allotd at http://127.0.0.1:1: "),
+        "{err}"
+    );
+    assert!(
+        err.trim_end()
+            .ends_with("is it running? (set --server or ALLOT_SERVER)"),
+        "{err}"
+    );
+    assert!(out.is_empty(), "{out}");
+}
+
+#[test]
+fn server_comes_from_the_environment() {
+    let (code, _, err) = allot_env(&["share"], &[("ALLOT_SERVER", "127.0.0.1:1")]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("http://127.0.0.1:1"), "{err}");
+    // --server wins over the environment.
+    let (code, _, err) = allot_env(
+        &["nodes", "--server", "127.0.0.1:2"],
+        &[("ALLOT_SERVER", "127.0.0.1:1")],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("http://127.0.0.1:2"), "{err}");
+}
+
+#[test]
+fn a_malformed_server_is_a_usage_error() {
+    let (code, _, err) = allot(&["queue", "--server", "https://allotd:7070"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--server"), "{err}");
+}
+
+#[test]
+fn submit_needs_a_command() {
+    let (code, out, err) = allot(&["submit", "--project", "p", "--server", "127.0.0.1:1"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("`--`"), "{err}");
+    assert!(err.contains("allot submit"), "{err}");
+}
+
+#[test]
+fn submit_needs_a_project() {
+    let (code, _, err) = allot(&["submit", "--", "true"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--project"), "{err}");
+}
+
+#[test]
+fn bad_memory_names_the_flag_and_the_form() {
+    let (code, _, err) = allot(&["submit", "--project", "p", "--memory", "12Q", "--", "true"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--memory"), "{err}");
+    assert!(err.contains("64G"), "{err}");
+}
+
+#[test]
+fn bad_durations_and_counts_are_usage_errors() {
+    let (code, _, err) = allot(&[
+        "submit",
+        "--project",
+        "p",
+        "--min-runtime",
+        "8 hours",
+        "--",
+        "x",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--min-runtime"), "{err}");
+    let (code, _, err) = allot(&["submit", "--project", "p", "--nodes", "0", "--", "x"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--nodes"), "{err}");
+    let (code, _, err) = allot(&[
+        "submit",
+        "--project",
+        "p",
+        "--checkpoint",
+        "USR1",
+        "--",
+        "x",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("signal:USR1"), "{err}");
+    let (code, _, err) = allot(&["queue", "--state", "waiting"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("timed-out"), "{err}");
+}
+
+#[test]
+fn weights_must_be_positive() {
+    for bad in ["-1", "0", "lots"] {
+        let (code, _, err) = allot(&["budget", "set", "x", "--share", bad]);
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(err.contains("--share"), "{bad}: {err}");
+        assert!(err.contains("positive number"), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn drain_needs_a_reason() {
+    let (code, _, err) = allot(&["nodes", "drain", "gpu-07"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--reason"), "{err}");
+}
+
+// ---------------------------------------------------------------- a fake allotd
+
+/// What the fake was asked, in order, per call.
+#[derive(Default)]
+struct Seen {
+    submits: Vec<WorkloadSpec>,
+    lists: Vec<ListRequest>,
+    gets: Vec<String>,
+    cancels: Vec<String>,
+    weights: Vec<SetWeightRequest>,
+    drains: Vec<NodeDrainRequest>,
+}
+
+/// Answers with canned data and remembers what it was asked.
+#[derive(Clone, Default)]
+struct Fake {
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Fake {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().expect("lock")
+    }
+}
+
+fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs() as i64
+}
+
+fn workload(id: &str, state: WorkloadState) -> Workload {
+    let now = now_unix();
+    let mut w = Workload {
+        id: id.into(),
+        spec: Some(WorkloadSpec {
+            project: "vision".into(),
+            user: "ana".into(),
+            class: "batch".into(),
+            gpus_per_node: 8,
+            nodes: 2,
+            mem_per_node_gb: 64,
+            min_runtime_s: 28_800,
+            time_limit_s: Some(172_800),
+            resumable: true,
+            argv: vec!["python".into(), "train.py".into()],
+            checkpoint_hook: "signal:USR1".into(),
+            ..Default::default()
+        }),
+        state: state as i32,
+        submit_unix: now - 192,
+        ..Default::default()
+    };
+    match state {
+        WorkloadState::Pending => {
+            w.explanation =
+                "project vision is served 1.30× its share; needs 2 whole nodes, 1 are free in one cluster"
+                    .into();
+        }
+        WorkloadState::Running => {
+            w.start_unix = now - 3_900;
+            w.nodes = vec!["gpu-01".into(), "gpu-02".into()];
+            w.lease_ids = vec!["L-1".into(), "L-2".into()];
+            w.funded = true;
+            w.preemptions = 1;
+        }
+        _ => {
+            w.start_unix = now - 7_200;
+            w.end_unix = now - 3_600;
+            w.end_reason = "time-limit".into();
+        }
+    }
+    w
+}
+
+#[tonic::async_trait]
+impl Workloads for Fake {
+    async fn submit(&self, r: Request<SubmitRequest>) -> Result<Response<SubmitResponse>, Status> {
+        let spec = r.into_inner().spec.unwrap_or_default();
+        if spec.project == "nope" {
+            return Err(Status::not_found(
+                "project: no project nope (see `allot share`)",
+            ));
+        }
+        self.seen().submits.push(spec);
+        Ok(Response::new(SubmitResponse { id: "17".into() }))
+    }
+
+    async fn cancel(&self, r: Request<CancelRequest>) -> Result<Response<Workload>, Status> {
+        let id = r.into_inner().id;
+        self.seen().cancels.push(id.clone());
+        Ok(Response::new(workload(&id, WorkloadState::Cancelled)))
+    }
+
+    async fn get(&self, r: Request<GetRequest>) -> Result<Response<Workload>, Status> {
+        let id = r.into_inner().id;
+        self.seen().gets.push(id.clone());
+        match id.as_str() {
+            "17" => Ok(Response::new(workload("17", WorkloadState::Pending))),
+            "18" => Ok(Response::new(workload("18", WorkloadState::Running))),
+            _ => Err(Status::not_found(format!(
+                "id: no workload {id} (see `allot queue --all`)"
+            ))),
+        }
+    }
+
+    async fn list(&self, r: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let r = r.into_inner();
+        let state = r.state();
+        self.seen().lists.push(r);
+        // 20 "starts" between the CLI's pending and running calls: it is in both.
+        let workloads = match state {
+            WorkloadState::Pending => vec![
+                workload("17", WorkloadState::Pending),
+                workload("20", WorkloadState::Pending),
+            ],
+            WorkloadState::Running => vec![
+                workload("18", WorkloadState::Running),
+                workload("20", WorkloadState::Running),
+            ],
+            WorkloadState::TimedOut => vec![workload("19", WorkloadState::TimedOut)],
+            WorkloadState::Unspecified => vec![
+                workload("17", WorkloadState::Pending),
+                workload("18", WorkloadState::Running),
+                workload("19", WorkloadState::TimedOut),
+            ],
+            _ => vec![],
+        };
+        Ok(Response::new(ListResponse { workloads }))
+    }
+
+    type WatchStream = tokio_stream::Empty<Result<Workload, Status>>;
+
+    async fn watch(&self, _: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("not in this fake"))
+    }
+}
+
+fn group(name: &str, parent: &str, depth: u32, weight: f64, share: f64) -> Group {
+    Group {
+        name: name.into(),
+        parent: parent.into(),
+        weight,
+        share,
+        entitled_gpu_hours: share * 32.0 * 168.0,
+        served_gpu_hours: share * 32.0 * 168.0 * 0.8,
+        ratio: 0.8,
+        running_gpus: 8,
+        pending_gpus: 16,
+        project: depth == 2,
+        depth,
+    }
+}
+
+#[tonic::async_trait]
+impl Org for Fake {
+    async fn get_tree(
+        &self,
+        _: Request<GetTreeRequest>,
+    ) -> Result<Response<GetTreeResponse>, Status> {
+        Ok(Response::new(GetTreeResponse {
+            groups: vec![
+                group("ml", "", 1, 3.0, 0.75),
+                group("vision", "ml", 2, 1.0, 0.25),
+                group("nlp", "ml", 2, 2.0, 0.5),
+                group("infra", "", 1, 1.0, 0.25),
+            ],
+            window_hours: 168.0,
+            capacity_gpus: 32,
+        }))
+    }
+
+    async fn set_weight(&self, r: Request<SetWeightRequest>) -> Result<Response<Group>, Status> {
+        let r = r.into_inner();
+        self.seen().weights.push(r.clone());
+        if r.name != "vision" {
+            return Err(Status::not_found(format!(
+                "name: no group {} (see `allot share`)",
+                r.name
+            )));
+        }
+        Ok(Response::new(group("vision", "ml", 2, r.weight, 0.375)))
+    }
+}
+
+fn node(name: &str) -> Node {
+    Node {
+        name: name.into(),
+        cluster: "a".into(),
+        state: "ready".into(),
+        connected: true,
+        gpus: 8,
+        free_gpus: 3,
+        cpu: 128,
+        memory_gb: 2_048,
+        verdict: HostVerdict::Ok as i32,
+        lease_ids: vec!["L-1".into(), "L-3".into()],
+        gpu_list: vec![Gpu {
+            uuid: "GPU-aaaa".into(),
+            index: 0,
+            state: GpuState::Healthy as i32,
+            lease_id: "L-1".into(),
+            ..Default::default()
+        }],
+        last_seen_unix: 1_795_980_000,
+        ..Default::default()
+    }
+}
+
+#[tonic::async_trait]
+impl Nodes for Fake {
+    async fn list(
+        &self,
+        _: Request<ListNodesRequest>,
+    ) -> Result<Response<ListNodesResponse>, Status> {
+        let mut down = node("gpu-02");
+        down.state = "down".into();
+        down.connected = false;
+        down.free_gpus = 0;
+        down.verdict = HostVerdict::DrainNow as i32;
+        down.drain_reason = "health: xid:79 fallen off the bus".into();
+        Ok(Response::new(ListNodesResponse {
+            nodes: vec![node("gpu-01"), down],
+        }))
+    }
+
+    async fn drain(&self, r: Request<NodeDrainRequest>) -> Result<Response<Node>, Status> {
+        let r = r.into_inner();
+        self.seen().drains.push(r.clone());
+        let mut n = node(&r.name);
+        if !r.undrain {
+            n.state = if r.now { "drain-now" } else { "draining" }.into();
+            n.drain_reason = format!("operator: {}", r.reason);
+        }
+        Ok(Response::new(n))
+    }
+}
+
+/// A fake allotd serving on a fresh port for the rest of the test process; its address.
+fn serve(fake: Fake) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            tx.send(listener.local_addr().expect("addr"))
+                .expect("ready");
+            tonic::transport::Server::builder()
+                .add_service(WorkloadsServer::new(fake.clone()))
+                .add_service(OrgServer::new(fake.clone()))
+                .add_service(NodesServer::new(fake))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .expect("serve");
+        });
+    });
+    // Without a scheme, as people type it: the CLI adds http://.
+    rx.recv().expect("server ready").to_string()
+}
+
+// ---------------------------------------------------------------- through the fake
+
+#[test]
+fn submit_sends_the_whole_spec() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let (code, out, err) = allot(&[
+        "submit",
+        "--server",
+        &addr,
+        "--project",
+        "vision",
+        "--gpus",
+        "8",
+        "--nodes",
+        "2",
+        "--cpus",
+        "32",
+        "--memory",
+        "64G",
+        "--min-runtime",
+        "8h",
+        "--time-limit",
+        "2d",
+        "--resumable",
+        "--priority",
+        "-3",
+        "--class",
+        "interactive",
+        "--checkpoint",
+        "signal:USR1",
+        "--user",
+        "ana",
+        "--",
+        "python",
+        "train.py",
+        "--lr",
+        "3e-4",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "submitted workload 17 (project vision, 16 GPUs on 2 nodes)\n"
+    );
+    let seen = fake.seen();
+    let s = &seen.submits[0];
+    assert_eq!(s.project, "vision");
+    assert_eq!(s.user, "ana");
+    assert_eq!(s.class, "interactive");
+    assert_eq!((s.gpus_per_node, s.nodes), (8, 2));
+    assert_eq!((s.cpu_per_node, s.mem_per_node_gb), (32, 64));
+    assert_eq!(s.min_runtime_s, 28_800);
+    assert_eq!(s.time_limit_s, Some(172_800));
+    assert!(s.resumable);
+    assert_eq!(s.priority, -3);
+    assert_eq!(s.checkpoint_hook, "signal:USR1");
+    assert_eq!(s.argv, ["python", "train.py", "--lr", "3e-4"]);
+}
+
+#[test]
+fn submit_defaults_and_json() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let (code, out, err) = allot_env(
+        &[
+            "submit",
+            "--project",
+            "vision",
+            "--memory",
+            "512M",
+            "--json",
+            "--",
+            "true",
+        ],
+        &[("ALLOT_SERVER", addr.as_str()), ("USER", "bob")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out), serde_json::json!({ "id": "17" }));
+    let seen = fake.seen();
+    let s = &seen.submits[0];
+    assert_eq!(s.user, "bob");
+    assert_eq!(s.class, "batch");
+    assert_eq!((s.gpus_per_node, s.nodes), (1, 1));
+    assert_eq!((s.cpu_per_node, s.mem_per_node_gb), (0, 1));
+    assert_eq!((s.min_runtime_s, s.time_limit_s), (0, None));
+    assert!(!s.resumable);
+    assert_eq!(s.priority, 0);
+    assert_eq!(s.checkpoint_hook, "");
+    assert_eq!(s.argv, ["true"]);
+    drop(seen);
+
+    let (code, out, err) = allot(&[
+        "submit",
+        "--server",
+        &addr,
+        "--project",
+        "vision",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "submitted workload 17 (project vision, 1 GPU)\n");
+}
+
+#[test]
+fn submit_refused_prints_allotds_reason() {
+    let addr = serve(Fake::default());
+    let (code, out, err) = allot(&["submit", "--server", &addr, "--project", "nope", "--", "x"]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(err, "error: project: no project nope (see `allot share`)\n");
+}
+
+#[test]
+fn queue_shows_pending_and_running_by_default() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let (code, out, err) = allot(&[
+        "queue",
+        "--server",
+        &addr,
+        "--project",
+        "vision",
+        "--user",
+        "ana",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [
+            "ID",
+            "PROJECT",
+            "USER",
+            "CLASS",
+            "GPUS",
+            "STATE",
+            "WAITED/RAN",
+            "PREEMPTED",
+            "NODES",
+            "WHY"
+        ]
+    );
+    // Running first, then pending; 20 once, as running.
+    assert_eq!(lines.len(), 4, "{out}");
+    let ids: Vec<&str> = lines[1..]
+        .iter()
+        .map(|l| l.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(ids, ["18", "20", "17"]);
+    let running: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        running[..6],
+        ["18", "vision", "ana", "batch", "8x2", "running"]
+    );
+    assert!(running[6].starts_with("1h0"), "{out}");
+    assert_eq!(running[7..], ["1", "gpu-01,gpu-02", "-"]);
+    let pending: Vec<&str> = lines[3].split_whitespace().collect();
+    assert_eq!(pending[5], "pending");
+    assert!(pending[6].starts_with("3m1"), "{out}");
+    assert!(
+        lines[3].ends_with("needs 2 whole nodes, 1 are free in one cluster"),
+        "{out}"
+    );
+
+    let seen = fake.seen();
+    let asked: Vec<(WorkloadState, &str, &str)> = seen
+        .lists
+        .iter()
+        .map(|l| (l.state(), l.project.as_str(), l.user.as_str()))
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            (WorkloadState::Pending, "vision", "ana"),
+            (WorkloadState::Running, "vision", "ana")
+        ]
+    );
+}
+
+#[test]
+fn queue_state_all_and_json() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let (code, out, err) = allot(&["queue", "--server", &addr, "--state", "timed-out"]);
+    assert_eq!(code, 0, "{err}");
+    let row: Vec<&str> = out
+        .lines()
+        .nth(1)
+        .expect("row")
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[5], "timed-out");
+    assert_eq!(row[6], "1h00m");
+    assert_eq!(row[9], "time-limit");
+
+    let (code, out, err) = allot(&["queue", "--server", &addr, "--all", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    let a = v.as_array().expect("array");
+    let states: Vec<&str> = a.iter().filter_map(|w| w["state"].as_str()).collect();
+    assert_eq!(states, ["pending", "running", "timed-out"]);
+    assert_eq!(a[0]["id"], "17");
+    assert_eq!(a[0]["gpus_per_node"], 8);
+    assert_eq!(a[0]["nodes"], 2);
+    assert_eq!(a[0]["time_limit_s"], 172_800);
+    assert_eq!(a[1]["node_names"][1], "gpu-02");
+    assert_eq!(a[1]["lease_ids"][0], "L-1");
+    assert_eq!(a[1]["funded"], true);
+    assert_eq!(a[2]["end_reason"], "time-limit");
+
+    let (code, _, err) = allot(&["queue", "--server", &addr, "--all", "--state", "failed"]);
+    assert_eq!(code, 2, "{err}");
+
+    let states: Vec<WorkloadState> = fake.seen().lists.iter().map(|l| l.state()).collect();
+    assert_eq!(
+        states,
+        [WorkloadState::TimedOut, WorkloadState::Unspecified]
+    );
+}
+
+#[test]
+fn status_explains_pending_work() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let (code, out, err) = allot(&["status", "17", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    for want in [
+        "id:          17",
+        "project:     vision",
+        "user:        ana",
+        "class:       batch",
+        "state:       pending",
+        "gpus:        8x2 (16 in all)",
+        "min runtime: 8h",
+        "time limit:  2d",
+        "resumable:   yes",
+        "priority:    0",
+        "started:     -",
+        "ended:       -",
+        "end reason:  -",
+        "nodes:       -",
+        "leases:      -",
+        "preemptions: 0",
+        "funded:      no",
+        "command:     python train.py",
+        "why:",
+        "  project vision is served 1.30× its share; needs 2 whole nodes, 1 are free in one cluster",
+    ] {
+        assert!(lines.contains(&want), "missing {want:?} in\n{out}");
+    }
+    let submitted = lines
+        .iter()
+        .find(|l| l.starts_with("submitted:"))
+        .expect("submitted");
+    assert!(
+        submitted.contains("Z (3m1") && submitted.ends_with(" ago)"),
+        "{out}"
+    );
+
+    let (code, out, err) = allot(&["status", "18", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("nodes:       gpu-01, gpu-02\n"), "{out}");
+    assert!(out.contains("funded:      yes\n"), "{out}");
+    assert!(!out.contains("why:"), "{out}");
+
+    let (code, out, err) = allot(&["status", "18", "--json", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["state"], "running");
+
+    let (code, out, err) = allot(&["status", "404", "--server", &addr]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(
+        err,
+        "error: id: no workload 404 (see `allot queue --all`)\n"
+    );
+    assert_eq!(fake.seen().gets, ["17", "18", "18", "404"]);
+}
+
+#[test]
+fn cancel_prints_the_state_after() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let (code, out, err) = allot(&["cancel", "17", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "workload 17: cancelled\n");
+    let (code, out, err) = allot(&["cancel", "18", "--json", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    assert_eq!(v["id"], "18");
+    assert_eq!(v["state"], "cancelled");
+    assert_eq!(fake.seen().cancels, ["17", "18"]);
+}
+
+#[test]
+fn share_shows_the_tree() {
+    let addr = serve(Fake::default());
+    let (code, out, err) = allot(&["share", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "window: 168h, capacity: 32 GPUs");
+    assert_eq!(
+        lines[1].split_whitespace().collect::<Vec<_>>(),
+        [
+            "NAME",
+            "WEIGHT",
+            "SHARE",
+            "ENTITLED(gpu-h)",
+            "RECEIVED(gpu-h)",
+            "RATIO",
+            "RUNNING",
+            "PENDING"
+        ]
+    );
+    assert_eq!(
+        lines[2].split_whitespace().collect::<Vec<_>>(),
+        ["ml", "3", "75.0%", "4032.0", "3225.6", "0.80", "8", "16"]
+    );
+    assert!(lines[3].starts_with("  vision  1 "), "{out}");
+    assert!(lines[4].starts_with("  nlp     2 "), "{out}");
+    assert!(lines[5].starts_with("infra     1 "), "{out}");
+    assert!(lines[6].starts_with("ratio = "), "{out}");
+
+    let (code, out, err) = allot(&["share", "--json", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    assert_eq!(v["window_hours"], 168.0);
+    assert_eq!(v["capacity_gpus"], 32);
+    let g = &v["groups"][1];
+    assert_eq!(g["name"], "vision");
+    assert_eq!(g["parent"], "ml");
+    assert_eq!(g["share"], 0.25);
+    assert_eq!(g["project"], true);
+    assert_eq!(g["depth"], 2);
+    for k in [
+        "weight",
+        "entitled_gpu_hours",
+        "served_gpu_hours",
+        "ratio",
+        "running_gpus",
+        "pending_gpus",
+    ] {
+        assert!(g.get(k).is_some(), "missing {k}");
+    }
+}
+
+#[test]
+fn budget_set_sends_the_weight() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let (code, out, err) = allot(&[
+        "budget", "set", "vision", "--share", "1.5", "--server", &addr,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "vision: weight 1.5, share 37.5%, entitled 2016.0 gpu-h, received 1612.8 gpu-h, ratio 0.80\n"
+    );
+    let (code, out, err) = allot(&[
+        "budget", "set", "vision", "--share", "2", "--json", "--server", &addr,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["weight"], 2.0);
+    let (code, _, err) = allot(&["budget", "set", "vison", "--share", "2", "--server", &addr]);
+    assert_eq!(code, 1);
+    assert_eq!(err, "error: name: no group vison (see `allot share`)\n");
+    let asked: Vec<(String, f64)> = fake
+        .seen()
+        .weights
+        .iter()
+        .map(|w| (w.name.clone(), w.weight))
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            ("vision".to_string(), 1.5),
+            ("vision".to_string(), 2.0),
+            ("vison".to_string(), 2.0)
+        ]
+    );
+}
+
+#[test]
+fn nodes_list_drain_and_undrain() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let (code, out, err) = allot(&["nodes", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        [
+            "NAME",
+            "CLUSTER",
+            "STATE",
+            "CONNECTED",
+            "FREE/GPUS",
+            "VERDICT",
+            "LEASES",
+            "DRAIN"
+        ]
+    );
+    assert_eq!(
+        lines[1],
+        ["gpu-01", "a", "ready", "yes", "3/8", "ok", "2", "-"]
+    );
+    assert_eq!(
+        lines[2][..7],
+        ["gpu-02", "a", "down", "no", "0/8", "drain-now", "2"]
+    );
+    assert!(
+        out.lines()
+            .nth(2)
+            .unwrap_or("")
+            .ends_with("health: xid:79 fallen off the bus"),
+        "{out}"
+    );
+
+    let (code, out, err) = allot(&["nodes", "--json", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    assert_eq!(v[0]["name"], "gpu-01");
+    assert_eq!(v[0]["verdict"], "ok");
+    assert_eq!(v[0]["memory_gb"], 2_048);
+    assert_eq!(v[0]["lease_ids"][1], "L-3");
+    assert_eq!(v[0]["last_seen_unix"], 1_795_980_000_i64);
+    assert_eq!(v[0]["gpu_list"][0]["uuid"], "GPU-aaaa");
+    assert_eq!(v[0]["gpu_list"][0]["state"], "healthy");
+    assert_eq!(v[1]["connected"], false);
+    assert_eq!(v[1]["drain_reason"], "health: xid:79 fallen off the bus");
+
+    let (code, out, err) = allot(&[
+        "nodes", "drain", "gpu-01", "--reason", "swap PSU", "--now", "--server", &addr,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "node gpu-01: drain-now (operator: swap PSU)\n");
+
+    // --server and --json before the subcommand work too.
+    let (code, out, err) = allot(&[
+        "nodes", "--server", &addr, "--json", "drain", "gpu-02", "--reason", "rack",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    assert_eq!(v["state"], "draining");
+    assert_eq!(v["drain_reason"], "operator: rack");
+
+    let (code, out, err) = allot(&["nodes", "undrain", "gpu-01", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "node gpu-01: ready\n");
+
+    let seen = fake.seen();
+    let asked: Vec<(&str, &str, bool, bool)> = seen
+        .drains
+        .iter()
+        .map(|d| (d.name.as_str(), d.reason.as_str(), d.now, d.undrain))
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            ("gpu-01", "swap PSU", true, false),
+            ("gpu-02", "rack", false, false),
+            ("gpu-01", "", false, true)
+        ]
+    );
+}
