@@ -5,6 +5,7 @@
 mod api;
 mod config;
 mod dev;
+mod loadtest;
 mod metrics;
 mod serve;
 mod simulate;
@@ -34,6 +35,8 @@ enum Command {
     },
     /// Run allotd and N agents on fake GPUs on this machine.
     Dev(dev::Args),
+    /// Load-test an allotd: many simulated agents over real gRPC plus submissions.
+    Loadtest(loadtest::Args),
     /// Write an example config with an org tree.
     Init {
         /// Where to write it.
@@ -86,6 +89,7 @@ fn main() -> std::process::ExitCode {
             Ok(cfg) => runtime().and_then(|rt| rt.block_on(serve::serve(cfg, serve::signalled()))),
         },
         Command::Dev(a) => runtime().and_then(|rt| rt.block_on(dev::run(a))),
+        Command::Loadtest(a) => runtime().and_then(|rt| rt.block_on(loadtest::run(a))),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

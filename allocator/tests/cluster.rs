@@ -277,3 +277,68 @@ fn bad_requests_get_clear_errors() {
     let m = c.metrics_text();
     assert!(m.contains("allot_agents_connected 1"), "{m}");
 }
+
+#[test]
+fn a_funded_job_waits_for_the_lapse_then_the_victim_checkpoints_and_resumes_elsewhere() {
+    let c = Cluster::start("lapse", TWO_PROJECTS, 3, 2);
+    // demo-b fills the three nodes: a victim whose protection lapses in 5 s and that
+    // checkpoints on SIGUSR1, a long protected job, and a short one whose node frees.
+    let victim = c.submit(
+        &[
+            "--project",
+            "demo-b",
+            "--gpus",
+            "2",
+            "--min-runtime",
+            "5s",
+            "--resumable",
+            "--checkpoint",
+            "signal:USR1",
+        ],
+        r#"trap 'touch "$ALLOT_CHECKPOINT_DIR/checkpoint.done"; kill $P; exit 0' USR1
+sleep 600 & P=$!
+while :; do wait $P; done"#,
+    );
+    let v = c.wait_state(&victim, "running", LONG);
+    c.submit(
+        &["--project", "demo-b", "--gpus", "2", "--min-runtime", "1h"],
+        "sleep 600",
+    );
+    let short = c.submit(
+        &["--project", "demo-b", "--gpus", "2", "--min-runtime", "1h"],
+        "sleep 12",
+    );
+    c.wait_state(&short, "running", LONG);
+    let first_node = v["node_names"][0].as_str().expect("node").to_string();
+    let funded = c.submit(
+        &["--project", "demo-a", "--gpus", "2", "--min-runtime", "1h"],
+        "sleep 600",
+    );
+    let f = c.wait_state(&funded, "running", LONG);
+    // It waited for the victim's min runtime.
+    let lapse = v["start_unix"].as_i64().expect("start") + 5;
+    assert!(
+        f["start_unix"].as_i64().expect("start") >= lapse,
+        "started before the victim's lapse: {f}"
+    );
+    assert_eq!(f["node_names"][0], first_node.as_str());
+    // The victim checkpointed (its marker), was requeued, and resumed on the node the
+    // short job left.
+    let first_lease = v["lease_ids"][0].as_str().expect("lease");
+    let i: usize = first_node
+        .trim_start_matches("node-")
+        .parse()
+        .expect("index");
+    assert!(c
+        .node_dir(i)
+        .join("state/leases")
+        .join(first_lease)
+        .join("checkpoint/checkpoint.done")
+        .exists());
+    let resumed = wait_for("the victim to resume elsewhere", LONG, || {
+        let w = c.status(&victim);
+        (w["state"] == "running" && w["lease_ids"].as_array().map_or(0, Vec::len) == 2).then_some(w)
+    });
+    assert_ne!(resumed["node_names"][0], first_node.as_str(), "{resumed}");
+    assert_eq!(resumed["preemptions"], 1, "{resumed}");
+}

@@ -255,7 +255,15 @@ pub fn status_text(w: &Workload, now: i64) -> String {
     if !w.history.is_empty() {
         out.push_str("history:\n");
         for l in &w.history {
-            out.push_str(&format!("  {l}\n"));
+            // allotd stamps each line with Unix seconds; people read UTC.
+            let line = match l
+                .split_once(' ')
+                .and_then(|(t, rest)| Some((t.parse::<i64>().ok()?, rest)))
+            {
+                Some((t, rest)) => format!("{} {rest}", crate::duration::iso_utc(t)),
+                None => l.clone(),
+            };
+            out.push_str(&format!("  {line}\n"));
         }
     }
     out

@@ -1,0 +1,369 @@
+//! `allotd loadtest`: many simulated agents in one process over real gRPC (their
+//! streams multiplexed over a few HTTP/2 connections, as a fleet behind a proxy
+//! would be), each registering 8 GPUs, reporting health every few seconds and
+//! running the leases it is given for a while; plus a steady rate of submissions.
+//! Prints submit latency percentiles and checks that every acknowledged submission
+//! is stored: listed by allotd and present in its journal.
+
+use crate::config::{ServerConfig, EXAMPLE};
+use crate::state::{lease_from_wire, Input};
+use crate::store::{Sqlite, Store};
+use allot_proto::v1 as pb;
+use anyhow::Context;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tonic::transport::{Channel, Endpoint};
+
+/// `allotd loadtest` flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Simulated agents (hosts).
+    #[arg(long, default_value_t = 1024)]
+    pub agents: u32,
+    /// GPUs per agent.
+    #[arg(long, default_value_t = 8)]
+    pub gpus: u32,
+    /// Seconds between each agent's health reports.
+    #[arg(long, default_value_t = 5)]
+    pub report_every: u64,
+    /// Submissions per second.
+    #[arg(long, default_value_t = 50.0)]
+    pub rate: f64,
+    /// How long to hold the load.
+    #[arg(long, default_value = "3m", value_parser = dur)]
+    pub duration: u64,
+    /// Mean runtime of a simulated job, seconds.
+    #[arg(long, default_value_t = 60)]
+    pub job_secs: u64,
+    /// Agent streams per HTTP/2 connection.
+    #[arg(long, default_value_t = 64)]
+    pub streams_per_connection: u32,
+}
+
+fn dur(s: &str) -> Result<u64, String> {
+    allot_fairshare::time::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+fn gpus_of(host: u32, n: u32) -> Vec<pb::Gpu> {
+    (0..n)
+        .map(|g| pb::Gpu {
+            uuid: format!("GPU-load-{host:05}-{g}"),
+            index: g,
+            pci: format!("0000:{:02x}:00", 0x18 + g * 0x10),
+            model: "Simulated H100".into(),
+            state: pb::GpuState::Healthy as i32,
+            ..Default::default()
+        })
+        .collect()
+}
+
+async fn agent(ch: Channel, host: u32, a: Arc<Args>, ended: Arc<AtomicU64>) {
+    let name = format!("load-{host:05}");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<pb::AgentMessage>();
+    let _ = tx.send(pb::AgentMessage {
+        body: Some(pb::agent_message::Body::Register(pb::Register {
+            host: name.clone(),
+            cluster: "load".into(),
+            cpu: 128,
+            memory_gb: 2048,
+            gpus: gpus_of(host, a.gpus),
+            ..Default::default()
+        })),
+    });
+    let mut client = pb::agent_stream_client::AgentStreamClient::new(ch);
+    let Ok(resp) = client
+        .session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+        .await
+    else {
+        eprintln!("agent {name}: session refused");
+        return;
+    };
+    let mut inbound = resp.into_inner();
+    let mut rng = Rng(u64::from(host) * 2_654_435_761 + 1);
+    let mut tick = tokio::time::interval(Duration::from_secs(a.report_every));
+    // Spread the fleet's reports over the period, as real hosts drift apart.
+    tokio::time::sleep(Duration::from_millis(
+        rng.next() % (a.report_every * 1000).max(1),
+    ))
+    .await;
+    let end = |id: String, reason: &str, code: i32| pb::AgentMessage {
+        body: Some(pb::agent_message::Body::LeaseStatus(pb::LeaseStatus {
+            lease: Some(pb::Lease {
+                id,
+                state: pb::LeaseState::Ended as i32,
+                end_reason: reason.into(),
+                exit_code: Some(code),
+                ..Default::default()
+            }),
+        })),
+    };
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let _ = tx.send(pb::AgentMessage {
+                    body: Some(pb::agent_message::Body::Health(pb::HealthReport {
+                        verdict: pb::HostVerdict::Ok as i32,
+                        only_gpus: Vec::new(),
+                        gpus: gpus_of(host, a.gpus),
+                    })),
+                });
+            }
+            m = inbound.message() => {
+                let Ok(Some(m)) = m else { return };
+                match m.body {
+                    Some(pb::allocator_message::Body::Start(s)) => {
+                        let Some(l) = s.lease else { continue };
+                        let run = Duration::from_secs(a.job_secs / 2 + rng.next() % a.job_secs.max(1));
+                        let (tx, ended) = (tx.clone(), ended.clone());
+                        tokio::spawn(async move {
+                            tokio::time::sleep(run).await;
+                            let _ = tx.send(end(l.id, "exited", 0));
+                            ended.fetch_add(1, Ordering::Relaxed);
+                        });
+                    }
+                    Some(pb::allocator_message::Body::Revoke(r)) if lease_from_wire(&r.lease_id).is_some() => {
+                        let _ = tx.send(end(r.lease_id, "revoked", 0));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Runs the load test against an allotd it starts on a temp state dir.
+pub async fn run(a: Args) -> anyhow::Result<()> {
+    let a = Arc::new(a);
+    let dir = std::env::temp_dir().join(format!("allot-loadtest-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let addr = format!("127.0.0.1:{}", free_port()?);
+    let metrics = format!("127.0.0.1:{}", free_port()?);
+    let text = EXAMPLE
+        .replace("listen = \"127.0.0.1:7070\"", &format!("listen = {addr:?}"))
+        .replace(
+            "metrics_listen = \"127.0.0.1:9470\"",
+            &format!("metrics_listen = {metrics:?}"),
+        )
+        .replace(
+            "state_dir = \"/var/lib/allot/allotd\"",
+            &format!("state_dir = {:?}", dir.join("allotd")),
+        )
+        .replace("schedule_interval = \"10s\"", "schedule_interval = \"5s\"");
+    let cfg = ServerConfig::parse(&text, "loadtest")?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(crate::serve::serve(cfg, async {
+        let _ = stop_rx.await;
+    }));
+    let url = format!("http://{addr}");
+    let mut ch = None;
+    for _ in 0..100 {
+        if let Ok(c) = Endpoint::from_shared(url.clone())?.connect().await {
+            ch = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let submit_ch = ch.context("allotd did not come up")?;
+    // The fleet.
+    let ended = Arc::new(AtomicU64::new(0));
+    let conns = a.agents.div_ceil(a.streams_per_connection.max(1));
+    let mut channels = Vec::new();
+    for _ in 0..conns {
+        channels.push(Endpoint::from_shared(url.clone())?.connect().await?);
+    }
+    let t0 = Instant::now();
+    for h in 0..a.agents {
+        let ch = channels[(h / a.streams_per_connection.max(1)) as usize].clone();
+        tokio::spawn(agent(ch, h, a.clone(), ended.clone()));
+    }
+    let mut nodes = pb::nodes_client::NodesClient::new(submit_ch.clone());
+    loop {
+        let n = nodes
+            .list(pb::ListNodesRequest {})
+            .await?
+            .into_inner()
+            .nodes;
+        if n.iter().filter(|n| n.connected).count() as u32 >= a.agents {
+            break;
+        }
+        anyhow::ensure!(
+            t0.elapsed() < Duration::from_secs(120),
+            "only {} of {} agents registered",
+            n.len(),
+            a.agents
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "{} agents registered in {:.1}s over {conns} connections",
+        a.agents,
+        t0.elapsed().as_secs_f64()
+    );
+    // The submissions.
+    let lat = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let period = Duration::from_secs_f64(1.0 / a.rate.max(0.001));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let start = Instant::now();
+    let mut sent = 0u64;
+    let mut tasks = Vec::new();
+    while start.elapsed() < Duration::from_secs(a.duration) {
+        tick.tick().await;
+        sent += 1;
+        let mut c = pb::workloads_client::WorkloadsClient::new(submit_ch.clone());
+        let (lat, acked, errors) = (lat.clone(), acked.clone(), errors.clone());
+        let project = if sent % 4 == 0 { "demo-b" } else { "demo-a" };
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let r = c
+                .submit(pb::SubmitRequest {
+                    spec: Some(pb::WorkloadSpec {
+                        project: project.into(),
+                        user: "load".into(),
+                        class: "batch".into(),
+                        gpus_per_node: 1 + (sent % 8) as u32,
+                        nodes: 1,
+                        min_runtime_s: if sent % 3 == 0 { 0 } else { 600 },
+                        resumable: true,
+                        argv: vec!["train".into()],
+                        ..Default::default()
+                    }),
+                })
+                .await;
+            let ms = t.elapsed().as_secs_f64() * 1000.0;
+            match r {
+                Ok(r) => {
+                    lat.lock().unwrap_or_else(|e| e.into_inner()).push(ms);
+                    acked
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(r.into_inner().id);
+                }
+                Err(e) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("submit failed: {}", e.message());
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let held = start.elapsed().as_secs_f64();
+    let mut l = lat.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    l.sort_by(f64::total_cmp);
+    let acked: Vec<String> = acked.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut wl = pb::workloads_client::WorkloadsClient::new(submit_ch.clone());
+    let listed = wl
+        .list(pb::ListRequest::default())
+        .await?
+        .into_inner()
+        .workloads;
+    let listed_ids: std::collections::BTreeSet<String> =
+        listed.iter().map(|w| w.id.clone()).collect();
+    let missing = acked.iter().filter(|id| !listed_ids.contains(*id)).count();
+    let running = listed
+        .iter()
+        .filter(|w| w.state == pb::WorkloadState::Running as i32)
+        .count();
+    let m = scrape(&metrics).await.unwrap_or_default();
+    let metric = |name: &str| {
+        m.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            })
+            .unwrap_or(0.0)
+    };
+    let passes = metric("allot_schedule_cycle_seconds_count ");
+    let pass_s = metric("allot_schedule_cycle_seconds_sum ");
+    println!(
+        "held {held:.0}s: {sent} submissions sent ({:.1}/s), {} acknowledged, {} errors",
+        sent as f64 / held,
+        acked.len(),
+        errors.load(Ordering::Relaxed)
+    );
+    println!(
+        "submit latency: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        pct(&l, 0.5),
+        pct(&l, 0.9),
+        pct(&l, 0.99),
+        l.last().copied().unwrap_or(0.0)
+    );
+    println!(
+        "allotd: {} workloads listed ({} running), {} acknowledged ones missing; {} leases ended by agents; {:.0} passes, mean {:.1} ms",
+        listed.len(),
+        running,
+        missing,
+        ended.load(Ordering::Relaxed),
+        passes,
+        if passes > 0.0 { pass_s / passes * 1000.0 } else { 0.0 }
+    );
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    // Durable, not just listed: the journal holds every acknowledged submission.
+    let store = Sqlite::open(&dir.join("allotd"))?;
+    let journaled = store
+        .replay()?
+        .iter()
+        .filter(|(_, _, i)| matches!(i, Input::Submit { .. }))
+        .count();
+    println!(
+        "journal: {journaled} submissions on disk for {} acknowledged",
+        acked.len()
+    );
+    // What a restart after this run costs: the whole journal through the core.
+    let t = Instant::now();
+    let entries = store.replay()?.len();
+    drop(store);
+    let cfg = ServerConfig::parse(&text, "loadtest")?;
+    let reopened = crate::serve::Server::open(cfg)?;
+    let rebuilt = reopened.core().alloc.workloads().len();
+    println!(
+        "restart: {entries} journal entries replayed in {:.2}s, {rebuilt} workloads rebuilt",
+        t.elapsed().as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    anyhow::ensure!(
+        missing == 0 && journaled >= acked.len(),
+        "acknowledged submissions were lost"
+    );
+    Ok(())
+}
+
+async fn scrape(addr: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    Some(out)
+}
