@@ -238,7 +238,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         sent += 1;
         let mut c = pb::workloads_client::WorkloadsClient::new(submit_ch.clone());
         let (lat, acked, errors) = (lat.clone(), acked.clone(), errors.clone());
-        let project = if sent % 4 == 0 { "demo-b" } else { "demo-a" };
+        let project = if sent.is_multiple_of(4) { "demo-b" } else { "demo-a" };
         tasks.push(tokio::spawn(async move {
             let t = Instant::now();
             let r = c
@@ -249,7 +249,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                         class: "batch".into(),
                         gpus_per_node: 1 + (sent % 8) as u32,
                         nodes: 1,
-                        min_runtime_s: if sent % 3 == 0 { 0 } else { 600 },
+                        min_runtime_s: if sent.is_multiple_of(3) { 0 } else { 600 },
                         resumable: true,
                         argv: vec!["train".into()],
                         ..Default::default()
