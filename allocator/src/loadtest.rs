@@ -238,7 +238,11 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         sent += 1;
         let mut c = pb::workloads_client::WorkloadsClient::new(submit_ch.clone());
         let (lat, acked, errors) = (lat.clone(), acked.clone(), errors.clone());
-        let project = if sent.is_multiple_of(4) { "demo-b" } else { "demo-a" };
+        let project = if sent.is_multiple_of(4) {
+            "demo-b"
+        } else {
+            "demo-a"
+        };
         tasks.push(tokio::spawn(async move {
             let t = Instant::now();
             let r = c

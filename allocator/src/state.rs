@@ -714,3 +714,141 @@ fn revoke_msg(lease: u64, not_before: Time, why: &str) -> pb::AllocatorMessage {
         })),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{BreakerSection, ServerConfig, EXAMPLE};
+
+    fn node(i: u32) -> Input {
+        Input::AddNode {
+            spec: NodeSpec {
+                name: format!("n{i}"),
+                cluster: "c".into(),
+                gpus: 2,
+                cpu: 8,
+                memory_gb: 64,
+            },
+            gpu_uuids: vec![format!("GPU-{i}-0"), format!("GPU-{i}-1")],
+        }
+    }
+
+    fn allocator(nodes: u32) -> Allocator {
+        let cfg = ServerConfig::parse(EXAMPLE, "example").expect("example");
+        let mut a = Allocator::new(&cfg).expect("allocator");
+        for i in 0..nodes {
+            a.apply(0, &node(i)).expect("node");
+        }
+        a
+    }
+
+    fn health_drain(a: &mut Allocator, at: Time, i: u32) {
+        a.apply(
+            at,
+            &Input::NodeState {
+                node: format!("n{i}"),
+                state: NodeState::Draining,
+                reason: "xid:79".into(),
+                by: "health".into(),
+            },
+        )
+        .expect("drain");
+    }
+
+    #[test]
+    fn the_breaker_holds_automatic_drains_past_the_share_within_the_window() {
+        let b = BreakerSection {
+            max_share: 0.5,
+            window: 300,
+        };
+        let mut a = allocator(4);
+        assert!(a.breaker_allows(10, &b, "n0"));
+        health_drain(&mut a, 10, 0);
+        assert!(a.breaker_allows(20, &b, "n1"));
+        health_drain(&mut a, 20, 1);
+        // A third node within 5 minutes would be 75 % of the cluster: held.
+        assert!(!a.breaker_allows(30, &b, "n2"));
+        // A node already counted does not count twice.
+        assert!(a.breaker_allows(30, &b, "n1"));
+        // Once the window has passed, drains go through again.
+        assert!(a.breaker_allows(10 + 301, &b, "n2") || a.breaker_allows(20 + 301, &b, "n2"));
+        // Operators' drains never count.
+        let mut a = allocator(2);
+        a.apply(
+            0,
+            &Input::NodeState {
+                node: "n0".into(),
+                state: NodeState::Draining,
+                reason: "maintenance".into(),
+                by: "operator".into(),
+            },
+        )
+        .expect("drain");
+        assert!(a.breaker_allows(1, &b, "n1"));
+    }
+
+    #[test]
+    fn replaying_the_inputs_rebuilds_the_same_state() {
+        let spec = |p: &str, min| WorkloadSpec {
+            project: p.into(),
+            user: "u".into(),
+            class: "batch".into(),
+            gpus_per_node: 1,
+            nodes: 1,
+            cpu_per_node: 0,
+            mem_per_node_gb: 0,
+            min_runtime: min,
+            time_limit: None,
+            resumable: true,
+            priority: 0,
+        };
+        let mut inputs: Vec<(Time, Input)> = (0..2).map(|i| (0, node(i))).collect();
+        for k in 0..6u64 {
+            inputs.push((
+                k,
+                Input::Submit {
+                    spec: spec(if k % 2 == 0 { "demo-a" } else { "demo-b" }, 60 * k),
+                    argv: vec!["x".into()],
+                    hook: String::new(),
+                },
+            ));
+            inputs.push((k, Input::Schedule));
+        }
+        inputs.push((
+            100,
+            Input::LeaseEnded {
+                lease: 1,
+                end: EndKind::Completed,
+                reason: "done".into(),
+            },
+        ));
+        inputs.push((100, Input::Schedule));
+        inputs.push((4_000, Input::Schedule));
+        let run = |inputs: &[(Time, Input)]| {
+            let mut a = allocator(0);
+            let mut sent = Vec::new();
+            for (t, i) in inputs {
+                if let Ok(ap) = a.apply(*t, i) {
+                    sent.extend(ap.outs);
+                }
+            }
+            let view: Vec<(u64, WorkloadState, Vec<u64>, Vec<String>)> = a
+                .workloads()
+                .values()
+                .map(|w| (w.id, w.state, w.leases.clone(), w.nodes.clone()))
+                .collect();
+            (
+                view,
+                sent,
+                a.core.usage_gpu_secs(allot_fairshare::GroupId(0), 5_000),
+            )
+        };
+        let (v1, s1, u1) = run(&inputs);
+        let (v2, s2, u2) = run(&inputs);
+        assert_eq!(v1, v2);
+        assert_eq!(s1, s2);
+        assert_eq!(u1, u2);
+        assert!(u1 > 0.0, "usage was charged");
+        assert!(v1.iter().any(|w| w.1 == WorkloadState::Completed));
+    }
+}

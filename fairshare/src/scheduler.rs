@@ -507,7 +507,9 @@ impl Scheduler {
         self.tree
             .projects()
             .iter()
-            .filter(|p| **p == group || self.tree.group(**p).path.contains(&group))
+            .filter(|p| {
+                group == GroupId::ROOT || **p == group || self.tree.group(**p).path.contains(&group)
+            })
             .map(|p| self.st.ledger.usage(*p, now)[0])
             .sum()
     }
