@@ -121,29 +121,6 @@ fn bind(c: &AgentConfig) -> anyhow::Result<(tokio::net::UnixListener, Option<u32
     Ok((listener, gid.map(|g| g.as_raw())))
 }
 
-/// Tells systemd (Type=notify) that the agent is ready; nothing without systemd.
-fn sd_notify(state: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-        return;
-    };
-    let sock = match std::os::unix::net::UnixDatagram::unbound() {
-        Ok(s) => s,
-        Err(_) => return,
-    };
-    let path = PathBuf::from(path);
-    // An abstract socket ("@name") is a Linux-only address.
-    let sent = if let Some(name) = path.to_str().and_then(|p| p.strip_prefix('@')) {
-        use std::os::linux::net::SocketAddrExt;
-        std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
-            .and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
-    } else {
-        sock.send_to(state.as_bytes(), &path)
-    };
-    if let Err(e) = sent {
-        tracing::warn!(error = %e, "cannot notify systemd");
-    }
-}
-
 /// Runs the health monitor on its own thread and forwards each verdict with the GPU
 /// inventory; returns a stop flag. A monitor that cannot start is logged and the
 /// agent goes on without GPUs: the leases it holds are still enforced.
@@ -292,7 +269,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         ));
     }
     tracing::info!(socket = %cfg.agent.socket.display(), state_dir = %cfg.agent.state_dir.display(), source = %cfg.health.source, "allot-agent ready");
-    sd_notify("READY=1");
+    allot_proto::systemd::notify("READY=1");
     loop {
         let jobs = shared.host().tick(now_ms());
         for job in jobs {
@@ -324,7 +301,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     }
     // Workloads keep running: the next agent re-adopts them.
     tracing::info!("allot-agent stopping; workloads keep running");
-    sd_notify("STOPPING=1");
+    allot_proto::systemd::notify("STOPPING=1");
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = std::fs::remove_file(&cfg.agent.socket);

@@ -73,38 +73,7 @@ pub struct ServerConfig {
 }
 
 /// The example `allotd init` writes and `allotd dev` uses.
-pub const EXAMPLE: &str = r#"# allotd configuration. Durations: 90s, 10m, 8h, 7d.
-[server]
-listen = "127.0.0.1:7070"          # gRPC: agents and the allot CLI
-metrics_listen = "127.0.0.1:9470"  # Prometheus /metrics; "" to disable
-state_dir = "/var/lib/allot/allotd"
-lost_grace = "2m"                  # silent agent -> node lost -> its leases requeued
-schedule_interval = "10s"
-
-[policy]
-lookback = "7d"                    # the fair-share window
-usage_model = "window"             # or "half-life"
-
-[breaker]
-max_share = 0.5                    # automatic drains held beyond this share of nodes...
-window = "5m"                      # ...within this window
-
-# The org tree: any depth; weights are relative among siblings.
-[[group]]
-name = "research"
-weight = 3
-[[group]]
-name = "demo-a"
-parent = "research"
-weight = 1
-[[group]]
-name = "platform"
-weight = 1
-[[group]]
-name = "demo-b"
-parent = "platform"
-weight = 1
-"#;
+pub const EXAMPLE: &str = include_str!("../../packaging/etc/allotd.toml");
 
 impl ServerConfig {
     /// Parses and checks a config's text; `file` names it in errors.

@@ -275,6 +275,7 @@ pub async fn serve(
     tokio::spawn(server.clone().schedule_loop());
     server.kick.notify_one();
     tracing::info!(listen = %addr, metrics = %metrics_addr, "allotd ready");
+    allot_proto::systemd::notify("READY=1");
     crate::api::grpc(server, listener, stop).await
 }
 

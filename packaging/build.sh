@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Builds the `allot` package for apt and dnf into target/packages/ (allot_*.deb,
+# allot-*.rpm) with cargo-deb and cargo-generate-rpm from cli/Cargo.toml's metadata.
+#
+#   packaging/build.sh           build both packages
+#   packaging/build.sh --check   build, then: lintian (no errors), rpmlint (no errors),
+#                                install the .deb here, `allot version`,
+#                                systemd-analyze verify on both installed units,
+#                                remove (only configs and state stay), purge (nothing stays)
+#
+# Installs what it needs (cargo-deb, cargo-generate-rpm; lintian, rpmlint with apt).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+check=0
+[ "${1:-}" = "--check" ] && check=1
+
+command -v cargo-deb >/dev/null || cargo install --locked -j2 cargo-deb
+command -v cargo-generate-rpm >/dev/null || cargo install --locked -j2 cargo-generate-rpm
+
+cargo build --release -j2 --bin allot --bin allot-agent --bin allotd
+out=target/packages
+rm -rf "$out" && mkdir -p "$out"
+cargo deb -p allot-cli --no-build --output "$out/"
+cargo generate-rpm -p cli --output "$out/"
+ls -l "$out"
+[ "$check" = 1 ] || exit 0
+
+deb=$(ls "$out"/*.deb)
+rpm=$(ls "$out"/*.rpm)
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+if ! command -v lintian >/dev/null || ! command -v rpmlint >/dev/null; then
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lintian rpmlint >/dev/null
+fi
+
+echo "== lintian"
+lintian --fail-on error --suppress-tags-from-file packaging/lintian-suppressed "$deb"
+echo "== rpmlint"
+rpmlint --rpmlintrc packaging/rpmlintrc "$rpm"
+
+echo "== install"
+as_root dpkg -i "$deb"
+allot version
+files=$(dpkg -L allot | while read -r f; do [ -f "$f" ] && echo "$f"; done)
+echo "== systemd-analyze verify"
+systemd-analyze verify /usr/lib/systemd/system/allot-agent.service /usr/lib/systemd/system/allotd.service
+getent passwd allot >/dev/null || { echo "no allot user"; exit 1; }
+[ -d /var/lib/allot/allotd ] || { echo "no state dir"; exit 1; }
+
+echo "== remove: only configs and state stay"
+as_root dpkg -r allot
+left=0
+for f in $files; do
+  case "$f" in
+    /etc/allot/*) [ -f "$f" ] || { echo "config $f removed by remove"; left=1; } ;;
+    *) [ -e "$f" ] && { echo "left behind: $f"; left=1; } ;;
+  esac
+done
+[ -d /var/lib/allot ] || { echo "state removed by remove"; left=1; }
+[ "$left" = 0 ]
+
+echo "== purge: nothing stays"
+as_root dpkg -P allot
+for p in /etc/allot /var/lib/allot; do
+  [ -e "$p" ] && { echo "left behind after purge: $p"; exit 1; }
+done
+getent passwd allot >/dev/null && { echo "allot user left after purge"; exit 1; }
+echo "packages ok: $deb $rpm"
