@@ -4,7 +4,8 @@
 #
 #   packaging/build.sh           build both packages
 #   packaging/build.sh --check   build, then: lintian (no errors), rpmlint (no errors),
-#                                install the .deb here, `allot version`,
+#                                install the .deb here, `allot version`, reinstall
+#                                (an upgrade keeps config edits and state),
 #                                systemd-analyze verify on both installed units,
 #                                remove (only configs and state stay), purge (nothing stays)
 #
@@ -17,11 +18,11 @@ check=0
 command -v cargo-deb >/dev/null || cargo install --locked -j2 cargo-deb
 command -v cargo-generate-rpm >/dev/null || cargo install --locked -j2 cargo-generate-rpm
 
-cargo build --release -j2 --bin allot --bin allot-agent --bin allotd
+cargo build --profile dist -j2 --bin allot --bin allot-agent --bin allotd
 out=target/packages
 rm -rf "$out" && mkdir -p "$out"
-cargo deb -p allot-cli --no-build --output "$out/"
-cargo generate-rpm -p cli --output "$out/"
+cargo deb -p allot-cli --profile dist --no-build --output "$out/"
+cargo generate-rpm -p cli --profile dist --output "$out/"
 ls -l "$out"
 [ "$check" = 1 ] || exit 0
 
@@ -46,6 +47,12 @@ echo "== systemd-analyze verify"
 systemd-analyze verify /usr/lib/systemd/system/allot-agent.service /usr/lib/systemd/system/allotd.service
 getent passwd allot >/dev/null || { echo "no allot user"; exit 1; }
 [ -d /var/lib/allot/allotd ] || { echo "no state dir"; exit 1; }
+
+echo "== upgrade keeps configs and state"
+as_root sh -c 'echo "# edited by the operator" >> /etc/allot/agent.toml; touch /var/lib/allot/agent/keep-me'
+as_root dpkg -i "$deb"
+grep -q "edited by the operator" /etc/allot/agent.toml || { echo "upgrade lost the config edit"; exit 1; }
+[ -e /var/lib/allot/agent/keep-me ] || { echo "upgrade lost state"; exit 1; }
 
 echo "== remove: only configs and state stay"
 as_root dpkg -r allot

@@ -308,11 +308,34 @@ fn a_recycled_pid_is_never_signalled() {
         nix::unistd::Pid::from_raw(old),
         nix::sys::signal::Signal::SIGKILL,
     );
-    let mut bystander = std::process::Command::new("sleep")
-        .arg("600")
-        .process_group(0)
-        .spawn()
-        .expect("bystander");
+    // A real recycled pid comes after the whole pid space wrapped, so its start time
+    // (10 ms ticks) is later; make sure this stand-in's is too.
+    let workload_ticks = {
+        let db = rusqlite::Connection::open(a.dir.join("state/agent.db")).expect("db");
+        let body: String = db
+            .query_row("SELECT body FROM leases WHERE id = ?1", [&lid], |r| {
+                r.get(0)
+            })
+            .expect("row");
+        serde_json::from_str::<serde_json::Value>(&body).expect("json")["start_ticks"]
+            .as_u64()
+            .expect("ticks")
+    };
+    let mut bystander = wait_for("a bystander with a later start time", LONG, || {
+        let mut c = std::process::Command::new("sleep")
+            .arg("600")
+            .process_group(0)
+            .spawn()
+            .expect("bystander");
+        let ticks = allot_checkpoint_hooks::proc_stat(c.id() as i32).map(|s| s.start_ticks);
+        if ticks.is_some_and(|t| t > workload_ticks) {
+            Some(c)
+        } else {
+            let _ = c.kill();
+            let _ = c.wait();
+            None
+        }
+    });
     let by = bystander.id() as i32;
     let db = rusqlite::Connection::open(a.dir.join("state/agent.db")).expect("db");
     let body: String = db
