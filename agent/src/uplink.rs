@@ -80,13 +80,13 @@ pub fn flush(sh: &Shared) {
     }
 }
 
-fn failed_start(id: &str, why: &str) -> pb::AgentMessage {
+fn failed_start(id: &str, reason: &str, why: &str) -> pb::AgentMessage {
     pb::AgentMessage {
         body: Some(pb::agent_message::Body::LeaseStatus(pb::LeaseStatus {
             lease: Some(pb::Lease {
                 id: id.to_string(),
                 state: pb::LeaseState::Ended as i32,
-                end_reason: "failed-to-start".into(),
+                end_reason: reason.into(),
                 ended_by: why.to_string(),
                 ..Default::default()
             }),
@@ -127,7 +127,14 @@ fn on_command(sh: &Shared, m: pb::AllocatorMessage) {
                 Ok((_, None)) => {}
                 Err(e) => {
                     tracing::warn!(lease = %l.id, error = %e, "allocator start refused");
-                    send(sh, failed_start(&l.id, &e.to_string()));
+                    // A host that cannot take the lease now (drained, GPU taken) is not
+                    // the workload's fault: allotd requeues it; a command that cannot
+                    // start at all fails the workload.
+                    let reason = match e {
+                        crate::host::HostError::Refused(_) => "refused",
+                        _ => "failed-to-start",
+                    };
+                    send(sh, failed_start(&l.id, reason, &e.to_string()));
                 }
             }
         }

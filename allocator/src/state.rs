@@ -47,7 +47,9 @@ impl EndKind {
             "exited" if exit_code == Some(0) => EndKind::Completed,
             "revoked" => EndKind::Revoked,
             "time-limit" => EndKind::TimeLimit,
-            "gpu-lost" | "vanished" => EndKind::NodeLost,
+            // The host could not take it (drained, GPU gone): requeue, as for a lost
+            // node; the workload itself did nothing wrong.
+            "gpu-lost" | "vanished" | "refused" => EndKind::NodeLost,
             _ => EndKind::Failed,
         }
     }

@@ -2,8 +2,9 @@
 //! `lease start|revoke`, over the local agent's unix socket (gRPC `AgentLocal`).
 
 use crate::duration::{self, age, iso_utc, ms_to_secs_ceil};
+use crate::failure::{block_on, Failure};
 use crate::table::{self, or_dash};
-use allot_proto::uds::{self, ConnectError};
+use allot_proto::uds;
 use allot_proto::v1::agent_local_client::AgentLocalClient;
 use allot_proto::v1::{
     DrainRequest, DrainResponse, EventsRequest, Gpu, GpuState, HostVerdict, Lease, LeaseState,
@@ -196,59 +197,9 @@ pub fn validate(cmd: &Local) -> Result<(), Usage> {
     Ok(())
 }
 
-/// Why a command failed; each is reported on one line, exit status 1.
-enum Failure {
-    /// The socket could not be reached; its Display names the socket and the fix.
-    Connect(ConnectError),
-    /// The agent refused; its message names the field and the fix.
-    Status(tonic::Status),
-    /// Anything local (the runtime, printing).
-    Other(anyhow::Error),
-}
-
-impl From<ConnectError> for Failure {
-    fn from(e: ConnectError) -> Self {
-        Failure::Connect(e)
-    }
-}
-
-impl From<tonic::Status> for Failure {
-    fn from(e: tonic::Status) -> Self {
-        Failure::Status(e)
-    }
-}
-
-impl From<serde_json::Error> for Failure {
-    fn from(e: serde_json::Error) -> Self {
-        Failure::Other(e.into())
-    }
-}
-
 /// Runs one local command to completion and says how the process should exit.
 pub fn run(cmd: Local) -> ExitCode {
-    // Built here, not in main: `version` and `xid` need no runtime, and one thread is
-    // plenty for one request.
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match rt.block_on(dispatch(cmd)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(f) => {
-            match f {
-                Failure::Connect(e) => eprintln!("error: {e}"),
-                Failure::Status(s) => eprintln!("error: {}", s.message()),
-                Failure::Other(e) => eprintln!("error: {e:#}"),
-            }
-            ExitCode::from(1)
-        }
-    }
+    block_on(dispatch(cmd))
 }
 
 async fn client(conn: &Conn) -> Result<AgentLocalClient<Channel>, Failure> {

@@ -7,6 +7,7 @@
 //! `lease start|revoke`), in `local`.
 
 mod duration;
+mod failure;
 mod local;
 mod remote;
 mod size;

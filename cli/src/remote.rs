@@ -5,6 +5,7 @@
 mod view;
 
 use crate::duration;
+use crate::failure::{block_on, Failure};
 use crate::local::{parse_hook, Usage};
 use allot_proto::v1::nodes_client::NodesClient;
 use allot_proto::v1::org_client::OrgClient;
@@ -281,58 +282,9 @@ pub fn validate(cmd: &Remote) -> Result<(), Usage> {
     Ok(())
 }
 
-/// Why a command failed; each is reported on one line, exit status 1.
-enum Failure {
-    /// allotd could not be reached at `addr`.
-    Connect { addr: String, why: String },
-    /// allotd refused; its message names the field and the fix.
-    Status(tonic::Status),
-    /// Anything local (the runtime, printing).
-    Other(anyhow::Error),
-}
-
-impl From<tonic::Status> for Failure {
-    fn from(e: tonic::Status) -> Self {
-        Failure::Status(e)
-    }
-}
-
-impl From<serde_json::Error> for Failure {
-    fn from(e: serde_json::Error) -> Self {
-        Failure::Other(e.into())
-    }
-}
-
 /// Runs one allotd command to completion and says how the process should exit.
 pub fn run(cmd: Remote) -> ExitCode {
-    // One thread is plenty for one request; see local::run.
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match rt.block_on(dispatch(cmd)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(f) => {
-            match f {
-                Failure::Connect { addr, why } => eprintln!(
-                    "error: cannot reach allotd at {addr}: {why}; is it running? (set --server or ALLOT_SERVER)"
-                ),
-                // A status from the transport can carry no message; the code still helps.
-                Failure::Status(s) if s.message().is_empty() => {
-                    eprintln!("error: {}", s.code().description())
-                }
-                Failure::Status(s) => eprintln!("error: {}", s.message()),
-                Failure::Other(e) => eprintln!("error: {e:#}"),
-            }
-            ExitCode::from(1)
-        }
-    }
+    block_on(dispatch(cmd))
 }
 
 /// The innermost cause: tonic's own message for a failed connect is only
@@ -348,9 +300,11 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 /// A channel to allotd, connected at once so that an unreachable server is reported
 /// by address before anything else happens.
 async fn channel(conn: &Server) -> Result<Channel, Failure> {
-    let fail = |why: String| Failure::Connect {
-        addr: conn.server.clone(),
-        why,
+    let fail = |why: String| {
+        Failure::Connect(format!(
+            "cannot reach allotd at {}: {why}; is it running? (set --server or ALLOT_SERVER)",
+            conn.server
+        ))
     };
     let endpoint = Endpoint::from_shared(conn.server.clone())
         .map_err(|e| fail(root_cause(&e)))?

@@ -168,6 +168,7 @@ pub enum ClusterError {
 #[derive(Debug, Clone)]
 pub struct Cluster {
     nodes: Vec<Node>,
+    by_name: std::collections::BTreeMap<String, u32>,
     cluster_names: Vec<String>,
     by_free: Vec<BTreeSet<u32>>,
     whole_free: Vec<BTreeSet<u32>>,
@@ -182,61 +183,27 @@ pub struct Cluster {
 impl Cluster {
     /// Builds the node table; every node starts ready and healthy.
     pub fn new(specs: Vec<NodeSpec>) -> Result<Self, ClusterError> {
-        let mut cluster_names: Vec<String> = Vec::new();
-        let mut nodes = Vec::with_capacity(specs.len());
-        let mut seen = BTreeSet::new();
-        for spec in specs {
-            if spec.gpus == 0 || spec.gpus > MAX_GPUS_PER_NODE {
-                return Err(ClusterError::BadGpuCount {
-                    name: spec.name,
-                    gpus: spec.gpus,
-                });
-            }
-            if !seen.insert(spec.name.clone()) {
-                return Err(ClusterError::Duplicate(spec.name));
-            }
-            let cluster = match cluster_names.iter().position(|c| *c == spec.cluster) {
-                Some(i) => i,
-                None => {
-                    cluster_names.push(spec.cluster.clone());
-                    cluster_names.len() - 1
-                }
-            } as u16;
-            let all = mask_of(spec.gpus);
-            nodes.push(Node {
-                spec,
-                cluster,
-                state: NodeState::Ready,
-                healthy: all,
-                used: 0,
-                claimed: 0,
-                soft: 0,
-                cpu_used: 0,
-                claimed_cpu: 0,
-                claimed_mem: 0,
-                mem_used: 0,
-            });
-        }
-        let max_gpus = nodes.iter().map(|n| n.spec.gpus).max().unwrap_or(0) as usize;
         let mut c = Cluster {
-            by_free: vec![BTreeSet::new(); max_gpus + 1],
-            whole_free: vec![BTreeSet::new(); cluster_names.len()],
-            by_clearable: vec![BTreeSet::new(); max_gpus + 1],
-            whole_clearable: vec![BTreeSet::new(); cluster_names.len()],
-            cluster_names,
+            nodes: Vec::with_capacity(specs.len()),
+            by_name: std::collections::BTreeMap::new(),
+            cluster_names: Vec::new(),
+            by_free: vec![BTreeSet::new()],
+            whole_free: Vec::new(),
+            by_clearable: vec![BTreeSet::new()],
+            whole_clearable: Vec::new(),
             free_total: 0,
-            total_gpus: nodes.iter().map(|n| u64::from(n.spec.gpus)).sum(),
-            total_cpu: nodes.iter().map(|n| u64::from(n.spec.cpu)).sum(),
-            total_mem: nodes.iter().map(|n| u64::from(n.spec.memory_gb)).sum(),
-            nodes,
+            total_gpus: 0,
+            total_cpu: 0,
+            total_mem: 0,
         };
-        for i in 0..c.nodes.len() {
-            c.index(i);
+        for spec in specs {
+            c.add(spec)?;
         }
         Ok(c)
     }
 
-    /// Adds a node that joined after start; it starts ready and healthy.
+    /// Adds a node (at build time or when one joins later); it starts ready and
+    /// healthy.
     pub fn add(&mut self, spec: NodeSpec) -> Result<NodeId, ClusterError> {
         if spec.gpus == 0 || spec.gpus > MAX_GPUS_PER_NODE {
             return Err(ClusterError::BadGpuCount {
@@ -265,6 +232,8 @@ impl Cluster {
         self.total_cpu += u64::from(spec.cpu);
         self.total_mem += u64::from(spec.memory_gb);
         let all = mask_of(spec.gpus);
+        self.by_name
+            .insert(spec.name.clone(), self.nodes.len() as u32);
         self.nodes.push(Node {
             spec,
             cluster,
@@ -350,10 +319,7 @@ impl Cluster {
 
     /// Looks a node up by host name (linear; for shells and tests, not the hot path).
     pub fn find(&self, name: &str) -> Option<NodeId> {
-        self.nodes
-            .iter()
-            .position(|n| n.spec.name == name)
-            .map(|i| NodeId(i as u32))
+        self.by_name.get(name).map(|i| NodeId(*i))
     }
 
     /// Cluster names, indexed by `Node::cluster`.
