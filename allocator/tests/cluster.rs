@@ -342,3 +342,106 @@ while :; do wait $P; done"#,
     assert_ne!(resumed["node_names"][0], first_node.as_str(), "{resumed}");
     assert_eq!(resumed["preemptions"], 1, "{resumed}");
 }
+
+#[test]
+fn a_silent_node_is_lost_only_after_the_grace_and_its_work_moves() {
+    let mut c = Cluster::start_with("lost", "lost_grace = \"3s\"", TWO_PROJECTS, 2, 2);
+    let id = c.submit(
+        &[
+            "--project",
+            "demo-a",
+            "--gpus",
+            "2",
+            "--resumable",
+            "--min-runtime",
+            "1h",
+        ],
+        "sleep 600",
+    );
+    let w = c.wait_state(&id, "running", LONG);
+    let first = w["node_names"][0].as_str().expect("node").to_string();
+    let i: usize = first.trim_start_matches("node-").parse().expect("index");
+    c.kill9_agent(i);
+    // Within the grace nothing moves: a restarting agent must not cost its leases.
+    let still = c.status(&id);
+    assert_eq!(
+        (still["state"].as_str(), still["node_names"][0].as_str()),
+        (Some("running"), Some(first.as_str())),
+        "{still}"
+    );
+    let moved = wait_for("the work to move off the lost node", LONG, || {
+        let w = c.status(&id);
+        (w["state"] == "running" && w["node_names"][0] != first.as_str()).then_some(w)
+    });
+    assert_eq!(
+        moved["lease_ids"].as_array().map(Vec::len),
+        Some(2),
+        "{moved}"
+    );
+    let nodes = c.json(&["nodes", "--json"]);
+    let n = nodes
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["name"] == first.as_str()))
+        .expect("node")
+        .clone();
+    assert_eq!(
+        (n["state"].as_str(), n["connected"].as_bool()),
+        (Some("down"), Some(false)),
+        "{n}"
+    );
+    // The agent comes back: the node is ready again.
+    c.start_agent(i, 2);
+    wait_for("the node to be ready again", LONG, || {
+        let nodes = c.json(&["nodes", "--json"]);
+        nodes
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == first.as_str() && n["state"] == "ready")
+            .map(|_| ())
+    });
+}
+
+#[test]
+fn a_malformed_agent_stream_is_refused_with_the_field() {
+    use allot_proto::v1 as pb;
+    let c = Cluster::start("stream", TWO_PROJECTS, 1, 2);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    let refuse = |first: pb::AgentMessage| -> String {
+        rt.block_on(async {
+            let mut client =
+                pb::agent_stream_client::AgentStreamClient::connect(format!("http://{}", c.addr))
+                    .await
+                    .expect("connect");
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            tx.send(first).expect("queue");
+            match client
+                .session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+                .await
+            {
+                Ok(_) => "accepted".to_string(),
+                Err(s) => s.message().to_string(),
+            }
+        })
+    };
+    let health_first = refuse(pb::AgentMessage {
+        body: Some(pb::agent_message::Body::Health(pb::HealthReport::default())),
+    });
+    assert!(health_first.contains("must be register"), "{health_first}");
+    let no_gpus = refuse(pb::AgentMessage {
+        body: Some(pb::agent_message::Body::Register(pb::Register {
+            host: "empty".into(),
+            ..Default::default()
+        })),
+    });
+    assert!(no_gpus.contains("register.gpus"), "{no_gpus}");
+    let no_host = refuse(pb::AgentMessage {
+        body: Some(pb::agent_message::Body::Register(pb::Register::default())),
+    });
+    assert!(no_host.contains("register.host"), "{no_host}");
+    // allotd is unharmed: the real agent is still connected and work still runs.
+    let id = c.submit(&["--project", "demo-b", "--gpus", "1"], "true");
+    c.wait_state(&id, "completed", LONG);
+}

@@ -60,6 +60,11 @@ pub struct Cluster {
 impl Cluster {
     /// allotd with `groups` (TOML `[[group]]` tables) and `nodes` agents of `gpus`.
     pub fn start(tag: &str, groups: &str, nodes: usize, gpus: u32) -> Cluster {
+        Self::start_with(tag, "lost_grace = \"30s\"", groups, nodes, gpus)
+    }
+
+    /// The same, with `server` lines added to `[server]`.
+    pub fn start_with(tag: &str, server: &str, groups: &str, nodes: usize, gpus: u32) -> Cluster {
         let dir = std::env::temp_dir().join(format!("allot-cluster-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
@@ -69,7 +74,7 @@ impl Cluster {
         std::fs::write(
             &config,
             format!(
-                "[server]\nlisten = {addr:?}\nmetrics_listen = {metrics:?}\nstate_dir = {:?}\nlost_grace = \"30s\"\nschedule_interval = \"1s\"\n{groups}",
+                "[server]\nlisten = {addr:?}\nmetrics_listen = {metrics:?}\nstate_dir = {:?}\nschedule_interval = \"1s\"\n{server}\n{groups}",
                 dir.join("allotd")
             ),
         )
