@@ -445,3 +445,49 @@ fn a_malformed_agent_stream_is_refused_with_the_field() {
     let id = c.submit(&["--project", "demo-b", "--gpus", "1"], "true");
     c.wait_state(&id, "completed", LONG);
 }
+
+#[test]
+fn the_breaker_holds_automatic_drains_past_half_the_nodes() {
+    let c = Cluster::start("breaker", TWO_PROJECTS, 4, 1);
+    // A bad driver push: every node reports XID 79 at once.
+    for i in 0..4 {
+        let gpus = c.agent_json(i, &["gpus", "--json"]);
+        let pci = gpus["gpus"][0]["pci"].as_str().expect("pci").to_string();
+        c.kernel_log(
+            i,
+            &format!("NVRM: Xid (PCI:{pci}): 79, pid=1, name=x, GPU has fallen off the bus."),
+        );
+    }
+    let held = wait_for("the breaker to hold the rest", LONG, || {
+        let m = c.metrics_text();
+        m.lines()
+            .find_map(|l| l.strip_prefix("allot_breaker_held_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|n| *n >= 2)
+    });
+    let nodes = c.json(&["nodes", "--json"]);
+    let drained = nodes
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| n["state"] != "ready")
+        .count();
+    assert_eq!(
+        drained, 2,
+        "half the nodes drain, the rest are held ({held} held): {nodes}"
+    );
+    // Operators can still drain by hand.
+    let ready = nodes
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["state"] == "ready")
+        .expect("a ready node");
+    let name = ready["name"].as_str().expect("name");
+    let out = c.allot(&["nodes", "drain", name, "--reason", "confirmed bad"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
