@@ -270,7 +270,13 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     }
     tracing::info!(socket = %cfg.agent.socket.display(), state_dir = %cfg.agent.state_dir.display(), source = %cfg.health.source, "allot-agent ready");
     allot_proto::systemd::notify("READY=1");
+    let watchdog = allot_proto::systemd::watchdog_interval();
     loop {
+        // Fed from the contract loop: a wedged host lock stops the pings and systemd
+        // restarts the agent (workloads stay: KillMode=process).
+        if watchdog.is_some() {
+            allot_proto::systemd::notify("WATCHDOG=1");
+        }
         let jobs = shared.host().tick(now_ms());
         for job in jobs {
             let sh = shared.clone();
@@ -282,9 +288,11 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         }
         crate::uplink::flush(&shared);
         let next = shared.host().next_wakeup(now_ms());
-        let sleep = next.map_or(Duration::from_secs(3600), |at| {
-            Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0))
-        });
+        let sleep = next
+            .map_or(Duration::from_secs(3600), |at| {
+                Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0))
+            })
+            .min(watchdog.unwrap_or(Duration::MAX));
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = shared.wake.notified() => {}

@@ -238,7 +238,11 @@ impl Server {
     /// The scheduling loop: after changes (debounced 20 ms), at the core's wake-up,
     /// and every `schedule_interval`.
     pub async fn schedule_loop(self: Arc<Self>) {
-        let interval = Duration::from_secs(self.cfg.server.schedule_interval.max(1));
+        let watchdog = allot_proto::systemd::watchdog_interval();
+        // The watchdog is fed from this loop, so a wedged state lock stops the pings.
+        let interval = watchdog.unwrap_or(Duration::MAX).min(Duration::from_secs(
+            self.cfg.server.schedule_interval.max(1),
+        ));
         loop {
             let wake = *self.next_wakeup.lock().unwrap_or_else(|e| e.into_inner());
             let until = wake
@@ -251,6 +255,9 @@ impl Server {
             }
             self.mark_lost();
             self.pass();
+            if watchdog.is_some() {
+                allot_proto::systemd::notify("WATCHDOG=1");
+            }
         }
     }
 }

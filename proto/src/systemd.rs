@@ -26,3 +26,19 @@ pub fn notify(state: &str) {
         tracing::warn!(error = %e, "cannot notify systemd");
     }
 }
+
+/// How often to send `WATCHDOG=1` when the unit has `WatchdogSec=` (half the
+/// period systemd waits, as sd_watchdog_enabled(3) advises); `None` otherwise.
+pub fn watchdog_interval() -> Option<std::time::Duration> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+    // The variable may be inherited by children; it is ours only if the pid matches.
+    if let Some(pid) = std::env::var("WATCHDOG_PID")
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+    {
+        if pid != std::process::id() {
+            return None;
+        }
+    }
+    (usec > 0).then(|| std::time::Duration::from_micros(usec / 2))
+}

@@ -17,5 +17,16 @@ fn notify_sends_the_state_to_notify_socket() {
         .expect("timeout");
     let n = sock.recv(&mut buf).expect("a datagram");
     assert_eq!(&buf[..n], b"READY=1");
+    // The watchdog: half of WATCHDOG_USEC, only for the process it names.
+    std::env::remove_var("WATCHDOG_USEC");
+    assert_eq!(allot_proto::systemd::watchdog_interval(), None);
+    std::env::set_var("WATCHDOG_USEC", "60000000");
+    std::env::set_var("WATCHDOG_PID", std::process::id().to_string());
+    assert_eq!(
+        allot_proto::systemd::watchdog_interval(),
+        Some(std::time::Duration::from_secs(30))
+    );
+    std::env::set_var("WATCHDOG_PID", "1");
+    assert_eq!(allot_proto::systemd::watchdog_interval(), None);
     let _ = std::fs::remove_dir_all(&dir);
 }
