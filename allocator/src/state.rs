@@ -8,7 +8,7 @@
 use crate::config::ServerConfig;
 use allot_fairshare::{
     Action, CoreError, LeaseEnd, LeaseId, NodeId, NodeSpec, NodeState, OrgTree, RevokeWhy,
-    Scheduler, Time, WorkloadId, WorkloadSpec, WorkloadState,
+    Scheduler, StartWhy, Time, WorkloadId, WorkloadSpec, WorkloadState,
 };
 use allot_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
@@ -564,7 +564,7 @@ impl Allocator {
                         lease_wire(lease.0),
                         w.nodes.join(","),
                         if funded { "funded" } else { "unfunded" },
-                        serde_json::to_string(&why).unwrap_or_default()
+                        start_text(&why)
                     ),
                 });
                 self.lease_hosts.insert(lease.0, hosts);
@@ -679,6 +679,24 @@ impl Allocator {
             window_hours: window_h,
             capacity_gpus: u32::try_from(capacity).unwrap_or(u32::MAX),
         }
+    }
+}
+
+/// Why a lease started, for people.
+fn start_text(why: &StartWhy) -> String {
+    match why {
+        StartWhy::Free { rank, ratio } => format!(
+            "ranked {rank} in the pass, its project served {ratio:.2}× its share, on free GPUs"
+        ),
+        StartWhy::AfterPreemption => "the victims it preempted have gone".into(),
+        StartWhy::Reservation => "its reserved nodes are free".into(),
+        StartWhy::Backfill {
+            reservation_of,
+            starts,
+        } => format!(
+            "backfill on nodes reserved for workload {} (ends before {starts})",
+            reservation_of.0
+        ),
     }
 }
 

@@ -123,6 +123,9 @@ fn an_unfunded_job_is_preempted_at_once_and_requeued() {
     assert!(c
         .metrics_text()
         .contains("allot_revocations_total{reason=\"preempted\"} 1"));
+    // And why the preemptor started when it did.
+    let fh = c.status(&funded)["history"].to_string();
+    assert!(fh.contains("the victims it preempted have gone"), "{fh}");
 }
 
 #[test]
