@@ -25,6 +25,8 @@ pub struct Shared {
     pub sys: Mutex<sysinfo::System>,
     /// This host's name, as reported.
     pub host_name: String,
+    /// Logical CPUs and installed memory (bytes): read once, they do not change.
+    pub host_size: (u32, u64),
     /// The allocator's stream while it is up.
     pub uplink: Mutex<Option<tokio::sync::mpsc::UnboundedSender<pb::AgentMessage>>>,
 }
@@ -237,15 +239,7 @@ impl AgentLocal for LocalApi {
         req: Request<pb::ListGpusRequest>,
     ) -> Result<Response<pb::ListGpusResponse>, Status> {
         caller(&req)?;
-        let (cpus, memory_bytes) = {
-            let mut sys = self.0.sys.lock().unwrap_or_else(|e| e.into_inner());
-            sys.refresh_memory();
-            sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
-            (
-                u32::try_from(sys.cpus().len()).unwrap_or(u32::MAX),
-                sys.total_memory(),
-            )
-        };
+        let (cpus, memory_bytes) = self.0.host_size;
         let h = self.0.host();
         Ok(Response::new(pb::ListGpusResponse {
             verdict: verdict_pb(h.host_verdict()) as i32,

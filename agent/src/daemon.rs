@@ -12,7 +12,6 @@ use allot_proto::v1::agent_local_server::AgentLocalServer;
 use anyhow::{bail, Context};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -75,12 +74,9 @@ pub fn settings(c: &AgentConfig) -> Settings {
         term_grace_s: c.agent.term_grace,
         warning_before_ms: i64::try_from(c.agent.time_limit_warning.saturating_mul(1000))
             .unwrap_or(i64::MAX),
-        // Checked when the config was parsed.
-        warning_signal: nix::sys::signal::Signal::from_str(&format!(
-            "SIG{}",
-            c.agent.time_limit_signal.trim_start_matches("SIG")
-        ))
-        .unwrap_or(nix::sys::signal::Signal::SIGUSR2),
+        // Checked when the config was parsed, by the same parser.
+        warning_signal: allot_checkpoint_hooks::signal_named(&c.agent.time_limit_signal)
+            .unwrap_or(nix::sys::signal::Signal::SIGUSR2),
         default_hook: c.agent.default_checkpoint.clone(),
         state_dir: c.agent.state_dir.clone(),
     }
@@ -122,36 +118,27 @@ fn bind(c: &AgentConfig) -> anyhow::Result<(tokio::net::UnixListener, Option<u32
 }
 
 /// Runs the health monitor on its own thread and forwards each verdict with the GPU
-/// inventory; returns a stop flag. A monitor that cannot start is logged and the
-/// agent goes on without GPUs: the leases it holds are still enforced.
-fn health(
-    c: &AgentConfig,
-    tx: mpsc::UnboundedSender<(Verdict, Vec<GpuSample>)>,
-) -> (Arc<std::sync::atomic::AtomicBool>, Option<String>) {
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+/// inventory (until the agent drops the receiver); returns why it could not start,
+/// if so. Without a monitor the agent goes on without GPUs: the leases it holds are
+/// still enforced.
+fn health(c: &AgentConfig, tx: mpsc::UnboundedSender<(Verdict, Vec<GpuSample>)>) -> Option<String> {
     let monitor = match HealthMonitor::start(&c.health, &c.agent.state_dir) {
         Ok(m) => m,
         Err(e) => {
-            let msg = format!("health monitor cannot start: {e}; for a host without GPUs set [health] source = \"fake:8\"");
             tracing::error!(error = %e, "health monitor cannot start; no GPUs will be offered");
-            return (stop, Some(msg));
+            return Some(format!(
+                "health monitor cannot start: {e}; for a host without GPUs set [health] source = \"fake:8\""
+            ));
         }
     };
-    let flag = stop.clone();
     std::thread::spawn(move || {
-        while !flag.load(std::sync::atomic::Ordering::SeqCst) {
-            match monitor.updates.recv_timeout(Duration::from_millis(500)) {
-                Ok(v) => {
-                    if tx.send((v, monitor.inventory())).is_err() {
-                        return;
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+        while let Ok(v) = monitor.updates.recv() {
+            if tx.send((v, monitor.inventory())).is_err() {
+                return;
             }
         }
     });
-    (stop, None)
+    None
 }
 
 /// Watches the config file (its directory: editors replace files) for changes.
@@ -205,7 +192,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     let store = Store::open(&cfg.agent.state_dir)?;
     let host = Host::open(store, settings(&cfg), now_ms())?;
     let (vtx, mut vrx) = mpsc::unbounded_channel();
-    let (health_stop, health_error) = health(&cfg, vtx);
+    let health_error = health(&cfg, vtx);
     if let Some(m) = &health_error {
         host.config_event(m);
     }
@@ -216,6 +203,15 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         wake: tokio::sync::Notify::new(),
         spawned: spawned_tx,
         admin_gid,
+        host_size: {
+            let mut sys = sysinfo::System::new();
+            sys.refresh_memory();
+            sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
+            (
+                u32::try_from(sys.cpus().len()).unwrap_or(u32::MAX),
+                sys.total_memory(),
+            )
+        },
         sys: Mutex::new(sysinfo::System::new()),
         host_name: if cfg.agent.host.is_empty() {
             sysinfo::System::host_name().unwrap_or_else(|| "localhost".into())
@@ -313,6 +309,5 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = std::fs::remove_file(&cfg.agent.socket);
-    health_stop.store(true, std::sync::atomic::Ordering::SeqCst);
     Ok(())
 }

@@ -300,8 +300,7 @@ impl Host {
         why: &str,
         now_ms: i64,
     ) -> Result<LeaseRecord, HostError> {
-        self.revoke_inner(id, not_before_ms <= now_ms, why, now_ms)
-            .ok_or_else(|| HostError::NoLease(id.to_string()))
+        self.revoke(id, not_before_ms <= now_ms, why, now_ms)
     }
 
     /// The drain in force: the operator's wins over health's.
@@ -866,13 +865,17 @@ impl Host {
             return;
         };
         l.exit_code = code;
-        if matches!(
+        // A ladder in progress ends the lease itself; otherwise the exit does.
+        let ended = matches!(
             l.state,
             LeaseState::Running | LeaseState::Revoking | LeaseState::Starting
-        ) {
+        );
+        if ended {
             l.end(now_ms, "exited", "exited");
-            let l = l.clone();
-            self.save(&l);
+        }
+        let l = l.clone();
+        self.save(&l);
+        if ended {
             self.note(
                 "lease",
                 id,
@@ -882,15 +885,7 @@ impl Host {
                     code.map_or("signalled".into(), |c| format!("code {c}"))
                 ),
             );
-        } else {
-            let l = l.clone();
-            self.save(&l);
         }
-    }
-
-    /// The agent reaps this lease's process itself (so it need not poll it).
-    pub fn is_owned(&self, id: &str) -> bool {
-        self.owned.contains(id)
     }
 
     /// The earliest instant the host needs the daemon's attention.

@@ -39,12 +39,7 @@ pub fn health(sh: &Shared) -> pb::AgentMessage {
 }
 
 fn register(sh: &Shared, cluster: &str) -> pb::AgentMessage {
-    let (cpu, mem) = {
-        let mut sys = sh.sys.lock().unwrap_or_else(|e| e.into_inner());
-        sys.refresh_memory();
-        sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
-        (sys.cpus().len() as u32, sys.total_memory() / (1 << 30))
-    };
+    let (cpu, mem) = (sh.host_size.0, sh.host_size.1 / (1 << 30));
     let h = sh.host();
     pb::AgentMessage {
         body: Some(pb::agent_message::Body::Register(pb::Register {
@@ -170,6 +165,11 @@ async fn session(sh: &Arc<Shared>, addr: &str, cluster: &str) -> Result<(), Stri
         .await
         .map_err(|e| format!("cannot reach {addr}: {e}"))?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    // Up before the snapshot: a change made meanwhile is queued behind it rather than
+    // dropped by the daemon's flush.
+    *sh.uplink.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx.clone());
+    // Older changes are in the snapshot that follows.
+    sh.host().take_changes();
     let _ = tx.send(register(sh, cluster));
     let _ = tx.send(health(sh));
     // Ended leases the allocator may not have heard of while the stream was down.
@@ -182,13 +182,17 @@ async fn session(sh: &Arc<Shared>, addr: &str, cluster: &str) -> Result<(), Stri
     for l in &ended {
         let _ = tx.send(status(l));
     }
-    sh.host().take_changes();
-    let mut inbound = client
+    let inbound = client
         .session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-        .await
-        .map_err(|e| format!("allocator refused the session: {}", e.message()))?
-        .into_inner();
-    *sh.uplink.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        .await;
+    let mut inbound = match inbound {
+        Ok(r) => r.into_inner(),
+        Err(e) => {
+            *sh.uplink.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            return Err(format!("allocator refused the session: {}", e.message()));
+        }
+    };
+    drop(tx);
     tracing::info!(allocator = %addr, "connected to the allocator");
     let r = loop {
         match inbound.message().await {

@@ -370,16 +370,6 @@ impl pb::nodes_server::Nodes for Api {
                 by: "operator".into(),
             })
             .map_err(core_status)?;
-        self.0.dispatch(&[crate::state::Out::Send {
-            node: r.name.clone(),
-            msg: Box::new(pb::AllocatorMessage {
-                body: Some(pb::allocator_message::Body::Drain(pb::DrainCommand {
-                    drain: !r.undrain,
-                    now: r.now,
-                    reason: r.reason.clone(),
-                })),
-            }),
-        }]);
         self.node_view(&r.name)
             .map(Response::new)
             .ok_or_else(|| Status::not_found(r.name))
@@ -548,8 +538,7 @@ impl Api {
                 let now_ = verdict == pb::HostVerdict::DrainNow && !h.gpus.iter().any(failed);
                 let allowed = {
                     let mut c = self.0.core();
-                    let breaker = self.0.cfg.breaker.clone();
-                    let ok = c.alloc.breaker_allows(now(), &breaker, node);
+                    let ok = c.alloc.breaker_allows(now(), &self.0.cfg.breaker, node);
                     if !ok {
                         c.alloc.counters.breaker_held += 1;
                     }

@@ -162,18 +162,12 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let addr = format!("127.0.0.1:{}", free_port()?);
     let metrics = format!("127.0.0.1:{}", free_port()?);
-    let text = EXAMPLE
-        .replace("listen = \"127.0.0.1:7070\"", &format!("listen = {addr:?}"))
-        .replace(
-            "metrics_listen = \"127.0.0.1:9470\"",
-            &format!("metrics_listen = {metrics:?}"),
-        )
-        .replace(
-            "state_dir = \"/var/lib/allot/allotd\"",
-            &format!("state_dir = {:?}", dir.join("allotd")),
-        )
-        .replace("schedule_interval = \"10s\"", "schedule_interval = \"5s\"");
-    let cfg = ServerConfig::parse(&text, "loadtest")?;
+    let mut cfg = ServerConfig::parse(EXAMPLE, "the example config")?;
+    cfg.server.listen = addr.clone();
+    cfg.server.metrics_listen = metrics.clone();
+    cfg.server.state_dir = dir.join("allotd");
+    cfg.server.schedule_interval = 5;
+    let reopen_cfg = cfg.clone();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(crate::serve::serve(cfg, async {
         let _ = stop_rx.await;
@@ -332,9 +326,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     // Durable, not just listed: the journal holds every acknowledged submission.
-    let store = Sqlite::open(&dir.join("allotd"))?;
-    let journaled = store
-        .replay()?
+    let entries = Sqlite::open(&dir.join("allotd"))?.replay()?;
+    let journaled = entries
         .iter()
         .filter(|(_, _, i)| matches!(i, Input::Submit { .. }))
         .count();
@@ -344,10 +337,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     );
     // What a restart after this run costs: the whole journal through the core.
     let t = Instant::now();
-    let entries = store.replay()?.len();
-    drop(store);
-    let cfg = ServerConfig::parse(&text, "loadtest")?;
-    let reopened = crate::serve::Server::open(cfg)?;
+    let entries = entries.len();
+    let reopened = crate::serve::Server::open(reopen_cfg)?;
     let rebuilt = reopened.core().alloc.workloads().len();
     println!(
         "restart: {entries} journal entries replayed in {:.2}s, {rebuilt} workloads rebuilt",

@@ -3,15 +3,10 @@
 //! reason, drains, the breaker, scheduling-cycle time, connected agents.
 
 use crate::serve::{now, Server};
-use allot_fairshare::WorkloadState;
+use crate::state::WAIT_BUCKETS;
 use std::fmt::Write;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Queue-wait histogram buckets, seconds: a minute to a week.
-const WAIT_BUCKETS: [u64; 9] = [
-    60, 300, 900, 3_600, 14_400, 43_200, 86_400, 259_200, 604_800,
-];
 
 fn esc(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
@@ -61,9 +56,8 @@ pub fn render(server: &Server) -> String {
         );
     }
     let _ = writeln!(o, "# HELP allot_queue_wait_seconds Submit-to-start wait per class.\n# TYPE allot_queue_wait_seconds histogram");
-    for (class, waits) in &a.counters.waits {
-        for b in WAIT_BUCKETS {
-            let n = waits.iter().filter(|w| **w <= b).count();
+    for (class, h) in &a.counters.waits {
+        for (b, n) in WAIT_BUCKETS.iter().zip(h.buckets) {
             let _ = writeln!(
                 o,
                 "allot_queue_wait_seconds_bucket{{class=\"{}\",le=\"{b}\"}} {n}",
@@ -72,21 +66,13 @@ pub fn render(server: &Server) -> String {
         }
         let _ = writeln!(
             o,
-            "allot_queue_wait_seconds_bucket{{class=\"{}\",le=\"+Inf\"}} {}",
+            "allot_queue_wait_seconds_bucket{{class=\"{}\",le=\"+Inf\"}} {}\nallot_queue_wait_seconds_sum{{class=\"{}\"}} {}\nallot_queue_wait_seconds_count{{class=\"{}\"}} {}",
             esc(class),
-            waits.len()
-        );
-        let _ = writeln!(
-            o,
-            "allot_queue_wait_seconds_sum{{class=\"{}\"}} {}",
+            h.count,
             esc(class),
-            waits.iter().sum::<u64>()
-        );
-        let _ = writeln!(
-            o,
-            "allot_queue_wait_seconds_count{{class=\"{}\"}} {}",
+            h.sum,
             esc(class),
-            waits.len()
+            h.count
         );
     }
     let _ = writeln!(o, "# HELP allot_revocations_total Leases revoked, by reason.\n# TYPE allot_revocations_total counter");
@@ -104,11 +90,7 @@ pub fn render(server: &Server) -> String {
     let _ = writeln!(o, "# HELP allot_schedule_cycle_seconds Scheduling pass duration.\n# TYPE allot_schedule_cycle_seconds summary\nallot_schedule_cycle_seconds_sum {:.6}\nallot_schedule_cycle_seconds_count {}", stats.seconds, stats.passes);
     let _ = writeln!(o, "# HELP allot_schedule_last_cycle_seconds The last pass.\n# TYPE allot_schedule_last_cycle_seconds gauge\nallot_schedule_last_cycle_seconds {:.6}", stats.last);
     let _ = writeln!(o, "# HELP allot_agents_connected Agents with an open stream.\n# TYPE allot_agents_connected gauge\nallot_agents_connected {connected}");
-    let pending = a
-        .workloads()
-        .values()
-        .filter(|w| w.state == WorkloadState::Pending)
-        .count();
+    let pending = a.core.pending_len();
     let _ = writeln!(o, "# HELP allot_pending_workloads Workloads waiting.\n# TYPE allot_pending_workloads gauge\nallot_pending_workloads {pending}");
     o
 }

@@ -76,12 +76,15 @@ impl Server {
         let mut alloc = Allocator::new(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
         let entries = store.replay()?;
         let t0 = Instant::now();
+        alloc.explaining = false;
         for (seq, at, input) in &entries {
             if let Err(e) = alloc.apply(*at, input) {
                 // The config changed under the journal (a project removed …): say so.
                 tracing::warn!(seq, error = %e, "journal entry no longer applies; skipped");
             }
         }
+        alloc.explaining = true;
+        alloc.explain(now());
         tracing::info!(
             entries = entries.len(),
             ms = t0.elapsed().as_millis() as u64,
@@ -113,27 +116,28 @@ impl Server {
         let applied = {
             let mut c = self.core();
             let a = c.alloc.apply(at, &input)?;
-            if a.changed {
-                if let Err(e) = c.store.append(at, &input) {
-                    // Memory now holds what the disk does not: stop, the journal wins.
-                    tracing::error!(error = %e, "cannot journal an accepted input; stopping");
-                    eprintln!("allotd: {e}");
-                    std::process::exit(70);
-                }
-            }
-            for o in &a.outs {
-                if let Out::Audit {
-                    workload,
-                    lease,
-                    text,
-                } = o
-                {
-                    tracing::info!(workload, lease, "{text}");
-                    if let Err(e) = c.store.audit(at, *workload, *lease, text) {
-                        tracing::warn!(error = %e, "cannot write the audit log");
+            let audit: Vec<(u64, u64, &str)> = a
+                .outs
+                .iter()
+                .filter_map(|o| match o {
+                    Out::Audit {
+                        workload,
+                        lease,
+                        text,
+                    } => {
+                        tracing::info!(workload, lease, "{text}");
+                        Some((*workload, *lease, text.as_str()))
                     }
-                }
+                    Out::Send { .. } => None,
+                })
+                .collect();
+            if let Err(e) = c.store.commit(at, a.changed.then_some(&input), &audit) {
+                // Memory now holds what the disk does not: stop, the journal wins.
+                tracing::error!(error = %e, "cannot journal an accepted input; stopping");
+                eprintln!("allotd: {e}");
+                std::process::exit(70);
             }
+            drop(audit);
             a
         };
         if matches!(input, Input::Schedule) {

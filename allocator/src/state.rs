@@ -41,6 +41,17 @@ impl EndKind {
         }
     }
 
+    /// The name people read (`allot status` end reasons).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndKind::Completed => "completed",
+            EndKind::Failed => "failed",
+            EndKind::Revoked => "revoked",
+            EndKind::TimeLimit => "time-limit",
+            EndKind::NodeLost => "node-lost",
+        }
+    }
+
     /// From an agent's lease record.
     pub fn from_agent(end_reason: &str, exit_code: Option<i32>) -> EndKind {
         match end_reason {
@@ -220,10 +231,38 @@ pub struct Counters {
     pub revocations: BTreeMap<String, u64>,
     /// Node drains by who.
     pub drains: BTreeMap<String, u64>,
-    /// Queue waits (s) per class, for the histogram.
-    pub waits: BTreeMap<String, Vec<u64>>,
+    /// Queue waits per class, as the histogram `/metrics` shows.
+    pub waits: BTreeMap<String, WaitHistogram>,
     /// Automatic drains the breaker held.
     pub breaker_held: u64,
+}
+
+/// Queue-wait histogram buckets, seconds: a minute to a week.
+pub const WAIT_BUCKETS: [u64; 9] = [
+    60, 300, 900, 3_600, 14_400, 43_200, 86_400, 259_200, 604_800,
+];
+
+/// Submit-to-start waits of one class: cumulative bucket counts, sum and count.
+#[derive(Debug, Clone, Default)]
+pub struct WaitHistogram {
+    /// Waits at or under each of [`WAIT_BUCKETS`].
+    pub buckets: [u64; WAIT_BUCKETS.len()],
+    /// Sum of the waits, seconds.
+    pub sum: u64,
+    /// Number of waits.
+    pub count: u64,
+}
+
+impl WaitHistogram {
+    fn add(&mut self, wait: u64) {
+        for (b, n) in WAIT_BUCKETS.iter().zip(&mut self.buckets) {
+            if wait <= *b {
+                *n += 1;
+            }
+        }
+        self.sum += wait;
+        self.count += 1;
+    }
 }
 
 /// The allocator.
@@ -239,6 +278,9 @@ pub struct Allocator {
     pub counters: Counters,
     /// Recent automatic drains (time, node), for the breaker.
     auto_drains: VecDeque<(Time, String)>,
+    /// Passes refresh the explanations; off while replaying the journal, where only
+    /// the last pass's would survive (see `Server::open`).
+    pub explaining: bool,
 }
 
 /// The wire id of a lease.
@@ -300,6 +342,7 @@ impl Allocator {
             lease_hosts: BTreeMap::new(),
             counters: Counters::default(),
             auto_drains: VecDeque::new(),
+            explaining: true,
         })
     }
 
@@ -433,13 +476,7 @@ impl Allocator {
                         msg: Box::new(revoke_msg(*lease, at, "another part of the gang ended")),
                     });
                 }
-                let how = match end {
-                    EndKind::Completed => "completed",
-                    EndKind::Failed => "failed",
-                    EndKind::Revoked => "revoked",
-                    EndKind::TimeLimit => "time-limit",
-                    EndKind::NodeLost => "node-lost",
-                };
+                let how = end.as_str();
                 self.sync(at, wid, how);
                 a.outs.push(Out::Audit {
                     workload: wid,
@@ -468,6 +505,19 @@ impl Allocator {
                     if by == "health" {
                         self.auto_drains.push_back((at, node.clone()));
                     }
+                }
+                if by == "operator" {
+                    // The agent refuses local starts too, and shows the reason.
+                    a.outs.push(Out::Send {
+                        node: node.clone(),
+                        msg: Box::new(pb::AllocatorMessage {
+                            body: Some(pb::allocator_message::Body::Drain(pb::DrainCommand {
+                                drain: *state != NodeState::Ready,
+                                now: *state == NodeState::DrainNow,
+                                reason: reason.clone(),
+                            })),
+                        }),
+                    });
                 }
                 a.outs.push(Out::Audit {
                     workload: 0,
@@ -499,14 +549,21 @@ impl Allocator {
                 for act in d.actions {
                     self.act(at, act, &mut a.outs);
                 }
-                for e in self.core.explain(at) {
-                    if let Some(w) = self.work.get_mut(&e.workload.0) {
-                        w.explanation = e.render(at);
-                    }
+                if self.explaining {
+                    self.explain(at);
                 }
             }
         }
         Ok(a)
+    }
+
+    /// Refreshes why each pending workload waits (the core renders the text).
+    pub fn explain(&mut self, at: Time) {
+        for e in self.core.explain(at) {
+            if let Some(w) = self.work.get_mut(&e.workload.0) {
+                w.explanation = e.text;
+            }
+        }
     }
 
     fn act(&mut self, at: Time, act: Action, outs: &mut Vec<Out>) {
@@ -548,7 +605,7 @@ impl Allocator {
                     .waits
                     .entry(w.spec.class.clone())
                     .or_default()
-                    .push(at.saturating_sub(w.submit));
+                    .add(at.saturating_sub(w.submit));
                 let w = w.clone();
                 for (node, gpus) in &hosts {
                     outs.push(Out::Send {

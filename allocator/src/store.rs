@@ -23,12 +23,16 @@ pub struct StoreError {
 
 /// What allotd needs from storage.
 pub trait Store: Send {
-    /// Appends an input durably (on disk when this returns); returns its sequence.
-    fn append(&mut self, at: Time, input: &Input) -> Result<u64, StoreError>;
+    /// Writes one commit durably, in one transaction (one fsync): the input, if the
+    /// journal must keep it, and the audit lines (workload, lease, text) it produced.
+    fn commit(
+        &mut self,
+        at: Time,
+        input: Option<&Input>,
+        audit: &[(u64, u64, &str)],
+    ) -> Result<(), StoreError>;
     /// Every input in order.
     fn replay(&self) -> Result<Vec<(u64, Time, Input)>, StoreError>;
-    /// Records a decision and its reason.
-    fn audit(&mut self, at: Time, workload: u64, lease: u64, text: &str) -> Result<(), StoreError>;
     /// The audit lines of one workload (0: all), oldest first, at most `limit`.
     fn audit_of(&self, workload: u64, limit: usize) -> Result<Vec<(Time, String)>, StoreError>;
 }
@@ -89,15 +93,47 @@ fn secs(t: Time) -> i64 {
 }
 
 impl Store for Sqlite {
-    fn append(&mut self, at: Time, input: &Input) -> Result<u64, StoreError> {
-        let body = serde_json::to_string(input).map_err(|e| self.err("encoding an input", e))?;
-        self.conn
-            .execute(
+    fn commit(
+        &mut self,
+        at: Time,
+        input: Option<&Input>,
+        audit: &[(u64, u64, &str)],
+    ) -> Result<(), StoreError> {
+        if input.is_none() && audit.is_empty() {
+            return Ok(());
+        }
+        let body = input
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| self.err("encoding an input", e))?;
+        let path = self.path.display().to_string();
+        let fail = |what: &'static str| {
+            let path = path.clone();
+            move |e: rusqlite::Error| StoreError {
+                path,
+                what,
+                source: Box::new(e),
+            }
+        };
+        let tx = self
+            .conn
+            .transaction()
+            .map_err(fail("starting a transaction"))?;
+        if let Some(body) = body {
+            tx.execute(
                 "INSERT INTO journal (at, input) VALUES (?1, ?2)",
                 params![secs(at), body],
             )
-            .map_err(|e| self.err("appending to the journal", e))?;
-        Ok(self.conn.last_insert_rowid().unsigned_abs())
+            .map_err(fail("appending to the journal"))?;
+        }
+        for (workload, lease, text) in audit {
+            tx.execute(
+                "INSERT INTO audit (at, workload, lease, text) VALUES (?1, ?2, ?3, ?4)",
+                params![secs(at), secs(*workload), secs(*lease), text],
+            )
+            .map_err(fail("writing the audit log"))?;
+        }
+        tx.commit().map_err(fail("committing"))
     }
 
     fn replay(&self) -> Result<Vec<(u64, Time, Input)>, StoreError> {
@@ -122,16 +158,6 @@ impl Store for Sqlite {
             out.push((seq.unsigned_abs(), at.unsigned_abs(), input));
         }
         Ok(out)
-    }
-
-    fn audit(&mut self, at: Time, workload: u64, lease: u64, text: &str) -> Result<(), StoreError> {
-        self.conn
-            .execute(
-                "INSERT INTO audit (at, workload, lease, text) VALUES (?1, ?2, ?3, ?4)",
-                params![secs(at), secs(workload), secs(lease), text],
-            )
-            .map_err(|e| self.err("writing the audit log", e))?;
-        Ok(())
     }
 
     fn audit_of(&self, workload: u64, limit: usize) -> Result<Vec<(Time, String)>, StoreError> {

@@ -144,14 +144,8 @@ fn xid_79_drains_the_node_and_the_work_resumes_elsewhere() {
         "sleep 600",
     );
     let w = c.wait_state(&id, "running", LONG);
-    let first = w["node_names"][0].as_str().expect("node").to_string();
-    let i: usize = first.trim_start_matches("node-").parse().expect("index");
-    let gpus = c.agent_json(i, &["gpus", "--json"]);
-    let pci = gpus["gpus"][0]["pci"].as_str().expect("pci").to_string();
-    c.kernel_log(
-        i,
-        &format!("NVRM: Xid (PCI:{pci}): 79, pid=1, name=python, GPU has fallen off the bus."),
-    );
+    let (first, i) = Cluster::node_of(&w);
+    c.gpu_falls_off(i);
     let moved = wait_for("the work to resume on the other node", LONG, || {
         let w = c.status(&id);
         (w["state"] == "running" && w["node_names"][0] != first.as_str()).then_some(w)
@@ -199,8 +193,7 @@ fn kill_9_of_allotd_loses_nothing_and_touches_no_workload() {
             )
         })
         .collect();
-    let node = w["node_names"][0].as_str().expect("node").to_string();
-    let i: usize = node.trim_start_matches("node-").parse().expect("index");
+    let (_, i) = Cluster::node_of(&w);
     let before = c.agent_json(i, &["leases", "--json"]);
     let pid = before[0]["pid"].as_i64().expect("pid");
     c.kill9_server();
@@ -273,10 +266,14 @@ fn bad_requests_get_clear_errors() {
         "--",
         "true",
     ]);
-    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("checkpoint_hook") && err.contains("SIGKILL"),
+        "{err}"
+    );
     let out = c.allot(&["budget", "set", "nope", "--share", "2"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
-    // A wrong first message on the agent stream is refused, not fatal.
+    // None of it disturbed the agent's stream.
     let m = c.metrics_text();
     assert!(m.contains("allot_agents_connected 1"), "{m}");
 }
@@ -312,7 +309,7 @@ while :; do wait $P; done"#,
         "sleep 12",
     );
     c.wait_state(&short, "running", LONG);
-    let first_node = v["node_names"][0].as_str().expect("node").to_string();
+    let (first_node, i) = Cluster::node_of(&v);
     let funded = c.submit(
         &["--project", "demo-a", "--gpus", "2", "--min-runtime", "1h"],
         "sleep 600",
@@ -328,10 +325,6 @@ while :; do wait $P; done"#,
     // The victim checkpointed (its marker), was requeued, and resumed on the node the
     // short job left.
     let first_lease = v["lease_ids"][0].as_str().expect("lease");
-    let i: usize = first_node
-        .trim_start_matches("node-")
-        .parse()
-        .expect("index");
     assert!(c
         .node_dir(i)
         .join("state/leases")
@@ -362,9 +355,9 @@ fn a_silent_node_is_lost_only_after_the_grace_and_its_work_moves() {
         "sleep 600",
     );
     let w = c.wait_state(&id, "running", LONG);
-    let first = w["node_names"][0].as_str().expect("node").to_string();
-    let i: usize = first.trim_start_matches("node-").parse().expect("index");
+    let (first, i) = Cluster::node_of(&w);
     c.kill9_agent(i);
+    let killed = std::time::Instant::now();
     // Within the grace nothing moves: a restarting agent must not cost its leases.
     let still = c.status(&id);
     assert_eq!(
@@ -376,6 +369,11 @@ fn a_silent_node_is_lost_only_after_the_grace_and_its_work_moves() {
         let w = c.status(&id);
         (w["state"] == "running" && w["node_names"][0] != first.as_str()).then_some(w)
     });
+    assert!(
+        killed.elapsed() >= Duration::from_secs(3),
+        "moved {:?} after the agent went silent, inside the 3 s grace",
+        killed.elapsed()
+    );
     assert_eq!(
         moved["lease_ids"].as_array().map(Vec::len),
         Some(2),
@@ -454,12 +452,7 @@ fn the_breaker_holds_automatic_drains_past_half_the_nodes() {
     let c = Cluster::start("breaker", TWO_PROJECTS, 4, 1);
     // A bad driver push: every node reports XID 79 at once.
     for i in 0..4 {
-        let gpus = c.agent_json(i, &["gpus", "--json"]);
-        let pci = gpus["gpus"][0]["pci"].as_str().expect("pci").to_string();
-        c.kernel_log(
-            i,
-            &format!("NVRM: Xid (PCI:{pci}): 79, pid=1, name=x, GPU has fallen off the bus."),
-        );
+        c.gpu_falls_off(i);
     }
     let held = wait_for("the breaker to hold the rest", LONG, || {
         let m = c.metrics_text();
@@ -487,10 +480,13 @@ fn the_breaker_holds_automatic_drains_past_half_the_nodes() {
         .find(|n| n["state"] == "ready")
         .expect("a ready node");
     let name = ready["name"].as_str().expect("name");
-    let out = c.allot(&["nodes", "drain", name, "--reason", "confirmed bad"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let n = c.json(&[
+        "nodes",
+        "drain",
+        name,
+        "--reason",
+        "confirmed bad",
+        "--json",
+    ]);
+    assert_eq!(n["state"], "draining", "{n}");
 }

@@ -49,7 +49,8 @@ pub struct HookError {
     pub why: String,
 }
 
-fn signal_named(name: &str) -> Option<Signal> {
+/// A signal by name, as operators write it: `USR1`, `sigusr1`, `SIGTERM`.
+pub fn signal_named(name: &str) -> Option<Signal> {
     let n = name.trim().to_ascii_uppercase();
     let n = if n.starts_with("SIG") {
         n
@@ -254,10 +255,30 @@ fn fire(hook: &Hook, t: &Target, grace: Duration) -> Fired {
                 .env("ALLOT_LEASE_ID", &t.lease)
                 .env("ALLOT_CHECKPOINT_DIR", &t.checkpoint_dir)
                 .stdin(std::process::Stdio::null());
-            match cmd.status() {
-                Ok(s) if s.success() => Fired::Acked(format!("{} exited 0", argv[0])),
-                Ok(s) => Fired::Failed(format!("{} exited with {s}", argv[0])),
-                Err(e) => Fired::Failed(format!("cannot run {}: {e}", argv[0])),
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => return Fired::Failed(format!("cannot run {}: {e}", argv[0])),
+            };
+            // The hook gets the grace like the checkpoint itself; a hung one is killed
+            // so the ladder keeps its promised bound.
+            let end = Instant::now() + grace;
+            loop {
+                match child.try_wait() {
+                    Ok(Some(s)) if s.success() => {
+                        return Fired::Acked(format!("{} exited 0", argv[0]))
+                    }
+                    Ok(Some(s)) => return Fired::Failed(format!("{} exited with {s}", argv[0])),
+                    Ok(None) if Instant::now() >= end => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return Fired::Failed(format!(
+                            "{} still running after the grace; killed",
+                            argv[0]
+                        ));
+                    }
+                    Ok(None) => std::thread::sleep(TICK),
+                    Err(e) => return Fired::Failed(format!("waiting for {}: {e}", argv[0])),
+                }
             }
         }
         Hook::Http(url) => {
@@ -305,19 +326,29 @@ pub fn run(t: &Target, l: &Ladder) -> Outcome {
         // A marker from an earlier checkpoint must not answer this one.
         let _ = std::fs::remove_file(&marker);
         let (tx, rx) = mpsc::channel();
-        let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+        // Kept only if it watches: a watcher that could not (no inotify instance left,
+        // no checkpoint dir) must not pass for one.
+        let watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
             if let Ok(e) = e {
                 let _ = tx.send(e.paths);
             }
         })
-        .ok();
-        if let Some(w) = watcher.as_mut() {
-            let _ = w.watch(&t.checkpoint_dir, RecursiveMode::NonRecursive);
-        }
+        .ok()
+        .and_then(|mut w| {
+            w.watch(&t.checkpoint_dir, RecursiveMode::NonRecursive)
+                .ok()
+                .map(|()| w)
+        });
         let seen = |dt: Duration| -> bool {
             match rx.recv_timeout(dt) {
                 Ok(paths) => paths.iter().any(|p| p == &marker) && marker.exists(),
-                Err(_) => marker.exists() && watcher.is_none(),
+                Err(_) => {
+                    // Without a watcher the channel is closed at once: pace the polling.
+                    if watcher.is_none() {
+                        std::thread::sleep(dt);
+                    }
+                    marker.exists()
+                }
             }
         };
         let note;

@@ -88,7 +88,7 @@ impl<V: View> Planner<'_, V> {
         }
         let total = removed.with(gv, l.alloc());
         let req_after = self.r.ratio_with(gr, self.req);
-        let victim_after = self.r.ratio_with(gv, [-total[0], -total[1], -total[2]]);
+        let victim_after = self.r.ratio_with(gv, crate::scheduler::neg(total));
         (req_after + self.hysteresis < victim_after).then_some((gv, req_after, victim_after))
     }
 

@@ -44,25 +44,6 @@ pub struct DcgmGpu {
     pub fields: BTreeMap<String, f64>,
 }
 
-/// `00000000:3B:00.0` → `0000:3b:00`.
-fn pci_label(v: &str) -> Option<String> {
-    let p: Vec<&str> = v.split('.').next()?.split(':').collect();
-    let [dom, bus, dev] = p.as_slice() else {
-        return None;
-    };
-    let num = |s: &str, max: usize| {
-        (!s.is_empty() && s.len() <= max && s.bytes().all(|b| b.is_ascii_hexdigit()))
-            .then(|| u32::from_str_radix(s, 16).ok())
-            .flatten()
-    };
-    Some(format!(
-        "{:04x}:{:02x}:{:02x}",
-        num(dom, 8)?,
-        num(bus, 2)?,
-        num(dev, 2)?
-    ))
-}
-
 fn labels(s: &str) -> BTreeMap<&str, &str> {
     let mut out = BTreeMap::new();
     for part in s.split("\",") {
@@ -97,7 +78,10 @@ pub fn parse(text: &str) -> BTreeMap<String, DcgmGpu> {
         else {
             continue;
         };
-        let Some(pci) = l.get("pci_bus_id").and_then(|p| pci_label(p)) else {
+        let Some(pci) = l
+            .get("pci_bus_id")
+            .and_then(|p| crate::kmsg::normalize_pci(p))
+        else {
             continue;
         };
         let g = out.entry(pci).or_default();
@@ -111,20 +95,27 @@ pub fn parse(text: &str) -> BTreeMap<String, DcgmGpu> {
 
 /// Fetches `url` (dcgm-exporter's `/metrics`) with a timeout.
 pub fn fetch(url: &str, timeout: Duration) -> Result<String, DcgmError> {
-    let err = |source| DcgmError::Fetch {
-        url: url.into(),
-        source,
-    };
     let client = reqwest::blocking::Client::builder()
         .timeout(timeout)
         .build()
-        .map_err(err)?;
+        .map_err(|source| DcgmError::Fetch {
+            url: url.into(),
+            source,
+        })?;
+    fetch_with(&client, url)
+}
+
+/// Fetches with a client kept across scrapes (its connection is reused).
+pub fn fetch_with(client: &reqwest::blocking::Client, url: &str) -> Result<String, DcgmError> {
     client
         .get(url)
         .send()
         .and_then(|r| r.error_for_status())
         .and_then(|r| r.text())
-        .map_err(err)
+        .map_err(|source| DcgmError::Fetch {
+            url: url.into(),
+            source,
+        })
 }
 
 /// Fills `s`'s empty fields from DCGM.

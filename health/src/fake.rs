@@ -64,19 +64,6 @@ pub fn fake_pci(i: usize) -> String {
     format!("{:04x}:{:02x}:00", i / 16, 0x18 + (i % 16) * 0x10)
 }
 
-fn parse_secs(s: &str) -> Option<Time> {
-    if let Ok(n) = s.parse() {
-        return Some(n);
-    }
-    [("s", 1), ("m", 60), ("h", 3_600), ("d", 86_400)]
-        .iter()
-        .find_map(|(unit, mult)| {
-            s.strip_suffix(unit)
-                .and_then(|n| n.parse::<u64>().ok())
-                .and_then(|n| n.checked_mul(*mult))
-        })
-}
-
 impl FakeSource {
     /// `gpus` healthy GPUs and the faults of `script` (`file` names it in errors).
     pub fn new(gpus: usize, script: &str, file: &str) -> Result<Self, ScriptError> {
@@ -99,7 +86,8 @@ impl FakeSource {
                 }
                 _ => return Err(err(i + 1, form.into())),
             };
-            let t = parse_secs(at)
+            let t = allot_fairshare::time::parse_duration(at)
+                .ok()
                 .ok_or_else(|| err(i + 1, format!("time {at:?}: use 90s, 10m, 8h or 7d")))?;
             let g: usize = gpu.parse().ok().filter(|&g| g < gpus).ok_or_else(|| {
                 err(

@@ -74,6 +74,9 @@ struct Shared {
     policy: Mutex<(HealthPolicy, Roster, Option<Verdict>)>,
     tx: Mutex<Sender<Verdict>>,
     stop: AtomicBool,
+    /// Wakes naps at once on stop (they hold `naps` while they wait).
+    naps: Mutex<()>,
+    wake: std::sync::Condvar,
     /// Highest kernel-log sequence number read so far (0: none).
     last_seq: AtomicU64,
     memory: Mutex<KmsgMemory>,
@@ -136,6 +139,8 @@ impl HealthMonitor {
             policy: Mutex::new((policy, Roster::default(), None)),
             tx: Mutex::new(tx),
             stop: AtomicBool::new(false),
+            naps: Mutex::new(()),
+            wake: std::sync::Condvar::new(),
             last_seq: AtomicU64::new(0),
             memory: Mutex::new(memory),
             memo,
@@ -200,27 +205,33 @@ impl HealthMonitor {
 
 impl Drop for HealthMonitor {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
+        {
+            // Under the naps' lock, so no nap can miss the wake-up.
+            let _g = self.shared.naps.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.stop.store(true, Ordering::SeqCst);
+            self.shared.wake.notify_all();
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
 }
 
-/// Sleeps up to `d`, waking early on stop; true if stopping.
+/// Sleeps up to `d`, waking at once on stop; true if stopping.
 fn nap(sh: &Shared, d: Duration) -> bool {
-    let end = std::time::Instant::now() + d;
-    while std::time::Instant::now() < end {
-        if sh.stop.load(Ordering::SeqCst) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20).min(d));
-    }
+    let g = sh.naps.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = sh
+        .wake
+        .wait_timeout_while(g, d, |_| !sh.stop.load(Ordering::SeqCst));
     sh.stop.load(Ordering::SeqCst)
 }
 
 fn sampler(src: &Source, sh: &Shared, interval: u64, dcgm_url: Option<String>) {
     let mut gauge = dcgm::XidGauge::default();
+    // One client for every scrape: its connection stays open between rounds.
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build();
     loop {
         let t = now();
         let Some((mut round, xids)) = src.round(t) else {
@@ -231,7 +242,11 @@ fn sampler(src: &Source, sh: &Shared, interval: u64, dcgm_url: Option<String>) {
         };
         let mut dcgm_xids = Vec::new();
         if let Some(url) = &dcgm_url {
-            match dcgm::fetch(url, Duration::from_secs(5)) {
+            let fetched = match &client {
+                Ok(c) => dcgm::fetch_with(c, url),
+                Err(_) => dcgm::fetch(url, Duration::from_secs(5)),
+            };
+            match fetched {
                 Ok(text) => {
                     let gpus = dcgm::parse(&text);
                     for s in round.iter_mut().flatten() {
@@ -296,15 +311,20 @@ fn follow_kmsg(path: &Path, sh: &Shared) {
         tracing::warn!(path = %path.display(), "cannot read the kernel log; XIDs come from NVML only");
         return;
     };
+    let plain = std::fs::metadata(path).is_ok_and(|m| m.is_file());
     while !sh.stop.load(Ordering::SeqCst) {
         let line = match r.next_line() {
             Ok(Some(line)) => line,
             Ok(None) => {
-                // Blocks until the kernel logs (at most 200 ms, to notice a stop); a
-                // plain file is always readable, so pause briefly there too.
-                r.wait(Duration::from_millis(200));
-                if nap(sh, Duration::from_millis(20)) {
-                    return;
+                // /dev/kmsg blocks in poll until the kernel logs (200 ms at most, to
+                // notice a stop); a plain file is always readable, so it is re-read
+                // after a nap instead.
+                if plain {
+                    if nap(sh, Duration::from_millis(200)) {
+                        return;
+                    }
+                } else {
+                    r.wait(Duration::from_millis(200));
                 }
                 continue;
             }

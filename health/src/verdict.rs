@@ -278,10 +278,7 @@ impl HealthPolicy {
             action,
             // A reset (or a P2P drain) concerns this GPU alone; a reboot, a lost GPU
             // or hardware checks concern the host.
-            gpu_only: matches!(
-                d.recovery,
-                crate::xid::Recovery::ResetGpu | crate::xid::Recovery::None
-            ),
+            gpu_only: d.recovery.gpu_only(),
             since: now,
         };
         self.raise(pci, now, format!("xid:{xid}"), reason, true);
@@ -328,12 +325,16 @@ impl HealthPolicy {
     /// A periodic sample.
     pub fn sample(&mut self, now: Time, s: GpuSample) {
         let th = self.thresholds.clone();
-        let prev = self.gpus.get(&s.pci).and_then(|g| g.last.clone());
+        // Only the last uncorrectable count is compared; the sample itself is not.
+        let prev_ecc = self
+            .gpus
+            .get(&s.pci)
+            .and_then(|g| g.last.as_ref())
+            .and_then(|(_, p)| p.ecc_uncorrected);
         let mut raised: Vec<(String, Option<Action>, bool, String)> = Vec::new();
         if let Some(code) = s.recovery_action.filter(|&c| c != 0) {
-            let (action, _, what) = recovery_action(code);
-            // Reset and P2P drain concern this GPU alone; a reboot concerns the host.
-            let gpu_only = matches!(code, 1 | 3 | 4);
+            let (action, recovery, what) = recovery_action(code);
+            let gpu_only = recovery.gpu_only();
             raised.push((
                 "recovery-action".into(),
                 Some(action),
@@ -401,8 +402,8 @@ impl HealthPolicy {
             gpu.history.push_back((now, counters));
             base
         };
-        if let Some((_, p)) = &prev {
-            if let (Some(new), Some(old)) = (s.ecc_uncorrected, p.ecc_uncorrected) {
+        {
+            if let (Some(new), Some(old)) = (s.ecc_uncorrected, prev_ecc) {
                 if new > old {
                     // Sticky: memory that failed is not fixed by time, only by a reset.
                     let reason = Reason {

@@ -16,15 +16,17 @@ pub fn sibling(bin: &str, package: &str) -> PathBuf {
     static CHECKED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let p = PathBuf::from(env!("CARGO_BIN_EXE_allotd")).with_file_name(bin);
     let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
-    if !checked.iter().any(|b| b == bin) && !fresh(&p) {
-        let ok = Command::new(env!("CARGO"))
-            .args(["build", "-p", package, "--bin", bin])
-            .status()
-            .expect("cargo runs")
-            .success();
-        assert!(ok, "building {bin}");
+    if !checked.iter().any(|b| b == bin) {
+        if !fresh(&p) {
+            let ok = Command::new(env!("CARGO"))
+                .args(["build", "-p", package, "--bin", bin])
+                .status()
+                .expect("cargo runs")
+                .success();
+            assert!(ok, "building {bin}");
+        }
+        checked.push(bin.to_string());
     }
-    checked.push(bin.to_string());
     p
 }
 
@@ -230,6 +232,27 @@ impl Cluster {
             .open(self.node_dir(i).join("kmsg"))
             .expect("kmsg");
         writeln!(f, "{line}").expect("write");
+    }
+
+    /// The node a workload (as `allot status --json` shows it) runs on: its name
+    /// and index.
+    pub fn node_of(w: &serde_json::Value) -> (String, usize) {
+        let name = w["node_names"][0].as_str().expect("a node").to_string();
+        let i = name
+            .trim_start_matches("node-")
+            .parse()
+            .expect("a node index");
+        (name, i)
+    }
+
+    /// Node `i`'s first GPU falls off the bus: XID 79 in its kernel log.
+    pub fn gpu_falls_off(&self, i: usize) {
+        let gpus = self.agent_json(i, &["gpus", "--json"]);
+        let pci = gpus["gpus"][0]["pci"].as_str().expect("pci").to_string();
+        self.kernel_log(
+            i,
+            &format!("NVRM: Xid (PCI:{pci}): 79, pid=1, name=python, GPU has fallen off the bus."),
+        );
     }
 
     /// The local agent's view (through its socket).
