@@ -30,12 +30,7 @@ while True:
 "#;
 
 fn ticks(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let f: Vec<&str> = s[s.rfind(')').map_or(0, |i| i + 1)..]
-        .split_whitespace()
-        .collect();
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    allot_checkpoint_hooks::proc_stat(pid as i32).map_or(0, |s| s.cpu_ticks)
 }
 
 fn rss_kb(pid: u32) -> u64 {

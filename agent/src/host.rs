@@ -5,7 +5,7 @@
 
 use crate::contract::{self, Due, Terms};
 use crate::lease::{LeaseRecord, LeaseState, StepRecord};
-use crate::process::{identity, is_same, launch, Launch, ProcId};
+use crate::process::{identity, is_same, launch, Launch};
 use crate::store::{Event, Store, StoreError};
 use allot_checkpoint_hooks::{Hook, Ladder, Outcome, Target, DEFAULT_MARKER};
 use allot_health::verdict::{GpuSample, GpuState, HostVerdict, Verdict};
@@ -198,10 +198,7 @@ impl Host {
         }
         for mut l in h.store.leases(ENDED_SHOWN)? {
             if l.live() {
-                let id = ProcId {
-                    pid: l.pid,
-                    start_ticks: l.start_ticks,
-                };
+                let id = l.proc_id();
                 if l.pid <= 0 {
                     l.end(now_ms, "failed-to-start", "");
                     h.note(
@@ -841,10 +838,7 @@ impl Host {
         let Some(l) = self.leases.get_mut(id) else {
             return;
         };
-        if is_same(ProcId {
-            pid: l.pid,
-            start_ticks: l.start_ticks,
-        }) {
+        if is_same(l.proc_id()) {
             let _ = killpg(Pid::from_raw(l.pgid()), Signal::SIGKILL);
         }
         l.end(now_ms, "gpu-lost", "kill");
@@ -911,10 +905,13 @@ impl Host {
             let Some(l) = self.leases.get(&id) else {
                 continue;
             };
-            let alive = is_same(ProcId {
-                pid: l.pid,
-                start_ticks: l.start_ticks,
-            });
+            let due = contract::due(l, terms, now_ms);
+            // A process the agent reaps itself reports its exit; its identity is only
+            // needed when something is due for it.
+            if owned && due.is_empty() {
+                continue;
+            }
+            let alive = is_same(l.proc_id());
             if !owned && !alive && l.state != LeaseState::Checkpointing {
                 let mut l = l.clone();
                 l.end(now_ms, "exited", "exited");
@@ -923,7 +920,7 @@ impl Host {
                 self.leases.insert(id, l);
                 continue;
             }
-            for d in contract::due(l, terms, now_ms) {
+            for d in due {
                 match d {
                     Due::Warn => {
                         let Some(l) = self.leases.get_mut(&id) else {

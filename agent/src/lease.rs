@@ -108,6 +108,14 @@ impl LeaseRecord {
         )
     }
 
+    /// Its process's identity (pid and start time).
+    pub fn proc_id(&self) -> crate::process::ProcId {
+        crate::process::ProcId {
+            pid: self.pid,
+            start_ticks: self.start_ticks,
+        }
+    }
+
     /// The process group the ladder signals (each workload leads its own).
     pub fn pgid(&self) -> i32 {
         self.pid

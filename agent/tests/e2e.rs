@@ -310,17 +310,14 @@ fn a_recycled_pid_is_never_signalled() {
     );
     // A real recycled pid comes after the whole pid space wrapped, so its start time
     // (10 ms ticks) is later; make sure this stand-in's is too.
-    let workload_ticks = {
-        let db = rusqlite::Connection::open(a.dir.join("state/agent.db")).expect("db");
-        let body: String = db
-            .query_row("SELECT body FROM leases WHERE id = ?1", [&lid], |r| {
-                r.get(0)
-            })
-            .expect("row");
-        serde_json::from_str::<serde_json::Value>(&body).expect("json")["start_ticks"]
-            .as_u64()
-            .expect("ticks")
-    };
+    let db = rusqlite::Connection::open(a.dir.join("state/agent.db")).expect("db");
+    let body: String = db
+        .query_row("SELECT body FROM leases WHERE id = ?1", [&lid], |r| {
+            r.get(0)
+        })
+        .expect("row");
+    let mut v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let workload_ticks = v["start_ticks"].as_u64().expect("ticks");
     let mut bystander = wait_for("a bystander with a later start time", LONG, || {
         let mut c = std::process::Command::new("sleep")
             .arg("600")
@@ -337,13 +334,6 @@ fn a_recycled_pid_is_never_signalled() {
         }
     });
     let by = bystander.id() as i32;
-    let db = rusqlite::Connection::open(a.dir.join("state/agent.db")).expect("db");
-    let body: String = db
-        .query_row("SELECT body FROM leases WHERE id = ?1", [&lid], |r| {
-            r.get(0)
-        })
-        .expect("row");
-    let mut v: serde_json::Value = serde_json::from_str(&body).expect("json");
     v["pid"] = by.into();
     db.execute(
         "UPDATE leases SET body = ?1 WHERE id = ?2",
@@ -355,7 +345,8 @@ fn a_recycled_pid_is_never_signalled() {
     let ended = a.lease(&lid);
     assert_eq!(ended["state"], "ended", "{ended}");
     assert_eq!(ended["end_reason"], "vanished", "{ended}");
-    // Revoking it now must not reach the bystander.
+    // Nothing the agent did at start (re-adoption, ladders re-run) reached it, and
+    // a revoke now finds an ended lease.
     let _ = a.allot(&["lease", "revoke", &lid, "--now"]);
     assert_eq!(
         bystander.try_wait().expect("try_wait"),

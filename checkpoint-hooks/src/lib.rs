@@ -172,6 +172,8 @@ pub struct ProcStat {
     pub session: i32,
     /// Start time in clock ticks since boot: with the pid, it names one process.
     pub start_ticks: u64,
+    /// CPU time used, user + system, in clock ticks.
+    pub cpu_ticks: u64,
 }
 
 impl ProcStat {
@@ -192,6 +194,7 @@ pub fn proc_stat(pid: i32) -> Option<ProcStat> {
         pgrp: f.get(2)?.parse().ok()?,
         session: f.get(3)?.parse().ok()?,
         start_ticks: f.get(19)?.parse().ok()?,
+        cpu_ticks: f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?,
     })
 }
 
