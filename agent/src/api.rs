@@ -29,6 +29,8 @@ pub struct Shared {
     pub host_size: (u32, u64),
     /// The allocator's stream while it is up.
     pub uplink: Mutex<Option<tokio::sync::mpsc::UnboundedSender<pb::AgentMessage>>>,
+    /// The health monitor (absent when it could not start): `allot gpus clear`.
+    pub monitor: Option<Arc<Mutex<allot_health::service::HealthMonitor>>>,
 }
 
 impl Shared {
@@ -191,14 +193,41 @@ pub fn verdict_pb(v: HostVerdict) -> pb::HostVerdict {
     }
 }
 
+/// Every drain of the host, in force or held, on the wire.
+pub fn drains_pb(h: &Host) -> Vec<pb::DrainInfo> {
+    h.drains()
+        .into_iter()
+        .map(|d| pb::DrainInfo {
+            by: d.by.clone(),
+            author: d.author.clone(),
+            reason: d.reason.clone(),
+            now: d.now,
+            since_unix: secs(d.at_ms),
+            held: d.held,
+        })
+        .collect()
+}
+
 fn drain_pb(h: &Host) -> pb::DrainResponse {
-    h.drain_state()
+    let mut r = h
+        .drain_state()
         .map_or_else(pb::DrainResponse::default, |d| pb::DrainResponse {
             draining: true,
             reason: d.reason.clone(),
             now: d.now,
             by: d.by.clone(),
-        })
+            drains: Vec::new(),
+        });
+    r.drains = drains_pb(h);
+    r
+}
+
+/// The user name of a uid, or the number.
+fn user_name(uid: u32) -> String {
+    nix::unistd::User::from_uid(uid.into())
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid {uid}"), |u| u.name)
 }
 
 #[tonic::async_trait]
@@ -307,13 +336,18 @@ impl AgentLocal for LocalApi {
         &self,
         req: Request<pb::DrainRequest>,
     ) -> Result<Response<pb::DrainResponse>, Status> {
-        self.may_change(&req, "draining")?;
+        let c = self.may_change(&req, "draining")?;
         let r = req.into_inner();
-        let mut h = self.0.host();
-        h.drain(&r.reason, r.now, crate::host::now_ms())
-            .map_err(status)?;
+        let resp = {
+            let mut h = self.0.host();
+            h.drain(&r.reason, r.now, &user_name(c.uid), crate::host::now_ms())
+                .map_err(status)?;
+            drain_pb(&h)
+        };
+        // allotd learns of the drain at once and sends no more work here.
+        crate::uplink::send(&self.0, crate::uplink::health(&self.0));
         self.0.wake.notify_one();
-        Ok(Response::new(drain_pb(&h)))
+        Ok(Response::new(resp))
     }
 
     async fn undrain(
@@ -321,9 +355,66 @@ impl AgentLocal for LocalApi {
         req: Request<pb::UndrainRequest>,
     ) -> Result<Response<pb::DrainResponse>, Status> {
         self.may_change(&req, "undraining")?;
+        let resp = {
+            let mut h = self.0.host();
+            h.undrain().map_err(status)?;
+            drain_pb(&h)
+        };
+        crate::uplink::send(&self.0, crate::uplink::health(&self.0));
+        self.0.wake.notify_one();
+        Ok(Response::new(resp))
+    }
+
+    async fn clear_gpu(
+        &self,
+        req: Request<pb::ClearGpuRequest>,
+    ) -> Result<Response<pb::Gpu>, Status> {
+        let c = self.may_change(&req, "clearing a GPU")?;
+        let r = req.into_inner();
+        if r.reason.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "reason: say what was done (reset, repair), e.g. --reason \"nvidia-smi -r after XID 79\"",
+            ));
+        }
+        let Some(monitor) = self.0.monitor.as_ref() else {
+            return Err(Status::failed_precondition(
+                "the health monitor is not running on this host (see `allot events`); nothing to clear",
+            ));
+        };
+        let pci = {
+            let h = self.0.host();
+            let g = h
+                .gpus()
+                .into_iter()
+                .find(|g| g.sample.index == Some(r.index))
+                .ok_or_else(|| {
+                    Status::not_found(format!(
+                        "index: no GPU {} on this host; `allot gpus` lists them",
+                        r.index
+                    ))
+                })?;
+            h.gpu_cleared(&g.sample.pci, r.index, &format!("uid {}", c.uid), &r.reason);
+            g.sample.pci
+        };
+        // The new verdict is applied now, so the answer shows it (the daemon loop
+        // gets the same verdict again and finds nothing changed).
+        let (v, inv) = {
+            let m = monitor.lock().unwrap_or_else(|e| e.into_inner());
+            m.gpu_reset(&pci);
+            (m.verdict(), m.inventory())
+        };
         let mut h = self.0.host();
-        h.undrain().map_err(status)?;
-        Ok(Response::new(drain_pb(&h)))
+        h.on_verdict(v, inv, crate::host::now_ms());
+        let g = h
+            .gpus()
+            .iter()
+            .find(|g| g.sample.index == Some(r.index))
+            .map(gpu_pb)
+            .unwrap_or_default();
+        drop(h);
+        crate::uplink::send(&self.0, crate::uplink::health(&self.0));
+        self.0.wake.notify_one();
+        Ok(Response::new(g))
     }
 
     async fn events(

@@ -34,8 +34,10 @@ pub struct AgentSection {
     pub time_limit_warning: u64,
     /// The warning's signal, to the workload's process group (reloadable).
     pub time_limit_signal: String,
-    /// Checkpoint hook for leases that name none; empty: straight to SIGTERM
-    /// (reloadable).
+    /// Checkpoint hook for local leases (`allot lease start`) that name none;
+    /// empty: straight to SIGTERM (reloadable). Work from allotd uses exactly the
+    /// hook it was submitted with: a program without a handler must not be killed
+    /// by a signal it never asked for.
     pub default_checkpoint: String,
     /// The allocator (allotd) this agent reports to; empty: run alone (reloadable).
     pub allocator: String,
@@ -56,7 +58,7 @@ impl Default for AgentSection {
             term_grace: 30,
             time_limit_warning: 300,
             time_limit_signal: "USR2".into(),
-            default_checkpoint: "signal:USR1".into(),
+            default_checkpoint: String::new(),
             allocator: String::new(),
             host: String::new(),
             cluster: "default".into(),

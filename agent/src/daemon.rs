@@ -121,24 +121,34 @@ fn bind(c: &AgentConfig) -> anyhow::Result<(tokio::net::UnixListener, Option<u32
 /// inventory (until the agent drops the receiver); returns why it could not start,
 /// if so. Without a monitor the agent goes on without GPUs: the leases it holds are
 /// still enforced.
-fn health(c: &AgentConfig, tx: mpsc::UnboundedSender<(Verdict, Vec<GpuSample>)>) -> Option<String> {
-    let monitor = match HealthMonitor::start(&c.health, &c.agent.state_dir) {
-        Ok(m) => m,
+fn health(
+    c: &AgentConfig,
+    tx: mpsc::UnboundedSender<(Verdict, Vec<GpuSample>)>,
+) -> Result<Arc<Mutex<HealthMonitor>>, String> {
+    let (updates, monitor) = match HealthMonitor::start(&c.health, &c.agent.state_dir) {
+        // The receiver moves to the forwarding thread (it cannot be shared); the
+        // monitor itself stays reachable for `allot gpus clear`.
+        Ok(mut m) => (
+            std::mem::replace(&mut m.updates, std::sync::mpsc::channel().1),
+            Arc::new(Mutex::new(m)),
+        ),
         Err(e) => {
             tracing::error!(error = %e, "health monitor cannot start; no GPUs will be offered");
-            return Some(format!(
+            return Err(format!(
                 "health monitor cannot start: {e}; for a host without GPUs set [health] source = \"fake:8\""
             ));
         }
     };
+    let m = monitor.clone();
     std::thread::spawn(move || {
-        while let Ok(v) = monitor.updates.recv() {
-            if tx.send((v, monitor.inventory())).is_err() {
+        while let Ok(v) = updates.recv() {
+            let inventory = m.lock().unwrap_or_else(|e| e.into_inner()).inventory();
+            if tx.send((v, inventory)).is_err() {
                 return;
             }
         }
     });
-    None
+    Ok(monitor)
 }
 
 /// Watches the config file (its directory: editors replace files) for changes.
@@ -192,8 +202,8 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     let store = Store::open(&cfg.agent.state_dir)?;
     let host = Host::open(store, settings(&cfg), now_ms())?;
     let (vtx, mut vrx) = mpsc::unbounded_channel();
-    let health_error = health(&cfg, vtx);
-    if let Some(m) = &health_error {
+    let monitor = health(&cfg, vtx);
+    if let Err(m) = &monitor {
         host.config_event(m);
     }
     let (listener, admin_gid) = bind(&cfg)?;
@@ -219,9 +229,10 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
             cfg.agent.host.clone()
         },
         uplink: Mutex::new(None),
+        monitor: monitor.as_ref().ok().cloned(),
     });
     // The first verdict carries the GPU inventory: take it before answering anyone.
-    if health_error.is_none() {
+    if monitor.is_ok() {
         if let Ok(Some((v, inv))) = tokio::time::timeout(Duration::from_secs(10), vrx.recv()).await
         {
             shared.host().on_verdict(v, inv, now_ms());

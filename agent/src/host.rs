@@ -55,10 +55,41 @@ pub struct Drain {
     pub reason: String,
     /// Revoke at once rather than at the min-runtime lapse.
     pub now: bool,
-    /// `operator` or `health`.
+    /// Author kind: `local-operator`, `cluster-operator` or `health` (rows written
+    /// before 0.2 say `operator`, see [`Drain::migrate`]).
     pub by: String,
+    /// Who: a user, `allotd`, or the health monitor.
+    #[serde(default)]
+    pub author: String,
     /// Since, Unix ms.
     pub at_ms: i64,
+    /// A health drain that waits for allotd's circuit breaker (not in force).
+    #[serde(default)]
+    pub held: bool,
+}
+
+/// The three drain author kinds a host knows.
+pub const LOCAL: &str = "local-operator";
+/// A cluster operator's drain, carried out for allotd.
+pub const CLUSTER: &str = "cluster-operator";
+/// The health verdict's drain.
+pub const HEALTH: &str = "health";
+
+impl Drain {
+    /// An operator drain as 0.1 stored it: allotd's drains were marked by their reason.
+    fn migrate(mut self) -> Drain {
+        if self.by == "operator" {
+            match self.reason.strip_prefix("allocator: ") {
+                Some(r) => {
+                    self.reason = r.to_string();
+                    self.by = CLUSTER.into();
+                    self.author = "allotd".into();
+                }
+                None => self.by = LOCAL.into(),
+            }
+        }
+        self
+    }
 }
 
 /// Settings the host applies to every lease (reloadable).
@@ -149,8 +180,14 @@ pub struct Host {
     settings: Settings,
     inventory: Vec<GpuSample>,
     verdict: Option<Verdict>,
-    drain: Option<Drain>,
+    /// The host operator's drain (`allot drain`), kept across restarts.
+    local_drain: Option<Drain>,
+    /// allotd's cluster-operator drain, kept across restarts.
+    cluster_drain: Option<Drain>,
+    /// What the health verdict asks; `held` while allotd's breaker decides.
     health_drain: Option<Drain>,
+    /// While allotd is connected its circuit breaker decides host-wide health drains.
+    defer_health: bool,
     /// Bus ids whose leases a GPU-only verdict ended or revoked: no new leases there.
     held_gpus: BTreeSet<String>,
     /// Leases written since the allocator's stream last took them.
@@ -178,17 +215,33 @@ impl Host {
     /// Loads the lease table and re-adopts what still runs: a lease whose pid now
     /// names another process (or none) ended while the agent was away.
     pub fn open(store: Store, settings: Settings, now_ms: i64) -> Result<Host, HostError> {
-        let drain = store
-            .get("drain")?
-            .and_then(|v| serde_json::from_str::<Drain>(&v).ok());
+        let load = |key: &str| -> Result<Option<Drain>, StoreError> {
+            Ok(store
+                .get(key)?
+                .and_then(|v| serde_json::from_str::<Drain>(&v).ok())
+                .map(Drain::migrate))
+        };
+        let (mut local_drain, mut cluster_drain) = (None, None);
+        for d in [load("drain")?, load("cluster-drain")?]
+            .into_iter()
+            .flatten()
+        {
+            if d.by == CLUSTER {
+                cluster_drain = Some(d);
+            } else {
+                local_drain = Some(d);
+            }
+        }
         let mut h = Host {
             leases: BTreeMap::new(),
             owned: BTreeSet::new(),
             settings,
             inventory: Vec::new(),
             verdict: None,
-            drain,
+            local_drain,
+            cluster_drain,
             health_drain: None,
+            defer_health: false,
             held_gpus: BTreeSet::new(),
             changed: std::sync::Mutex::new(Vec::new()),
             store,
@@ -254,6 +307,16 @@ impl Host {
         }
     }
 
+    /// An operator cleared a GPU's sticky health conditions (after a reset or repair).
+    pub fn gpu_cleared(&self, pci: &str, index: u32, who: &str, reason: &str) {
+        self.note(
+            "health",
+            "",
+            pci,
+            &format!("GPU {index} cleared by {who}: {reason}"),
+        );
+    }
+
     /// A config reload's new settings.
     pub fn set_settings(&mut self, s: Settings) {
         self.settings = s;
@@ -300,9 +363,30 @@ impl Host {
         self.revoke(id, not_before_ms <= now_ms, why, now_ms)
     }
 
-    /// The drain in force: the operator's wins over health's.
+    /// The drain in force that people see first: health's (a fault), then the
+    /// host operator's, then the cluster operator's.
     pub fn drain_state(&self) -> Option<&Drain> {
-        self.drain.as_ref().or(self.health_drain.as_ref())
+        self.drains().into_iter().find(|d| !d.held)
+    }
+
+    /// Every drain of the host, in force or held.
+    pub fn drains(&self) -> Vec<&Drain> {
+        [&self.health_drain, &self.local_drain, &self.cluster_drain]
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// While allotd is connected, host-wide health drains wait for its circuit
+    /// breaker (a fleet-wide false alarm must not empty the fleet); alone, the host
+    /// drains itself.
+    pub fn set_defer_health(&mut self, defer: bool) {
+        self.defer_health = defer;
+    }
+
+    fn save_drain(&self, key: &str, d: Option<&Drain>) -> Result<(), HostError> {
+        let v = d.map(|d| serde_json::to_string(d).unwrap_or_default());
+        Ok(self.store.set(key, v.as_deref())?)
     }
 
     fn pci_of(&self, uuid: &str) -> Option<&str> {
@@ -434,13 +518,13 @@ impl Host {
     ) -> Result<(LeaseRecord, Option<Child>), HostError> {
         if let Some(d) = self.drain_state() {
             return Err(HostError::Refused(format!(
-                "host is draining ({}: {}); no new leases until `allot undrain`{}",
+                "host is drained by {} ({}); no new leases until {}",
                 d.by,
                 d.reason,
-                if d.by == "health" {
-                    " and a healthy verdict"
-                } else {
-                    ""
+                match d.by.as_str() {
+                    HEALTH => "the fault is cleared (`allot gpus clear INDEX --reason TEXT` after a reset or repair)",
+                    CLUSTER => "`allot nodes undrain` on the cluster",
+                    _ => "`allot undrain` on this host",
                 }
             )));
         }
@@ -465,7 +549,9 @@ impl Host {
             }
             _ => {}
         }
-        let hook = if spec.hook.is_empty() {
+        // allotd's work carries its own hook (or none); the host's default is for
+        // local leases only.
+        let hook = if spec.hook.is_empty() && spec.lease_id.is_empty() {
             self.settings.default_hook.clone()
         } else {
             spec.hook.clone()
@@ -617,7 +703,14 @@ impl Host {
         Ok((l, child))
     }
 
-    fn revoke_inner(&mut self, id: &str, now: bool, why: &str, now_ms: i64) -> Option<LeaseRecord> {
+    fn revoke_inner(
+        &mut self,
+        id: &str,
+        now: bool,
+        why: &str,
+        cause: &str,
+        now_ms: i64,
+    ) -> Option<LeaseRecord> {
         let l = self.leases.get_mut(id)?;
         if !matches!(l.state, LeaseState::Running | LeaseState::Revoking) {
             return Some(l.clone());
@@ -626,6 +719,13 @@ impl Host {
         if l.state == LeaseState::Revoking && l.not_before_ms == Some(nb) {
             return Some(l.clone());
         }
+        // A lease revoked for another reason (a preemption, a cancel) stays revoked
+        // when a drain ends, so a drain never claims it.
+        l.revoke_cause = if l.state == LeaseState::Revoking && l.revoke_cause.is_empty() {
+            String::new()
+        } else {
+            cause.to_string()
+        };
         l.state = LeaseState::Revoking;
         l.not_before_ms = Some(nb);
         l.revoke_why = why.to_string();
@@ -656,7 +756,7 @@ impl Host {
         why: &str,
         now_ms: i64,
     ) -> Result<LeaseRecord, HostError> {
-        self.revoke_inner(id, now, why, now_ms)
+        self.revoke_inner(id, now, why, "", now_ms)
             .ok_or_else(|| HostError::NoLease(id.to_string()))
     }
 
@@ -669,16 +769,58 @@ impl Host {
             .collect()
     }
 
-    fn revoke_all(&mut self, now: bool, why: &str, now_ms: i64) {
+    fn revoke_all(&mut self, now: bool, why: &str, cause: &str, now_ms: i64) {
         let ids = self.live_ids();
         for id in ids {
-            self.revoke_inner(&id, now, why, now_ms);
+            self.revoke_inner(&id, now, why, cause, now_ms);
         }
     }
 
-    /// The operator drains the host: no new leases; every lease is revoked at its
-    /// lapse (at once with `now`).
-    pub fn drain(&mut self, reason: &str, now: bool, now_ms: i64) -> Result<Drain, HostError> {
+    /// Takes back a revocation whose ladder has not begun: the lease runs on under
+    /// its contract. Returns whether it did.
+    pub fn withdraw(&mut self, id: &str, why: &str) -> bool {
+        let Some(l) = self.leases.get_mut(id) else {
+            return false;
+        };
+        if l.state != LeaseState::Revoking {
+            return false;
+        }
+        l.state = LeaseState::Running;
+        l.not_before_ms = None;
+        l.revoke_why.clear();
+        l.revoke_cause.clear();
+        let l = l.clone();
+        self.save(&l);
+        self.note("contract", id, "", &format!("revocation withdrawn: {why}"));
+        true
+    }
+
+    /// A drain of `kind` ended: the revocations it queued are withdrawn unless
+    /// another drain still holds the host.
+    fn drain_ended(&mut self, kind: &str) {
+        if self.drain_state().is_some() {
+            return;
+        }
+        let ids: Vec<String> = self
+            .leases
+            .values()
+            .filter(|l| l.state == LeaseState::Revoking && l.revoke_cause == kind)
+            .map(|l| l.id.clone())
+            .collect();
+        for id in ids {
+            self.withdraw(&id, &format!("the {kind} drain ended"));
+        }
+    }
+
+    /// The host operator drains the host: no new leases; every lease is revoked at
+    /// its lapse (at once with `now`).
+    pub fn drain(
+        &mut self,
+        reason: &str,
+        now: bool,
+        author: &str,
+        now_ms: i64,
+    ) -> Result<Drain, HostError> {
         if reason.trim().is_empty() {
             return Err(HostError::Invalid {
                 field: "reason",
@@ -689,35 +831,107 @@ impl Host {
         let d = Drain {
             reason: reason.to_string(),
             now,
-            by: "operator".into(),
+            by: LOCAL.into(),
+            author: author.to_string(),
             at_ms: now_ms,
+            held: false,
         };
-        self.store.set(
-            "drain",
-            Some(&serde_json::to_string(&d).unwrap_or_default()),
-        )?;
-        self.drain = Some(d.clone());
+        self.save_drain("drain", Some(&d))?;
+        self.local_drain = Some(d.clone());
         self.note(
             "drain",
             "",
             "",
             &format!(
-                "drained by the operator{}: {reason}",
+                "drained by the host operator {author}{}: {reason}",
                 if now { " (now)" } else { "" }
             ),
         );
-        self.revoke_all(now, &format!("drain: {reason}"), now_ms);
+        self.revoke_all(now, &format!("drain: {reason}"), LOCAL, now_ms);
         Ok(d)
     }
 
-    /// Ends the operator's drain (a health drain stays while the verdict says so);
-    /// leases already revoked stay revoked.
+    /// Ends the host operator's drain (a health drain stays while the verdict says
+    /// so, a cluster drain until allotd lifts it); revocations the drain queued
+    /// whose ladder has not begun are withdrawn when nothing else drains the host.
     pub fn undrain(&mut self) -> Result<Option<Drain>, HostError> {
-        self.store.set("drain", None)?;
-        if self.drain.take().is_some() {
-            self.note("drain", "", "", "undrained by the operator");
+        self.save_drain("drain", None)?;
+        if self.local_drain.take().is_some() {
+            self.note("drain", "", "", "undrained by the host operator");
+            self.drain_ended(LOCAL);
         }
         Ok(self.drain_state().cloned())
+    }
+
+    /// allotd drains or lifts: a cluster operator's drain, or a health drain its
+    /// circuit breaker let through.
+    pub fn allocator_drain(
+        &mut self,
+        kind: &str,
+        drain: bool,
+        now: bool,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), HostError> {
+        match (kind, drain) {
+            (HEALTH, true) => {
+                let Some(d) = self.health_drain.as_mut().filter(|d| d.held) else {
+                    return Ok(());
+                };
+                d.held = false;
+                d.now = now;
+                let summary = d.reason.clone();
+                self.note(
+                    "drain",
+                    "",
+                    "",
+                    &format!("allotd's circuit breaker let the health drain through: {summary}"),
+                );
+                self.revoke_all(now, &format!("health: {summary}"), HEALTH, now_ms);
+            }
+            // The host lifts its health drain itself, when its verdict is ok again.
+            (HEALTH, false) => {}
+            (_, true) => {
+                let d = Drain {
+                    reason: reason.to_string(),
+                    now,
+                    by: CLUSTER.into(),
+                    author: "allotd".into(),
+                    at_ms: now_ms,
+                    held: false,
+                };
+                if self.cluster_drain.as_ref().map(|c| (&c.reason, c.now))
+                    == Some((&d.reason, d.now))
+                {
+                    return Ok(());
+                }
+                self.save_drain("cluster-drain", Some(&d))?;
+                self.cluster_drain = Some(d);
+                self.note(
+                    "drain",
+                    "",
+                    "",
+                    &format!(
+                        "drained by a cluster operator through allotd{}: {reason}",
+                        if now { " (now)" } else { "" }
+                    ),
+                );
+                self.revoke_all(now, &format!("drain: {reason}"), CLUSTER, now_ms);
+            }
+            (_, false) => {
+                self.save_drain("cluster-drain", None)?;
+                if self.cluster_drain.take().is_some() {
+                    self.note(
+                        "drain",
+                        "",
+                        "",
+                        "undrained by a cluster operator through allotd",
+                    );
+                    self.drain_ended(CLUSTER);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A new health verdict (and the GPUs as last sampled).
@@ -784,6 +998,7 @@ impl Host {
                     "",
                     "health verdict ok again: health drain lifted",
                 );
+                self.drain_ended(HEALTH);
             }
             return;
         }
@@ -803,7 +1018,7 @@ impl Host {
                 .map(|l| l.id.clone())
                 .collect();
             for id in ids {
-                self.revoke_inner(&id, now, &format!("health: {summary}"), now_ms);
+                self.revoke_inner(&id, now, &format!("health: {summary}"), "", now_ms);
             }
             return;
         }
@@ -819,18 +1034,34 @@ impl Host {
         let d = Drain {
             reason: summary.clone(),
             now,
-            by: "health".into(),
+            by: HEALTH.into(),
+            author: "health monitor".into(),
             at_ms: now_ms,
+            held: self.defer_health,
         };
         if self.health_drain.as_ref().map(|h| (&h.reason, h.now)) != Some((&d.reason, d.now)) {
-            self.note(
-                "drain",
-                "",
-                "",
-                &format!("drained by health verdict {:?}: {summary}", v.host).to_lowercase(),
-            );
-            self.health_drain = Some(d);
-            self.revoke_all(now, &format!("health: {summary}"), now_ms);
+            let verdict = match v.host {
+                HostVerdict::DrainNow => "drain-now",
+                _ => "drain",
+            };
+            if d.held {
+                self.note(
+                    "drain",
+                    "",
+                    "",
+                    &format!("health verdict {verdict}: {summary}; allotd's circuit breaker decides (the host keeps serving its healthy GPUs meanwhile)"),
+                );
+                self.health_drain = Some(d);
+            } else {
+                self.note(
+                    "drain",
+                    "",
+                    "",
+                    &format!("drained by the health verdict ({verdict}): {summary}"),
+                );
+                self.health_drain = Some(d);
+                self.revoke_all(now, &format!("health: {summary}"), HEALTH, now_ms);
+            }
         }
     }
 
@@ -1018,13 +1249,17 @@ impl Host {
         }
         let l = l.clone();
         self.save(&l);
+        let rung = match l.ended_by.as_str() {
+            "term" => "SIGTERM (terminated)",
+            "kill" => "SIGKILL (killed after the grace)",
+            other => other,
+        };
         self.note(
             "contract",
             id,
             "",
             &format!(
-                "ended by {}{}: {}",
-                l.ended_by,
+                "ended by {rung}{}: {}",
                 if o.checkpointed {
                     " after a checkpoint"
                 } else {

@@ -45,7 +45,9 @@ pub struct StepRecord {
 }
 
 /// A lease and its workload (`Default`: a new lease, nothing started or ended).
+/// Fields added later read as their defaults from older rows.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct LeaseRecord {
     /// Lease id.
     pub id: String,
@@ -79,6 +81,10 @@ pub struct LeaseRecord {
     pub not_before_ms: Option<i64>,
     /// Who revoked it and why.
     pub revoke_why: String,
+    /// The drain kind whose drain revoked it (`local-operator`, `cluster-operator`,
+    /// `health`), so that the revocation is withdrawn when that drain ends; empty
+    /// for any other revocation.
+    pub revoke_cause: String,
     /// The time-limit warning was sent.
     pub warned: bool,
     /// Why the ladder runs (`revoked`, `time-limit`), kept for the end reason.

@@ -3,7 +3,7 @@
 //! and lease changes; carry out the allocator's starts, revocations and drains.
 //! Reconnects with exponential backoff; the agent works on alone meanwhile.
 
-use crate::api::{gpu_pb, lease_pb, verdict_pb, Shared};
+use crate::api::{drains_pb, gpu_pb, lease_pb, verdict_pb, Shared};
 use crate::host::{now_ms, Caller, StartSpec};
 use crate::lease::LeaseRecord;
 use allot_proto::v1 as pb;
@@ -34,6 +34,7 @@ pub fn health(sh: &Shared) -> pb::AgentMessage {
             verdict: verdict_pb(h.host_verdict()) as i32,
             only_gpus: Vec::new(),
             gpus: h.gpus().iter().map(gpu_pb).collect(),
+            drains: drains_pb(&h),
         })),
     }
 }
@@ -55,6 +56,7 @@ fn register(sh: &Shared, cluster: &str) -> pb::AgentMessage {
                 .filter(|l| l.live() && from_allocator(l))
                 .map(lease_pb)
                 .collect(),
+            drains: drains_pb(&h),
         })),
     }
 }
@@ -72,6 +74,11 @@ pub fn flush(sh: &Shared) {
     let changes = sh.host().take_changes();
     for l in changes.iter().filter(|l| from_allocator(l)) {
         send(sh, status(l));
+    }
+    // A local lease takes or frees GPUs allotd does not place: the GPU list tells it
+    // (a host that refused work for want of GPUs may take it now).
+    if changes.iter().any(|l| !from_allocator(l)) {
+        send(sh, health(sh));
     }
 }
 
@@ -133,6 +140,10 @@ fn on_command(sh: &Shared, m: pb::AllocatorMessage) {
                 }
             }
         }
+        Some(pb::allocator_message::Body::Revoke(r)) if r.withdraw => {
+            sh.host()
+                .withdraw(&r.lease_id, &format!("allocator: {}", r.why));
+        }
         Some(pb::allocator_message::Body::Revoke(r)) => {
             let nb = r.not_before_unix.saturating_mul(1000);
             if let Err(e) =
@@ -143,13 +154,15 @@ fn on_command(sh: &Shared, m: pb::AllocatorMessage) {
             }
         }
         Some(pb::allocator_message::Body::Drain(d)) => {
-            let mut h = sh.host();
-            let r = if d.drain {
-                h.drain(&format!("allocator: {}", d.reason), d.now, now_ms())
-                    .map(|_| ())
+            // allotd before 0.2 sent operator drains without a kind.
+            let kind = if d.by.is_empty() {
+                crate::host::CLUSTER
             } else {
-                h.undrain().map(|_| ())
+                d.by.as_str()
             };
+            let r = sh
+                .host()
+                .allocator_drain(kind, d.drain, d.now, &d.reason, now_ms());
             if let Err(e) = r {
                 tracing::warn!(error = %e, "allocator drain not applied");
             }
@@ -193,6 +206,7 @@ async fn session(sh: &Arc<Shared>, addr: &str, cluster: &str) -> Result<(), Stri
         }
     };
     drop(tx);
+    sh.host().set_defer_health(true);
     tracing::info!(allocator = %addr, "connected to the allocator");
     let r = loop {
         match inbound.message().await {
@@ -202,6 +216,7 @@ async fn session(sh: &Arc<Shared>, addr: &str, cluster: &str) -> Result<(), Stri
         }
     };
     *sh.uplink.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    sh.host().set_defer_health(false);
     r
 }
 

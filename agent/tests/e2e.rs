@@ -233,7 +233,36 @@ fn xid_79_ends_the_lost_gpus_lease_at_once_and_drains_the_rest() {
     let out = a.allot(&["lease", "start", "--gpus", "1", "--", "true"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("draining") && err.contains("xid:79"), "{err}");
+    assert!(
+        err.contains("drained by health")
+            && err.contains("xid:79")
+            && err.contains("allot gpus clear"),
+        "{err}"
+    );
+}
+
+#[test]
+fn without_a_hook_a_revocation_terminates_and_never_sends_sigusr1() {
+    // A program with no handler would die of SIGUSR1; with no hook it gets SIGTERM,
+    // as Slurm users expect, and the end says so.
+    let a = TestAgent::start("nohook", "");
+    let l = a.lease_start(
+        &["--gpus", "1"],
+        r#"trap 'touch "$ALLOT_CHECKPOINT_DIR/got-usr1"' USR1
+trap 'touch "$ALLOT_CHECKPOINT_DIR/got-term"; exit 0' TERM
+while :; do sleep 0.1; done"#,
+    );
+    let lid = id(&l);
+    a.json(&["lease", "revoke", &lid, "--now", "--json"]);
+    let ended = a.wait_ended(&lid, LONG);
+    assert_eq!(ended["ended_by"], "term", "{ended}");
+    assert!(a.checkpoint_dir(&lid).join("got-term").exists());
+    assert!(!a.checkpoint_dir(&lid).join("got-usr1").exists());
+    assert!(a.events().iter().any(|e| e["lease_id"] == lid.as_str()
+        && e["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("SIGTERM (terminated)")));
 }
 
 #[test]
@@ -247,8 +276,17 @@ fn operator_drain_and_undrain_with_a_reason() {
     assert_eq!(g["drain"]["reason"], "rack maintenance", "{g}");
     let out = a.allot(&["lease", "start", "--gpus", "1", "--", "true"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("rack maintenance"));
+    assert_eq!(g["drain"]["by"], "local-operator", "{g}");
     let u = a.json(&["undrain", "--json"]);
     assert_eq!(u["draining"], false, "{u}");
+    // The revocation the drain queued is withdrawn: the protected lease runs on.
+    let after = a.lease(&id(&l));
+    assert_eq!(after["state"], "running", "{after}");
+    assert!(a.events().iter().any(|e| e["lease_id"] == id(&l).as_str()
+        && e["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("revocation withdrawn")));
     let l2 = a.lease_start(&["--gpus", "1"], "sleep 600");
     assert_eq!(l2["state"], "running", "{l2}");
     // The drain with no reason is refused by the CLI itself.

@@ -4,7 +4,7 @@
 //! [`Server::commit`].
 
 use crate::serve::{now, Server};
-use crate::state::{lease_from_wire, lease_wire, EndKind, Input, NodeRec, WorkRec};
+use crate::state::{lease_from_wire, lease_wire, state_name, EndKind, Input, NodeRec, WorkRec};
 use allot_fairshare::{CoreError, NodeSpec, NodeState, WorkloadSpec, WorkloadState};
 use allot_proto::v1 as pb;
 use std::pin::Pin;
@@ -12,8 +12,12 @@ use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-/// Most GPUs one submission may ask for per node, nodes per gang: beyond any host.
+/// Most GPUs one submission may ask for per node: beyond any host.
 const MAX_GPUS: u32 = 64;
+/// Most nodes one gang may ask for: beyond any cluster allot is built for.
+const MAX_NODES: u32 = 4096;
+/// Workload classes: what the queue-wait histograms and reports group by.
+const CLASSES: [&str; 4] = ["batch", "debug", "interactive", "training"];
 
 fn core_status(e: CoreError) -> Status {
     match e {
@@ -62,6 +66,7 @@ pub fn workload_pb(w: &WorkRec) -> pb::Workload {
             priority: w.spec.priority,
             argv: w.argv.clone(),
             checkpoint_hook: w.hook.clone(),
+            no_requeue: w.spec.no_requeue,
         }),
         state: state_pb(w.state) as i32,
         submit_unix: secs(w.submit),
@@ -77,35 +82,66 @@ pub fn workload_pb(w: &WorkRec) -> pb::Workload {
     }
 }
 
-fn node_state_name(s: NodeState) -> &'static str {
-    match s {
-        NodeState::Ready => "ready",
-        NodeState::Draining => "draining",
-        NodeState::DrainNow => "drain-now",
-        NodeState::Down => "down",
+/// The wire form of a node's drains: allotd's own and those its agent reported.
+fn drains_pb(n: &NodeRec) -> Vec<pb::DrainInfo> {
+    let mut v: Vec<pb::DrainInfo> = n
+        .drains
+        .iter()
+        .map(|(by, d)| pb::DrainInfo {
+            by: by.clone(),
+            author: if by == "local-operator" || by == "health" {
+                n.spec.name.clone()
+            } else {
+                "allotd".into()
+            },
+            reason: d.reason.clone(),
+            now: matches!(d.state, NodeState::DrainNow | NodeState::Down),
+            since_unix: secs(d.since),
+            held: false,
+        })
+        .collect();
+    if let Some(r) = &n.held {
+        v.push(pb::DrainInfo {
+            by: "health".into(),
+            author: n.spec.name.clone(),
+            reason: format!("held by the circuit breaker: {r}"),
+            held: true,
+            ..Default::default()
+        });
     }
+    v
 }
 
 /// The wire form of a node.
-pub fn node_pb(n: &NodeRec, leases: Vec<String>, free: u32) -> pb::Node {
+pub fn node_pb(n: &NodeRec, leases: &[(u64, Vec<String>)], free: u32, now_: u64) -> pb::Node {
+    let drains = drains_pb(n);
+    let mut gpu_list = n.gpus.clone();
+    for g in &mut gpu_list {
+        // The agent's view names only its own leases; allotd knows its placements.
+        if let Some((l, _)) = leases.iter().find(|(_, u)| u.contains(&g.uuid)) {
+            g.lease_id = lease_wire(*l);
+        }
+    }
     pb::Node {
         name: n.spec.name.clone(),
         cluster: n.spec.cluster.clone(),
-        state: node_state_name(n.state).into(),
+        state: state_name(n.state).into(),
         connected: n.connected,
         gpus: n.spec.gpus,
         free_gpus: free,
         cpu: n.spec.cpu,
         memory_gb: u64::from(n.spec.memory_gb),
         verdict: n.verdict as i32,
-        lease_ids: leases,
-        drain_reason: if n.drain_by.is_empty() {
-            String::new()
-        } else {
-            format!("{}: {}", n.drain_by, n.drain_reason)
-        },
-        gpu_list: n.gpus.clone(),
-        last_seen_unix: secs(n.last_seen),
+        lease_ids: leases.iter().map(|(l, _)| lease_wire(*l)).collect(),
+        drain_reason: drains
+            .iter()
+            .find(|d| !d.held)
+            .map(|d| format!("{}: {}", d.by, d.reason))
+            .unwrap_or_default(),
+        gpu_list,
+        // A connected agent is heard from now; its stream would have broken otherwise.
+        last_seen_unix: secs(if n.connected { now_ } else { n.last_seen }),
+        drains,
     }
 }
 
@@ -117,14 +153,9 @@ impl Api {
     fn node_view(&self, name: &str) -> Option<pb::Node> {
         let c = self.0.core();
         let n = c.alloc.nodes().get(name)?;
-        let leases = c
-            .alloc
-            .leases_on(name)
-            .into_iter()
-            .map(|(l, _)| lease_wire(l))
-            .collect();
+        let leases = c.alloc.leases_on(name);
         let free = c.alloc.core.cluster().node(n.id).free().count_ones();
-        Some(node_pb(n, leases, free))
+        Some(node_pb(n, &leases, free, now()))
     }
 
     fn workload_view(&self, id: u64) -> Result<pb::Workload, Status> {
@@ -156,14 +187,29 @@ fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
             "required; `allot share` lists the projects".into(),
         );
     }
-    if s.gpus_per_node == 0 || s.gpus_per_node > MAX_GPUS {
-        return bad(
-            "gpus_per_node",
-            format!("{}: ask for 1 to {MAX_GPUS}", s.gpus_per_node),
-        );
+    // Sizes beyond any host are refused here (capped input); the core names what
+    // this cluster can hold, in the same "field = value: fix" form.
+    if s.gpus_per_node > MAX_GPUS {
+        return Err(Status::invalid_argument(format!(
+            "gpus_per_node = {}: ask for 1 to {MAX_GPUS} GPUs per node",
+            s.gpus_per_node
+        )));
     }
-    if s.nodes == 0 || s.nodes > 4096 {
-        return bad("nodes", format!("{}: ask for 1 or more nodes", s.nodes));
+    if s.nodes > MAX_NODES {
+        return Err(Status::invalid_argument(format!(
+            "nodes = {}: ask for 1 to {MAX_NODES} nodes",
+            s.nodes
+        )));
+    }
+    if !s.class.is_empty() && !CLASSES.contains(&s.class.as_str()) {
+        return bad(
+            "class",
+            format!(
+                "{:?} is not a workload class; use one of {}",
+                s.class,
+                CLASSES.join(", ")
+            ),
+        );
     }
     if s.argv.is_empty() || s.argv[0].is_empty() {
         return bad("argv", "the command to run is missing (after `--`)".into());
@@ -209,6 +255,7 @@ impl pb::workloads_server::Workloads for Api {
                 time_limit: s.time_limit_s,
                 resumable: s.resumable,
                 priority: s.priority,
+                no_requeue: s.no_requeue,
             },
             argv: s.argv.clone(),
             hook: s.checkpoint_hook.clone(),
@@ -249,6 +296,19 @@ impl pb::workloads_server::Workloads for Api {
     ) -> Result<Response<pb::ListResponse>, Status> {
         let r = req.into_inner();
         let c = self.0.core();
+        if !r.project.is_empty()
+            && !c
+                .alloc
+                .core
+                .tree()
+                .find(&r.project)
+                .is_some_and(|g| c.alloc.core.tree().is_project(g))
+        {
+            return Err(Status::not_found(format!(
+                "project: {:?} is not a project of the org tree; `allot share` lists them",
+                r.project
+            )));
+        }
         let workloads = c
             .alloc
             .workloads()
@@ -357,6 +417,33 @@ impl pb::nodes_server::Nodes for Api {
                 "reason: say why the node drains (kept and shown)",
             ));
         }
+        if r.undrain {
+            // A cluster undrain lifts the cluster operator's drain only: a health
+            // fault is cleared on the host (`allot gpus clear`), a local drain by
+            // `allot undrain` there, a lost node by its agent coming back.
+            let others: Vec<String> = {
+                let c = self.0.core();
+                let n = c.alloc.nodes().get(&r.name);
+                if n.is_some_and(|n| n.drains.contains_key("cluster-operator")) {
+                    Vec::new()
+                } else {
+                    n.map(|n| {
+                        n.drains
+                            .iter()
+                            .map(|(by, d)| format!("{by} ({})", d.reason))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+                }
+            };
+            if !others.is_empty() {
+                return Err(Status::failed_precondition(format!(
+                    "name: {} has no cluster-operator drain to lift; it is drained by {}. A health drain ends when the fault is cleared on the host (`allot gpus clear INDEX --reason TEXT` after a reset or repair); a local drain by `allot undrain` on the host; a lost node when its agent returns",
+                    r.name,
+                    others.join(", ")
+                )));
+            }
+        }
         let state = match (r.undrain, r.now) {
             (true, _) => NodeState::Ready,
             (false, true) => NodeState::DrainNow,
@@ -366,8 +453,12 @@ impl pb::nodes_server::Nodes for Api {
             .commit(Input::NodeState {
                 node: r.name.clone(),
                 state,
-                reason: r.reason.clone(),
-                by: "operator".into(),
+                reason: if r.undrain {
+                    "undrained by a cluster operator".into()
+                } else {
+                    r.reason.clone()
+                },
+                by: "cluster-operator".into(),
             })
             .map_err(core_status)?;
         self.node_view(&r.name)
@@ -412,7 +503,13 @@ impl Api {
     fn register(&self, r: &pb::Register) -> Result<Vec<pb::AllocatorMessage>, Status> {
         let (spec, uuids) = check_register(r)?;
         let name = spec.name.clone();
-        let known = self.0.core().alloc.nodes().get(&name).map(|n| n.state);
+        let known = self
+            .0
+            .core()
+            .alloc
+            .nodes()
+            .get(&name)
+            .map(|n| n.drains.contains_key("lost"));
         match known {
             None => {
                 self.0
@@ -422,18 +519,24 @@ impl Api {
                     })
                     .map_err(core_status)?;
             }
-            Some(NodeState::Down) => {
+            Some(lost) => {
+                if lost {
+                    self.0
+                        .commit(Input::NodeState {
+                            node: name.clone(),
+                            state: NodeState::Ready,
+                            reason: "agent back".into(),
+                            by: "lost".into(),
+                        })
+                        .map_err(core_status)?;
+                }
+                // A host that comes back may take what it refused before.
                 self.0
-                    .commit(Input::NodeState {
-                        node: name.clone(),
-                        state: NodeState::Ready,
-                        reason: "agent back".into(),
-                        by: "agent".into(),
-                    })
+                    .commit(Input::NodeChanged { node: name.clone() })
                     .map_err(core_status)?;
             }
-            Some(_) => {}
         }
+        self.sync_local_drain(&name, &r.drains);
         let mut c = self.0.core();
         if let Some(n) = c.alloc.node_mut(&name) {
             n.connected = true;
@@ -464,7 +567,63 @@ impl Api {
             // The agent's running work wins: reported, not killed.
             tracing::warn!(node = %name, lease = %lease_wire(*l), "agent runs a lease the allocator no longer holds; left running");
         }
+        // allotd's drains are intent the agent must hold too; one it holds that
+        // allotd lifted meanwhile is lifted there.
+        if let Some(n) = c.alloc.nodes().get(&name) {
+            for kind in ["cluster-operator", "health"] {
+                let ours = n.drains.get(kind);
+                let theirs = r.drains.iter().find(|d| d.by == kind && !d.held);
+                if ours.is_none() && theirs.is_none() {
+                    continue;
+                }
+                out.push(pb::AllocatorMessage {
+                    body: Some(pb::allocator_message::Body::Drain(pb::DrainCommand {
+                        drain: ours.is_some(),
+                        now: ours.is_some_and(|d| d.state == NodeState::DrainNow),
+                        reason: ours.map(|d| d.reason.clone()).unwrap_or_default(),
+                        by: kind.into(),
+                        author: "allotd".into(),
+                    })),
+                });
+            }
+        }
         Ok(out)
+    }
+
+    /// The agent's own operator drain, as it reported it: a fact allotd shows and
+    /// schedules by (no work is sent to a host its operator drained).
+    fn sync_local_drain(&self, node: &str, drains: &[pb::DrainInfo]) {
+        let theirs = drains.iter().find(|d| d.by == "local-operator" && !d.held);
+        let ours = self
+            .0
+            .core()
+            .alloc
+            .nodes()
+            .get(node)
+            .and_then(|n| n.drains.get("local-operator").cloned());
+        let want = theirs.map(|d| {
+            (
+                if d.now {
+                    NodeState::DrainNow
+                } else {
+                    NodeState::Draining
+                },
+                d.reason.clone(),
+            )
+        });
+        let have = ours.map(|d| (d.state, d.reason));
+        if want == have {
+            return;
+        }
+        let (state, reason) = want.unwrap_or((NodeState::Ready, "undrained on the host".into()));
+        if let Err(e) = self.0.commit(Input::NodeState {
+            node: node.to_string(),
+            state,
+            reason,
+            by: "local-operator".into(),
+        }) {
+            tracing::warn!(node, error = %e, "the host's drain not recorded");
+        }
     }
 
     /// One message from an agent.
@@ -501,18 +660,21 @@ impl Api {
 
     fn on_health(&self, node: &str, h: pb::HealthReport) {
         let verdict = pb::HostVerdict::try_from(h.verdict).unwrap_or(pb::HostVerdict::Unspecified);
-        let (prev, state, drained_by) = {
+        let (prev, prev_verdict, health_drained) = {
             let mut c = self.0.core();
             let Some(n) = c.alloc.node_mut(node) else {
                 return;
             };
             let prev = std::mem::replace(&mut n.gpus, h.gpus.clone());
-            n.verdict = verdict;
-            (prev, n.state, n.drain_by.clone())
+            let prev_verdict = std::mem::replace(&mut n.verdict, verdict);
+            (prev, prev_verdict, n.drains.contains_key("health"))
         };
         let failed = |g: &pb::Gpu| g.state == pb::GpuState::Failed as i32;
+        let mut changed = prev_verdict != verdict;
         for g in &h.gpus {
-            let was = prev.iter().find(|p| p.index == g.index).is_some_and(failed);
+            let before = prev.iter().find(|p| p.index == g.index);
+            changed |= before.is_none_or(|p| p.state != g.state || p.lease_id != g.lease_id);
+            let was = before.is_some_and(failed);
             if was != failed(g) {
                 let _ = self.0.commit(Input::GpuHealth {
                     node: node.to_string(),
@@ -520,6 +682,13 @@ impl Api {
                     healthy: !failed(g),
                 });
             }
+        }
+        self.sync_local_drain(node, &h.drains);
+        if changed {
+            // A host whose health changed may take what it refused before.
+            let _ = self.0.commit(Input::NodeChanged {
+                node: node.to_string(),
+            });
         }
         let reasons: Vec<String> = h
             .gpus
@@ -532,19 +701,25 @@ impl Api {
             })
             .collect();
         match verdict {
-            pb::HostVerdict::Drain | pb::HostVerdict::DrainNow if state == NodeState::Ready => {
+            pb::HostVerdict::Drain | pb::HostVerdict::DrainNow if !health_drained => {
                 // A drain-now caused by a failed GPU ends only that GPU's lease (the
                 // agent killed it); the others keep their protection.
                 let now_ = verdict == pb::HostVerdict::DrainNow && !h.gpus.iter().any(failed);
                 let allowed = {
                     let mut c = self.0.core();
                     let ok = c.alloc.breaker_allows(now(), &self.0.cfg.breaker, node);
-                    if !ok {
-                        c.alloc.counters.breaker_held += 1;
+                    if let Some(n) = c.alloc.node_mut(node) {
+                        let first = n.held.is_none();
+                        n.held = (!ok).then(|| reasons.join("; "));
+                        if !ok && first {
+                            c.alloc.counters.breaker_held += 1;
+                        }
                     }
                     ok
                 };
                 if !allowed {
+                    // The agent defers its health drains to allotd while connected, so
+                    // the host keeps serving its healthy GPUs too.
                     tracing::error!(node, reasons = %reasons.join("; "), "automatic drain HELD by the circuit breaker: too many nodes drained recently; drain by hand if it is real");
                     return;
                 }
@@ -559,13 +734,18 @@ impl Api {
                     by: "health".into(),
                 });
             }
-            pb::HostVerdict::Ok if state != NodeState::Ready && drained_by == "health" => {
-                let _ = self.0.commit(Input::NodeState {
-                    node: node.to_string(),
-                    state: NodeState::Ready,
-                    reason: "health verdict ok".into(),
-                    by: "health".into(),
-                });
+            pb::HostVerdict::Ok => {
+                if let Some(n) = self.0.core().alloc.node_mut(node) {
+                    n.held = None;
+                }
+                if health_drained {
+                    let _ = self.0.commit(Input::NodeState {
+                        node: node.to_string(),
+                        state: NodeState::Ready,
+                        reason: "health verdict ok".into(),
+                        by: "health".into(),
+                    });
+                }
             }
             _ => {}
         }
@@ -631,10 +811,23 @@ pub async fn grpc(
         .add_service(pb::org_server::OrgServer::new(api.clone()))
         .add_service(pb::nodes_server::NodesServer::new(api.clone()))
         .add_service(pb::agent_stream_server::AgentStreamServer::new(api))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            stop,
-        )
+        .serve_with_incoming_shutdown(accept_nodelay(listener), stop)
         .await?;
     Ok(())
+}
+
+/// Accepted connections with Nagle's algorithm off: tonic ignores its `tcp_nodelay`
+/// with an incoming stream, and a small request would otherwise wait for the
+/// peer's delayed ACK (tens of milliseconds per CLI command).
+fn accept_nodelay(
+    listener: tokio::net::TcpListener,
+) -> impl Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
+        let conn = conn?;
+        if let Err(e) = conn.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+        Ok(conn)
+    })
 }

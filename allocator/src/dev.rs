@@ -20,12 +20,12 @@ pub struct Args {
     /// Where allotd and the agents keep their state.
     #[arg(long, default_value = "allot-dev")]
     pub state_dir: PathBuf,
-    /// gRPC address.
+    /// gRPC address; fails at once when the port is taken.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
-    /// Prometheus address.
-    #[arg(long, default_value = "127.0.0.1:9470")]
-    pub metrics: String,
+    /// Prometheus address; by default a free port (printed, and in STATE_DIR/env).
+    #[arg(long)]
+    pub metrics: Option<String>,
 }
 
 fn agent_binary() -> anyhow::Result<PathBuf> {
@@ -48,6 +48,24 @@ fn write_if_missing(path: &Path, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes `STATE_DIR/env`: absolute paths, to source from any directory.
+fn write_env(dir: &Path, listen: &str, metrics: &str, agent: &Path) -> anyhow::Result<()> {
+    let bin = agent.parent().unwrap_or(Path::new("."));
+    let text = format!(
+        "# Written by `allotd dev`; source it: . {}\nexport ALLOT_SERVER=http://{listen}\nexport ALLOT_SOCKET={}\nexport ALLOT_METRICS=http://{metrics}/metrics\nexport ALLOT_DEV_DIR={}\nexport PATH={}:\"$PATH\"\n",
+        dir.join("env").display(),
+        shell_quote(&dir.join("agents").join("node-1").join("agent.sock")),
+        shell_quote(dir),
+        shell_quote(bin),
+    );
+    let path = dir.join("env");
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
+}
+
 /// Runs the local cluster until SIGINT/SIGTERM.
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let dir = std::path::absolute(&a.state_dir).context("state dir")?;
@@ -60,7 +78,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         )
         .replace(
             "metrics_listen = \"127.0.0.1:9470\"",
-            &format!("metrics_listen = {:?}", a.metrics),
+            &format!(
+                "metrics_listen = {:?}",
+                a.metrics.as_deref().unwrap_or("127.0.0.1:0")
+            ),
         )
         .replace(
             "state_dir = \"/var/lib/allot/allotd\"",
@@ -72,10 +93,23 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let mut cfg = ServerConfig::load(&cfg_path)?;
     // Flags win over a config kept from an earlier run.
     cfg.server.listen = a.listen.clone();
-    cfg.server.metrics_listen = a.metrics.clone();
+    cfg.server.metrics_listen = a.metrics.clone().unwrap_or_else(|| "127.0.0.1:0".into());
     let agent = agent_binary()?;
+    // Ports first: a busy port must fail before any agent starts (an agent started
+    // now would join whichever allotd holds the port).
+    let bound = crate::serve::Bound::bind(&cfg).await?;
+    let listen = bound.grpc.local_addr()?.to_string();
+    let metrics = match &bound.metrics {
+        Some(m) => m.local_addr()?.to_string(),
+        None => "-".into(),
+    };
+    write_env(&dir, &listen, &metrics, &agent)?;
     let mut agents: Vec<Child> = Vec::new();
-    let server = tokio::spawn(crate::serve::serve(cfg, crate::serve::signalled()));
+    let server = tokio::spawn(crate::serve::serve_bound(
+        cfg,
+        bound,
+        crate::serve::signalled(),
+    ));
     for i in 1..=a.nodes {
         let d = dir.join("agents").join(format!("node-{i}"));
         std::fs::create_dir_all(&d)?;
@@ -88,7 +122,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                 "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"http://{}\"\nhost = \"dev-node-{i}\"\ncluster = \"dev\"\nterm_grace = \"10s\"\ndefault_grace = \"30s\"\n\n[health]\nsource = \"fake:{}\"\ninterval_s = 2\nkmsg = {:?}   # append an NVRM Xid line here to inject a fault\n",
                 d.join("agent.sock"),
                 d.join("state"),
-                a.listen,
+                listen,
                 a.gpus_per_node,
                 kmsg
             ),
@@ -107,14 +141,12 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     println!(
-        "allot local cluster: {} nodes × {} fake GPUs\n  allotd     http://{}  (state {})\n  metrics    http://{}/metrics\n  agents     {}/agents/node-N/ (agent.sock, agent.log, kmsg)\n\nTry:\n  export ALLOT_SERVER=http://{}\n  allot share\n  allot submit --project demo-a --gpus 2 --min-runtime 10m -- sleep 300\n  allot queue\n  allot nodes\n\nCtrl-C stops allotd and the agents; workloads keep running and are re-adopted next time.",
+        "allot local cluster: {} nodes × {} fake GPUs\n  allotd     http://{listen}  (state {})\n  metrics    http://{metrics}/metrics\n  agents     {}/agents/node-N/ (agent.sock, agent.log, kmsg)\n\nIn another terminal:\n  . {}\n  allot share\n  allot submit --project demo-a --gpus 2 --min-runtime 10m -- sleep 300\n  allot queue; allot nodes; allot leases   # leases: node-1's agent\n\nCtrl-C (or SIGTERM to this process) stops allotd and the agents; workloads keep running and are re-adopted next time.",
         a.nodes,
         a.gpus_per_node,
-        a.listen,
         dir.display(),
-        a.metrics,
         dir.display(),
-        a.listen
+        dir.join("env").display(),
     );
     let r = server.await;
     for mut c in agents {

@@ -122,6 +122,7 @@ async fn agent(ch: Channel, host: u32, a: Arc<Args>, ended: Arc<AtomicU64>) {
                         verdict: pb::HostVerdict::Ok as i32,
                         only_gpus: Vec::new(),
                         gpus: gpus_of(host, a.gpus),
+                        drains: Vec::new(),
                     })),
                 });
             }

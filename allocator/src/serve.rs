@@ -266,28 +266,93 @@ impl Server {
     }
 }
 
+/// allotd's ports, bound before anything else starts, so a busy port fails at once.
+pub struct Bound {
+    /// gRPC.
+    pub grpc: tokio::net::TcpListener,
+    /// `/metrics`, unless disabled.
+    pub metrics: Option<tokio::net::TcpListener>,
+}
+
+impl Bound {
+    /// Binds `server.listen` and `server.metrics_listen` (port 0 picks a free one).
+    pub async fn bind(cfg: &ServerConfig) -> anyhow::Result<Bound> {
+        let addr: std::net::SocketAddr = cfg.server.listen.parse().context("server.listen")?;
+        let grpc = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!("binding {addr} (server.listen): is another allotd running? pick another port with --listen")
+        })?;
+        let metrics = if cfg.server.metrics_listen.is_empty() {
+            None
+        } else {
+            let m = &cfg.server.metrics_listen;
+            Some(tokio::net::TcpListener::bind(m).await.with_context(|| {
+                format!("binding {m} (server.metrics_listen): the port is taken; pick another or leave it out")
+            })?)
+        };
+        Ok(Bound { grpc, metrics })
+    }
+}
+
 /// Serves gRPC (and `/metrics`) until SIGTERM/SIGINT or `stop` resolves.
 pub async fn serve(
     cfg: ServerConfig,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let addr: std::net::SocketAddr = cfg.server.listen.parse().context("server.listen")?;
-    let metrics_addr = cfg.server.metrics_listen.clone();
+    let bound = Bound::bind(&cfg).await?;
+    serve_bound(cfg, bound, stop).await
+}
+
+/// Serves on ports already bound until `stop` resolves; then ends every agent
+/// stream (the agents keep their workloads and reconnect later), and returns within
+/// a few seconds with every port released.
+pub async fn serve_bound(
+    cfg: ServerConfig,
+    bound: Bound,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let addr = bound.grpc.local_addr()?;
     let server = Server::open(cfg)?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr} (server.listen; is another allotd running?)"))?;
-    if !metrics_addr.is_empty() {
-        let l = tokio::net::TcpListener::bind(&metrics_addr)
-            .await
-            .with_context(|| format!("binding {metrics_addr} (server.metrics_listen)"))?;
-        tokio::spawn(crate::metrics::serve(l, server.clone()));
-    }
-    tokio::spawn(server.clone().schedule_loop());
+    let metrics = match bound.metrics {
+        Some(l) => {
+            let at = l.local_addr()?.to_string();
+            Some((at, tokio::spawn(crate::metrics::serve(l, server.clone()))))
+        }
+        None => None,
+    };
+    let looper = tokio::spawn(server.clone().schedule_loop());
     server.kick.notify_one();
-    tracing::info!(listen = %addr, metrics = %metrics_addr, "allotd ready");
+    tracing::info!(listen = %addr, metrics = %metrics.as_ref().map_or("-", |m| m.0.as_str()), "allotd ready");
     allot_proto::systemd::notify("READY=1");
-    crate::api::grpc(server, listener, stop).await
+    let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut grpc = tokio::spawn(crate::api::grpc(server.clone(), bound.grpc, async move {
+        let _ = stopped_rx.await;
+    }));
+    let r = tokio::select! {
+        r = &mut grpc => r.context("gRPC task")?,
+        () = stop => {
+            tracing::info!("allotd stopping: ending agent streams; workloads keep running");
+            allot_proto::systemd::notify("STOPPING=1");
+            let _ = stopped_tx.send(());
+            // Dropping the senders ends each agent's stream; the agents reconnect to
+            // the next allotd.
+            server.sessions.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            match tokio::time::timeout(Duration::from_secs(3), &mut grpc).await {
+                Ok(r) => r.context("gRPC task")?,
+                Err(_) => {
+                    grpc.abort();
+                    tracing::warn!("connections still open after 3 s; closed");
+                    Ok(())
+                }
+            }
+        }
+    };
+    looper.abort();
+    if let Some((_, m)) = metrics {
+        m.abort();
+        let _ = m.await;
+    }
+    let _ = looper.await;
+    r
 }
 
 /// Resolves on SIGTERM or SIGINT.

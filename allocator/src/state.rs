@@ -28,6 +28,8 @@ pub enum EndKind {
     TimeLimit,
     /// The node or a GPU went away.
     NodeLost,
+    /// The node refused to start it (drained, GPU taken): the work waits again.
+    Refused,
 }
 
 impl EndKind {
@@ -38,6 +40,7 @@ impl EndKind {
             EndKind::Revoked => LeaseEnd::Revoked,
             EndKind::TimeLimit => LeaseEnd::TimeLimit,
             EndKind::NodeLost => LeaseEnd::NodeLost,
+            EndKind::Refused => LeaseEnd::Refused,
         }
     }
 
@@ -49,6 +52,7 @@ impl EndKind {
             EndKind::Revoked => "revoked",
             EndKind::TimeLimit => "time-limit",
             EndKind::NodeLost => "node-lost",
+            EndKind::Refused => "refused",
         }
     }
 
@@ -58,9 +62,10 @@ impl EndKind {
             "exited" if exit_code == Some(0) => EndKind::Completed,
             "revoked" => EndKind::Revoked,
             "time-limit" => EndKind::TimeLimit,
-            // The host could not take it (drained, GPU gone): requeue, as for a lost
-            // node; the workload itself did nothing wrong.
-            "gpu-lost" | "vanished" | "refused" => EndKind::NodeLost,
+            // The host could not take it (drained, GPU taken): a fact about the node;
+            // the work waits again and that node is not offered it until it changes.
+            "refused" => EndKind::Refused,
+            "gpu-lost" | "vanished" => EndKind::NodeLost,
             _ => EndKind::Failed,
         }
     }
@@ -108,8 +113,17 @@ pub enum Input {
         state: NodeState,
         /// Why.
         reason: String,
-        /// `operator`, `health`, `lost`, `agent`.
+        /// The drain's author kind: `cluster-operator` (journals before 0.2 say
+        /// `operator`), `local-operator` (reported by the agent), `health`, `lost`;
+        /// `agent` lifts `lost`. Each kind is a drain of its own; the node's state is
+        /// the most severe of those in force.
         by: String,
+    },
+    /// Something about a node changed that the core does not model (its agent
+    /// reconnected, its health report or drains changed): refusals are forgotten.
+    NodeChanged {
+        /// Node name.
+        node: String,
     },
     /// One GPU's health.
     GpuHealth {
@@ -175,12 +189,13 @@ pub struct NodeRec {
     pub spec: NodeSpec,
     /// GPU UUIDs by index.
     pub gpu_uuids: Vec<String>,
-    /// Scheduling state.
+    /// Scheduling state: the most severe of `drains`.
     pub state: NodeState,
-    /// Who drained it and why.
-    pub drain_reason: String,
-    /// `operator`, `health`, `lost`.
-    pub drain_by: String,
+    /// Every drain in force, by author kind (`cluster-operator`, `local-operator`,
+    /// `health`, `lost`).
+    pub drains: BTreeMap<String, DrainRec>,
+    /// A health drain the circuit breaker holds (not journaled).
+    pub held: Option<String>,
     /// Its agent's stream is up (not journaled).
     pub connected: bool,
     /// Last message from its agent, Unix s (not journaled).
@@ -189,6 +204,41 @@ pub struct NodeRec {
     pub verdict: pb::HostVerdict,
     /// The agent's GPUs as last reported (not journaled).
     pub gpus: Vec<pb::Gpu>,
+}
+
+/// One drain of a node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrainRec {
+    /// `Draining` or `DrainNow` (or `Down` for a lost node).
+    pub state: NodeState,
+    /// Why.
+    pub reason: String,
+    /// Since, Unix s.
+    pub since: Time,
+}
+
+/// Drain author kinds as journals of every release name them.
+pub fn drain_kind(by: &str) -> &str {
+    match by {
+        "operator" => "cluster-operator",
+        "agent" => "lost",
+        k => k,
+    }
+}
+
+/// The node state a set of drains makes.
+fn effective(drains: &BTreeMap<String, DrainRec>) -> NodeState {
+    let rank = |s: NodeState| match s {
+        NodeState::Ready => 0,
+        NodeState::Draining => 1,
+        NodeState::DrainNow => 2,
+        NodeState::Down => 3,
+    };
+    drains
+        .values()
+        .map(|d| d.state)
+        .max_by_key(|s| rank(*s))
+        .unwrap_or(NodeState::Ready)
 }
 
 /// A workload as the service shows it.
@@ -426,8 +476,8 @@ impl Allocator {
                         spec: spec.clone(),
                         gpu_uuids: gpu_uuids.clone(),
                         state: NodeState::Ready,
-                        drain_reason: String::new(),
-                        drain_by: String::new(),
+                        drains: BTreeMap::new(),
+                        held: None,
                         connected: false,
                         last_seen: at,
                         verdict: pb::HostVerdict::Ok,
@@ -493,28 +543,47 @@ impl Allocator {
                 let n = self.nodes.get_mut(node).ok_or_else(|| {
                     CoreError::Config(format!("no node {node:?}; `allot nodes` lists them"))
                 })?;
-                self.core.set_node_state(at, n.id, *state)?;
-                n.state = *state;
-                if *state == NodeState::Ready {
-                    n.drain_reason.clear();
-                    n.drain_by.clear();
+                let kind = drain_kind(by).to_string();
+                let lifted = *state == NodeState::Ready;
+                if lifted {
+                    if n.drains.remove(&kind).is_none() {
+                        // Nothing of that author to lift: the journal keeps no no-ops.
+                        a.changed = false;
+                        return Ok(a);
+                    }
                 } else {
-                    n.drain_reason = reason.clone();
-                    n.drain_by = by.clone();
-                    *self.counters.drains.entry(by.clone()).or_default() += 1;
-                    if by == "health" {
+                    n.drains.insert(
+                        kind.clone(),
+                        DrainRec {
+                            state: *state,
+                            reason: reason.clone(),
+                            since: at,
+                        },
+                    );
+                    *self.counters.drains.entry(kind.clone()).or_default() += 1;
+                    if kind == "health" {
                         self.auto_drains.push_back((at, node.clone()));
+                        n.held = None;
                     }
                 }
-                if by == "operator" {
-                    // The agent refuses local starts too, and shows the reason.
+                let eff = effective(&n.drains);
+                if eff != n.state || !lifted {
+                    // A new drain revokes again (its own lapse rule); a lifted one
+                    // withdraws what it queued when the node is ready again.
+                    self.core.set_node_state(at, n.id, eff)?;
+                    n.state = eff;
+                }
+                if kind == "cluster-operator" || kind == "health" {
+                    // The agent refuses starts and revokes too, and shows who asked.
                     a.outs.push(Out::Send {
                         node: node.clone(),
                         msg: Box::new(pb::AllocatorMessage {
                             body: Some(pb::allocator_message::Body::Drain(pb::DrainCommand {
-                                drain: *state != NodeState::Ready,
+                                drain: !lifted,
                                 now: *state == NodeState::DrainNow,
                                 reason: reason.clone(),
+                                by: kind.clone(),
+                                author: "allotd".into(),
                             })),
                         }),
                     });
@@ -522,8 +591,23 @@ impl Allocator {
                 a.outs.push(Out::Audit {
                     workload: 0,
                     lease: 0,
-                    text: format!("node {node}: {state:?} by {by}: {reason}").to_lowercase(),
+                    text: if lifted {
+                        format!(
+                            "node {node}: {kind} drain lifted ({reason}); now {}",
+                            state_name(eff)
+                        )
+                    } else {
+                        format!("node {node}: {} by {kind}: {reason}", state_name(*state))
+                    },
                 });
+            }
+            Input::NodeChanged { node } => {
+                let id = self
+                    .nodes
+                    .get(node)
+                    .map(|n| n.id)
+                    .ok_or_else(|| CoreError::Config(format!("no node {node:?}")))?;
+                self.core.node_changed(id);
             }
             Input::GpuHealth { node, gpu, healthy } => {
                 let id = self
@@ -601,6 +685,8 @@ impl Allocator {
                 w.leases.push(lease.0);
                 w.nodes = hosts.iter().map(|(n, _)| n.clone()).collect();
                 w.explanation.clear();
+                // A new run: how the last one ended stays in the history.
+                w.end_reason.clear();
                 self.counters
                     .waits
                     .entry(w.spec.class.clone())
@@ -645,6 +731,29 @@ impl Allocator {
                     lease: lease.0,
                     text: format!(
                         "revoke {} not before {not_before}: {text}",
+                        lease_wire(lease.0)
+                    ),
+                });
+            }
+            Action::Withdraw { lease, workload } => {
+                for (node, _) in self.lease_hosts.get(&lease.0).cloned().unwrap_or_default() {
+                    outs.push(Out::Send {
+                        node,
+                        msg: Box::new(pb::AllocatorMessage {
+                            body: Some(pb::allocator_message::Body::Revoke(pb::RevokeCommand {
+                                lease_id: lease_wire(lease.0),
+                                withdraw: true,
+                                why: "the drain ended".into(),
+                                ..Default::default()
+                            })),
+                        }),
+                    });
+                }
+                outs.push(Out::Audit {
+                    workload: workload.0,
+                    lease: lease.0,
+                    text: format!(
+                        "revocation of {} withdrawn: the drain that asked for it ended",
                         lease_wire(lease.0)
                     ),
                 });
@@ -739,6 +848,16 @@ impl Allocator {
     }
 }
 
+/// A node state as people read it.
+pub fn state_name(s: NodeState) -> &'static str {
+    match s {
+        NodeState::Ready => "ready",
+        NodeState::Draining => "draining",
+        NodeState::DrainNow => "drain-now",
+        NodeState::Down => "down",
+    }
+}
+
 /// Why a lease started, for people.
 fn start_text(why: &StartWhy) -> String {
     match why {
@@ -788,6 +907,7 @@ fn revoke_msg(lease: u64, not_before: Time, why: &str) -> pb::AllocatorMessage {
             lease_id: lease_wire(lease),
             not_before_unix: i64::try_from(not_before).unwrap_or(0),
             why: why.to_string(),
+            withdraw: false,
         })),
     }
 }
@@ -857,7 +977,7 @@ mod tests {
                 node: "n0".into(),
                 state: NodeState::Draining,
                 reason: "maintenance".into(),
-                by: "operator".into(),
+                by: "cluster-operator".into(),
             },
         )
         .expect("drain");
@@ -878,6 +998,7 @@ mod tests {
             time_limit: None,
             resumable: true,
             priority: 0,
+            no_requeue: false,
         };
         let mut inputs: Vec<(Time, Input)> = (0..2).map(|i| (0, node(i))).collect();
         for k in 0..6u64 {

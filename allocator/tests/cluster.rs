@@ -271,7 +271,7 @@ fn bad_requests_get_clear_errors() {
         err.contains("checkpoint_hook") && err.contains("SIGKILL"),
         "{err}"
     );
-    let out = c.allot(&["budget", "set", "nope", "--share", "2"]);
+    let out = c.allot(&["budget", "set", "nope", "--weight", "2"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
     // None of it disturbed the agent's stream.
     let m = c.metrics_text();
@@ -449,7 +449,7 @@ fn a_malformed_agent_stream_is_refused_with_the_field() {
 
 #[test]
 fn the_breaker_holds_automatic_drains_past_half_the_nodes() {
-    let c = Cluster::start("breaker", TWO_PROJECTS, 4, 1);
+    let c = Cluster::start("breaker", TWO_PROJECTS, 4, 2);
     // A bad driver push: every node reports XID 79 at once.
     for i in 0..4 {
         c.gpu_falls_off(i);
@@ -472,6 +472,36 @@ fn the_breaker_holds_automatic_drains_past_half_the_nodes() {
         drained, 2,
         "half the nodes drain, the rest are held ({held} held): {nodes}"
     );
+    // The hold is real on the held hosts too: their agents defer to allotd and
+    // keep serving their healthy GPUs, so work sent there runs.
+    let held_nodes: Vec<String> = nodes
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| n["state"] == "ready")
+        .filter_map(|n| n["name"].as_str().map(str::to_string))
+        .collect();
+    assert!(nodes
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| n["state"] == "ready")
+        .all(|n| n["drains"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|d| d["held"] == true))));
+    let ids: Vec<String> = (0..2)
+        .map(|_| c.submit(&["--project", "demo-a", "--gpus", "1"], "sleep 600"))
+        .collect();
+    for id in &ids {
+        let w = c.wait_state(id, "running", LONG);
+        let node = w["node_names"][0].as_str().unwrap_or("").to_string();
+        assert!(held_nodes.contains(&node), "{w}");
+        assert_eq!(
+            w["lease_ids"].as_array().map(Vec::len),
+            Some(1),
+            "never refused: {w}"
+        );
+    }
     // Operators can still drain by hand.
     let ready = nodes
         .as_array()
@@ -489,4 +519,156 @@ fn the_breaker_holds_automatic_drains_past_half_the_nodes() {
         "--json",
     ]);
     assert_eq!(n["state"], "draining", "{n}");
+}
+
+#[test]
+fn a_local_drain_is_seen_by_allotd_and_no_work_is_sent_there() {
+    let c = Cluster::start("localdrain", TWO_PROJECTS, 2, 2);
+    let out = c.agent_allot(0, &["drain", "--reason", "replacing a fan"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n = wait_for("allotd to see the host's drain", LONG, || {
+        let n = c.node_view(0);
+        (n["state"] == "draining").then_some(n)
+    });
+    let d = &n["drains"][0];
+    assert_eq!(d["by"], "local-operator", "{n}");
+    assert_eq!(d["reason"], "replacing a fan", "{n}");
+    // A cluster undrain cannot lift the host operator's drain.
+    let out = c.allot(&["nodes", "undrain", &Cluster::node_name(0)]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("allot undrain"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Two 2-GPU jobs: one runs on the other node, the other waits — neither is sent
+    // to the drained host and refused.
+    let a = c.submit(&["--project", "demo-a", "--gpus", "2"], "sleep 600");
+    let b = c.submit(&["--project", "demo-b", "--gpus", "2"], "sleep 600");
+    let running = wait_for("one of them to run", LONG, || {
+        [&a, &b]
+            .into_iter()
+            .find(|id| c.status(id)["state"] == "running")
+            .cloned()
+    });
+    let waiting = if running == a { &b } else { &a };
+    let w = c.status(waiting);
+    assert_eq!(w["state"], "pending", "{w}");
+    assert_eq!(w["lease_ids"].as_array().map(Vec::len), Some(0), "{w}");
+    // Undrained on the host, the waiting job runs there.
+    let out = c.agent_allot(0, &["undrain"]);
+    assert!(out.status.success());
+    let w = c.wait_state(waiting, "running", LONG);
+    assert_eq!(w["node_names"][0], Cluster::node_name(0).as_str(), "{w}");
+}
+
+#[test]
+fn a_health_drain_is_lifted_by_clearing_the_gpu_not_by_a_cluster_undrain() {
+    let c = Cluster::start("clear", TWO_PROJECTS, 2, 2);
+    c.gpu_falls_off(0);
+    wait_for("the health drain", LONG, || {
+        (c.node_view(0)["state"] != "ready").then_some(())
+    });
+    let out = c.allot(&["nodes", "undrain", &Cluster::node_name(0)]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("health") && err.contains("allot gpus clear"),
+        "{err}"
+    );
+    assert_ne!(c.node_view(0)["state"], "ready");
+    // After a reset the operator clears the GPU on the host: the drain lifts
+    // everywhere, and the events say who cleared it.
+    let out = c.agent_allot(0, &["gpus", "clear", "0", "--reason", "nvidia-smi -r"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("allotd to see the node ready", LONG, || {
+        (c.node_view(0)["state"] == "ready").then_some(())
+    });
+    let ev = c.agent_json(0, &["events", "--json"]);
+    assert!(
+        ev.as_array().is_some_and(|e| e
+            .iter()
+            .any(|e| e["message"].as_str().unwrap_or("").contains("cleared by"))),
+        "{ev}"
+    );
+}
+
+#[test]
+fn a_refused_start_requeues_the_work_without_a_hot_loop() {
+    let c = Cluster::start("refused", TWO_PROJECTS, 1, 2);
+    // A local lease takes the GPUs behind allotd's back: the host refuses.
+    let out = c.agent_allot(
+        0,
+        &[
+            "lease", "start", "--gpus", "2", "--json", "--", "sleep", "600",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let local: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let id = c.submit(&["--project", "demo-a", "--gpus", "2"], "sleep 600");
+    let w = wait_for("the refusal to reach allotd", LONG, || {
+        let w = c.status(&id);
+        (w["lease_ids"].as_array().map_or(0, Vec::len) >= 1 && w["state"] == "pending").then_some(w)
+    });
+    assert!(
+        w["history"].as_array().is_some_and(|h| h
+            .iter()
+            .any(|h| h.as_str().unwrap_or("").contains("refused"))),
+        "{w}"
+    );
+    // Not offered to that node again while nothing changed there.
+    std::thread::sleep(Duration::from_secs(3));
+    let w = c.status(&id);
+    assert_eq!(w["lease_ids"].as_array().map(Vec::len), Some(1), "{w}");
+    assert_eq!(w["state"], "pending", "{w}");
+    // The local lease ends: the host changed, and the work runs.
+    let lid = local["id"].as_str().expect("lease id");
+    let out = c.agent_allot(0, &["lease", "revoke", lid, "--now"]);
+    assert!(out.status.success());
+    let w = c.wait_state(&id, "running", LONG);
+    assert_eq!(w["lease_ids"].as_array().map(Vec::len), Some(2), "{w}");
+}
+
+#[test]
+fn preempted_work_that_cannot_resume_runs_again_from_the_start() {
+    let c = Cluster::start("requeue", TWO_PROJECTS, 1, 2);
+    let free = c.submit(&["--project", "demo-b", "--gpus", "2"], "sleep 600");
+    c.wait_state(&free, "running", LONG);
+    let funded = c.submit(
+        &["--project", "demo-a", "--gpus", "2", "--min-runtime", "1h"],
+        "sleep 2",
+    );
+    c.wait_state(&funded, "running", LONG);
+    let v = c.status(&free);
+    assert_eq!(v["state"], "pending", "{v}");
+    assert_eq!(v["preemptions"], 1, "{v}");
+    // When the funded work is done it runs again (from the beginning).
+    let v = c.wait_state(&free, "running", LONG);
+    assert_eq!(v["lease_ids"].as_array().map(Vec::len), Some(2), "{v}");
+    // With --no-requeue it ends preempted instead, and says so.
+    let once = c.submit(
+        &["--project", "demo-b", "--gpus", "2", "--no-requeue"],
+        "sleep 600",
+    );
+    let _ = c.allot(&["cancel", &free]);
+    c.wait_state(&once, "running", LONG);
+    let funded = c.submit(
+        &["--project", "demo-a", "--gpus", "2", "--min-runtime", "1h"],
+        "sleep 600",
+    );
+    c.wait_state(&funded, "running", LONG);
+    let o = c.wait_state(&once, "preempted", LONG);
+    assert_eq!(o["preemptions"], 1, "{o}");
 }

@@ -10,6 +10,8 @@ pub enum Failure {
     Connect(String),
     /// The server refused; its message names the field and the fix.
     Status(tonic::Status),
+    /// A check against the server's answer failed; the text names the flag and the fix.
+    Refused(String),
     /// Anything local (printing).
     Other(anyhow::Error),
 }
@@ -50,7 +52,7 @@ pub fn block_on(f: impl Future<Output = Result<(), Failure>>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             match f {
-                Failure::Connect(m) => eprintln!("error: {m}"),
+                Failure::Connect(m) | Failure::Refused(m) => eprintln!("error: {m}"),
                 // A status from the transport can carry no message; the code still helps.
                 Failure::Status(s) if s.message().is_empty() => {
                     eprintln!("error: {}", s.code().description())

@@ -1,32 +1,40 @@
-//! Operator commands on one host: `leases`, `gpus`, `drain`, `undrain`, `events` and
-//! `lease start|revoke`, over the local agent's unix socket (gRPC `AgentLocal`).
+//! Operator commands on one host: `leases`, `gpus`, `gpus clear`, `drain`, `undrain`,
+//! `events` and `lease start|revoke`, over the local agent's unix socket (gRPC
+//! `AgentLocal`).
+//!
+//! A host may be drained by several authors at once (its health verdict, its own
+//! operator, a cluster operator through allotd); every output that shows the drain
+//! state lists each drain with its author, and the helpers for that are shared with
+//! `allot nodes`.
 
-use crate::duration::{self, age, iso_utc, ms_to_secs_ceil};
+use crate::duration::{self, age, exact, iso_utc, ms_to_secs_ceil};
 use crate::failure::{block_on, Failure};
 use crate::table::{self, or_dash};
 use allot_proto::uds;
 use allot_proto::v1::agent_local_client::AgentLocalClient;
 use allot_proto::v1::{
-    DrainRequest, DrainResponse, EventsRequest, Gpu, GpuState, HostVerdict, Lease, LeaseState,
-    ListGpusRequest, ListGpusResponse, ListLeasesRequest, RevokeLeaseRequest, StartLeaseRequest,
-    UndrainRequest,
+    ClearGpuRequest, DrainInfo, DrainRequest, DrainResponse, EventsRequest, Gpu, GpuState,
+    HostVerdict, Lease, LeaseState, ListGpusRequest, ListGpusResponse, ListLeasesRequest,
+    RevokeLeaseRequest, StartLeaseRequest, UndrainRequest,
 };
 use serde_json::{json, Value};
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tonic::transport::Channel;
 
-/// Where the agent listens.
+/// Where the agent listens unless `--socket` or `$ALLOT_SOCKET` says otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/allot/agent.sock";
+
+/// Where the agent listens, when given after the subcommand.
 #[derive(clap::Args, Debug)]
 pub struct Conn {
-    /// The agent's unix socket.
-    #[arg(
-        long,
-        value_name = "PATH",
-        env = "ALLOT_SOCKET",
-        default_value = "/run/allot/agent.sock"
-    )]
-    socket: PathBuf,
+    /// The agent's unix socket [env: ALLOT_SOCKET] [default: /run/allot/agent.sock].
+    // No env or default here: those live on the root flag (`allot --socket S leases`),
+    // so that this one, typed after the subcommand, is the only thing that beats it.
+    // Global so that `allot gpus clear 3 --socket S` works as well as before `clear`.
+    #[arg(long, global = true, value_name = "PATH")]
+    socket: Option<PathBuf>,
 }
 
 /// `allot leases`.
@@ -39,14 +47,35 @@ pub struct LeasesArgs {
     json: bool,
 }
 
-/// `allot gpus`.
+/// `allot gpus`: the list, or a clear.
 #[derive(clap::Args, Debug)]
 pub struct GpusArgs {
+    #[command(subcommand)]
+    command: Option<GpusCommand>,
     #[command(flatten)]
     conn: Conn,
-    /// Print one JSON object: verdict, drain and gpus.
-    #[arg(long)]
+    /// Print JSON: verdict, drains and gpus, or the one GPU cleared.
+    #[arg(long, global = true)]
     json: bool,
+}
+
+/// The `gpus` subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum GpusCommand {
+    /// Clear a GPU's sticky health conditions after a reset or a repair; prints its new state.
+    #[command(
+        long_about = "Clear a GPU's sticky health conditions (an XID that asked for a reset, \
+            a failed state) after the GPU was reset or repaired, and print its new state. \
+            The health monitor samples the GPU again: what is still wrong comes back at once. \
+            The host's health drain lifts when no GPU needs one any more."
+    )]
+    Clear {
+        /// The GPU's index, as `allot gpus` shows it.
+        index: u32,
+        /// What was done (kept in `allot events`): e.g. "nvidia-smi -r after XID 79".
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+    },
 }
 
 /// `allot drain`.
@@ -152,19 +181,34 @@ pub struct RevokeArgs {
 /// The commands that talk to the local agent.
 #[derive(clap::Subcommand, Debug)]
 pub enum Local {
-    /// This host's leases: state, protection left, usage, how they ended.
+    /// This host's leases: workload, state, protection left, usage, how they ended.
     Leases(LeasesArgs),
-    /// This host's GPUs, their health and the host's drain state.
+    /// This host's GPUs, their health and every drain on the host; `gpus clear` after a repair.
     Gpus(GpusArgs),
-    /// Take no new leases; revoke running ones (at min-runtime lapse, or --now).
+    /// Drain this host: no new leases; revoke running ones (at min-runtime lapse, or --now).
     Drain(DrainArgs),
-    /// Take new leases again.
+    /// Lift this host's operator drain (health and cluster drains stay).
     Undrain(UndrainArgs),
     /// What the agent did and saw: health, contract and lease events.
     Events(EventsArgs),
     /// Start, adopt or revoke one lease by hand.
     #[command(subcommand)]
     Lease(LeaseCommand),
+}
+
+impl Local {
+    /// The connection flags of whichever command this is.
+    fn conn(&self) -> &Conn {
+        match self {
+            Local::Leases(a) => &a.conn,
+            Local::Gpus(a) => &a.conn,
+            Local::Drain(a) => &a.conn,
+            Local::Undrain(a) => &a.conn,
+            Local::Events(a) => &a.conn,
+            Local::Lease(LeaseCommand::Start(a)) => &a.conn,
+            Local::Lease(LeaseCommand::Revoke(a)) => &a.conn,
+        }
+    }
 }
 
 /// Clap value parser: the hook's kind only; the agent checks the rest and says why.
@@ -184,32 +228,64 @@ pub struct Usage {
     pub message: String,
 }
 
+/// `--min-runtime` longer than `--time-limit`: the contract cannot be kept, so it is
+/// refused before anything is asked (`lease start` and `submit` say it alike).
+pub(crate) fn check_contract(
+    path: &'static [&'static str],
+    min_runtime: u64,
+    time_limit: Option<u64>,
+) -> Result<(), Usage> {
+    match time_limit {
+        Some(limit) if min_runtime > limit => Err(Usage {
+            path,
+            message: format!(
+                "--min-runtime {} is longer than --time-limit {}: the work would be killed before its protection ends",
+                exact(min_runtime),
+                exact(limit)
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Checks what clap cannot express.
 pub fn validate(cmd: &Local) -> Result<(), Usage> {
-    if let Local::Lease(LeaseCommand::Start(a)) = cmd {
-        if a.adopt.is_none() && a.argv.is_empty() {
-            return Err(Usage {
-                path: &["lease", "start"],
-                message: "say what the lease runs: a command after `--` (allot lease start --gpus 1 -- python train.py) or a running process with --adopt PID".into(),
-            });
+    match cmd {
+        Local::Lease(LeaseCommand::Start(a)) => {
+            if a.adopt.is_none() && a.argv.is_empty() {
+                return Err(Usage {
+                    path: &["lease", "start"],
+                    message: "say what the lease runs: a command after `--` (allot lease start --gpus 1 -- python train.py) or a running process with --adopt PID".into(),
+                });
+            }
+            check_contract(&["lease", "start"], a.min_runtime, a.time_limit)
         }
+        Local::Gpus(GpusArgs {
+            command: Some(GpusCommand::Clear { reason, .. }),
+            ..
+        }) if reason.trim().is_empty() => Err(Usage {
+            path: &["gpus", "clear"],
+            message: "--reason: say what was done to the GPU (e.g. --reason \"nvidia-smi -r after XID 79\")".into(),
+        }),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
-/// Runs one local command to completion and says how the process should exit.
-pub fn run(cmd: Local) -> ExitCode {
-    block_on(dispatch(cmd))
+/// Runs one local command to completion and says how the process should exit;
+/// `socket` is the one given before the subcommand, or from the environment.
+pub fn run(cmd: Local, socket: PathBuf) -> ExitCode {
+    let socket = cmd.conn().socket.clone().unwrap_or(socket);
+    block_on(dispatch(cmd, socket))
 }
 
-async fn client(conn: &Conn) -> Result<AgentLocalClient<Channel>, Failure> {
-    Ok(AgentLocalClient::new(uds::connect(&conn.socket).await?))
+async fn client(socket: &Path) -> Result<AgentLocalClient<Channel>, Failure> {
+    Ok(AgentLocalClient::new(uds::connect(socket).await?))
 }
 
-async fn dispatch(cmd: Local) -> Result<(), Failure> {
+async fn dispatch(cmd: Local, socket: PathBuf) -> Result<(), Failure> {
     match cmd {
         Local::Leases(a) => {
-            let leases = client(&a.conn)
+            let leases = client(&socket)
                 .await?
                 .list_leases(ListLeasesRequest {})
                 .await?
@@ -222,20 +298,40 @@ async fn dispatch(cmd: Local) -> Result<(), Failure> {
                 print!("{}", leases_table(&leases, duration::now_ms()));
             }
         }
-        Local::Gpus(a) => {
-            let r = client(&a.conn)
+        Local::Gpus(GpusArgs {
+            command: None,
+            json,
+            ..
+        }) => {
+            let r = client(&socket)
                 .await?
                 .list_gpus(ListGpusRequest {})
                 .await?
                 .into_inner();
-            if a.json {
+            if json {
                 println!("{}", gpus_json(&r));
             } else {
                 print!("{}", gpus_text(&r));
             }
         }
+        Local::Gpus(GpusArgs {
+            command: Some(GpusCommand::Clear { index, reason }),
+            json,
+            ..
+        }) => {
+            let g = client(&socket)
+                .await?
+                .clear_gpu(ClearGpuRequest { index, reason })
+                .await?
+                .into_inner();
+            if json {
+                println!("{}", gpu_json(&g));
+            } else {
+                print!("{}", gpu_text(&g));
+            }
+        }
         Local::Drain(a) => {
-            let d = client(&a.conn)
+            let d = client(&socket)
                 .await?
                 .drain(DrainRequest {
                     reason: a.reason,
@@ -243,25 +339,48 @@ async fn dispatch(cmd: Local) -> Result<(), Failure> {
                 })
                 .await?
                 .into_inner();
-            print_drain(&d, a.json);
+            if a.json {
+                println!("{}", drain_json(&d));
+            } else {
+                print!("{}", drain_text(&d, false));
+            }
         }
         Local::Undrain(a) => {
-            let d = client(&a.conn)
+            let d = client(&socket)
                 .await?
                 .undrain(UndrainRequest {})
                 .await?
                 .into_inner();
-            print_drain(&d, a.json);
+            if a.json {
+                println!("{}", drain_json(&d));
+            } else {
+                print!("{}", drain_text(&d, true));
+            }
         }
         Local::Events(a) => {
             let now = duration::now_ms() / 1_000;
             let since = i64::try_from(a.since).map_or(i64::MIN, |s| now.saturating_sub(s));
-            let events = client(&a.conn)
-                .await?
+            let mut c = client(&socket).await?;
+            let events = c
                 .events(EventsRequest { since_unix: since })
                 .await?
                 .into_inner()
                 .events;
+            // Events name the lease only; the agent's lease list (live and recently
+            // ended) says whose work it was. Older leases show no workload.
+            let workloads: HashMap<String, String> =
+                if events.iter().any(|e| !e.lease_id.is_empty()) {
+                    c.list_leases(ListLeasesRequest {})
+                        .await?
+                        .into_inner()
+                        .leases
+                        .into_iter()
+                        .map(|l| (l.id, l.workload_id))
+                        .collect()
+                } else {
+                    HashMap::new()
+                };
+            let workload = |lease: &str| workloads.get(lease).filter(|w| !w.is_empty()).cloned();
             if a.json {
                 let v: Vec<Value> = events
                     .iter()
@@ -271,6 +390,7 @@ async fn dispatch(cmd: Local) -> Result<(), Failure> {
                             "time": iso_utc(e.at_unix),
                             "kind": e.kind,
                             "lease_id": e.lease_id,
+                            "workload_id": workload(&e.lease_id),
                             "gpu": e.gpu,
                             "message": e.message,
                         })
@@ -285,14 +405,18 @@ async fn dispatch(cmd: Local) -> Result<(), Failure> {
                             iso_utc(e.at_unix),
                             or_dash(&e.kind),
                             or_dash(&e.lease_id),
-                            or_dash(&e.gpu),
+                            workload(&e.lease_id).unwrap_or_else(|| "-".into()),
+                            gpu_cell(&e.gpu),
                             e.message.clone(),
                         ]
                     })
                     .collect();
                 print!(
                     "{}",
-                    table::render(&["TIME", "KIND", "LEASE", "GPU", "MESSAGE"], &rows)
+                    table::render(
+                        &["TIME", "KIND", "LEASE", "WORKLOAD", "GPU", "MESSAGE"],
+                        &rows
+                    )
                 );
             }
         }
@@ -308,7 +432,7 @@ async fn dispatch(cmd: Local) -> Result<(), Failure> {
                 adopt_pid: a.adopt.unwrap_or(0),
                 workload_id: a.workload.unwrap_or_default(),
             };
-            let l = client(&a.conn).await?.start_lease(req).await?.into_inner();
+            let l = client(&socket).await?.start_lease(req).await?.into_inner();
             if a.json {
                 println!("{}", lease_json(&l));
             } else {
@@ -322,7 +446,7 @@ async fn dispatch(cmd: Local) -> Result<(), Failure> {
             }
         }
         Local::Lease(LeaseCommand::Revoke(a)) => {
-            let l = client(&a.conn)
+            let l = client(&socket)
                 .await?
                 .revoke_lease(RevokeLeaseRequest {
                     lease_id: a.id,
@@ -346,6 +470,39 @@ fn gpu_list(uuids: &[String]) -> String {
     } else {
         uuids.join(", ")
     }
+}
+
+/// How many GPUs an events cell names in full before it counts the rest.
+const GPUS_SHOWN: usize = 2;
+
+/// An event's GPUs for a table cell: UUIDs cut to their first group and at most
+/// [`GPUS_SHOWN`] of them, `GPU-1a2b3c4d…,GPU-5e6f7a8b…,+6`; `--json` has them whole.
+///
+/// A lease's event lists every GPU UUID (41 characters each), and one such cell
+/// would otherwise widen every row of the table to hundreds of columns.
+fn gpu_cell(gpus: &str) -> String {
+    let items: Vec<&str> = gpus
+        .split(',')
+        .map(str::trim)
+        .filter(|g| !g.is_empty())
+        .collect();
+    if items.is_empty() {
+        return "-".into();
+    }
+    let short = |g: &str| -> String {
+        // `GPU-` and the UUID's first group of 8 hex digits tell a host's GPUs apart.
+        const KEEP: usize = "GPU-".len() + 8;
+        if g.starts_with("GPU-") && g.chars().count() > KEEP + 1 {
+            format!("{}…", g.chars().take(KEEP).collect::<String>())
+        } else {
+            g.to_string()
+        }
+    };
+    let mut cell: Vec<String> = items.iter().take(GPUS_SHOWN).map(|g| short(g)).collect();
+    if items.len() > GPUS_SHOWN {
+        cell.push(format!("+{}", items.len() - GPUS_SHOWN));
+    }
+    cell.join(",")
 }
 
 fn lease_state(s: LeaseState) -> &'static str {
@@ -375,6 +532,17 @@ pub(crate) fn verdict(v: HostVerdict) -> &'static str {
         HostVerdict::Drain => "drain",
         HostVerdict::DrainNow => "drain-now",
         HostVerdict::Unspecified => "unknown",
+    }
+}
+
+/// A health reason's action as `allot xid explain` names it: `drain-now`, never the
+/// `drainnow` of a Debug print that an older agent may send.
+fn action_name(a: &str) -> String {
+    let a = a.trim().to_ascii_lowercase().replace(['_', ' '], "-");
+    if a == "drainnow" {
+        "drain-now".into()
+    } else {
+        a
     }
 }
 
@@ -455,6 +623,7 @@ fn leases_table(leases: &[Lease], now_ms: i64) -> String {
             };
             vec![
                 l.id.clone(),
+                or_dash(&l.workload_id),
                 lease_state(l.state()).into(),
                 l.gpu_uuids.len().to_string(),
                 if l.pid == 0 {
@@ -474,6 +643,7 @@ fn leases_table(leases: &[Lease], now_ms: i64) -> String {
     table::render(
         &[
             "ID",
+            "WORKLOAD",
             "STATE",
             "GPUS",
             "PID",
@@ -488,17 +658,62 @@ fn leases_table(leases: &[Lease], now_ms: i64) -> String {
     )
 }
 
+/// A drain's author and reason: `health (xid:79 on 0000:3b:00)`,
+/// `local-operator alice: rack work`.
+pub(crate) fn drain_who(d: &DrainInfo) -> String {
+    // A health drain's author is the monitor or the signal, which its reason names.
+    match (d.by.as_str(), d.author.trim()) {
+        ("health", _) if d.reason.is_empty() => "health".into(),
+        ("health", _) => format!("health ({})", d.reason),
+        (by, "") => format!("{}: {}", or_dash(by), or_dash(&d.reason)),
+        (by, author) => format!("{} {author}: {}", or_dash(by), or_dash(&d.reason)),
+    }
+}
+
+/// One drain on one line: who and why, since when, how leases end, whether it is
+/// held: `drained by local-operator alice: rack work since 2026-…Z, at min-runtime lapse`.
+pub(crate) fn drain_line(d: &DrainInfo) -> String {
+    let mut s = drain_who(d);
+    if d.since_unix > 0 {
+        s.push_str(&format!(" since {}", iso_utc(d.since_unix)));
+    }
+    s.push_str(if d.now {
+        ", at once"
+    } else {
+        ", at min-runtime lapse"
+    });
+    if d.held {
+        format!("held by allotd's circuit breaker, not in force: {s}")
+    } else {
+        format!("drained by {s}")
+    }
+}
+
+/// A drain as JSON.
+pub(crate) fn drain_info_json(d: &DrainInfo) -> Value {
+    json!({
+        "by": d.by,
+        "author": d.author,
+        "reason": d.reason,
+        "now": d.now,
+        "since_unix": d.since_unix,
+        "held": d.held,
+    })
+}
+
 fn drain_json(d: &DrainResponse) -> Value {
     json!({
         "draining": d.draining,
         "reason": d.reason,
         "now": d.now,
         "by": d.by,
+        "drains": d.drains.iter().map(drain_info_json).collect::<Vec<_>>(),
     })
 }
 
-/// `operator: "rack maintenance", at min-runtime lapse`.
-fn drain_detail(d: &DrainResponse) -> String {
+/// `operator: "rack maintenance", at min-runtime lapse`, for an agent that sends no
+/// list of drains.
+fn legacy_drain_detail(d: &DrainResponse) -> String {
     let when = if d.now {
         "at once"
     } else {
@@ -507,14 +722,41 @@ fn drain_detail(d: &DrainResponse) -> String {
     format!("{}: \"{}\", {when}", or_dash(&d.by), d.reason)
 }
 
-fn print_drain(d: &DrainResponse, json: bool) {
-    if json {
-        println!("{}", drain_json(d));
-    } else if d.draining {
-        println!("host: draining ({})", drain_detail(d));
-    } else {
-        println!("host: not draining");
+/// `allot drain` and `allot undrain`: the host's drain state, then each drain.
+fn drain_text(d: &DrainResponse, undrain: bool) -> String {
+    if d.drains.is_empty() {
+        return if d.draining {
+            format!("host: draining ({})\n", legacy_drain_detail(d))
+        } else {
+            "host: not draining\n".into()
+        };
     }
+    let mut out = match (d.draining, undrain) {
+        (true, true) => "host: still draining\n",
+        (true, false) => "host: draining\n",
+        (false, _) => "host: not draining\n",
+    }
+    .to_string();
+    for x in &d.drains {
+        out.push_str(&format!("  {}\n", drain_line(x)));
+    }
+    if d.draining && undrain {
+        out.push_str(&format!("{}\n", undrain_hint(&d.drains)));
+    }
+    out
+}
+
+/// What lifts the drains an `allot undrain` left in place.
+fn undrain_hint(drains: &[DrainInfo]) -> String {
+    let kinds = |k: &str| drains.iter().any(|d| d.by == k && !d.held);
+    let mut how = vec!["undrain lifts only this host's operator drain".to_string()];
+    if kinds("cluster-operator") {
+        how.push("a cluster operator's lifts with `allot nodes undrain HOST`".into());
+    }
+    if kinds("health") {
+        how.push("a health drain lifts when the GPUs are healthy again (`allot gpus clear INDEX --reason TEXT` after a reset)".into());
+    }
+    how.join("; ")
 }
 
 /// A GPU as JSON; `allot gpus` and `allot nodes` show GPUs the same way.
@@ -529,7 +771,7 @@ pub(crate) fn gpu_json(g: &Gpu) -> Value {
         "reasons": g.reasons.iter().map(|r| json!({
             "signal": r.signal,
             "detail": r.detail,
-            "action": r.action,
+            "action": action_name(&r.action),
             "gpu_only": r.gpu_only,
             "since_unix": r.since_unix,
         })).collect::<Vec<_>>(),
@@ -548,11 +790,30 @@ fn gpus_json(r: &ListGpusResponse) -> Value {
     })
 }
 
+/// A GPU's health reasons for one cell: `xid:94: contained ECC error; row-remap-pending`.
+fn reasons_text(g: &Gpu) -> String {
+    let reasons: Vec<String> = g
+        .reasons
+        .iter()
+        .map(|x| {
+            if x.detail.is_empty() {
+                x.signal.clone()
+            } else {
+                format!("{}: {}", x.signal, x.detail)
+            }
+        })
+        .collect();
+    reasons.join("; ")
+}
+
 fn gpus_text(r: &ListGpusResponse) -> String {
     let drain = r.drain.clone().unwrap_or_default();
     let mut out = format!("host: {}", verdict(r.verdict()));
-    if drain.draining {
-        out.push_str(&format!(" ({})", drain_detail(&drain)));
+    if drain.drains.is_empty() && drain.draining {
+        out.push_str(&format!(" ({})", legacy_drain_detail(&drain)));
+    }
+    for d in &drain.drains {
+        out.push_str(&format!("\n  {}", drain_line(d)));
     }
     if !r.host.is_empty() {
         out.push_str(&format!(
@@ -567,17 +828,6 @@ fn gpus_text(r: &ListGpusResponse) -> String {
         .gpus
         .iter()
         .map(|g| {
-            let reasons: Vec<String> = g
-                .reasons
-                .iter()
-                .map(|x| {
-                    if x.detail.is_empty() {
-                        x.signal.clone()
-                    } else {
-                        format!("{}: {}", x.signal, x.detail)
-                    }
-                })
-                .collect();
             vec![
                 g.index.to_string(),
                 g.uuid.clone(),
@@ -585,7 +835,7 @@ fn gpus_text(r: &ListGpusResponse) -> String {
                 or_dash(&g.model),
                 gpu_state(g.state()).into(),
                 or_dash(&g.lease_id),
-                or_dash(&reasons.join("; ")),
+                or_dash(&reasons_text(g)),
             ]
         })
         .collect();
@@ -593,6 +843,22 @@ fn gpus_text(r: &ListGpusResponse) -> String {
         &["INDEX", "UUID", "PCI", "MODEL", "STATE", "LEASE", "REASONS"],
         &rows,
     ));
+    out
+}
+
+/// One GPU after `allot gpus clear`: `GPU 3 (GPU-…, 0000:3b:00): healthy`, then what
+/// is still wrong with it, if anything.
+fn gpu_text(g: &Gpu) -> String {
+    let mut out = format!(
+        "GPU {} ({}, {}): {}\n",
+        g.index,
+        or_dash(&g.uuid),
+        or_dash(&g.pci),
+        gpu_state(g.state())
+    );
+    if !g.reasons.is_empty() {
+        out.push_str(&format!("  still: {}\n", reasons_text(g)));
+    }
     out
 }
 
@@ -620,17 +886,17 @@ mod tests {
     }
 
     #[test]
-    fn lease_table_shows_age_protection_and_usage() {
+    fn lease_table_shows_workload_age_protection_and_usage() {
         let t = leases_table(&[lease()], 1_000_000 + 192_000);
         let lines: Vec<&str> = t.lines().collect();
         assert!(
-            lines[0].starts_with("ID   STATE    GPUS  PID   USER"),
+            lines[0].starts_with("ID   WORKLOAD  STATE    GPUS  PID   USER"),
             "{t}"
         );
         let cells: Vec<&str> = lines[1].split_whitespace().collect();
         assert_eq!(
             cells,
-            ["L-7", "running", "2", "4242", "ana", "3m12s", "6m48s", "187", "1.2G", "-"]
+            ["L-7", "W-7", "running", "2", "4242", "ana", "3m12s", "6m48s", "187", "1.2G", "-"]
         );
         let lapsed = leases_table(&[lease()], 1_000_000 + 601_000);
         assert!(lapsed.contains("lapsed"), "{lapsed}");
@@ -692,6 +958,7 @@ mod tests {
                 reason: "rack maintenance".into(),
                 now: false,
                 by: "operator".into(),
+                drains: vec![],
             }),
             gpus: vec![Gpu {
                 uuid: "GPU-a".into(),
@@ -703,6 +970,7 @@ mod tests {
                     HealthReason {
                         signal: "xid:94".into(),
                         detail: "contained ECC error".into(),
+                        action: "DrainNow".into(),
                         ..Default::default()
                     },
                     HealthReason {
@@ -714,6 +982,27 @@ mod tests {
             }],
             ..Default::default()
         }
+    }
+
+    fn drains() -> Vec<DrainInfo> {
+        vec![
+            DrainInfo {
+                by: "health".into(),
+                author: "health monitor".into(),
+                reason: "xid:79 on 0000:3b:00".into(),
+                now: true,
+                since_unix: 1_795_980_000,
+                held: false,
+            },
+            DrainInfo {
+                by: "local-operator".into(),
+                author: "alice".into(),
+                reason: "rack work".into(),
+                now: false,
+                since_unix: 0,
+                held: false,
+            },
+        ]
     }
 
     #[test]
@@ -734,18 +1023,124 @@ mod tests {
     }
 
     #[test]
+    fn every_drain_is_listed_with_its_author() {
+        let mut r = gpus();
+        if let Some(d) = r.drain.as_mut() {
+            d.drains = drains();
+        }
+        let t = gpus_text(&r);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "host: drain");
+        assert_eq!(
+            lines[1],
+            "  drained by health (xid:79 on 0000:3b:00) since 2026-11-29T19:20:00Z, at once"
+        );
+        assert_eq!(
+            lines[2],
+            "  drained by local-operator alice: rack work, at min-runtime lapse"
+        );
+        assert!(lines[3].starts_with("INDEX"), "{t}");
+        let v = gpus_json(&r);
+        assert_eq!(v["drain"]["drains"][0]["by"], "health");
+        assert_eq!(v["drain"]["drains"][1]["author"], "alice");
+        assert_eq!(v["drain"]["drains"][1]["held"], false);
+        assert_eq!(v["drain"]["drains"][0]["since_unix"], 1_795_980_000_i64);
+
+        let mut held = drains()[0].clone();
+        held.held = true;
+        assert!(
+            drain_line(&held).starts_with("held by allotd's circuit breaker, not in force: health"),
+            "{}",
+            drain_line(&held)
+        );
+    }
+
+    #[test]
+    fn undrain_says_what_is_left_and_who_lifts_it() {
+        let left = DrainResponse {
+            draining: true,
+            reason: "xid:79 on 0000:3b:00".into(),
+            now: true,
+            by: "health".into(),
+            drains: drains()[..1].to_vec(),
+        };
+        let t = drain_text(&left, true);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "host: still draining");
+        assert!(lines[1].starts_with("  drained by health"), "{t}");
+        assert!(lines[2].contains("allot gpus clear INDEX"), "{t}");
+        assert!(!t.contains("nodes undrain"), "{t}");
+        assert_eq!(
+            drain_text(&DrainResponse::default(), true),
+            "host: not draining\n"
+        );
+        let v = drain_json(&left);
+        assert_eq!(v["drains"][0]["reason"], "xid:79 on 0000:3b:00");
+    }
+
+    #[test]
     fn gpus_json_is_one_object() {
         let v = gpus_json(&gpus());
         assert_eq!(v["verdict"], "drain");
         assert_eq!(v["drain"]["by"], "operator");
         assert_eq!(v["gpus"][0]["state"], "degraded");
         assert_eq!(v["gpus"][0]["reasons"][0]["signal"], "xid:94");
+        assert_eq!(v["gpus"][0]["reasons"][0]["action"], "drain-now");
         let ok = gpus_json(&ListGpusResponse {
             verdict: HostVerdict::Ok as i32,
             ..Default::default()
         });
         assert_eq!(ok["verdict"], "ok");
         assert_eq!(ok["drain"]["draining"], false);
+        assert_eq!(ok["drain"]["drains"], json!([]));
+    }
+
+    #[test]
+    fn verdict_and_action_names_are_hyphenated() {
+        assert_eq!(verdict(HostVerdict::DrainNow), "drain-now");
+        for a in ["drainnow", "DrainNow", "drain_now", "drain-now"] {
+            assert_eq!(action_name(a), "drain-now", "{a}");
+        }
+        assert_eq!(action_name("drain"), "drain");
+        assert_eq!(action_name(""), "");
+    }
+
+    #[test]
+    fn a_cleared_gpu_reads_on_one_line_then_what_is_left() {
+        let g = gpus().gpus.remove(0);
+        assert_eq!(
+            gpu_text(&g),
+            "GPU 0 (GPU-a, 0000:3b:00): degraded\n  still: xid:94: contained ECC error; row-remap-pending\n"
+        );
+        let healthy = Gpu {
+            index: 3,
+            uuid: "GPU-c".into(),
+            state: GpuState::Healthy as i32,
+            ..Default::default()
+        };
+        assert_eq!(gpu_text(&healthy), "GPU 3 (GPU-c, -): healthy\n");
+    }
+
+    #[test]
+    fn long_gpu_lists_are_shortened() {
+        let uuid = |n: u32| format!("GPU-{n:08x}-1111-2222-3333-444455556666");
+        let eight: Vec<String> = (0..8).map(uuid).collect();
+        assert_eq!(gpu_cell(&eight.join(",")), "GPU-00000000…,GPU-00000001…,+6");
+        assert_eq!(gpu_cell(&uuid(10)), "GPU-0000000a…");
+        assert_eq!(gpu_cell("0000:3b:00"), "0000:3b:00");
+        assert_eq!(gpu_cell("GPU-aaaa"), "GPU-aaaa");
+        assert_eq!(gpu_cell(""), "-");
+    }
+
+    #[test]
+    fn contracts_that_cannot_be_kept_are_refused() {
+        let e = check_contract(&["submit"], 7_200, Some(3_600)).expect_err("refused");
+        assert_eq!(
+            e.message,
+            "--min-runtime 2h is longer than --time-limit 1h: the work would be killed before its protection ends"
+        );
+        assert!(check_contract(&["submit"], 3_600, Some(3_600)).is_ok());
+        assert!(check_contract(&["submit"], 7_200, None).is_ok());
     }
 
     #[test]

@@ -1,38 +1,41 @@
 //! Commands against the allocator service allotd, over gRPC on TCP: the users'
 //! `submit`, `queue`, `status`, `cancel` and `share`, the managers' `budget set`, and
 //! the operators' cluster-wide `nodes [drain|undrain]`.
+//!
+//! What can be checked without allotd is checked here first and reported like clap's
+//! own usage errors, each naming the flag and the fix; allotd still checks everything
+//! (other clients exist) and answers in the same `field: fix` form.
 
 mod view;
 
 use crate::duration;
 use crate::failure::{block_on, Failure};
-use crate::local::{parse_hook, Usage};
+use crate::local::{check_contract, parse_hook, Usage};
+use allot_fairshare::cluster::MAX_GPUS_PER_NODE;
 use allot_proto::v1::nodes_client::NodesClient;
 use allot_proto::v1::org_client::OrgClient;
 use allot_proto::v1::workloads_client::WorkloadsClient;
 use allot_proto::v1::{
-    CancelRequest, GetRequest, GetTreeRequest, ListNodesRequest, ListRequest, NodeDrainRequest,
-    SetWeightRequest, SubmitRequest, Workload, WorkloadSpec, WorkloadState,
+    CancelRequest, GetRequest, GetTreeRequest, GetTreeResponse, ListNodesRequest, ListRequest,
+    NodeDrainRequest, SetWeightRequest, SubmitRequest, Workload, WorkloadSpec, WorkloadState,
 };
 use serde_json::{json, Value};
 use std::process::ExitCode;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
-/// Where allotd listens.
+/// Where allotd listens unless `--server` or `$ALLOT_SERVER` says otherwise.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
+
+/// Where allotd listens, when given after the subcommand.
 #[derive(clap::Args, Debug)]
 pub struct Server {
-    /// allotd's address: http://HOST:PORT or HOST:PORT.
+    /// allotd's address: HOST:PORT or http://HOST:PORT [env: ALLOT_SERVER] [default: http://127.0.0.1:7070].
+    // No env or default here: those live on the root flag (`allot --server X queue`),
+    // so that this one, typed after the subcommand, is the only thing that beats it.
     // Global so that `allot nodes --server X drain N` works as well as after `drain`.
-    #[arg(
-        long,
-        global = true,
-        value_name = "ADDR",
-        env = "ALLOT_SERVER",
-        default_value = "http://127.0.0.1:7070",
-        value_parser = parse_server
-    )]
-    server: String,
+    #[arg(long, global = true, value_name = "ADDR", value_parser = parse_server)]
+    server: Option<String>,
 }
 
 /// `allot submit`.
@@ -43,16 +46,16 @@ pub struct SubmitArgs {
     /// The project charged for the GPU time.
     #[arg(long, value_name = "P")]
     project: String,
-    /// GPUs on each node.
+    /// GPUs on each node: 1 to 64 (allotd says which node sizes this cluster has).
     #[arg(long, value_name = "N", default_value_t = 1)]
     gpus: u32,
-    /// Nodes (a gang: all start together or none does).
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Nodes; N > 1 is a gang that takes N whole nodes, all started together or none.
+    #[arg(long, value_name = "N", default_value_t = 1)]
     nodes: u32,
     /// CPUs on each node [absent: allotd's default].
     #[arg(long, value_name = "N")]
     cpus: Option<u32>,
-    /// Memory on each node: 64G, 512M, 1T or GB [absent: allotd's default].
+    /// Memory on each node, with a unit: 64G, 512M (rounded up to whole GB), 1T [absent: allotd's default].
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_gb)]
     memory: Option<u32>,
     /// Protected runtime: not preempted before it lapses (0: preemptible at any time).
@@ -64,6 +67,9 @@ pub struct SubmitArgs {
     /// It can resume from a checkpoint, so preempting it loses little.
     #[arg(long)]
     resumable: bool,
+    /// When preempted, end as `preempted` instead of waiting in the queue again [default: requeue; the work starts over unless --resumable].
+    #[arg(long)]
+    no_requeue: bool,
     /// Order inside the project (higher first); never ahead of other projects.
     #[arg(
         long,
@@ -169,7 +175,7 @@ pub struct ShareArgs {
 /// The `budget` subcommands.
 #[derive(clap::Subcommand, Debug)]
 pub enum BudgetCommand {
-    /// Set a group's weight: its share of its parent is weight ÷ the siblings' sum.
+    /// Set a group's weight among its siblings: its share of its parent is weight ÷ the siblings' sum.
     Set(BudgetSetArgs),
 }
 
@@ -180,9 +186,18 @@ pub struct BudgetSetArgs {
     conn: Server,
     /// The group (org, team or project) in the fair-share tree.
     name: String,
-    /// The new weight, a positive number.
-    #[arg(long, value_name = "W", allow_negative_numbers = true, value_parser = parse_weight)]
-    share: f64,
+    /// The new weight among the group's siblings, a positive number (not a percentage): weights 1 and 3 give 25% and 75%.
+    #[arg(
+        long,
+        value_name = "W",
+        required_unless_present = "share",
+        allow_negative_numbers = true,
+        value_parser = parse_weight
+    )]
+    weight: Option<f64>,
+    /// The old name of --weight, refused: it read as a percentage and set a weight.
+    #[arg(long, value_name = "W", hide = true, allow_negative_numbers = true)]
+    share: Option<String>,
     /// Print the updated group as one JSON object.
     #[arg(long)]
     json: bool,
@@ -242,7 +257,7 @@ pub enum Remote {
 }
 
 /// Clap value parser for `--server`: `HOST:PORT` gets `http://` in front.
-fn parse_server(s: &str) -> Result<String, String> {
+pub(crate) fn parse_server(s: &str) -> Result<String, String> {
     let s = s.trim();
     let uri = if s.contains("://") {
         s.to_string()
@@ -261,7 +276,7 @@ fn parse_server(s: &str) -> Result<String, String> {
     }
 }
 
-/// Clap value parser for `--share`: weights are relative, so only > 0 means anything.
+/// Clap value parser for `--weight`: weights are relative, so only > 0 means anything.
 fn parse_weight(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(w) if w.is_finite() && w > 0.0 => Ok(w),
@@ -269,22 +284,68 @@ fn parse_weight(s: &str) -> Result<f64, String> {
     }
 }
 
-/// Checks what clap cannot express.
+/// Checks what clap cannot express, each message in the form `--flag value: fix`.
 pub fn validate(cmd: &Remote) -> Result<(), Usage> {
-    if let Remote::Submit(a) = cmd {
-        if a.argv.is_empty() {
-            return Err(Usage {
-                path: &["submit"],
-                message: "say what the workload runs: a command after `--` (allot submit --project P --gpus 8 -- python train.py)".into(),
-            });
-        }
+    match cmd {
+        Remote::Submit(a) => validate_submit(a),
+        Remote::Budget(BudgetCommand::Set(a)) => match &a.share {
+            // Refused rather than taken with a warning: `--share 30` meant 30% to whoever
+            // typed it, and setting weight 30 changes every sibling's share at once.
+            Some(share) => Err(Usage {
+                path: &["budget", "set"],
+                message: format!(
+                    "--share was renamed --weight: the value is a weight among the group's siblings (its share is weight ÷ the siblings' sum), not a percentage; `allot share` shows the weights, then: allot budget set {} --weight {share}",
+                    a.name
+                ),
+            }),
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
+fn validate_submit(a: &SubmitArgs) -> Result<(), Usage> {
+    let usage = |message: String| {
+        Err(Usage {
+            path: &["submit"],
+            message,
+        })
+    };
+    if !(1..=MAX_GPUS_PER_NODE).contains(&a.gpus) {
+        return usage(format!(
+            "--gpus {}: ask for 1 to {MAX_GPUS_PER_NODE} GPUs per node",
+            a.gpus
+        ));
+    }
+    if a.nodes == 0 {
+        return usage("--nodes 0: ask for 1 node, or N > 1 for a gang of N whole nodes".into());
+    }
+    check_contract(&["submit"], a.min_runtime, a.time_limit)?;
+    if a.argv.is_empty() {
+        return usage("say what the workload runs: a command after `--` (allot submit --project P --gpus 8 -- python train.py)".into());
     }
     Ok(())
 }
 
-/// Runs one allotd command to completion and says how the process should exit.
-pub fn run(cmd: Remote) -> ExitCode {
-    block_on(dispatch(cmd))
+impl Remote {
+    /// The connection flags of whichever command this is.
+    fn conn(&self) -> &Server {
+        match self {
+            Remote::Submit(a) => &a.conn,
+            Remote::Queue(a) => &a.conn,
+            Remote::Status(a) | Remote::Cancel(a) => &a.conn,
+            Remote::Share(a) => &a.conn,
+            Remote::Budget(BudgetCommand::Set(a)) => &a.conn,
+            Remote::Nodes(a) => &a.conn,
+        }
+    }
+}
+
+/// Runs one allotd command to completion and says how the process should exit;
+/// `server` is the one given before the subcommand, or from the environment.
+pub fn run(cmd: Remote, server: String) -> ExitCode {
+    let server = cmd.conn().server.clone().unwrap_or(server);
+    block_on(dispatch(cmd, server))
 }
 
 /// The innermost cause: tonic's own message for a failed connect is only
@@ -299,14 +360,13 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// A channel to allotd, connected at once so that an unreachable server is reported
 /// by address before anything else happens.
-async fn channel(conn: &Server) -> Result<Channel, Failure> {
+async fn channel(server: &str) -> Result<Channel, Failure> {
     let fail = |why: String| {
         Failure::Connect(format!(
-            "cannot reach allotd at {}: {why}; is it running? (set --server or ALLOT_SERVER)",
-            conn.server
+            "cannot reach allotd at {server}: {why}; is it running? (set --server or ALLOT_SERVER)"
         ))
     };
-    let endpoint = Endpoint::from_shared(conn.server.clone())
+    let endpoint = Endpoint::from_shared(server.to_string())
         .map_err(|e| fail(root_cause(&e)))?
         // Without these a black-holed address or a wedged server hangs the terminal.
         .connect_timeout(Duration::from_secs(5))
@@ -355,7 +415,83 @@ async fn list_active(
     Ok(running.into_iter().chain(pending).collect())
 }
 
-async fn dispatch(cmd: Remote) -> Result<(), Failure> {
+/// Refuses `--project P` when P is not a project of the fair-share tree: allotd would
+/// list nothing, which reads as "nothing queued".
+fn check_project(tree: &GetTreeResponse, project: &str) -> Result<(), Failure> {
+    let group = tree.groups.iter().find(|g| g.name == project);
+    if group.is_some_and(|g| g.project) {
+        return Ok(());
+    }
+    // Groups come parents first, so one pass finds every project under `project`.
+    let mut under: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    under.insert(project);
+    let mut inside = Vec::new();
+    for g in &tree.groups {
+        if under.contains(g.parent.as_str()) {
+            under.insert(&g.name);
+            if g.project {
+                inside.push(g.name.as_str());
+            }
+        }
+    }
+    let all: Vec<&str> = tree
+        .groups
+        .iter()
+        .filter(|g| g.project)
+        .map(|g| g.name.as_str())
+        .collect();
+    let known = if all.is_empty() {
+        "allotd has no projects yet".to_string()
+    } else {
+        format!("the projects are {}", names(&all))
+    };
+    let why = match group {
+        Some(_) if !inside.is_empty() => format!(
+            "{project} is a group of the fair-share tree, not a project; its projects: {}",
+            names(&inside)
+        ),
+        Some(_) => format!("{project} is a group of the fair-share tree, not a project; {known}"),
+        None => format!("no project {project}; {known}"),
+    };
+    Err(Failure::Refused(format!(
+        "--project {project}: {why} (`allot share` shows the tree)"
+    )))
+}
+
+/// A list of names for a message, the first few of a long one.
+fn names(all: &[&str]) -> String {
+    const SHOWN: usize = 12;
+    let mut s = all
+        .iter()
+        .take(SHOWN)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if all.len() > SHOWN {
+        s.push_str(&format!(" and {} more", all.len() - SHOWN));
+    }
+    s
+}
+
+/// After `cancel`: a running workload is only revoked by the call, so its state
+/// still reads `running`, which looked as if the cancel had been ignored.
+fn cancel_line(w: &Workload) -> String {
+    match w.state() {
+        WorkloadState::Running => format!(
+            "cancel requested: workload {} is revoked now and ends after its checkpoint ladder",
+            w.id
+        ),
+        s if view::is_final(s) => format!("workload {}: {}", w.id, view::state_name(s)),
+        s => format!(
+            "cancel requested: workload {} is {}; `allot status {}` shows when it ends",
+            w.id,
+            view::state_name(s),
+            w.id
+        ),
+    }
+}
+
+async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
     match cmd {
         Remote::Submit(a) => {
             let spec = WorkloadSpec {
@@ -372,9 +508,10 @@ async fn dispatch(cmd: Remote) -> Result<(), Failure> {
                 priority: a.priority,
                 argv: a.argv,
                 checkpoint_hook: a.checkpoint.unwrap_or_default(),
+                no_requeue: a.no_requeue,
             };
             let (project, gpus, nodes) = (spec.project.clone(), spec.gpus_per_node, spec.nodes);
-            let id = WorkloadsClient::new(channel(&a.conn).await?)
+            let id = WorkloadsClient::new(channel(&server).await?)
                 .submit(SubmitRequest { spec: Some(spec) })
                 .await?
                 .into_inner()
@@ -389,7 +526,15 @@ async fn dispatch(cmd: Remote) -> Result<(), Failure> {
             }
         }
         Remote::Queue(a) => {
-            let mut c = WorkloadsClient::new(channel(&a.conn).await?);
+            let ch = channel(&server).await?;
+            if let Some(p) = &a.project {
+                let tree = OrgClient::new(ch.clone())
+                    .get_tree(GetTreeRequest {})
+                    .await?
+                    .into_inner();
+                check_project(&tree, p)?;
+            }
+            let mut c = WorkloadsClient::new(ch);
             let project = a.project.unwrap_or_default();
             let user = a.user.unwrap_or_default();
             let workloads = match (a.state, a.all) {
@@ -414,7 +559,7 @@ async fn dispatch(cmd: Remote) -> Result<(), Failure> {
             }
         }
         Remote::Status(a) => {
-            let w = WorkloadsClient::new(channel(&a.conn).await?)
+            let w = WorkloadsClient::new(channel(&server).await?)
                 .get(GetRequest { id: a.id })
                 .await?
                 .into_inner();
@@ -425,18 +570,18 @@ async fn dispatch(cmd: Remote) -> Result<(), Failure> {
             }
         }
         Remote::Cancel(a) => {
-            let w = WorkloadsClient::new(channel(&a.conn).await?)
+            let w = WorkloadsClient::new(channel(&server).await?)
                 .cancel(CancelRequest { id: a.id })
                 .await?
                 .into_inner();
             if a.json {
                 println!("{}", view::workload_json(&w));
             } else {
-                println!("workload {}: {}", w.id, view::state_name(w.state()));
+                println!("{}", cancel_line(&w));
             }
         }
         Remote::Share(a) => {
-            let t = OrgClient::new(channel(&a.conn).await?)
+            let t = OrgClient::new(channel(&server).await?)
                 .get_tree(GetTreeRequest {})
                 .await?
                 .into_inner();
@@ -447,10 +592,16 @@ async fn dispatch(cmd: Remote) -> Result<(), Failure> {
             }
         }
         Remote::Budget(BudgetCommand::Set(a)) => {
-            let g = OrgClient::new(channel(&a.conn).await?)
+            // Clap requires --weight unless --share is there, and validate() refused that.
+            let Some(weight) = a.weight else {
+                return Err(Failure::Refused(
+                    "--weight W: say the group's new weight".into(),
+                ));
+            };
+            let g = OrgClient::new(channel(&server).await?)
                 .set_weight(SetWeightRequest {
                     name: a.name,
-                    weight: a.share,
+                    weight,
                 })
                 .await?
                 .into_inner();
@@ -461,7 +612,7 @@ async fn dispatch(cmd: Remote) -> Result<(), Failure> {
             }
         }
         Remote::Nodes(a) => {
-            let mut c = NodesClient::new(channel(&a.conn).await?);
+            let mut c = NodesClient::new(channel(&server).await?);
             let req = match a.command {
                 None => {
                     let nodes = c.list(ListNodesRequest {}).await?.into_inner().nodes;
@@ -536,6 +687,126 @@ mod tests {
         for bad in ["0", "-1", "NaN", "inf", "two", ""] {
             assert!(parse_weight(bad).is_err(), "{bad}");
         }
+    }
+
+    /// `allot` with the allotd commands only, to parse arguments as the binary does.
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        remote: Remote,
+    }
+
+    fn parse(args: &[&str]) -> Remote {
+        use clap::Parser;
+        let argv = std::iter::once("allot").chain(args.iter().copied());
+        match Cli::try_parse_from(argv) {
+            Ok(c) => c.remote,
+            Err(e) => panic!("{args:?}: {e}"),
+        }
+    }
+
+    fn refusal(args: &[&str]) -> String {
+        match validate(&parse(args)) {
+            Ok(()) => panic!("{args:?} accepted"),
+            Err(u) => u.message,
+        }
+    }
+
+    #[test]
+    fn submit_checks_name_the_flag_and_the_fix() {
+        fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+            let mut v = vec!["submit", "--project", "p"];
+            v.extend_from_slice(extra);
+            v.extend_from_slice(&["--", "true"]);
+            v
+        }
+        assert_eq!(
+            refusal(&with(&["--gpus", "0"])),
+            "--gpus 0: ask for 1 to 64 GPUs per node"
+        );
+        assert_eq!(
+            refusal(&with(&["--gpus", "65"])),
+            "--gpus 65: ask for 1 to 64 GPUs per node"
+        );
+        assert!(refusal(&with(&["--nodes", "0"])).starts_with("--nodes 0: ask for 1 node"));
+        assert_eq!(
+            refusal(&with(&["--min-runtime", "2h", "--time-limit", "1h"])),
+            "--min-runtime 2h is longer than --time-limit 1h: the work would be killed before its protection ends"
+        );
+        assert!(validate(&parse(&with(&["--gpus", "64", "--nodes", "2"]))).is_ok());
+        assert!(refusal(&["submit", "--project", "p"]).contains("`--`"));
+    }
+
+    #[test]
+    fn share_is_refused_in_favour_of_weight() {
+        let m = refusal(&["budget", "set", "vision", "--share", "30"]);
+        assert!(m.starts_with("--share was renamed --weight"), "{m}");
+        assert!(m.contains("not a percentage"), "{m}");
+        assert!(m.ends_with("allot budget set vision --weight 30"), "{m}");
+        assert!(validate(&parse(&["budget", "set", "vision", "--weight", "2"])).is_ok());
+    }
+
+    fn tree() -> GetTreeResponse {
+        let g = |name: &str, parent: &str, project: bool| allot_proto::v1::Group {
+            name: name.into(),
+            parent: parent.into(),
+            project,
+            ..Default::default()
+        };
+        GetTreeResponse {
+            groups: vec![
+                g("ml", "", false),
+                g("vision", "ml", true),
+                g("nlp", "ml", true),
+                g("infra", "", true),
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn refused(r: Result<(), Failure>) -> String {
+        match r {
+            Err(Failure::Refused(m)) => m,
+            Err(_) => panic!("another failure"),
+            Ok(()) => panic!("accepted"),
+        }
+    }
+
+    #[test]
+    fn unknown_projects_are_named_with_the_known_ones() {
+        assert!(check_project(&tree(), "vision").is_ok());
+        assert_eq!(
+            refused(check_project(&tree(), "nope")),
+            "--project nope: no project nope; the projects are vision, nlp, infra (`allot share` shows the tree)"
+        );
+        assert_eq!(
+            refused(check_project(&tree(), "ml")),
+            "--project ml: ml is a group of the fair-share tree, not a project; its projects: vision, nlp (`allot share` shows the tree)"
+        );
+        let many: Vec<String> = (0..20).map(|i| format!("p{i}")).collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(names(&refs).ends_with("p11 and 8 more"), "{}", names(&refs));
+    }
+
+    #[test]
+    fn cancel_says_whether_the_workload_has_ended() {
+        let w = |state: WorkloadState| Workload {
+            id: "3".into(),
+            state: state as i32,
+            ..Default::default()
+        };
+        assert_eq!(
+            cancel_line(&w(WorkloadState::Running)),
+            "cancel requested: workload 3 is revoked now and ends after its checkpoint ladder"
+        );
+        assert_eq!(
+            cancel_line(&w(WorkloadState::Cancelled)),
+            "workload 3: cancelled"
+        );
+        assert_eq!(
+            cancel_line(&w(WorkloadState::Completed)),
+            "workload 3: completed"
+        );
     }
 
     #[test]

@@ -1,14 +1,17 @@
 //! Memory sizes as users type them for `--memory`.
 
-/// Clap value parser for `64G`, `512M`, `1T` or a plain number of GB, to whole GB.
+/// Clap value parser for `64G`, `512M` or `1T`, to whole GB.
 ///
 /// Units are binary (1T = 1024G, 1024M = 1G) as on every node's `free -g`; megabytes
 /// round up because asking for less memory than the job needs gets it killed. `GB`,
 /// `Gi`, `GiB` and lower case are accepted so that pasted values from other schedulers
 /// work; clap adds the flag's name to the message.
+///
+/// A number without a unit is refused (but 0, which needs none): Slurm's `--mem 64`
+/// means megabytes, so a pasted bare number would be taken 1024 times too large if
+/// it were read as gigabytes.
 pub fn parse_gb(s: &str) -> Result<u32, String> {
-    const EXPECTED: &str =
-        "expected a size like 64G, 512M (rounded up to whole GB), 1T, or a plain number of GB";
+    const EXPECTED: &str = "expected a size like 64G, 512M (rounded up to whole GB) or 1T";
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(digits);
@@ -20,7 +23,13 @@ pub fn parse_gb(s: &str) -> Result<u32, String> {
         .or_else(|| unit.strip_suffix('b'))
         .unwrap_or(&unit);
     let gb = match unit {
-        "" | "g" => Some(n),
+        "" if n == 0 => Some(0),
+        "" => {
+            return Err(format!(
+                "{n} has no unit: write {n}G for gigabytes (or {n}M, {n}T); a bare number is ambiguous (Slurm's --mem reads it as megabytes)"
+            ))
+        }
+        "g" => Some(n),
         "m" => Some(n.div_ceil(1_024)),
         "t" => n.checked_mul(1_024),
         _ => return Err(EXPECTED.to_string()),
@@ -36,7 +45,6 @@ mod tests {
     #[test]
     fn parses_what_users_type() {
         assert_eq!(parse_gb("64G"), Ok(64));
-        assert_eq!(parse_gb("64"), Ok(64));
         assert_eq!(parse_gb("1T"), Ok(1_024));
         assert_eq!(parse_gb("2t"), Ok(2_048));
         assert_eq!(parse_gb("64g"), Ok(64));
@@ -64,10 +72,21 @@ mod tests {
     }
 
     #[test]
+    fn a_bare_number_needs_a_unit() {
+        let e = parse_gb("64").expect_err("no unit");
+        assert!(
+            e.starts_with("64 has no unit: write 64G for gigabytes"),
+            "{e}"
+        );
+        assert!(e.contains("megabytes"), "{e}");
+        assert_eq!(parse_gb("0"), Ok(0));
+    }
+
+    #[test]
     fn refuses_sizes_that_do_not_fit() {
-        assert!(parse_gb("4294967296").is_err());
+        assert!(parse_gb("4294967296G").is_err());
         assert!(parse_gb("4194304T").is_err());
         assert!(parse_gb("99999999999999999999999").is_err());
-        assert_eq!(parse_gb("4294967295"), Ok(u32::MAX));
+        assert_eq!(parse_gb("4294967295G"), Ok(u32::MAX));
     }
 }

@@ -55,7 +55,9 @@ pub fn run(c: XidCommand) -> Result<()> {
                     "mnemonic": info.map(|i| i.mnemonic),
                     "meaning": info.map(|i| i.meaning),
                     "immediate": info.map(|i| i.immediate),
+                    "immediate_meaning": info.and_then(|i| xid::bucket_meaning(i.immediate)),
                     "investigatory": info.map(|i| i.investigatory),
+                    "investigatory_meaning": info.and_then(|i| xid::bucket_meaning(i.investigatory)),
                     "hopper": info.map(|i| i.hopper),
                     "blackwell": info.map(|i| i.blackwell),
                     "action": d.action,
@@ -66,18 +68,32 @@ pub fn run(c: XidCommand) -> Result<()> {
             }
             match info {
                 Some(i) => {
+                    let field = |label: &str, value: &dyn std::fmt::Display| {
+                        println!("  {:<22}{value}", format!("{label}:"));
+                    };
+                    // The bucket name is what NVIDIA's documents use; the sentence is
+                    // what it asks of the operator.
+                    let bucket = |b: &str| match xid::bucket_meaning(b) {
+                        Some(m) => format!("{b}: {m}"),
+                        None => b.to_string(),
+                    };
                     println!("XID {} {}", i.xid, i.mnemonic);
-                    println!("  meaning:        {}", i.meaning);
-                    println!("  NVIDIA:         immediate {}, investigatory {}", i.immediate, i.investigatory);
+                    field("meaning", &i.meaning);
+                    field("NVIDIA immediate", &bucket(i.immediate));
+                    if i.investigatory == i.immediate {
+                        field("NVIDIA investigatory", &format!("{} (as above)", i.investigatory));
+                    } else {
+                        field("NVIDIA investigatory", &bucket(i.investigatory));
+                    }
                     let yn = |b: bool| if b { "yes" } else { "no" };
-                    println!("  applies to:     H100 {}, Blackwell {}", yn(i.hopper), yn(i.blackwell));
-                    println!("  allot action:   {}", d.action);
-                    println!("  allot recovery: {}", d.recovery);
+                    field("applies to", &format!("H100 {}, Blackwell {}", yn(i.hopper), yn(i.blackwell)));
+                    field("allot action", &d.action);
+                    field("allot recovery", &d.recovery);
                     if xid == 154 {
-                        println!("  note:           the new recovery action in the message decides");
+                        field("note", &"the new recovery action in the message decides");
                     }
                     if (144..=150).contains(&xid) {
-                        println!("  note:           Fatal lines drain at once, Nonfatal ones are reported");
+                        field("note", &"Fatal lines drain at once, Nonfatal ones are reported");
                     }
                 }
                 None => println!(
@@ -99,6 +115,8 @@ pub fn run(c: XidCommand) -> Result<()> {
             };
             let mut rows = Vec::new();
             let mut r = BufReader::new(reader);
+            // Some notices name their GPU only in an earlier line.
+            let mut lines = kmsg::Assembler::new();
             let mut buf = Vec::new();
             loop {
                 buf.clear();
@@ -110,7 +128,7 @@ pub fn run(c: XidCommand) -> Result<()> {
                 }
                 // Logs are not always valid UTF-8; a bad byte must not hide an XID.
                 let line = String::from_utf8_lossy(&buf);
-                let Some(e) = kmsg::parse_line(line.trim_end_matches(['\n', '\r'])) else {
+                let Some(e) = lines.push(line.trim_end_matches(['\n', '\r'])) else {
                     continue;
                 };
                 let d = match e.kind {

@@ -6,10 +6,10 @@ use allot_proto::v1::nodes_server::{Nodes, NodesServer};
 use allot_proto::v1::org_server::{Org, OrgServer};
 use allot_proto::v1::workloads_server::{Workloads, WorkloadsServer};
 use allot_proto::v1::{
-    CancelRequest, GetRequest, GetTreeRequest, GetTreeResponse, Gpu, GpuState, Group, HostVerdict,
-    ListNodesRequest, ListNodesResponse, ListRequest, ListResponse, Node, NodeDrainRequest,
-    SetWeightRequest, SubmitRequest, SubmitResponse, WatchRequest, Workload, WorkloadSpec,
-    WorkloadState,
+    CancelRequest, DrainInfo, GetRequest, GetTreeRequest, GetTreeResponse, Gpu, GpuState, Group,
+    HostVerdict, ListNodesRequest, ListNodesResponse, ListRequest, ListResponse, Node,
+    NodeDrainRequest, SetWeightRequest, SubmitRequest, SubmitResponse, WatchRequest, Workload,
+    WorkloadSpec, WorkloadState,
 };
 use serde_json::Value;
 use std::process::Command;
@@ -99,6 +99,61 @@ fn bad_memory_names_the_flag_and_the_form() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--memory"), "{err}");
     assert!(err.contains("64G"), "{err}");
+    // A bare number is refused with the unit it needs: Slurm reads --mem 64 as MB.
+    let (code, _, err) = allot(&["submit", "--project", "p", "--memory", "64", "--", "true"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--memory"), "{err}");
+    assert!(
+        err.contains("64 has no unit: write 64G for gigabytes"),
+        "{err}"
+    );
+}
+
+#[test]
+fn submit_checks_say_the_flag_and_the_fix_alike() {
+    let submit = |extra: &[&str]| {
+        let mut args = vec!["submit", "--project", "p", "--server", "127.0.0.1:1"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "true"]);
+        allot(&args)
+    };
+    for (flags, want) in [
+        (&["--gpus", "0"][..], "error: --gpus 0: ask for 1 to 64 GPUs per node"),
+        (&["--gpus", "65"][..], "error: --gpus 65: ask for 1 to 64 GPUs per node"),
+        (
+            &["--nodes", "0"][..],
+            "error: --nodes 0: ask for 1 node, or N > 1 for a gang of N whole nodes",
+        ),
+        (
+            &["--min-runtime", "2h", "--time-limit", "1h"][..],
+            "error: --min-runtime 2h is longer than --time-limit 1h: the work would be killed before its protection ends",
+        ),
+    ] {
+        let (code, out, err) = submit(flags);
+        assert_eq!(code, 2, "{flags:?}: {out}{err}");
+        assert_eq!(err.lines().next(), Some(want), "{flags:?}: {err}");
+        assert!(err.contains("Usage: allot submit"), "{flags:?}: {err}");
+    }
+}
+
+#[test]
+fn submit_help_says_gangs_take_whole_nodes_and_what_no_requeue_does() {
+    let (code, out, err) = allot(&["submit", "--help"]);
+    assert_eq!(code, 0, "{err}");
+    let line = |flag: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(flag))
+            .unwrap_or_else(|| panic!("no {flag} in\n{out}"))
+            .to_string()
+    };
+    assert!(line("--nodes").contains("N whole nodes"), "{out}");
+    let no_requeue = line("--no-requeue");
+    assert!(no_requeue.contains("end as `preempted`"), "{out}");
+    assert!(
+        no_requeue.contains("starts over unless --resumable"),
+        "{out}"
+    );
+    assert!(line("--memory").contains("with a unit"), "{out}");
 }
 
 #[test]
@@ -114,7 +169,7 @@ fn bad_durations_and_counts_are_usage_errors() {
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--min-runtime"), "{err}");
-    let (code, _, err) = allot(&["submit", "--project", "p", "--nodes", "0", "--", "x"]);
+    let (code, _, err) = allot(&["submit", "--project", "p", "--nodes", "two", "--", "x"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--nodes"), "{err}");
     let (code, _, err) = allot(&[
@@ -136,11 +191,42 @@ fn bad_durations_and_counts_are_usage_errors() {
 #[test]
 fn weights_must_be_positive() {
     for bad in ["-1", "0", "lots"] {
-        let (code, _, err) = allot(&["budget", "set", "x", "--share", bad]);
+        let (code, _, err) = allot(&["budget", "set", "x", "--weight", bad]);
         assert_eq!(code, 2, "{bad}: {err}");
-        assert!(err.contains("--share"), "{bad}: {err}");
+        assert!(err.contains("--weight"), "{bad}: {err}");
         assert!(err.contains("positive number"), "{bad}: {err}");
     }
+    let (code, _, err) = allot(&["budget", "set", "x"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--weight"), "{err}");
+}
+
+#[test]
+fn share_is_refused_with_the_weight_command_to_run() {
+    let (code, out, err) = allot(&[
+        "budget",
+        "set",
+        "vision",
+        "--share",
+        "30",
+        "--server",
+        "127.0.0.1:1",
+    ]);
+    assert_eq!(code, 2, "{out}{err}");
+    let first = err.lines().next().unwrap_or("");
+    assert!(
+        first.starts_with("error: --share was renamed --weight"),
+        "{err}"
+    );
+    assert!(first.contains("not a percentage"), "{err}");
+    assert!(
+        first.ends_with("allot budget set vision --weight 30"),
+        "{err}"
+    );
+    // The old flag is not advertised; the new one says it is a weight among siblings.
+    let (_, help, _) = allot(&["budget", "set", "--help"]);
+    assert!(!help.contains("--share"), "{help}");
+    assert!(help.contains("weight among the group's siblings"), "{help}");
 }
 
 #[test]
@@ -239,10 +325,16 @@ impl Workloads for Fake {
         Ok(Response::new(SubmitResponse { id: "17".into() }))
     }
 
+    /// Pending work ends at once; running work (18) is revoked and still running.
     async fn cancel(&self, r: Request<CancelRequest>) -> Result<Response<Workload>, Status> {
         let id = r.into_inner().id;
         self.seen().cancels.push(id.clone());
-        Ok(Response::new(workload(&id, WorkloadState::Cancelled)))
+        let state = if id == "18" {
+            WorkloadState::Running
+        } else {
+            WorkloadState::Cancelled
+        };
+        Ok(Response::new(workload(&id, state)))
     }
 
     async fn get(&self, r: Request<GetRequest>) -> Result<Response<Workload>, Status> {
@@ -251,6 +343,8 @@ impl Workloads for Fake {
         match id.as_str() {
             "17" => Ok(Response::new(workload("17", WorkloadState::Pending))),
             "18" => Ok(Response::new(workload("18", WorkloadState::Running))),
+            "19" => Ok(Response::new(workload("19", WorkloadState::TimedOut))),
+            "21" => Ok(Response::new(requeued())),
             _ => Err(Status::not_found(format!(
                 "id: no workload {id} (see `allot queue --all`)"
             ))),
@@ -289,6 +383,16 @@ impl Workloads for Fake {
     }
 }
 
+/// Running again after its node was lost, and after an allotd restart that kept no
+/// start time.
+fn requeued() -> Workload {
+    let mut w = workload("21", WorkloadState::Running);
+    w.start_unix = 0;
+    w.end_reason = "node-lost".into();
+    w.preemptions = 1;
+    w
+}
+
 fn group(name: &str, parent: &str, depth: u32, weight: f64, share: f64) -> Group {
     Group {
         name: name.into(),
@@ -317,6 +421,13 @@ impl Org for Fake {
                 group("vision", "ml", 2, 1.0, 0.25),
                 group("nlp", "ml", 2, 2.0, 0.5),
                 group("infra", "", 1, 1.0, 0.25),
+                // A new project: half a GPU-hour entitled so far, a little received.
+                Group {
+                    entitled_gpu_hours: 0.5,
+                    served_gpu_hours: 0.005,
+                    ratio: 0.01,
+                    ..group("tiny", "infra", 2, 1.0, 0.0)
+                },
             ],
             window_hours: 168.0,
             capacity_gpus: 32,
@@ -372,6 +483,24 @@ impl Nodes for Fake {
         down.free_gpus = 0;
         down.verdict = HostVerdict::DrainNow as i32;
         down.drain_reason = "health: xid:79 fallen off the bus".into();
+        down.drains = vec![
+            DrainInfo {
+                by: "health".into(),
+                author: "gpu-02".into(),
+                reason: "xid:79 fallen off the bus".into(),
+                now: true,
+                since_unix: 1_795_980_000,
+                held: false,
+            },
+            DrainInfo {
+                by: "cluster-operator".into(),
+                author: "allotd".into(),
+                reason: "swap PSU".into(),
+                now: false,
+                since_unix: 1_795_980_600,
+                held: false,
+            },
+        ];
         Ok(Response::new(ListNodesResponse {
             nodes: vec![node("gpu-01"), down],
         }))
@@ -441,6 +570,7 @@ fn submit_sends_the_whole_spec() {
         "--time-limit",
         "2d",
         "--resumable",
+        "--no-requeue",
         "--priority",
         "-3",
         "--class",
@@ -470,6 +600,7 @@ fn submit_sends_the_whole_spec() {
     assert_eq!(s.min_runtime_s, 28_800);
     assert_eq!(s.time_limit_s, Some(172_800));
     assert!(s.resumable);
+    assert!(s.no_requeue);
     assert_eq!(s.priority, -3);
     assert_eq!(s.checkpoint_hook, "signal:USR1");
     assert_eq!(s.argv, ["python", "train.py", "--lr", "3e-4"]);
@@ -502,6 +633,7 @@ fn submit_defaults_and_json() {
     assert_eq!((s.cpu_per_node, s.mem_per_node_gb), (0, 1));
     assert_eq!((s.min_runtime_s, s.time_limit_s), (0, None));
     assert!(!s.resumable);
+    assert!(!s.no_requeue);
     assert_eq!(s.priority, 0);
     assert_eq!(s.checkpoint_hook, "");
     assert_eq!(s.argv, ["true"]);
@@ -654,9 +786,8 @@ fn status_explains_pending_work() {
         "time limit:  2d",
         "resumable:   yes",
         "priority:    0",
+        "requeue:     yes, resumes from its checkpoint",
         "started:     -",
-        "ended:       -",
-        "end reason:  -",
         "nodes:       -",
         "leases:      -",
         "preemptions: 0",
@@ -676,11 +807,30 @@ fn status_explains_pending_work() {
         "{out}"
     );
 
+    // Not final: no end to show.
+    assert!(
+        !out.contains("ended:") && !out.contains("end reason:"),
+        "{out}"
+    );
+
     let (code, out, err) = allot(&["status", "18", "--server", &addr]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("nodes:       gpu-01, gpu-02\n"), "{out}");
     assert!(out.contains("funded:      yes\n"), "{out}");
     assert!(!out.contains("why:"), "{out}");
+
+    // Running again after its node was lost: how the last run ended, not an end reason.
+    let (code, out, err) = allot(&["status", "21", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("state:          running\n"), "{out}");
+    assert!(out.contains("last run ended: node-lost\n"), "{out}");
+    assert!(out.contains("started:        -\n"), "{out}");
+    assert!(!out.contains("end reason"), "{out}");
+
+    let (code, out, err) = allot(&["status", "19", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("end reason:  time-limit\n"), "{out}");
+    assert!(out.contains("ran:         1h00m\n"), "{out}");
 
     let (code, out, err) = allot(&["status", "18", "--json", "--server", &addr]);
     assert_eq!(code, 0, "{err}");
@@ -692,7 +842,7 @@ fn status_explains_pending_work() {
         err,
         "error: id: no workload 404 (see `allot queue --all`)\n"
     );
-    assert_eq!(fake.seen().gets, ["17", "18", "18", "404"]);
+    assert_eq!(fake.seen().gets, ["17", "18", "21", "19", "18", "404"]);
 }
 
 #[test]
@@ -702,12 +852,53 @@ fn cancel_prints_the_state_after() {
     let (code, out, err) = allot(&["cancel", "17", "--server", &addr]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "workload 17: cancelled\n");
+    let (code, out, err) = allot(&["cancel", "18", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "cancel requested: workload 18 is revoked now and ends after its checkpoint ladder\n"
+    );
     let (code, out, err) = allot(&["cancel", "18", "--json", "--server", &addr]);
     assert_eq!(code, 0, "{err}");
     let v = json(&out);
     assert_eq!(v["id"], "18");
-    assert_eq!(v["state"], "cancelled");
-    assert_eq!(fake.seen().cancels, ["17", "18"]);
+    assert_eq!(v["state"], "running");
+    assert_eq!(fake.seen().cancels, ["17", "18", "18"]);
+}
+
+#[test]
+fn queue_refuses_a_project_that_does_not_exist() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let (code, out, err) = allot(&["queue", "--project", "nope", "--server", &addr]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(
+        err,
+        "error: --project nope: no project nope; the projects are vision, nlp, tiny (`allot share` shows the tree)\n"
+    );
+    let (code, _, err) = allot(&["queue", "--project", "ml", "--server", &addr]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err,
+        "error: --project ml: ml is a group of the fair-share tree, not a project; its projects: vision, nlp (`allot share` shows the tree)\n"
+    );
+    // Nothing was listed for either.
+    assert!(fake.seen().lists.is_empty());
+}
+
+#[test]
+fn the_server_goes_before_or_after_the_command() {
+    let addr = serve(Fake::default());
+    let (code, out, err) = allot(&["--server", &addr, "queue"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("ID "), "{out}");
+    let (code, _, err) = allot(&["--server", "127.0.0.1:1", "share", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = allot_env(
+        &["--server", &addr, "nodes", "undrain", "gpu-01"],
+        &[("ALLOT_SERVER", "127.0.0.1:1")],
+    );
+    assert_eq!(code, 0, "{err}");
 }
 
 #[test]
@@ -737,7 +928,12 @@ fn share_shows_the_tree() {
     assert!(lines[3].starts_with("  vision  1 "), "{out}");
     assert!(lines[4].starts_with("  nlp     2 "), "{out}");
     assert!(lines[5].starts_with("infra     1 "), "{out}");
-    assert!(lines[6].starts_with("ratio = "), "{out}");
+    // Small amounts keep two significant digits, so they agree with the ratio.
+    assert_eq!(
+        lines[6].split_whitespace().collect::<Vec<_>>(),
+        ["tiny", "1", "0.0%", "0.50", "0.0050", "0.01", "8", "16"]
+    );
+    assert!(lines[7].starts_with("ratio = "), "{out}");
 
     let (code, out, err) = allot(&["share", "--json", "--server", &addr]);
     assert_eq!(code, 0, "{err}");
@@ -767,7 +963,7 @@ fn budget_set_sends_the_weight() {
     let fake = Fake::default();
     let addr = serve(fake.clone());
     let (code, out, err) = allot(&[
-        "budget", "set", "vision", "--share", "1.5", "--server", &addr,
+        "budget", "set", "vision", "--weight", "1.5", "--server", &addr,
     ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(
@@ -775,11 +971,11 @@ fn budget_set_sends_the_weight() {
         "vision: weight 1.5, share 37.5%, entitled 2016.0 gpu-h, received 1612.8 gpu-h, ratio 0.80\n"
     );
     let (code, out, err) = allot(&[
-        "budget", "set", "vision", "--share", "2", "--json", "--server", &addr,
+        "budget", "set", "vision", "--weight", "2", "--json", "--server", &addr,
     ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(json(&out)["weight"], 2.0);
-    let (code, _, err) = allot(&["budget", "set", "vison", "--share", "2", "--server", &addr]);
+    let (code, _, err) = allot(&["budget", "set", "vison", "--weight", "2", "--server", &addr]);
     assert_eq!(code, 1);
     assert_eq!(err, "error: name: no group vison (see `allot share`)\n");
     let asked: Vec<(String, f64)> = fake
@@ -829,11 +1025,12 @@ fn nodes_list_drain_and_undrain() {
         lines[2][..7],
         ["gpu-02", "a", "down", "no", "0/8", "drain-now", "2"]
     );
+    // The first drain's kind and reason, and how many more.
     assert!(
         out.lines()
             .nth(2)
             .unwrap_or("")
-            .ends_with("health: xid:79 fallen off the bus"),
+            .ends_with("health (xid:79 fallen off the bus) +1"),
         "{out}"
     );
 
@@ -849,6 +1046,16 @@ fn nodes_list_drain_and_undrain() {
     assert_eq!(v[0]["gpu_list"][0]["state"], "healthy");
     assert_eq!(v[1]["connected"], false);
     assert_eq!(v[1]["drain_reason"], "health: xid:79 fallen off the bus");
+    assert_eq!(v[0]["drains"], serde_json::json!([]));
+    let drains = v[1]["drains"].as_array().expect("drains");
+    assert_eq!(drains.len(), 2);
+    assert_eq!(drains[0]["by"], "health");
+    assert_eq!(drains[0]["now"], true);
+    assert_eq!(drains[1]["by"], "cluster-operator");
+    assert_eq!(drains[1]["author"], "allotd");
+    assert_eq!(drains[1]["reason"], "swap PSU");
+    assert_eq!(drains[1]["since_unix"], 1_795_980_600_i64);
+    assert_eq!(drains[1]["held"], false);
 
     let (code, out, err) = allot(&[
         "nodes", "drain", "gpu-01", "--reason", "swap PSU", "--now", "--server", &addr,

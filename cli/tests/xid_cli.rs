@@ -68,6 +68,40 @@ fn scan_reads_files_and_names_missing_ones() {
 }
 
 #[test]
+fn scan_attributes_a_fall_named_only_by_an_earlier_line() {
+    // The driver's multi-line shape: the bus id only in the announcement, then an
+    // Xid-less notice; and a second GPU whose Xid line and notice are one fall.
+    let log = b"[ 9.0] NVRM: GPU at PCI:0000:3b:00: GPU-2bb7e0d8-1e4e-6dc4-9a87-1b5d0a7c2f11\n\
+[ 9.0] NVRM: GPU Board Serial Number: 1234567890123\n\
+[ 9.1] usb 1-1: new high-speed USB device\n\
+[ 9.2] NVRM: A GPU crash dump has been created.\n\
+[ 9.2] NVRM: GPU has fallen off the bus.\n\
+[ 12.0] NVRM: GPU at PCI:0000:5e:00: GPU-99999999-1e4e-6dc4-9a87-1b5d0a7c2f11\n\
+[ 12.0] NVRM: Xid (PCI:0000:5e:00): 79, pid=7, name=train, GPU has fallen off the bus.\n\
+[ 12.0] NVRM: GPU 0000:5e:00.0: GPU has fallen off the bus.\n";
+    let (code, out, err) = allot(&["xid", "scan", "-", "--json"], log);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON array");
+    let rows = v.as_array().expect("array");
+    let got: Vec<(&str, &str, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["pci"].as_str().unwrap_or(""),
+                r["time"].as_str().unwrap_or(""),
+                r["xid"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(got, [("0000:3b:00", "9.2", 79), ("0000:5e:00", "12.0", 79)]);
+    assert_eq!(rows[0]["action"], "drain-now");
+    assert_eq!(
+        rows[1]["pid"], 7,
+        "the Xid line, not the notice, is the one kept"
+    );
+}
+
+#[test]
 fn explain_known_and_unknown() {
     let (code, out, _) = allot(&["xid", "explain", "48"], b"");
     assert_eq!(code, 0);
@@ -75,6 +109,43 @@ fn explain_known_and_unknown() {
         out.contains("GPU_ECC_DBE") && out.contains("drain-now"),
         "{out}"
     );
+    // The bucket names, and what they ask of the operator.
+    let immediate = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("NVIDIA immediate:"))
+        .unwrap_or_else(|| panic!("no immediate line: {out}"));
+    assert!(
+        immediate.contains("WORKFLOW_XID_48") && immediate.contains("reset the GPU"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.contains("NVIDIA investigatory:") && l.contains("WORKFLOW_XID_48")),
+        "{out}"
+    );
+    let (_, out, _) = allot(&["xid", "explain", "79"], b"");
+    assert!(
+        out.lines().any(|l| l.contains("NVIDIA immediate:")
+            && l.contains("RESTART_BM")
+            && l.contains("restart (power-cycle) the bare-metal host")),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.contains("NVIDIA investigatory:")
+            && l.contains("CONTACT_SUPPORT")
+            && l.contains("support organization")),
+        "{out}"
+    );
+    let (_, out, _) = allot(&["xid", "explain", "48", "--json"], b"");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["immediate"], "WORKFLOW_XID_48", "bucket name kept");
+    assert!(
+        v["immediate_meaning"]
+            .as_str()
+            .is_some_and(|m| m.contains("double-bit ECC") && m.contains("reset the GPU")),
+        "{v}"
+    );
+    assert!(v["investigatory_meaning"].as_str().is_some(), "{v}");
     let (_, out, _) = allot(&["xid", "explain", "119", "--json"], b"");
     let v: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(
@@ -82,9 +153,22 @@ fn explain_known_and_unknown() {
         (Some("drain-now"), Some("reset-gpu"))
     );
     assert_eq!(v["hopper"], true);
+    assert_eq!(
+        (v["immediate"].as_str(), v["investigatory"].as_str()),
+        (Some("RESET_GPU"), Some("INVESTIGATE_SW"))
+    );
+    assert!(
+        v["immediate_meaning"]
+            .as_str()
+            .is_some_and(|m| m.contains("nvidia-smi -r")),
+        "{v}"
+    );
     let (code, out, _) = allot(&["xid", "explain", "4242"], b"");
     assert_eq!(code, 0);
     assert!(out.contains("not in allot's catalog"), "{out}");
+    let (_, out, _) = allot(&["xid", "explain", "4242", "--json"], b"");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert!(v["immediate_meaning"].is_null(), "{v}");
     let (code, _, err) = allot(&["xid", "explain", "seventy-nine"], b"");
     assert_eq!(code, 2);
     assert!(err.contains("<XID>"), "{err}");

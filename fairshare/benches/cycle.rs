@@ -50,6 +50,7 @@ fn big_state() -> (Scheduler, u64) {
         time_limit: None,
         resumable: true,
         priority: [0, 5, 10][rng.pick(&[0.6, 0.3, 0.1])],
+        no_requeue: false,
     };
     // 8,000 one-GPU leases, 100 per hour over 80 hours.
     for k in 0..80u64 {

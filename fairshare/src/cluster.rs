@@ -80,6 +80,9 @@ pub struct Node {
     pub claimed_mem: u32,
     /// Memory held by leases, GB.
     pub mem_used: u32,
+    /// The node refused a start of this many GPUs: work of this size or larger is not
+    /// offered there until its state changes (`u32::MAX`: none refused).
+    pub refused_from: u32,
 }
 
 impl Node {
@@ -121,6 +124,13 @@ impl Node {
     pub fn fits_host(&self, cpu: u32, mem: u32) -> bool {
         self.cpu_used + self.claimed_cpu + cpu <= self.spec.cpu
             && self.mem_used + self.claimed_mem + mem <= self.spec.memory_gb
+    }
+}
+
+impl Node {
+    /// True unless the node refused work of `gpus` GPUs (or fewer) since it last changed.
+    pub fn offers(&self, gpus: u32) -> bool {
+        gpus < self.refused_from
     }
 }
 
@@ -246,6 +256,7 @@ impl Cluster {
             claimed_cpu: 0,
             claimed_mem: 0,
             mem_used: 0,
+            refused_from: u32::MAX,
         });
         let i = self.nodes.len() - 1;
         self.index(i);
@@ -361,7 +372,8 @@ impl Cluster {
         let lo = gpus.max(1) as usize;
         for bucket in self.by_free.iter().skip(lo) {
             for &i in bucket {
-                if self.nodes[i as usize].fits_host(cpu, mem) {
+                let n = &self.nodes[i as usize];
+                if n.fits_host(cpu, mem) && n.offers(gpus) {
                     return Some(NodeId(i));
                 }
             }
@@ -381,7 +393,7 @@ impl Cluster {
                 .map(|&i| NodeId(i))
                 .filter(|&id| {
                     let n = &self.nodes[id.idx()];
-                    n.spec.gpus >= gpus && n.fits_host(cpu, mem)
+                    n.spec.gpus >= gpus && n.fits_host(cpu, mem) && n.offers(gpus)
                 })
                 .take(count as usize)
                 .collect();

@@ -32,6 +32,13 @@ pub enum Action {
         /// Why.
         why: RevokeWhy,
     },
+    /// A revocation not yet due is taken back (the drain that asked for it ended).
+    Withdraw {
+        /// The lease.
+        lease: LeaseId,
+        /// Its workload.
+        workload: WorkloadId,
+    },
     /// Nodes are set aside for a gang that cannot fit yet.
     Reserve {
         /// The gang.

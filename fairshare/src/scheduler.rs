@@ -32,6 +32,10 @@ pub enum LeaseEnd {
     TimeLimit,
     /// The node or GPU went away under it.
     NodeLost,
+    /// The node refused to start it (drained, GPU taken, unhealthy): a fact about the
+    /// node, not the work. The work waits again and that node is not offered the
+    /// same size again until its state changes.
+    Refused,
 }
 
 /// Errors from the core's entry points; each names what was wrong.
@@ -287,13 +291,55 @@ impl Scheduler {
                 });
             }
         }
+        if let Some(tl) = spec.time_limit.filter(|&tl| spec.min_runtime > tl) {
+            return Err(CoreError::Impossible {
+                field: "min_runtime",
+                value: spec.min_runtime,
+                why: format!(
+                    "longer than time_limit ({tl} s): the work would be stopped before its protection ends; ask for a min runtime no longer than the time limit"
+                ),
+            });
+        }
         let c = &self.st.cluster;
         let max_gpus = c.nodes().map(|(_, n)| n.spec.gpus).max().unwrap_or(0);
         if spec.gpus_per_node == 0 || spec.gpus_per_node > max_gpus {
             return Err(CoreError::Impossible {
-                field: "gpus",
+                field: "gpus_per_node",
                 value: u64::from(spec.gpus_per_node),
-                why: format!("ask for 1 to {max_gpus} GPUs per node"),
+                why: format!(
+                    "ask for 1 to {max_gpus} GPUs per node (the largest node has {max_gpus}); more GPUs take more nodes (a gang of whole nodes)"
+                ),
+            });
+        }
+        // Name the resource no single node can hold, with the largest that has it.
+        let with_gpus = || {
+            c.nodes()
+                .map(|(_, n)| n)
+                .filter(|n| n.spec.gpus >= spec.gpus_per_node)
+        };
+        let max_cpu = with_gpus().map(|n| n.spec.cpu).max().unwrap_or(0);
+        if spec.cpu_per_node > max_cpu {
+            return Err(CoreError::Impossible {
+                field: "cpu_per_node",
+                value: u64::from(spec.cpu_per_node),
+                why: format!(
+                    "the largest node with {} GPUs has {max_cpu} CPUs; ask for at most {max_cpu} CPUs per node",
+                    spec.gpus_per_node
+                ),
+            });
+        }
+        let max_mem = with_gpus()
+            .filter(|n| n.spec.cpu >= spec.cpu_per_node)
+            .map(|n| n.spec.memory_gb)
+            .max()
+            .unwrap_or(0);
+        if spec.mem_per_node_gb > max_mem {
+            return Err(CoreError::Impossible {
+                field: "mem_per_node_gb",
+                value: u64::from(spec.mem_per_node_gb),
+                why: format!(
+                    "GB of memory per node: the largest node that fits the rest has {max_mem} GB; ask for at most {max_mem} GB per node"
+                ),
             });
         }
         let mut per_cluster = vec![0u64; c.cluster_names().len()];
@@ -311,7 +357,7 @@ impl Scheduler {
                 field: "nodes",
                 value: u64::from(spec.nodes),
                 why: format!(
-                    "at most {most} nodes of one cluster can hold {} GPUs, {} CPUs and {} GB each",
+                    "ask for 1 to {most}: at most {most} nodes of one cluster can hold {} GPUs, {} CPUs and {} GB of memory each (a gang takes whole nodes of one cluster)",
                     spec.gpus_per_node, spec.cpu_per_node, spec.mem_per_node_gb
                 ),
             });
@@ -375,12 +421,11 @@ impl Scheduler {
             .release(now, lease)
             .ok_or(CoreError::UnknownLease(lease.0))?;
         let wid = l.workload;
-        let resumable = self
+        let requeue = self
             .st
             .workloads
             .get(&wid)
-            .map(|w| w.spec.resumable)
-            .unwrap_or(false);
+            .is_some_and(|w| !w.spec.no_requeue);
         let cancelled = matches!(
             l.revoke,
             Some(Revocation {
@@ -388,15 +433,39 @@ impl Scheduler {
                 ..
             })
         );
+        if end == LeaseEnd::Refused {
+            // Not offered there again (at this size or larger) until the node changes.
+            for p in &l.placement {
+                let gpus = p.gpus.count_ones();
+                self.st
+                    .cluster
+                    .update(p.node, |n| n.refused_from = n.refused_from.min(gpus));
+            }
+        }
+        // Revoked or lost work waits again, from its checkpoint when it can resume and
+        // from the beginning otherwise, unless its user asked for no requeue.
         let next = match end {
             LeaseEnd::Completed => WorkloadState::Completed,
             LeaseEnd::Failed => WorkloadState::Failed,
             LeaseEnd::TimeLimit => WorkloadState::TimedOut,
             _ if cancelled => WorkloadState::Cancelled,
-            LeaseEnd::Revoked | LeaseEnd::NodeLost if resumable => WorkloadState::Pending,
+            LeaseEnd::Refused => WorkloadState::Pending,
+            LeaseEnd::Revoked | LeaseEnd::NodeLost if requeue => WorkloadState::Pending,
             LeaseEnd::Revoked => WorkloadState::Preempted,
             LeaseEnd::NodeLost => WorkloadState::Failed,
         };
+        let preempted = matches!(
+            l.revoke,
+            Some(Revocation {
+                why: RevokeWhy::Preempted { .. } | RevokeWhy::Reservation { .. },
+                ..
+            })
+        ) && end == LeaseEnd::Revoked;
+        if preempted && next != WorkloadState::Pending {
+            if let Some(w) = self.st.workloads.get_mut(&wid) {
+                w.preemptions += 1;
+            }
+        }
         if next == WorkloadState::Pending {
             let w = self
                 .st
@@ -406,13 +475,7 @@ impl Scheduler {
             w.state = WorkloadState::Pending;
             w.lease = None;
             w.blocked = None;
-            if matches!(
-                l.revoke,
-                Some(Revocation {
-                    why: RevokeWhy::Preempted { .. } | RevokeWhy::Reservation { .. },
-                    ..
-                })
-            ) {
+            if preempted {
                 w.preemptions += 1;
                 w.last_preempted = Some(now);
             }
@@ -456,7 +519,13 @@ impl Scheduler {
         if node.idx() >= self.st.cluster.len() {
             return Err(CoreError::UnknownNode(node.0));
         }
-        self.st.cluster.update(node, |n| n.state = state);
+        self.st.cluster.update(node, |n| {
+            n.state = state;
+            n.refused_from = u32::MAX;
+        });
+        if state == NodeState::Ready {
+            self.withdraw_drain_revocations(now, node);
+        }
         if state != NodeState::Ready {
             for lid in self.st.node_leases[node.idx()].clone() {
                 let Some(l) = self.st.leases.get(&lid) else {
@@ -476,6 +545,36 @@ impl Scheduler {
         Ok(())
     }
 
+    /// The drain of `node` ended: revocations it queued that have not come due are
+    /// withdrawn (the leases run on under their contracts), unless another node of
+    /// the same lease still drains.
+    fn withdraw_drain_revocations(&mut self, now: Time, node: NodeId) {
+        for lid in self.st.node_leases[node.idx()].clone() {
+            let Some(l) = self.st.leases.get(&lid) else {
+                continue;
+            };
+            let ours = l.revoke.as_ref().is_some_and(|r| {
+                r.not_before > now
+                    && matches!(r.why, RevokeWhy::Drain { node: n } | RevokeWhy::DrainNow { node: n } if n == node)
+            });
+            let elsewhere = l
+                .placement
+                .iter()
+                .any(|p| self.st.cluster.node(p.node).state != NodeState::Ready);
+            if ours && !elsewhere {
+                self.st.withdraw(now, lid);
+            }
+        }
+    }
+
+    /// Something about a node changed that the core does not model (its agent's
+    /// drains or health report): it is offered every size of work again.
+    pub fn node_changed(&mut self, node: NodeId) {
+        if node.idx() < self.st.cluster.len() {
+            self.st.cluster.update(node, |n| n.refused_from = u32::MAX);
+        }
+    }
+
     /// Marks one GPU healthy or not (a failed GPU takes no new leases).
     pub fn set_gpu_health(
         &mut self,
@@ -488,6 +587,7 @@ impl Scheduler {
         }
         let bit = 1u64 << gpu;
         self.st.cluster.update(node, |n| {
+            n.refused_from = u32::MAX;
             if healthy {
                 n.healthy |= bit
             } else {
@@ -833,6 +933,7 @@ impl State {
                 n.soft &= !p.gpus;
                 n.cpu_used -= l.cpu_per_node.min(n.cpu_used);
                 n.mem_used -= l.mem_per_node.min(n.mem_used);
+                n.refused_from = u32::MAX;
             });
             self.node_leases[p.node.idx()].retain(|x| *x != lid);
         }
@@ -848,6 +949,26 @@ impl State {
         );
         self.protected.remove(&(l.preemptible_at, lid));
         Some(l)
+    }
+
+    /// Takes back a revocation that has not come due: the lease is preemptible again
+    /// only if its protection has lapsed.
+    fn withdraw(&mut self, now: Time, lid: LeaseId) {
+        let Some(l) = self.leases.get_mut(&lid) else {
+            return;
+        };
+        l.revoke = None;
+        let (workload, placement, lapsed) =
+            (l.workload, l.placement.clone(), l.preemptible_at <= now);
+        if lapsed {
+            for p in placement {
+                self.cluster.update(p.node, |n| n.soft |= p.gpus);
+            }
+        }
+        self.outbox.push(Action::Withdraw {
+            lease: lid,
+            workload,
+        });
     }
 
     fn revoke_at(&mut self, lid: LeaseId, not_before: Time, why: RevokeWhy) {

@@ -34,10 +34,15 @@ pub struct WorkloadSpec {
     pub min_runtime: Secs,
     /// Hard limit on one run, if any.
     pub time_limit: Option<Secs>,
-    /// Whether it can checkpoint and resume; resumable work is requeued on preemption.
+    /// Whether it can checkpoint and resume (resume from its checkpoint when requeued;
+    /// work that cannot resume restarts from the beginning).
     pub resumable: bool,
     /// Order inside its project (higher first), before aging.
     pub priority: i32,
+    /// End as preempted instead of waiting again when preempted or its node is lost
+    /// (the user asked for no requeue; Slurm's `--no-requeue`).
+    #[serde(default)]
+    pub no_requeue: bool,
 }
 
 impl WorkloadSpec {

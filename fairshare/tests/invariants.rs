@@ -72,6 +72,8 @@ struct Sub {
     time_limit: Option<Secs>,
     /// Exits with a failure rather than success.
     fails: bool,
+    /// Ends as preempted rather than waiting again.
+    no_requeue: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -156,6 +158,7 @@ fn sub() -> impl Strategy<Value = Sub> {
         prop_oneof![1 => 1..=10 * MINUTE, 2 => 10 * MINUTE..=3 * HOUR, 2 => 3 * HOUR..=DAY],
         prop_oneof![4 => Just(None), 1 => (MINUTE..=4 * HOUR).prop_map(Some)],
         prop::bool::weighted(0.1),
+        prop::bool::weighted(0.2),
     )
         .prop_map(
             |(
@@ -169,6 +172,7 @@ fn sub() -> impl Strategy<Value = Sub> {
                 run,
                 time_limit,
                 fails,
+                no_requeue,
             )| Sub {
                 project,
                 gpus,
@@ -178,8 +182,10 @@ fn sub() -> impl Strategy<Value = Sub> {
                 resumable,
                 priority,
                 run,
-                time_limit,
+                // The core refuses a min runtime longer than the time limit.
+                time_limit: time_limit.map(|t: Secs| t.max(min_runtime)),
                 fails,
+                no_requeue,
             },
         )
 }
@@ -252,6 +258,7 @@ fn contended() -> impl Strategy<Value = (Setup, Vec<Op>)> {
             run,
             time_limit: None,
             fails: false,
+            no_requeue: false,
         });
     let op = prop_oneof![
         4 => (job.clone(), 2u32..=8).prop_map(|(s, n)| Op::Burst(s, n)),
@@ -592,6 +599,7 @@ impl Shell {
             time_limit: s.time_limit,
             resumable: s.resumable,
             priority: s.priority,
+            no_requeue: s.no_requeue,
         };
         self.submit_spec(
             spec,
@@ -746,17 +754,20 @@ impl Shell {
         if end != LeaseEnd::Revoked {
             self.news();
         }
-        let resumable = self
+        let requeue = self
             .sch
             .workload(l.workload)
-            .is_some_and(|w| w.spec.resumable);
+            .is_some_and(|w| !w.spec.no_requeue);
         let cancelled = matches!(self.last_revoke.get(&lid), Some(RevokeWhy::Cancelled));
         let expect = match end {
             LeaseEnd::Completed => WorkloadState::Completed,
             LeaseEnd::Failed => WorkloadState::Failed,
             LeaseEnd::TimeLimit => WorkloadState::TimedOut,
-            LeaseEnd::Revoked | LeaseEnd::NodeLost if cancelled => WorkloadState::Cancelled,
-            LeaseEnd::Revoked | LeaseEnd::NodeLost if resumable => WorkloadState::Pending,
+            LeaseEnd::Revoked | LeaseEnd::NodeLost | LeaseEnd::Refused if cancelled => {
+                WorkloadState::Cancelled
+            }
+            LeaseEnd::Refused => WorkloadState::Pending,
+            LeaseEnd::Revoked | LeaseEnd::NodeLost if requeue => WorkloadState::Pending,
             LeaseEnd::Revoked => WorkloadState::Preempted,
             LeaseEnd::NodeLost => WorkloadState::Failed,
         };
@@ -813,6 +824,7 @@ impl Shell {
                     nodes,
                     start,
                 } => self.on_reserve(*workload, nodes, *start),
+                Action::Withdraw { lease, .. } => self.on_withdraw(*lease),
             }
         }
         if let Some(w) = d.next_wakeup {
@@ -1077,6 +1089,29 @@ impl Shell {
                 Ev::End(lid, LeaseEnd::Revoked),
             );
         }
+    }
+
+    /// A drain ended before its revocation came due: the lease runs on.
+    fn on_withdraw(&mut self, lid: LeaseId) {
+        let now = self.now;
+        let ok = matches!(
+            self.last_revoke.get(&lid),
+            Some(RevokeWhy::Drain { .. } | RevokeWhy::DrainNow { .. })
+        ) && self.revoked_at.get(&lid).is_some_and(|t| *t > now);
+        if !ok {
+            self.fail(
+                Prop::Revokes,
+                format!(
+                    "{lid:?} withdrawn at {now}, but its revocation was {:?} from {:?}",
+                    self.last_revoke.get(&lid),
+                    self.revoked_at.get(&lid)
+                ),
+            );
+        }
+        self.events
+            .retain(|_, e| !matches!(e, Ev::End(l, LeaseEnd::Revoked) if *l == lid));
+        self.revoked_at.remove(&lid);
+        self.last_revoke.remove(&lid);
     }
 
     fn funded_preemption(
@@ -1603,6 +1638,7 @@ fn long_run_shares(
                     time_limit: None,
                     resumable: true,
                     priority: 0,
+                    no_requeue: false,
                 };
                 let job = Job {
                     run,
@@ -1721,6 +1757,7 @@ fn job_spec(project: &str, nodes: u32, gpus: u32, min_runtime: Secs) -> Workload
         time_limit: None,
         resumable: true,
         priority: 0,
+        no_requeue: false,
     }
 }
 
@@ -1805,6 +1842,7 @@ fn a_victim_does_not_take_back_within_the_cooldown() {
         run,
         time_limit: None,
         fails: false,
+        no_requeue: false,
     };
     let ops = [
         Op::Burst(job(3, 1, 0, true, 33_133), 7),
@@ -1864,6 +1902,7 @@ fn a_reservation_is_not_its_groups_allocation() {
         run,
         time_limit: None,
         fails: false,
+        no_requeue: false,
     };
     let ops = [
         Op::Node(0, NodeState::Draining),
@@ -1917,6 +1956,7 @@ fn equal_ratios_do_not_preempt_both_ways() {
         run,
         time_limit: None,
         fails: false,
+        no_requeue: false,
     };
     let ops = [
         Op::Burst(job(3, 1, 30_482), 3),
@@ -1966,6 +2006,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
                 run: 4107,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             2,
         ),
@@ -1982,6 +2023,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             run: 1,
             time_limit: None,
             fails: false,
+            no_requeue: false,
         }),
         Op::Submit(Sub {
             project: 0,
@@ -1994,6 +2036,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             run: 1,
             time_limit: None,
             fails: false,
+            no_requeue: false,
         }),
         Op::Submit(Sub {
             project: 2,
@@ -2006,6 +2049,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             run: 29656,
             time_limit: None,
             fails: false,
+            no_requeue: false,
         }),
         Op::Gpu {
             node: 1,
@@ -2025,6 +2069,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             run: 4941,
             time_limit: None,
             fails: false,
+            no_requeue: false,
         }),
         Op::Gpu {
             node: 3,
@@ -2043,6 +2088,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             run: 1,
             time_limit: None,
             fails: false,
+            no_requeue: false,
         }),
         Op::Submit(Sub {
             project: 1,
@@ -2055,6 +2101,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             run: 1,
             time_limit: None,
             fails: false,
+            no_requeue: false,
         }),
         Op::Submit(Sub {
             project: 0,
@@ -2067,6 +2114,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             run: 1,
             time_limit: None,
             fails: false,
+            no_requeue: false,
         }),
         Op::Submit(Sub {
             project: 0,
@@ -2079,6 +2127,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             run: 1,
             time_limit: None,
             fails: false,
+            no_requeue: false,
         }),
         Op::Burst(
             Sub {
@@ -2092,6 +2141,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
                 run: 10800,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             2,
         ),
@@ -2107,6 +2157,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
                 run: 7201,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             3,
         ),
@@ -2121,6 +2172,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             run: 1,
             time_limit: None,
             fails: false,
+            no_requeue: false,
         }),
         Op::Burst(
             Sub {
@@ -2134,6 +2186,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
                 run: 7201,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             4,
         ),
@@ -2148,6 +2201,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             run: 1,
             time_limit: None,
             fails: false,
+            no_requeue: false,
         }),
         Op::Gpu {
             node: 0,
@@ -2197,6 +2251,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 run: 61895,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             3,
         ),
@@ -2213,6 +2268,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 run: 91857,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             4,
         ),
@@ -2230,6 +2286,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 run: 15573,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             3,
         ),
@@ -2245,6 +2302,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 run: 93511,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             5,
         ),
@@ -2261,6 +2319,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 run: 3600,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             2,
         ),
@@ -2276,6 +2335,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 run: 3600,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             8,
         ),
@@ -2291,6 +2351,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 run: 92042,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             3,
         ),
@@ -2306,6 +2367,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 run: 3600,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             4,
         ),
@@ -2321,6 +2383,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 run: 45121,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             2,
         ),
@@ -2335,6 +2398,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
             run: 35162,
             time_limit: None,
             fails: false,
+            no_requeue: false,
         }),
         Op::Advance(1),
         Op::Advance(54616),
@@ -2357,6 +2421,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 run: 3600,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             2,
         ),
@@ -2373,6 +2438,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 run: 19589,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             3,
         ),
@@ -2389,6 +2455,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 run: 19589,
                 time_limit: None,
                 fails: false,
+                no_requeue: false,
             },
             2,
         ),

@@ -94,21 +94,6 @@ fn funded_work_preempts_unfunded_and_the_victim_is_requeued_in_place() {
 }
 
 #[test]
-fn non_resumable_victims_end_preempted() {
-    let mut s = sched(two_teams(), nodes("c", 1, 8));
-    let mut spec = job("x", 8, 0);
-    spec.resumable = false;
-    let free = s.submit(0, spec).unwrap();
-    s.schedule(0);
-    s.submit(1, job("y", 8, HOUR)).unwrap();
-    s.schedule(1);
-    let st = s
-        .lease_ended(2, lease_of(&s, free), LeaseEnd::Revoked)
-        .unwrap();
-    assert_eq!(st, WorkloadState::Preempted);
-}
-
-#[test]
 fn protected_leases_wait_out_their_min_runtime() {
     let mut s = sched(two_teams(), nodes("c", 1, 8));
     // x runs alone for three days, building history.
@@ -408,7 +393,7 @@ fn submissions_that_can_never_fit_are_refused_with_the_field() {
     let e = s.submit(0, job("nope", 1, 0)).unwrap_err();
     assert!(e.to_string().contains("\"nope\""), "{e}");
     let e = s.submit(0, job("x", 9, 0)).unwrap_err();
-    assert!(e.to_string().starts_with("gpus = 9"), "{e}");
+    assert!(e.to_string().starts_with("gpus_per_node = 9"), "{e}");
     let e = s.submit(0, gang("x", 3, 8, 0)).unwrap_err();
     assert!(e.to_string().starts_with("nodes = 3"), "{e}");
     let t = tree(&[("team", None, 1.0), ("proj", Some("team"), 1.0)]);
@@ -616,4 +601,157 @@ fn a_new_weight_changes_shares_and_so_the_ranking() {
         .filter(|(w, _, _)| s.workload(*w).unwrap().spec.project == "x")
         .count();
     assert_eq!(xs, 6, "x got {xs} of 8");
+}
+
+#[test]
+fn preempted_work_that_cannot_resume_waits_again_and_is_counted() {
+    // Unfunded, not resumable: preempted for funded work, it is requeued (from
+    // scratch) rather than lost, and the preemption is counted.
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let victim = s
+        .submit(
+            0,
+            allot_fairshare::WorkloadSpec {
+                resumable: false,
+                ..job("x", 8, 0)
+            },
+        )
+        .unwrap();
+    s.schedule(0);
+    let lease = lease_of(&s, victim);
+    s.submit(1, job("y", 8, HOUR)).unwrap();
+    s.schedule(1);
+    let next = s.lease_ended(70, lease, LeaseEnd::Revoked).unwrap();
+    assert_eq!(next, WorkloadState::Pending);
+    let w = s.workload(victim).unwrap();
+    assert_eq!(w.preemptions, 1);
+}
+
+#[test]
+fn no_requeue_work_ends_preempted_and_is_counted() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let victim = s
+        .submit(
+            0,
+            allot_fairshare::WorkloadSpec {
+                resumable: false,
+                no_requeue: true,
+                ..job("x", 8, 0)
+            },
+        )
+        .unwrap();
+    s.schedule(0);
+    let lease = lease_of(&s, victim);
+    s.submit(1, job("y", 8, HOUR)).unwrap();
+    s.schedule(1);
+    let next = s.lease_ended(70, lease, LeaseEnd::Revoked).unwrap();
+    assert_eq!(next, WorkloadState::Preempted);
+    assert_eq!(s.workload(victim).unwrap().preemptions, 1);
+}
+
+#[test]
+fn a_refused_start_requeues_and_the_node_is_not_offered_that_size_until_it_changes() {
+    let mut s = sched(two_teams(), nodes("c", 2, 8));
+    let w = s
+        .submit(
+            0,
+            allot_fairshare::WorkloadSpec {
+                resumable: false,
+                ..job("x", 4, HOUR)
+            },
+        )
+        .unwrap();
+    let d = s.schedule(0);
+    let first = starts(&d)[0].1;
+    let refusing = s.lease(first).unwrap().placement[0].node;
+    assert_eq!(
+        s.lease_ended(1, first, LeaseEnd::Refused).unwrap(),
+        WorkloadState::Pending,
+        "a refusal is the node's fact, not the work's failure"
+    );
+    assert_eq!(s.workload(w).unwrap().preemptions, 0);
+    // The next pass places it on the other node, not back on the refusing one.
+    let d = s.schedule(2);
+    let second = starts(&d)[0].1;
+    assert_ne!(s.lease(second).unwrap().placement[0].node, refusing);
+    // That one refuses too: nothing is offered until a node changes (no hot loop).
+    let other = s.lease(second).unwrap().placement[0].node;
+    s.lease_ended(3, second, LeaseEnd::Refused).unwrap();
+    assert!(starts(&s.schedule(4)).is_empty());
+    // Smaller work is still offered there.
+    let small = s.submit(5, job("y", 2, HOUR)).unwrap();
+    let d = s.schedule(5);
+    assert!(starts(&d).iter().any(|(id, _, _)| *id == small));
+    // Once the node changes (its agent reports anew) it is offered again.
+    s.node_changed(other);
+    let d = s.schedule(6);
+    assert!(starts(&d).iter().any(|(id, _, _)| *id == w));
+}
+
+#[test]
+fn undraining_before_the_lapse_withdraws_the_drain_revocation() {
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let w = s.submit(0, job("x", 8, HOUR)).unwrap();
+    s.schedule(0);
+    let lease = lease_of(&s, w);
+    s.set_node_state(10, NodeId(0), NodeState::Draining)
+        .unwrap();
+    let d = s.schedule(10);
+    assert_eq!(revokes(&d).len(), 1, "the drain revokes at the lapse");
+    s.set_node_state(20, NodeId(0), NodeState::Ready).unwrap();
+    let d = s.schedule(20);
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::Withdraw { lease: l, .. } if *l == lease)),
+        "{:?}",
+        d.actions
+    );
+    assert!(s.lease(lease).unwrap().revoke.is_none());
+    // Past the lapse nothing revokes it: it runs on under its contract.
+    let d = s.schedule(HOUR + 10);
+    assert!(revokes(&d).is_empty());
+    assert_eq!(s.workload(w).unwrap().state, WorkloadState::Running);
+}
+
+#[test]
+fn contradictory_and_oversized_requests_name_the_field_and_the_fix() {
+    let mut s = sched(two_teams(), nodes("c", 2, 8));
+    let e = s
+        .submit(
+            0,
+            allot_fairshare::WorkloadSpec {
+                time_limit: Some(HOUR),
+                ..job("x", 1, 2 * HOUR)
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("min_runtime = 7200: longer than time_limit"),
+        "{e}"
+    );
+    let e = s.submit(0, job("x", 9, 0)).unwrap_err().to_string();
+    assert!(e.starts_with("gpus_per_node = 9: ask for 1 to 8"), "{e}");
+    let e = s.submit(0, job("x", 0, 0)).unwrap_err().to_string();
+    assert!(e.starts_with("gpus_per_node = 0: ask for 1 to 8"), "{e}");
+    let e = s
+        .submit(
+            0,
+            allot_fairshare::WorkloadSpec {
+                mem_per_node_gb: 4096,
+                ..job("x", 1, 0)
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("mem_per_node_gb = 4096") && e.contains("2048 GB"),
+        "{e}"
+    );
+    let e = s.submit(0, gang("x", 3, 8, 0)).unwrap_err().to_string();
+    assert!(
+        e.contains("nodes = 3: ask for 1 to 2") && e.contains("whole nodes"),
+        "{e}"
+    );
 }

@@ -7,7 +7,19 @@
 //! `pid=`/`name=` present, absent or `<unknown>` (quoted or not). The "GPU has fallen
 //! off the bus" message that comes without an Xid line is reported as XID 79.
 //!
-//! Lines that are not XIDs cost one substring search, so scanning a whole log is
+//! That message does not always name its GPU. The driver announces a GPU once
+//! (`NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>`, then its board serial) and may follow
+//! with `NVRM: GPU has fallen off the bus.` a few lines later, with or without an Xid
+//! line in between. [`parse_line`] sees one line and cannot tell whose it is, so
+//! anything reading a stream of lines goes through an [`Assembler`]: it remembers the
+//! last GPU announced for [`CONTEXT_LINES`] lines (or until another GPU is announced)
+//! and reports an address-less notice in that window as that GPU's XID 79. A notice
+//! with its own address keeps it; an address-less one outside any window is dropped,
+//! as there is no telling which GPU it concerns. The driver usually writes an Xid 79
+//! line and a notice for the same fall; a notice for a GPU whose XID 79 was reported
+//! in the last [`CONTEXT_LINES`] lines is that same fall and is not counted again.
+//!
+//! Lines that are not XIDs cost two substring searches, so scanning a whole log is
 //! cheap; nothing here allocates for them or can panic on any input.
 
 use serde::Serialize;
@@ -45,20 +57,132 @@ pub struct XidEvent {
     pub seq: Option<u64>,
 }
 
-/// Parses one line; `None` for anything that is not an XID/SXid event.
+/// Parses one line; `None` for anything that is not an XID/SXid event on its own
+/// (a "fallen off the bus" notice without an address needs an [`Assembler`]).
 pub fn parse_line(line: &str) -> Option<XidEvent> {
-    if let Some(i) = line.find("Xid (") {
+    match classify(line) {
+        Line::Event(e) => Some(e),
+        Line::Fallen(Some(pci)) => Some(fallen(line, pci, FALLEN)),
+        Line::Fallen(None) | Line::Announce(_) | Line::Other => None,
+    }
+}
+
+/// Lines after an `NVRM: GPU at PCI:…` announcement during which an address-less
+/// "fallen off the bus" notice is taken to be about the announced GPU. The driver
+/// writes the notice within a handful of lines (serial number, Xid, crash-dump
+/// notice); beyond this, other GPUs' messages may have come in between.
+pub const CONTEXT_LINES: u64 = 16;
+
+/// Turns a stream of kernel-log lines into events, remembering across lines what a
+/// single line cannot say: which GPU the driver last announced, and which GPUs' fall
+/// off the bus was already reported (see the module doc). Pure: no I/O; feed it every
+/// line in order, chatter included, as the window is counted in lines.
+#[derive(Debug, Clone, Default)]
+pub struct Assembler {
+    /// Lines pushed so far.
+    line: u64,
+    /// The GPU last announced, and the line that announced it.
+    announced: Option<(String, u64)>,
+    /// GPUs whose XID 79 was reported, and on which line; at most one entry per line
+    /// of the window, as older ones are dropped.
+    fallen: Vec<(String, u64)>,
+}
+
+impl Assembler {
+    /// A fresh assembler (the start of a log).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The event `line` completes, if any.
+    pub fn push(&mut self, line: &str) -> Option<XidEvent> {
+        self.line += 1;
+        match classify(line) {
+            Line::Other => None,
+            Line::Announce(pci) => {
+                self.announced = Some((pci, self.line));
+                None
+            }
+            Line::Event(e) => {
+                if e.kind == Kind::Xid && e.xid == 79 {
+                    self.fell(&e.pci);
+                }
+                Some(e)
+            }
+            Line::Fallen(Some(pci)) => self.notice(line, pci, FALLEN),
+            Line::Fallen(None) => {
+                let pci = self
+                    .announced
+                    .as_ref()
+                    .filter(|(_, at)| self.line - at <= CONTEXT_LINES)
+                    .map(|(pci, _)| pci.clone())?;
+                self.notice(line, pci, FALLEN_ANNOUNCED)
+            }
+        }
+    }
+
+    /// The notice's event, unless the same GPU's fall was reported within the window.
+    fn notice(&mut self, line: &str, pci: String, message: &str) -> Option<XidEvent> {
+        let now = self.line;
+        self.fallen.retain(|(_, at)| now - at <= CONTEXT_LINES);
+        if self.fallen.iter().any(|(p, _)| *p == pci) {
+            return None;
+        }
+        self.fallen.push((pci.clone(), now));
+        Some(fallen(line, pci, message))
+    }
+
+    fn fell(&mut self, pci: &str) {
+        let now = self.line;
+        self.fallen
+            .retain(|(p, at)| now - at <= CONTEXT_LINES && p != pci);
+        self.fallen.push((pci.to_string(), now));
+    }
+}
+
+/// What one line says, before any context is applied.
+enum Line {
+    /// An Xid/SXid line.
+    Event(XidEvent),
+    /// A "fallen off the bus" notice without an Xid line, with its bus id if it has one.
+    Fallen(Option<String>),
+    /// `NVRM: GPU at PCI:…: GPU-<uuid>`: the lines that follow concern this GPU.
+    Announce(String),
+    /// Anything else.
+    Other,
+}
+
+fn classify(line: &str) -> Line {
+    // `contains` has a vectorised path for short needles and `find` builds a searcher
+    // per call: the lines that are not XIDs (nearly all) pay only the former.
+    if let Some(i) = line.contains("Xid (").then(|| line.find("Xid (")).flatten() {
         let kind = if line[..i].ends_with('S') {
             Kind::Sxid
         } else {
             Kind::Xid
         };
-        return parse_xid(line, i + "Xid (".len(), kind);
+        return parse_xid(line, i + "Xid (".len(), kind).map_or(Line::Other, Line::Event);
+    }
+    // Announcements and notices both say "GPU"; most chatter does not, and this one
+    // search spares it the two below.
+    if !line.contains("GPU") {
+        return Line::Other;
     }
     if line.contains("fallen off the bus") {
-        return parse_fallen(line);
+        return match fallen_address(line) {
+            Address::Valid(pci) => Line::Fallen(Some(pci)),
+            // Only the driver's own notice may borrow an announced GPU; a garbled
+            // address is not "no address" and must not be pinned on another GPU.
+            Address::Absent if line.contains("NVRM") => Line::Fallen(None),
+            Address::Absent | Address::Garbled => Line::Other,
+        };
     }
-    None
+    if line.contains("GPU at PCI:") {
+        if let Some(pci) = announced(line) {
+            return Line::Announce(pci);
+        }
+    }
+    Line::Other
 }
 
 /// Time and kmsg sequence from the line's prefix.
@@ -181,30 +305,68 @@ fn unquote(s: &str) -> &str {
     s.trim_matches(|c| c == '\'' || c == '"')
 }
 
+const FALLEN: &str = "GPU has fallen off the bus (reported without an Xid line)";
+const FALLEN_ANNOUNCED: &str =
+    "GPU has fallen off the bus (reported without an Xid line or bus id; GPU named by the driver's preceding `GPU at PCI:` line)";
+
+/// The bus id a "fallen off the bus" notice names, if it names one.
+enum Address {
+    /// A bus id, normalised.
+    Valid(String),
+    /// `NVRM: GPU has fallen off the bus.`: the GPU is in an earlier line.
+    Absent,
+    /// Something address-shaped that is not a bus id.
+    Garbled,
+}
+
 /// `NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.` (or `GPU at PCI:…`).
-fn parse_fallen(line: &str) -> Option<XidEvent> {
-    let i = line.find("GPU ")?;
+fn fallen_address(line: &str) -> Address {
+    let Some(i) = line.find("GPU ") else {
+        return Address::Absent;
+    };
     let after = &line[i + 4..];
     let after = after.strip_prefix("at ").unwrap_or(after);
-    let token = after.split([' ', ',']).next()?.trim_end_matches(':');
-    let pci = normalize_pci(token)?;
+    let token = after
+        .split([' ', ','])
+        .next()
+        .unwrap_or("")
+        .trim_end_matches(':');
+    if !token.contains(':') {
+        return Address::Absent;
+    }
+    normalize_pci(token).map_or(Address::Garbled, Address::Valid)
+}
+
+/// `NVRM: GPU at PCI:0000:3b:00: GPU-2bb7e0d8-…`: the GPU the next lines are about.
+fn announced(line: &str) -> Option<String> {
+    let i = line.find("GPU at ")?;
+    let token = line[i + "GPU at ".len()..]
+        .split([' ', ','])
+        .next()?
+        .trim_end_matches(':');
+    normalize_pci(token)
+}
+
+/// XID 79 for `pci`, timed by the notice's own line.
+fn fallen(line: &str, pci: String, message: &str) -> XidEvent {
     let (time, seq) = prefix(line);
-    Some(XidEvent {
+    XidEvent {
         kind: Kind::Xid,
         xid: 79,
         pci,
         gpu_instance: None,
         pid: None,
         name: None,
-        message: "GPU has fallen off the bus (reported without an Xid line)".into(),
+        message: message.into(),
         time,
         seq,
-    })
+    }
 }
 
-/// Every event in a whole log, in order.
+/// Every event in a whole log, in order (through an [`Assembler`]).
 pub fn scan(text: &str) -> Vec<XidEvent> {
-    text.lines().filter_map(parse_line).collect()
+    let mut a = Assembler::new();
+    text.lines().filter_map(|l| a.push(l)).collect()
 }
 
 #[cfg(test)]
@@ -289,6 +451,141 @@ mod tests {
         assert_eq!((e.xid, e.pci.as_str()), (79, "0000:3b:00"));
         let e = one("NVRM: GPU at PCI:0000:5e:00: GPU has fallen off the bus.");
         assert_eq!(e.pci, "0000:5e:00");
+    }
+
+    /// Every event the assembler makes of `lines`, in order.
+    fn assemble(lines: &[&str]) -> Vec<XidEvent> {
+        let mut a = Assembler::new();
+        lines.iter().filter_map(|l| a.push(l)).collect()
+    }
+
+    const ANNOUNCE_3B: &str =
+        "4,500,9000,-;NVRM: GPU at PCI:0000:3b:00: GPU-2bb7e0d8-1e4e-6dc4-9a87-1b5d0a7c2f11";
+    const SERIAL: &str = "4,501,9000,-;NVRM: GPU Board Serial Number: 1234567890123";
+    const BARE_NOTICE: &str = "4,503,9100,-;NVRM: GPU has fallen off the bus.";
+
+    #[test]
+    fn announced_gpu_owns_a_later_notice_without_address() {
+        let ev = assemble(&[
+            ANNOUNCE_3B,
+            SERIAL,
+            "4,502,9050,-;NVRM: A GPU crash dump has been created. If possible, please run",
+            BARE_NOTICE,
+        ]);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        let e = &ev[0];
+        assert_eq!(
+            (e.kind, e.xid, e.pci.as_str()),
+            (Kind::Xid, 79, "0000:3b:00")
+        );
+        // Timed by the notice, so a reset recorded after the announcement still
+        // counts the fall as new.
+        assert_eq!((e.seq, e.time.as_deref()), (Some(503), Some("9100")));
+        assert!(e.message.contains("GPU at PCI:"), "{}", e.message);
+        // On its own the notice names no GPU.
+        assert_eq!(parse_line(BARE_NOTICE), None);
+    }
+
+    #[test]
+    fn notice_with_its_own_address_after_the_announcement() {
+        let notice = "[ 9.9] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.";
+        let ev = assemble(&[ANNOUNCE_3B, SERIAL, notice]);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert_eq!((ev[0].xid, ev[0].pci.as_str()), (79, "0000:3b:00"));
+        assert_eq!(ev[0].time.as_deref(), Some("9.9"));
+        // Its own address wins over the announced GPU's.
+        let ev = assemble(&[
+            ANNOUNCE_3B,
+            "NVRM: GPU 0000:5e:00.0: GPU has fallen off the bus.",
+        ]);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert_eq!(ev[0].pci, "0000:5e:00");
+    }
+
+    #[test]
+    fn the_xid_line_and_the_notice_are_one_fall() {
+        let xid = "4,502,9050,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.";
+        for notice in [
+            BARE_NOTICE,
+            "4,503,9100,-;NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.",
+        ] {
+            let ev = assemble(&[ANNOUNCE_3B, SERIAL, xid, notice]);
+            assert_eq!(ev.len(), 1, "{notice}: {ev:?}");
+            assert_eq!((ev[0].seq, ev[0].pid), (Some(502), Some(1234)));
+        }
+        // A notice repeated for the same GPU is the same fall too.
+        let ev = assemble(&[ANNOUNCE_3B, BARE_NOTICE, BARE_NOTICE]);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+    }
+
+    #[test]
+    fn unrelated_chatter_in_between_keeps_the_context() {
+        let ev = assemble(&[
+            ANNOUNCE_3B,
+            "6,600,9001,-;usb 1-1: new high-speed USB device number 2 using xhci_hcd",
+            SERIAL,
+            "[ 9.0] pcieport 0000:3a:00.0: AER: Uncorrected (Fatal) error received: 0000:3a:00.0",
+            "Jan 21 04:41:44 gpu-node-17 kernel: nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context",
+            "NVRM: Xid (PCI:0000:91:00): 13, Graphics Exception",
+            BARE_NOTICE,
+        ]);
+        let got: Vec<(u32, &str)> = ev.iter().map(|e| (e.xid, e.pci.as_str())).collect();
+        assert_eq!(got, [(13, "0000:91:00"), (79, "0000:3b:00")]);
+    }
+
+    #[test]
+    fn a_second_gpu_announced_takes_over_the_context() {
+        let ev = assemble(&[
+            ANNOUNCE_3B,
+            SERIAL,
+            "4,510,9001,-;NVRM: GPU at PCI:0000:5e:00: GPU-99999999-1e4e-6dc4-9a87-1b5d0a7c2f11",
+            "4,511,9001,-;NVRM: GPU Board Serial Number: 1234567890999",
+            BARE_NOTICE,
+        ]);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert_eq!(ev[0].pci, "0000:5e:00");
+    }
+
+    #[test]
+    fn the_context_expires_after_its_window() {
+        let chatter = "[ 1.0] usb 1-1: new high-speed USB device";
+        let with_gap = |gap: usize| {
+            let mut lines = vec![ANNOUNCE_3B];
+            lines.resize(1 + gap, chatter);
+            lines.push(BARE_NOTICE);
+            assemble(&lines)
+        };
+        let last = CONTEXT_LINES as usize - 1;
+        assert_eq!(
+            with_gap(last).len(),
+            1,
+            "the notice is the window's last line"
+        );
+        assert!(with_gap(last + 1).is_empty(), "one line too late");
+        // With no GPU announced at all, nobody can be blamed.
+        assert!(assemble(&[chatter, BARE_NOTICE]).is_empty());
+    }
+
+    #[test]
+    fn only_the_drivers_notice_borrows_an_announced_gpu() {
+        // A garbled address is not "no address".
+        assert!(
+            assemble(&[ANNOUNCE_3B, "NVRM: GPU zz:qq: GPU has fallen off the bus."]).is_empty()
+        );
+        // Someone else's words about a bus.
+        assert!(assemble(&[
+            ANNOUNCE_3B,
+            "myapp[77]: my GPU has fallen off the bus, retrying"
+        ])
+        .is_empty());
+    }
+
+    #[test]
+    fn scan_assembles_multi_line_notices() {
+        let log = [ANNOUNCE_3B, SERIAL, BARE_NOTICE].join("\n");
+        let ev = scan(&log);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert_eq!(ev[0].pci, "0000:3b:00");
     }
 
     #[test]

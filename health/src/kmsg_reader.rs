@@ -76,6 +76,8 @@ impl KmsgMemory {
 }
 
 /// Reads records one line at a time from `/dev/kmsg` (one record per read) or a file.
+/// Its lines go through one [`crate::kmsg::Assembler`] for the reader's life: some
+/// XIDs need the lines before them.
 pub struct KmsgReader {
     path: PathBuf,
     file: File,

@@ -312,6 +312,8 @@ fn follow_kmsg(path: &Path, sh: &Shared) {
         return;
     };
     let plain = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    // Some notices name their GPU only in an earlier line.
+    let mut lines = kmsg::Assembler::new();
     while !sh.stop.load(Ordering::SeqCst) {
         let line = match r.next_line() {
             Ok(Some(line)) => line,
@@ -333,7 +335,7 @@ fn follow_kmsg(path: &Path, sh: &Shared) {
                 return;
             }
         };
-        let Some(e) = kmsg::parse_line(&line) else {
+        let Some(e) = lines.push(&line) else {
             continue;
         };
         if let Some(seq) = e.seq {

@@ -12,7 +12,8 @@
 //! CHECK_MECHANICALS and CONTACT_SUPPORT (which includes codes marked unused: seeing
 //! one means something is off) → `drain`.
 //! Operators override any code (see [`Catalog::with_overrides`]); unknown codes are
-//! reported, never fatal: the GPU is marked degraded.
+//! reported, never fatal: the GPU is marked degraded. Bucket names mean little to an
+//! operator on their own; [`bucket_meaning`] says in a sentence what each asks for.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -314,6 +315,40 @@ pub fn lookup(xid: u32) -> Option<&'static XidInfo> {
         .map(|i| &CATALOG[i])
 }
 
+/// What one of NVIDIA's resolution buckets (an [`XidInfo::immediate`] or
+/// [`XidInfo::investigatory`] value) asks an operator to do, in plain words after
+/// NVIDIA's "Fault Resolution Buckets" sheet; `None` for a name the catalog never uses.
+pub fn bucket_meaning(bucket: &str) -> Option<&'static str> {
+    Some(match bucket {
+        "RESTART_APP" => "restart the application; the GPU needs neither a reset nor a reboot",
+        "IGNORE" => "no action needed",
+        "RESET_GPU" => "stop every process on the GPU and reset it (nvidia-smi -r); reboot the host only if the reset does not clear it",
+        "RESTART_BM" => "restart (power-cycle) the bare-metal host: the GPU cannot be reached again without it",
+        "RESTART_VM" => "restart the virtual machine that owns the GPU; neither a GPU reset nor a host restart is needed",
+        "CONTACT_SUPPORT" => "contact your support organization (NVIDIA or the system vendor) to investigate further",
+        "CHECK_MECHANICALS" => "check that the board is seated and that its power and other connectors are secure",
+        "UPDATE_SWFW" => "update the driver and firmware to current versions; for vGPU (XID 78) the guest driver must match the host's and the vGPU type must suit the guest OS and GPU",
+        "CHECK_UVM" => "reset the GPU if Unified Memory (UVM) or vGPU is in use on it; otherwise no action needed",
+        "CHECK_APP/CUDA" => "most likely the application sent bad data or misused the GPU: check the application (the message may carry its pid), and report a driver bug to NVIDIA if it is not the application",
+        "WORKFLOW_XID_13" => "NVIDIA's XID 13 workflow — if it repeats on the same GPC/TPC, run DCGM diagnostics and then field diagnostics (possible hardware fault); otherwise debug the application (cuda-gdb, Compute Sanitizer), and report it if a known-good application hits it",
+        "WORKFLOW_XID_31" => "NVIDIA's XID 31 workflow — repeated MMU faults on the same GPU suggest hardware (run DCGM diagnostics, then field diagnostics); faults on different GPUs, or a single one, point at the application; report it if a known-good application hits it",
+        "WORKFLOW_XID_45" | "Solo: RESTART_FM Not Solo: IGNORE (follow other Xid)" => "cleanup after an aborted application or an earlier error: alone, restart Fabric Manager; with other XIDs, ignore it and follow theirs",
+        "WORKFLOW_XID_48" => "double-bit ECC error: NVIDIA's XID 48 workflow — reset the GPU (drain it first when XID 63 or 64 came with it); if it came alone, run field diagnostics; otherwise the message names the memory: for framebuffer follow the row-remapping XIDs 63/64, for SRAM run field diagnostics if nvidia-smi's SRAM error-threshold flag is set (the board may need replacing)",
+        "WORKFLOW_NVLINK_ERR" => "NVIDIA's NVLink error workflow — decode the error registers in the message (some bits are harmless, some side effects of other errors, others point at link ECC/parity faults or poor seating); a GPU reset or reboot clears it; if it recurs, reseat the link, run field diagnostics and contact support",
+        "WORKFLOW_NVLINK5_ERR" => "NVIDIA's NVLink5 workflow — the unit, the Fatal/Nonfatal flag and the registers in the message decide, per NVIDIA's XID 144-150 decode table; fatal link errors need a GPU reset, non-fatal ones usually nothing",
+        "XID_154" => "do what the message's new GPU recovery action says (none, GPU reset, node reboot, drain peer-to-peer traffic, drain and reset)",
+        "N/A Informational only regarding another Xid" => "informational: it always comes with another XID that needs recovery; act on that one",
+        "INVESTIGATE_SW" => "a problem in user or NVIDIA software, such as illegal accesses or malformed commands: investigate it (the message may carry the pid) and report driver bugs to NVIDIA",
+        "INVESTIGATE_SW_USER" => "if it was not expected, find which software or user caused it",
+        "INVESTIGATE_LINK_SI" => "investigate the link's signal integrity with its access or trunk link telemetry (NVIDIA's GB200 resiliency service flow)",
+        "XID_137_FLOW" => "an illegal NVLink peer-to-peer access, usually an application bug: debug the application with cuda-gdb or Compute Sanitizer, and report it if that is inconclusive",
+        "IGNORE (sympathetic)" | "SYMPATHETIC_REPORT_SOLO" => "a side effect of other errors: resolve those first; report it if it comes alone or persists once they are resolved",
+        "N/A; Unused" => "none defined: NVIDIA lists the code as unused, so seeing it at all is unexpected",
+        "-" => "NVIDIA's catalog gives no bucket for this code yet; allot's action is its own",
+        _ => return None,
+    })
+}
+
 /// The driver's recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, also carried
 /// by XID 154) and what allot makes of it.
 pub fn recovery_action(code: u32) -> (Action, Recovery, &'static str) {
@@ -492,6 +527,21 @@ mod tests {
         assert!(lookup(79)
             .is_some_and(|i| i.hopper && i.mnemonic.ends_with("GPU_HAS_FALLEN_OFF_THE_BUS")));
         assert!(lookup(149).is_some_and(|i| i.blackwell && !i.hopper));
+    }
+
+    #[test]
+    fn every_bucket_in_the_catalog_is_explained() {
+        for r in CATALOG {
+            for b in [r.immediate, r.investigatory] {
+                assert!(
+                    bucket_meaning(b).is_some_and(|m| !m.is_empty()),
+                    "XID {}: bucket {b:?} has no meaning",
+                    r.xid
+                );
+            }
+        }
+        assert_eq!(bucket_meaning("NOT_A_BUCKET"), None);
+        assert!(bucket_meaning("WORKFLOW_XID_48").is_some_and(|m| m.contains("double-bit ECC")));
     }
 
     #[test]

@@ -98,6 +98,35 @@ fn kernel_log_xids_survive_restarts_until_the_gpu_is_reset() {
 }
 
 #[test]
+fn kernel_log_fall_named_by_an_earlier_line_drains_that_gpu() {
+    let dir = tempdir("kmsg-multi");
+    let log = dir.join("kmsg");
+    // The driver's multi-line shape: the bus id only in the announcement, no Xid line.
+    std::fs::write(
+        &log,
+        "4,10,100,-;NVRM: GPU at PCI:0000:48:00: GPU-2bb7e0d8-1e4e-6dc4-9a87-1b5d0a7c2f11\n\
+         4,11,100,-;NVRM: GPU Board Serial Number: 1234567890123\n\
+         6,12,101,-;usb 1-1: new high-speed USB device\n\
+         4,13,102,-;NVRM: A GPU crash dump has been created.\n\
+         4,14,102,-;NVRM: GPU has fallen off the bus.\n",
+    )
+    .expect("write");
+    let cfg = HealthConfig {
+        source: "fake:8".into(),
+        kmsg: log.display().to_string(),
+        ..HealthConfig::default()
+    };
+    let m = HealthMonitor::start(&cfg, &dir).expect("starts");
+    let v = until(&m, HostVerdict::DrainNow);
+    assert!(
+        v.gpus
+            .iter()
+            .any(|g| g.pci == "0000:48:00" && g.reasons.iter().any(|r| r.signal == "xid:79")),
+        "{v:?}"
+    );
+}
+
+#[test]
 fn nvml_event_drains() {
     let (lib, state) = fake_nvml::fake();
     fake_nvml::write_state(state, &fake_nvml::eight_gpus(""));

@@ -2,8 +2,8 @@
 
 use allot_proto::v1::{
     agent_local_client::AgentLocalClient, agent_local_server::AgentLocal, agent_message,
-    agent_stream_server::AgentStream, AgentMessage, Gpu, GpuState, Lease, LeaseState, Register,
-    WorkloadSpec,
+    agent_stream_server::AgentStream, AgentMessage, DrainInfo, Gpu, GpuState, Lease, LeaseState,
+    Register, WorkloadSpec,
 };
 use prost::Message;
 use std::collections::HashMap;
@@ -30,6 +30,12 @@ fn agent_registration_round_trips() {
                 time_limit_s: Some(7_200),
                 state: LeaseState::Running as i32,
                 ..Lease::default()
+            }],
+            drains: vec![DrainInfo {
+                by: "local-operator".into(),
+                author: "alice".into(),
+                reason: "rack work".into(),
+                ..DrainInfo::default()
             }],
         })),
     };

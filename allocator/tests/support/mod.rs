@@ -255,13 +255,28 @@ impl Cluster {
         );
     }
 
-    /// The local agent's view (through its socket).
-    pub fn agent_json(&self, i: usize, args: &[&str]) -> serde_json::Value {
-        let out = Command::new(sibling("allot", "allot-cli"))
+    /// A local command on node `i` (through its agent's socket).
+    pub fn agent_allot(&self, i: usize, args: &[&str]) -> Output {
+        Command::new(sibling("allot", "allot-cli"))
             .args(args)
             .env("ALLOT_SOCKET", self.node_dir(i).join("agent.sock"))
             .output()
-            .expect("allot runs");
+            .expect("allot runs")
+    }
+
+    /// Node `i` as allotd shows it (`allot nodes --json`).
+    pub fn node_view(&self, i: usize) -> serde_json::Value {
+        let nodes = self.json(&["nodes", "--json"]);
+        nodes
+            .as_array()
+            .and_then(|a| a.iter().find(|n| n["name"] == Self::node_name(i).as_str()))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The local agent's view (through its socket).
+    pub fn agent_json(&self, i: usize, args: &[&str]) -> serde_json::Value {
+        let out = self.agent_allot(i, args);
         assert!(
             out.status.success(),
             "{}",

@@ -1,8 +1,11 @@
 //! How allotd's answers read: JSON objects (the generated types do not derive
 //! `Serialize`) and terminal text.
+//!
+//! Times come as Unix seconds with 0 for "never"; every age shown is computed from
+//! them here, and one that cannot be known reads `-` rather than a wrong `0s`.
 
 use crate::duration::{age, exact, iso_utc};
-use crate::local::{gpu_json, verdict};
+use crate::local::{drain_info_json, drain_line, drain_who, gpu_json, verdict};
 use crate::table::{self, or_dash};
 use allot_proto::v1::{GetTreeResponse, Group, Node, Workload, WorkloadSpec, WorkloadState};
 use serde_json::{json, Value};
@@ -29,6 +32,14 @@ pub fn state_name(s: WorkloadState) -> &'static str {
     }
 }
 
+/// Whether a workload in this state is over for good (no run, no requeue ahead).
+pub fn is_final(s: WorkloadState) -> bool {
+    !matches!(
+        s,
+        WorkloadState::Pending | WorkloadState::Running | WorkloadState::Unspecified
+    )
+}
+
 /// `8x2` (per node × nodes) or `4` for one node.
 fn shape(gpus_per_node: u32, nodes: u32) -> String {
     if nodes > 1 {
@@ -46,6 +57,43 @@ pub fn gpu_count(gpus_per_node: u32, nodes: u32) -> String {
         format!("{total} GPU{s} on {nodes} nodes")
     } else {
         format!("{total} GPU{s}")
+    }
+}
+
+/// GPU-hours for a table: one decimal from 1 up (`4032.0`, `3.5`), two significant
+/// digits below (`0.50`, `0.012`), so that a group that received a little never
+/// reads `0.0` beside a ratio that says otherwise.
+fn gpu_hours(h: f64) -> String {
+    small(h, 1)
+}
+
+/// A served ratio: two decimals (`0.74`), or two significant digits below 0.01.
+fn ratio(r: f64) -> String {
+    if r.abs() >= 0.01 {
+        format!("{r:.2}")
+    } else {
+        small(r, 2)
+    }
+}
+
+/// `decimals` decimals from 1 up; below, two significant digits, at most six decimals.
+fn small(v: f64, decimals: usize) -> String {
+    let a = v.abs();
+    if !v.is_finite() || a >= 1.0 || a == 0.0 {
+        return format!("{v:.decimals$}");
+    }
+    // Two significant digits: 0.5 → 2 decimals, 0.012 → 3; log10 of a positive finite
+    // value below 1 is negative, and the cap keeps the cast in range.
+    let d = (1.0 - a.log10().floor()).clamp(1.0, 6.0) as usize;
+    let s = format!("{v:.d$}");
+    if s.trim_start_matches('-')
+        .trim_matches(['0', '.'])
+        .is_empty()
+    {
+        // Below a millionth: not zero, but not worth the digits either.
+        format!("{}<0.000001", if v < 0.0 { "-" } else { "" })
+    } else {
+        s
     }
 }
 
@@ -111,6 +159,7 @@ pub fn workload_json(w: &Workload) -> Value {
         "priority": s.priority,
         "argv": s.argv,
         "checkpoint_hook": s.checkpoint_hook,
+        "no_requeue": s.no_requeue,
         "state": state_name(w.state()),
         "submit_unix": w.submit_unix,
         "start_unix": w.start_unix,
@@ -125,12 +174,17 @@ pub fn workload_json(w: &Workload) -> Value {
     })
 }
 
-/// Seconds from `from` to `to` for an age cell; `-` when `from` is unset.
+/// How far ahead of this host's clock allotd's may run before an age is unknown.
+const CLOCK_SKEW_S: i64 = 60;
+
+/// Seconds from `from` to `to` for an age cell; `-` when `from` is unset (0: a
+/// workload that never started, or a start allotd did not keep) or later than `to`
+/// by more than clock skew explains.
 fn since(from: i64, to: i64) -> String {
-    if from <= 0 {
+    if from <= 0 || to <= 0 || to.saturating_add(CLOCK_SKEW_S) < from {
         "-".into()
     } else {
-        age(u64::try_from(to - from).unwrap_or(0))
+        age(u64::try_from(to.saturating_sub(from)).unwrap_or(0))
     }
 }
 
@@ -150,10 +204,7 @@ pub fn queue_table(workloads: &[Workload], now: i64) -> String {
                 WorkloadState::Pending => (since(w.submit_unix, now), one_line(&w.explanation)),
                 WorkloadState::Running => (since(w.start_unix, now), String::new()),
                 // Finished: how long the last run took, and how it ended.
-                _ if w.end_unix >= w.start_unix => {
-                    (since(w.start_unix, w.end_unix), w.end_reason.clone())
-                }
-                _ => ("-".into(), w.end_reason.clone()),
+                _ => (since(w.start_unix, w.end_unix), w.end_reason.clone()),
             };
             vec![
                 w.id.clone(),
@@ -191,7 +242,10 @@ fn when(unix: i64, now: i64) -> String {
     if unix <= 0 {
         "-".into()
     } else {
-        format!("{} ({} ago)", iso_utc(unix), since(unix, now))
+        match since(unix, now).as_str() {
+            "-" => iso_utc(unix),
+            ago => format!("{} ({ago} ago)", iso_utc(unix)),
+        }
     }
 }
 
@@ -209,6 +263,12 @@ pub fn status_text(w: &Workload, now: i64) -> String {
         "0 (preemptible at any time)".into()
     } else {
         exact(s.min_runtime_s)
+    };
+    // What preemption does to it: the contract's other half.
+    let requeue = match (s.no_requeue, s.resumable) {
+        (true, _) => "no: ends as preempted (--no-requeue)",
+        (false, true) => "yes, resumes from its checkpoint",
+        (false, false) => "yes, starts over (not --resumable)",
     };
     let mut lines: Vec<(&str, String)> = vec![
         ("id", w.id.clone()),
@@ -229,12 +289,24 @@ pub fn status_text(w: &Workload, now: i64) -> String {
         ("min runtime", min_runtime),
         ("time limit", s.time_limit_s.map_or("none".into(), exact)),
         ("resumable", yes_no(s.resumable).into()),
+        ("requeue", requeue.into()),
         ("checkpoint", or_dash(&s.checkpoint_hook)),
         ("priority", s.priority.to_string()),
         ("submitted", when(w.submit_unix, now)),
         ("started", when(w.start_unix, now)),
-        ("ended", when(w.end_unix, now)),
-        ("end reason", or_dash(&w.end_reason)),
+    ]);
+    // How a run ended belongs to final workloads; a live one that shows one was
+    // requeued, and `end reason: node-lost` beside `state: running` read as a contradiction.
+    if is_final(state) {
+        lines.extend([
+            ("ended", when(w.end_unix, now)),
+            ("ran", since(w.start_unix, w.end_unix)),
+            ("end reason", or_dash(&w.end_reason)),
+        ]);
+    } else if !w.end_reason.is_empty() {
+        lines.push(("last run ended", w.end_reason.clone()));
+    }
+    lines.extend([
         ("nodes", list(&w.nodes, ", ")),
         ("leases", list(&w.lease_ids, ", ")),
         ("preemptions", w.preemptions.to_string()),
@@ -309,9 +381,9 @@ pub fn share_text(t: &GetTreeResponse) -> String {
                 ),
                 num(g.weight),
                 format!("{:.1}%", g.share * 100.0),
-                format!("{:.1}", g.entitled_gpu_hours),
-                format!("{:.1}", g.served_gpu_hours),
-                format!("{:.2}", g.ratio),
+                gpu_hours(g.entitled_gpu_hours),
+                gpu_hours(g.served_gpu_hours),
+                ratio(g.ratio),
                 g.running_gpus.to_string(),
                 g.pending_gpus.to_string(),
             ]
@@ -343,13 +415,13 @@ pub fn share_text(t: &GetTreeResponse) -> String {
 /// One group on one line, after `budget set`.
 pub fn group_line(g: &Group) -> String {
     format!(
-        "{}: weight {}, share {:.1}%, entitled {:.1} gpu-h, received {:.1} gpu-h, ratio {:.2}",
+        "{}: weight {}, share {:.1}%, entitled {} gpu-h, received {} gpu-h, ratio {}",
         g.name,
         num(g.weight),
         g.share * 100.0,
-        g.entitled_gpu_hours,
-        g.served_gpu_hours,
-        g.ratio
+        gpu_hours(g.entitled_gpu_hours),
+        gpu_hours(g.served_gpu_hours),
+        ratio(g.ratio)
     )
 }
 
@@ -367,6 +439,7 @@ pub fn node_json(n: &Node) -> Value {
         "verdict": verdict(n.verdict()),
         "lease_ids": n.lease_ids,
         "drain_reason": n.drain_reason,
+        "drains": n.drains.iter().map(drain_info_json).collect::<Vec<_>>(),
         "last_seen_unix": n.last_seen_unix,
         "gpu_list": n.gpu_list.iter().map(gpu_json).collect::<Vec<_>>(),
     })
@@ -385,7 +458,7 @@ pub fn nodes_table(nodes: &[Node]) -> String {
                 format!("{}/{}", n.free_gpus, n.gpus),
                 verdict(n.verdict()).into(),
                 n.lease_ids.len().to_string(),
-                or_dash(&n.drain_reason),
+                drain_cell(n),
             ]
         })
         .collect();
@@ -404,11 +477,34 @@ pub fn nodes_table(nodes: &[Node]) -> String {
     )
 }
 
-/// `node gpu-07: draining (operator: swap PSU)`, after a drain or undrain.
+/// The DRAIN cell: the first drain in force (else the first held one), its kind and
+/// reason, and how many more there are: `health (xid:79 on 0000:3b:00) +1`.
+fn drain_cell(n: &Node) -> String {
+    let Some(first) = n.drains.iter().find(|d| !d.held).or(n.drains.first()) else {
+        // allotd before drains were listed: its one line.
+        return or_dash(&n.drain_reason);
+    };
+    let mut s = drain_who(first);
+    if first.held {
+        s.push_str(" [held]");
+    }
+    if n.drains.len() > 1 {
+        s.push_str(&format!(" +{}", n.drains.len() - 1));
+    }
+    s
+}
+
+/// `node gpu-07: draining`, then one line per drain, after a drain or undrain.
 pub fn node_line(n: &Node) -> String {
     let mut s = format!("node {}: {}", n.name, or_dash(&n.state));
-    if !n.drain_reason.is_empty() {
-        s.push_str(&format!(" ({})", n.drain_reason));
+    if n.drains.is_empty() {
+        if !n.drain_reason.is_empty() {
+            s.push_str(&format!(" ({})", n.drain_reason));
+        }
+        return s;
+    }
+    for d in &n.drains {
+        s.push_str(&format!("\n  {}", drain_line(d)));
     }
     s
 }
@@ -416,7 +512,7 @@ pub fn node_line(n: &Node) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allot_proto::v1::{Gpu, GpuState, HostVerdict};
+    use allot_proto::v1::{DrainInfo, Gpu, GpuState, HostVerdict};
 
     const NOW: i64 = 1_795_980_000;
 
@@ -509,8 +605,76 @@ mod tests {
                 "  needs 2 whole nodes"
             ]
         );
+        assert!(!t.contains("ended:") && !t.contains("end reason:"), "{t}");
         let running = status_text(&workload(WorkloadState::Running), NOW);
         assert!(!running.contains("why:"), "{running}");
+    }
+
+    #[test]
+    fn end_reasons_belong_to_final_workloads() {
+        let mut w = workload(WorkloadState::Running);
+        w.start_unix = 0;
+        w.end_reason = "node-lost".into();
+        let t = status_text(&w, NOW);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines.contains(&"state:          running"), "{t}");
+        assert!(lines.contains(&"last run ended: node-lost"), "{t}");
+        assert!(lines.contains(&"started:        -"), "{t}");
+        assert!(!t.contains("end reason"), "{t}");
+
+        let mut done = workload(WorkloadState::Failed);
+        done.start_unix = NOW - 7_200;
+        done.end_unix = NOW - 3_600;
+        done.end_reason = "node-lost".into();
+        let t = status_text(&done, NOW);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines.contains(&"end reason:  node-lost"), "{t}");
+        assert!(lines.contains(&"ran:         1h00m"), "{t}");
+        assert!(!t.contains("last run"), "{t}");
+
+        // Cancelled while pending: it never ran.
+        let mut never = workload(WorkloadState::Cancelled);
+        never.end_unix = NOW;
+        assert!(status_text(&never, NOW).contains("ran:         -\n"));
+    }
+
+    #[test]
+    fn ages_without_a_start_are_unknown_not_zero() {
+        let mut w = workload(WorkloadState::Running);
+        w.start_unix = 0;
+        let row = queue_table(std::slice::from_ref(&w), NOW);
+        let cells: Vec<&str> = row
+            .lines()
+            .nth(1)
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        assert_eq!(cells[6], "-", "{row}");
+        // A start in the future beyond clock skew is unknown; within it, 0s.
+        w.start_unix = NOW + 3_600;
+        assert_eq!(since(w.start_unix, NOW), "-");
+        assert_eq!(since(NOW + 5, NOW), "0s");
+        assert_eq!(since(NOW - 65, NOW), "1m05s");
+        // Finished without an end time.
+        assert_eq!(since(NOW - 65, 0), "-");
+        assert_eq!(when(NOW + 3_600, NOW), "2026-11-29T20:20:00Z");
+    }
+
+    #[test]
+    fn the_contract_says_what_preemption_does() {
+        let mut w = workload(WorkloadState::Pending);
+        assert!(status_text(&w, NOW).contains("requeue:     yes, starts over (not --resumable)\n"));
+        if let Some(s) = w.spec.as_mut() {
+            s.resumable = true;
+        }
+        assert!(status_text(&w, NOW).contains("requeue:     yes, resumes from its checkpoint\n"));
+        if let Some(s) = w.spec.as_mut() {
+            s.no_requeue = true;
+        }
+        assert!(
+            status_text(&w, NOW).contains("requeue:     no: ends as preempted (--no-requeue)\n")
+        );
+        assert_eq!(workload_json(&w)["no_requeue"], true);
     }
 
     #[test]
@@ -603,6 +767,79 @@ mod tests {
             group_line(&t.groups[0]),
             "ml: weight 3, share 75.0%, entitled 4032.0 gpu-h, received 3000.5 gpu-h, ratio 0.74"
         );
+    }
+
+    #[test]
+    fn small_gpu_hours_keep_two_significant_digits() {
+        assert_eq!(gpu_hours(4_032.0), "4032.0");
+        assert_eq!(gpu_hours(3.54), "3.5");
+        assert_eq!(gpu_hours(1.0), "1.0");
+        assert_eq!(gpu_hours(0.5), "0.50");
+        assert_eq!(gpu_hours(0.054), "0.054");
+        assert_eq!(gpu_hours(0.0012), "0.0012");
+        assert_eq!(gpu_hours(0.0), "0.0");
+        assert_eq!(gpu_hours(1e-9), "<0.000001");
+        assert_eq!(ratio(0.7441), "0.74");
+        assert_eq!(ratio(0.01), "0.01");
+        assert_eq!(ratio(0.004), "0.0040");
+        assert_eq!(ratio(0.0), "0.00");
+        let g = Group {
+            name: "tiny".into(),
+            weight: 1.0,
+            entitled_gpu_hours: 0.5,
+            served_gpu_hours: 0.005,
+            ratio: 0.01,
+            ..Default::default()
+        };
+        assert_eq!(
+            group_line(&g),
+            "tiny: weight 1, share 0.0%, entitled 0.50 gpu-h, received 0.0050 gpu-h, ratio 0.01"
+        );
+    }
+
+    #[test]
+    fn nodes_show_every_drain_with_its_author() {
+        let drain = |by: &str, author: &str, reason: &str, held: bool| DrainInfo {
+            by: by.into(),
+            author: author.into(),
+            reason: reason.into(),
+            now: false,
+            since_unix: NOW,
+            held,
+        };
+        let n = Node {
+            name: "gpu-07".into(),
+            state: "draining".into(),
+            drain_reason: "health: xid:79".into(),
+            drains: vec![
+                drain("health", "gpu-07", "xid:79 on 0000:3b:00", true),
+                drain("cluster-operator", "allotd", "swap PSU", false),
+                drain("local-operator", "alice", "rack work", false),
+            ],
+            ..Default::default()
+        };
+        let t = nodes_table(std::slice::from_ref(&n));
+        // The first drain in force leads; the held one is counted.
+        assert!(
+            t.lines()
+                .nth(1)
+                .unwrap_or("")
+                .ends_with("cluster-operator allotd: swap PSU +2"),
+            "{t}"
+        );
+        assert_eq!(
+            node_line(&n),
+            "node gpu-07: draining\n  \
+             held by allotd's circuit breaker, not in force: health (xid:79 on 0000:3b:00) since 2026-11-29T19:20:00Z, at min-runtime lapse\n  \
+             drained by cluster-operator allotd: swap PSU since 2026-11-29T19:20:00Z, at min-runtime lapse\n  \
+             drained by local-operator alice: rack work since 2026-11-29T19:20:00Z, at min-runtime lapse"
+        );
+        let v = node_json(&n);
+        assert_eq!(v["drains"][0]["held"], true);
+        assert_eq!(v["drains"][2]["author"], "alice");
+        let mut only_held = n.clone();
+        only_held.drains.truncate(1);
+        assert!(nodes_table(&[only_held]).contains("health (xid:79 on 0000:3b:00) [held]"));
     }
 
     #[test]

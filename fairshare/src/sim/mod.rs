@@ -69,7 +69,8 @@ pub struct SimOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
     Finish(LeaseId),
-    RevokeDone(LeaseId),
+    /// A revocation's ladder ends; the number tells it from a withdrawn earlier one.
+    RevokeDone(LeaseId, u32),
     Fault(u32, bool),
     Repair(u32),
     Wake,
@@ -82,6 +83,8 @@ struct Run {
     team: usize,
     funded: bool,
     revoke: Option<RevokeWhy>,
+    /// Revocations so far (withdrawn ones included).
+    revokes: u32,
 }
 
 struct JobState {
@@ -223,7 +226,13 @@ pub fn run(
                         .map_err(|e| SimError::Core(e.to_string()))?;
                     entitlement_dirty = true;
                 }
-                Ev::RevokeDone(lid) => {
+                Ev::RevokeDone(lid, n) => {
+                    if running
+                        .get(&lid)
+                        .is_none_or(|r| r.revoke.is_none() || r.revokes != n)
+                    {
+                        continue;
+                    }
                     let Some(r) = running.remove(&lid) else {
                         continue;
                     };
@@ -310,6 +319,7 @@ pub fn run(
                         team,
                         funded,
                         revoke: None,
+                        revokes: 0,
                     };
                     recv[team] += r.gpus;
                     busy += r.gpus;
@@ -329,12 +339,18 @@ pub fn run(
                     if let Some(r) = running.get_mut(&lease) {
                         if r.revoke.is_none() {
                             r.revoke = Some(why);
+                            r.revokes += 1;
                             push(
                                 &mut heap,
                                 not_before.max(t) + sc.checkpoint.save,
-                                Ev::RevokeDone(lease),
+                                Ev::RevokeDone(lease, r.revokes),
                             );
                         }
+                    }
+                }
+                Action::Withdraw { lease, .. } => {
+                    if let Some(r) = running.get_mut(&lease) {
+                        r.revoke = None;
                     }
                 }
                 Action::Reserve { .. } => rep.reservations += 1,

@@ -589,6 +589,7 @@ impl Scenario {
                             time_limit: c.time_limit,
                             resumable,
                             priority,
+                            no_requeue: false,
                         },
                         line: 0,
                     },

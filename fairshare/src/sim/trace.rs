@@ -165,6 +165,7 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
                 time_limit: None,
                 resumable,
                 priority,
+                no_requeue: false,
             },
             line: ln,
         });

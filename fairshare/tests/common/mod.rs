@@ -51,6 +51,7 @@ pub fn job(project: &str, gpus: u32, min_runtime: u64) -> WorkloadSpec {
         time_limit: None,
         resumable: true,
         priority: 0,
+        no_requeue: false,
     }
 }
 
