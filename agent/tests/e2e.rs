@@ -626,3 +626,31 @@ fn sighup_reloads_what_can_be_reloaded() {
     let l = a.lease_start(&["--gpus", "1"], "sleep 600");
     assert_eq!(l["grace_s"], 7, "{l}");
 }
+
+#[test]
+fn the_0_1_0_agent_state_opens_and_its_cluster_drain_keeps_its_author() {
+    // The fixture was written by release 0.1.0 (tests/fixtures/make.sh): a cluster
+    // operator's drain stored as `operator` with an `allocator:` reason, and leases
+    // whose processes are long gone.
+    let mut a = TestAgent::prepare("upgrade", "");
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/0.1.0-cbf7145/agent-node-2.db");
+    std::fs::create_dir_all(a.dir.join("state")).expect("state dir");
+    std::fs::copy(&fixture, a.dir.join("state/agent.db")).expect("fixture copied");
+    a.launch();
+    let g = a.json(&["gpus", "--json"]);
+    assert_eq!(g["drain"]["by"], "cluster-operator", "{g}");
+    assert_eq!(g["drain"]["reason"], "fixture: rack maintenance", "{g}");
+    // Every lease is still listed; the ones whose process is gone ended, saying so.
+    let leases = a.json(&["leases", "--json"]);
+    let leases = leases.as_array().expect("leases");
+    assert_eq!(leases.len(), 2, "{leases:?}");
+    assert!(leases.iter().all(|l| l["state"] == "ended"), "{leases:?}");
+    assert!(
+        leases.iter().any(|l| l["end_reason"] == "vanished"),
+        "{leases:?}"
+    );
+    // The host operator's undrain does not lift the cluster operator's drain.
+    let u = a.json(&["undrain", "--json"]);
+    assert_eq!(u["draining"], true, "{u}");
+}

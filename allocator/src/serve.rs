@@ -67,6 +67,10 @@ pub struct Server {
     pub stats: Mutex<LoopStats>,
     next_wakeup: Mutex<Option<Time>>,
     session_seq: std::sync::atomic::AtomicU64,
+    /// When this process started: a node is lost only after the grace of this
+    /// process's own uptime without its agent (the journal's last-seen times are
+    /// from before a restart, when the agents could not reach us).
+    started: Time,
 }
 
 impl Server {
@@ -101,6 +105,7 @@ impl Server {
             stats: Mutex::new(LoopStats::default()),
             next_wakeup: Mutex::new(None),
             session_seq: std::sync::atomic::AtomicU64::new(1),
+            started: now(),
         }))
     }
 
@@ -216,7 +221,7 @@ impl Server {
             .filter(|n| {
                 !n.connected
                     && n.state != NodeState::Down
-                    && t.saturating_sub(n.last_seen) > self.cfg.server.lost_grace
+                    && t.saturating_sub(n.last_seen.max(self.started)) > self.cfg.server.lost_grace
             })
             .map(|n| n.spec.name.clone())
             .collect();

@@ -98,6 +98,36 @@ impl Cluster {
         c
     }
 
+    /// allotd alone on a copy of an `allotd.db` (an earlier release's fixture), no
+    /// agents.
+    pub fn from_state(tag: &str, groups: &str, db: &Path) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("allot-cluster-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("allotd")).expect("dir");
+        std::fs::copy(db, dir.join("allotd/allotd.db")).expect("fixture copied");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let config = dir.join("allotd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = {addr:?}\nmetrics_listen = {metrics:?}\nstate_dir = {:?}\nlost_grace = \"10m\"\n{groups}",
+                dir.join("allotd")
+            ),
+        )
+        .expect("config");
+        let mut c = Cluster {
+            dir,
+            addr,
+            metrics,
+            config,
+            server: None,
+            agents: Vec::new(),
+        };
+        c.start_server();
+        c
+    }
+
     /// (Re)starts allotd.
     pub fn start_server(&mut self) {
         let log = std::fs::OpenOptions::new()
