@@ -603,50 +603,33 @@ fn a_new_weight_changes_shares_and_so_the_ranking() {
     assert_eq!(xs, 6, "x got {xs} of 8");
 }
 
-#[test]
-fn preempted_work_that_cannot_resume_waits_again_and_is_counted() {
-    // Unfunded, not resumable: preempted for funded work, it is requeued (from
-    // scratch) rather than lost, and the preemption is counted.
+/// An unfunded, non-resumable 8-GPU job preempted by funded work: its state after
+/// the ladder, and its preemption count.
+fn preempt_unresumable(no_requeue: bool) -> (WorkloadState, u32) {
     let mut s = sched(two_teams(), nodes("c", 1, 8));
-    let victim = s
-        .submit(
-            0,
-            allot_fairshare::WorkloadSpec {
-                resumable: false,
-                ..job("x", 8, 0)
-            },
-        )
-        .unwrap();
+    let spec = allot_fairshare::WorkloadSpec {
+        resumable: false,
+        no_requeue,
+        ..job("x", 8, 0)
+    };
+    let victim = s.submit(0, spec).unwrap();
     s.schedule(0);
     let lease = lease_of(&s, victim);
     s.submit(1, job("y", 8, HOUR)).unwrap();
     s.schedule(1);
     let next = s.lease_ended(70, lease, LeaseEnd::Revoked).unwrap();
-    assert_eq!(next, WorkloadState::Pending);
-    let w = s.workload(victim).unwrap();
-    assert_eq!(w.preemptions, 1);
+    (next, s.workload(victim).unwrap().preemptions)
+}
+
+#[test]
+fn preempted_work_that_cannot_resume_waits_again_and_is_counted() {
+    // Requeued (from scratch) rather than lost, and the preemption is counted.
+    assert_eq!(preempt_unresumable(false), (WorkloadState::Pending, 1));
 }
 
 #[test]
 fn no_requeue_work_ends_preempted_and_is_counted() {
-    let mut s = sched(two_teams(), nodes("c", 1, 8));
-    let victim = s
-        .submit(
-            0,
-            allot_fairshare::WorkloadSpec {
-                resumable: false,
-                no_requeue: true,
-                ..job("x", 8, 0)
-            },
-        )
-        .unwrap();
-    s.schedule(0);
-    let lease = lease_of(&s, victim);
-    s.submit(1, job("y", 8, HOUR)).unwrap();
-    s.schedule(1);
-    let next = s.lease_ended(70, lease, LeaseEnd::Revoked).unwrap();
-    assert_eq!(next, WorkloadState::Preempted);
-    assert_eq!(s.workload(victim).unwrap().preemptions, 1);
+    assert_eq!(preempt_unresumable(true), (WorkloadState::Preempted, 1));
 }
 
 #[test]

@@ -67,6 +67,28 @@ impl Cluster {
 
     /// The same, with `server` lines added to `[server]`.
     pub fn start_with(tag: &str, server: &str, groups: &str, nodes: usize, gpus: u32) -> Cluster {
+        let mut c = Self::prepare(tag, server, groups);
+        c.start_server();
+        for i in 0..nodes {
+            c.agents.push(None);
+            c.start_agent(i, gpus);
+        }
+        c.wait_connected(nodes);
+        c
+    }
+
+    /// allotd alone on a copy of an `allotd.db` (an earlier release's fixture), no
+    /// agents.
+    pub fn from_state(tag: &str, groups: &str, db: &Path) -> Cluster {
+        let mut c = Self::prepare(tag, "lost_grace = \"10m\"", groups);
+        std::fs::create_dir_all(c.dir.join("allotd")).expect("dir");
+        std::fs::copy(db, c.dir.join("allotd/allotd.db")).expect("fixture copied");
+        c.start_server();
+        c
+    }
+
+    /// A fresh dir and config with ports picked free; nothing started yet.
+    fn prepare(tag: &str, server: &str, groups: &str) -> Cluster {
         let dir = std::env::temp_dir().join(format!("allot-cluster-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
@@ -81,51 +103,14 @@ impl Cluster {
             ),
         )
         .expect("config");
-        let mut c = Cluster {
+        Cluster {
             dir,
             addr,
             metrics,
             config,
             server: None,
             agents: Vec::new(),
-        };
-        c.start_server();
-        for i in 0..nodes {
-            c.agents.push(None);
-            c.start_agent(i, gpus);
         }
-        c.wait_connected(nodes);
-        c
-    }
-
-    /// allotd alone on a copy of an `allotd.db` (an earlier release's fixture), no
-    /// agents.
-    pub fn from_state(tag: &str, groups: &str, db: &Path) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("allot-cluster-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("allotd")).expect("dir");
-        std::fs::copy(db, dir.join("allotd/allotd.db")).expect("fixture copied");
-        let addr = format!("127.0.0.1:{}", free_port());
-        let metrics = format!("127.0.0.1:{}", free_port());
-        let config = dir.join("allotd.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[server]\nlisten = {addr:?}\nmetrics_listen = {metrics:?}\nstate_dir = {:?}\nlost_grace = \"10m\"\n{groups}",
-                dir.join("allotd")
-            ),
-        )
-        .expect("config");
-        let mut c = Cluster {
-            dir,
-            addr,
-            metrics,
-            config,
-            server: None,
-            agents: Vec::new(),
-        };
-        c.start_server();
-        c
     }
 
     /// (Re)starts allotd.
