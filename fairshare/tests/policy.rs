@@ -612,13 +612,15 @@ fn preempt_unresumable(no_requeue: bool) -> (WorkloadState, u32) {
         no_requeue,
         ..job("x", 8, 0)
     };
-    let victim = s.submit(0, spec).unwrap();
+    let victim = s.submit(0, spec).expect("fits");
     s.schedule(0);
     let lease = lease_of(&s, victim);
-    s.submit(1, job("y", 8, HOUR)).unwrap();
+    s.submit(1, job("y", 8, HOUR)).expect("fits");
     s.schedule(1);
-    let next = s.lease_ended(70, lease, LeaseEnd::Revoked).unwrap();
-    (next, s.workload(victim).unwrap().preemptions)
+    let next = s
+        .lease_ended(70, lease, LeaseEnd::Revoked)
+        .expect("a live lease");
+    (next, s.workload(victim).expect("known").preemptions)
 }
 
 #[test]
