@@ -232,6 +232,15 @@ impl Host {
                 local_drain = Some(d);
             }
         }
+        // 0.1.0 kept allotd's drain under the host operator's key: move it, so that
+        // allotd's undrain lifts it for good.
+        if local_drain.is_none() && cluster_drain.is_some() && store.get("drain")?.is_some() {
+            let v = cluster_drain
+                .as_ref()
+                .map(|d| serde_json::to_string(d).unwrap_or_default());
+            store.set("cluster-drain", v.as_deref())?;
+            store.set("drain", None)?;
+        }
         let mut h = Host {
             leases: BTreeMap::new(),
             owned: BTreeSet::new(),
@@ -380,8 +389,24 @@ impl Host {
     /// While allotd is connected, host-wide health drains wait for its circuit
     /// breaker (a fleet-wide false alarm must not empty the fleet); alone, the host
     /// drains itself.
-    pub fn set_defer_health(&mut self, defer: bool) {
+    pub fn set_defer_health(&mut self, defer: bool, now_ms: i64) {
         self.defer_health = defer;
+        if defer {
+            return;
+        }
+        // Alone again: a drain allotd's breaker was holding takes effect here.
+        let Some(d) = self.health_drain.as_mut().filter(|d| d.held) else {
+            return;
+        };
+        d.held = false;
+        let (now, summary) = (d.now, d.reason.clone());
+        self.note(
+            "drain",
+            "",
+            "",
+            &format!("allotd is away: the held health drain takes effect: {summary}"),
+        );
+        self.revoke_all(now, &format!("health: {summary}"), HEALTH, now_ms);
     }
 
     fn save_drain(&self, key: &str, d: Option<&Drain>) -> Result<(), HostError> {
@@ -795,8 +820,8 @@ impl Host {
         true
     }
 
-    /// A drain of `kind` ended: the revocations it queued are withdrawn unless
-    /// another drain still holds the host.
+    /// A drain of `kind` ended: once no drain holds the host, every revocation a
+    /// drain queued is withdrawn (whichever drain it was attributed to).
     fn drain_ended(&mut self, kind: &str) {
         if self.drain_state().is_some() {
             return;
@@ -804,7 +829,7 @@ impl Host {
         let ids: Vec<String> = self
             .leases
             .values()
-            .filter(|l| l.state == LeaseState::Revoking && l.revoke_cause == kind)
+            .filter(|l| l.state == LeaseState::Revoking && !l.revoke_cause.is_empty())
             .map(|l| l.id.clone())
             .collect();
         for id in ids {
@@ -889,8 +914,25 @@ impl Host {
                 );
                 self.revoke_all(now, &format!("health: {summary}"), HEALTH, now_ms);
             }
-            // The host lifts its health drain itself, when its verdict is ok again.
-            (HEALTH, false) => {}
+            // allotd's breaker holds the drain: the host keeps serving its healthy
+            // GPUs, and what the drain revoked runs on. (The host lifts its health
+            // drain itself, when its verdict is ok again.)
+            (HEALTH, false) => {
+                if !self.defer_health {
+                    return Ok(());
+                }
+                let Some(d) = self.health_drain.as_mut().filter(|d| !d.held) else {
+                    return Ok(());
+                };
+                d.held = true;
+                self.note(
+                    "drain",
+                    "",
+                    "",
+                    &format!("health drain held by allotd: {reason}"),
+                );
+                self.drain_ended(HEALTH);
+            }
             (_, true) => {
                 let d = Drain {
                     reason: reason.to_string(),
@@ -1037,7 +1079,8 @@ impl Host {
             by: HEALTH.into(),
             author: "health monitor".into(),
             at_ms: now_ms,
-            held: self.defer_health,
+            // A drain allotd let through stays through when its reasons change.
+            held: self.defer_health && self.health_drain.as_ref().is_none_or(|h| h.held),
         };
         if self.health_drain.as_ref().map(|h| (&h.reason, h.now)) != Some((&d.reason, d.now)) {
             let verdict = match v.host {

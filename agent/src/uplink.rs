@@ -57,9 +57,13 @@ fn register(sh: &Shared, cluster: &str) -> pb::AgentMessage {
                 .map(lease_pb)
                 .collect(),
             drains: drains_pb(&h),
+            protocol: PROTOCOL,
         })),
     }
 }
+
+/// What this agent understands of allotd's messages (see `Register.protocol`).
+const PROTOCOL: u32 = 2;
 
 /// Sends to the allocator if the stream is up (otherwise the next register
 /// reconciles).
@@ -206,7 +210,7 @@ async fn session(sh: &Arc<Shared>, addr: &str, cluster: &str) -> Result<(), Stri
         }
     };
     drop(tx);
-    sh.host().set_defer_health(true);
+    sh.host().set_defer_health(true, now_ms());
     tracing::info!(allocator = %addr, "connected to the allocator");
     let r = loop {
         match inbound.message().await {
@@ -216,7 +220,7 @@ async fn session(sh: &Arc<Shared>, addr: &str, cluster: &str) -> Result<(), Stri
         }
     };
     *sh.uplink.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    sh.host().set_defer_health(false);
+    sh.host().set_defer_health(false, now_ms());
     r
 }
 

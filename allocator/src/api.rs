@@ -89,8 +89,10 @@ fn drains_pb(n: &NodeRec) -> Vec<pb::DrainInfo> {
         .iter()
         .map(|(by, d)| pb::DrainInfo {
             by: by.clone(),
-            author: if by == "local-operator" || by == "health" {
-                n.spec.name.clone()
+            author: if !d.author.is_empty() {
+                d.author.clone()
+            } else if by == "health" {
+                "health monitor".into()
             } else {
                 "allotd".into()
             },
@@ -100,11 +102,12 @@ fn drains_pb(n: &NodeRec) -> Vec<pb::DrainInfo> {
             held: false,
         })
         .collect();
-    if let Some(r) = &n.held {
+    if let Some((r, now_)) = &n.held {
         v.push(pb::DrainInfo {
             by: "health".into(),
-            author: n.spec.name.clone(),
-            reason: format!("held by the circuit breaker: {r}"),
+            author: "health monitor".into(),
+            reason: r.clone(),
+            now: *now_,
             held: true,
             ..Default::default()
         });
@@ -199,6 +202,12 @@ fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
         return Err(Status::invalid_argument(format!(
             "nodes = {}: ask for 1 to {MAX_NODES} nodes",
             s.nodes
+        )));
+    }
+    if let Some(tl) = s.time_limit_s.filter(|&tl| s.min_runtime_s > tl) {
+        return Err(Status::invalid_argument(format!(
+            "min_runtime = {}: longer than time_limit ({tl} s): the work would be stopped before its protection ends; ask for a min runtime no longer than the time limit",
+            s.min_runtime_s
         )));
     }
     if !s.class.is_empty() && !CLASSES.contains(&s.class.as_str()) {
@@ -459,6 +468,7 @@ impl pb::nodes_server::Nodes for Api {
                     r.reason.clone()
                 },
                 by: "cluster-operator".into(),
+                author: String::new(),
             })
             .map_err(core_status)?;
         self.node_view(&r.name)
@@ -527,6 +537,7 @@ impl Api {
                             state: NodeState::Ready,
                             reason: "agent back".into(),
                             by: "lost".into(),
+                            author: String::new(),
                         })
                         .map_err(core_status)?;
                 }
@@ -609,18 +620,24 @@ impl Api {
                     NodeState::Draining
                 },
                 d.reason.clone(),
+                d.author.clone(),
             )
         });
-        let have = ours.map(|d| (d.state, d.reason));
+        let have = ours.map(|d| (d.state, d.reason, d.author));
         if want == have {
             return;
         }
-        let (state, reason) = want.unwrap_or((NodeState::Ready, "undrained on the host".into()));
+        let (state, reason, author) = want.unwrap_or((
+            NodeState::Ready,
+            "undrained on the host".into(),
+            String::new(),
+        ));
         if let Err(e) = self.0.commit(Input::NodeState {
             node: node.to_string(),
             state,
             reason,
             by: "local-operator".into(),
+            author,
         }) {
             tracing::warn!(node, error = %e, "the host's drain not recorded");
         }
@@ -645,6 +662,7 @@ impl Api {
                     lease,
                     end,
                     reason: format!("{} on {node}: {}", l.end_reason, l.ended_by),
+                    node: node.to_string(),
                 }) {
                     Ok(_) | Err(CoreError::UnknownLease(_)) => {}
                     Err(e) => tracing::warn!(node, error = %e, "lease status not applied"),
@@ -705,34 +723,7 @@ impl Api {
                 // A drain-now caused by a failed GPU ends only that GPU's lease (the
                 // agent killed it); the others keep their protection.
                 let now_ = verdict == pb::HostVerdict::DrainNow && !h.gpus.iter().any(failed);
-                let allowed = {
-                    let mut c = self.0.core();
-                    let ok = c.alloc.breaker_allows(now(), &self.0.cfg.breaker, node);
-                    if let Some(n) = c.alloc.node_mut(node) {
-                        let first = n.held.is_none();
-                        n.held = (!ok).then(|| reasons.join("; "));
-                        if !ok && first {
-                            c.alloc.counters.breaker_held += 1;
-                        }
-                    }
-                    ok
-                };
-                if !allowed {
-                    // The agent defers its health drains to allotd while connected, so
-                    // the host keeps serving its healthy GPUs too.
-                    tracing::error!(node, reasons = %reasons.join("; "), "automatic drain HELD by the circuit breaker: too many nodes drained recently; drain by hand if it is real");
-                    return;
-                }
-                let _ = self.0.commit(Input::NodeState {
-                    node: node.to_string(),
-                    state: if now_ {
-                        NodeState::DrainNow
-                    } else {
-                        NodeState::Draining
-                    },
-                    reason: reasons.join("; "),
-                    by: "health".into(),
-                });
+                self.0.health_drain(node, &reasons.join("; "), now_);
             }
             pb::HostVerdict::Ok => {
                 if let Some(n) = self.0.core().alloc.node_mut(node) {
@@ -744,6 +735,7 @@ impl Api {
                         state: NodeState::Ready,
                         reason: "health verdict ok".into(),
                         by: "health".into(),
+                        author: String::new(),
                     });
                 }
             }
@@ -776,7 +768,7 @@ impl pb::agent_stream_server::AgentStream for Api {
         for m in backlog {
             let _ = tx.send(Ok(m));
         }
-        let session = self.0.attach(&node, tx);
+        let session = self.0.attach(&node, tx, reg.protocol);
         tracing::info!(node = %node, gpus = reg.gpus.len(), running = reg.running.len(), "agent connected");
         let api = self.clone();
         tokio::spawn(async move {

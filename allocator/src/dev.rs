@@ -41,6 +41,10 @@ fn agent_binary() -> anyhow::Result<PathBuf> {
     }
 }
 
+fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
 fn write_if_missing(path: &Path, text: &str) -> anyhow::Result<()> {
     if !path.exists() {
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
@@ -104,19 +108,48 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         None => "-".into(),
     };
     write_env(&dir, &listen, &metrics, &agent)?;
-    let mut agents: Vec<Child> = Vec::new();
     let server = tokio::spawn(crate::serve::serve_bound(
         cfg,
         bound,
         crate::serve::signalled(),
     ));
+    let mut agents: Vec<Child> = Vec::new();
+    if let Err(e) = start_agents(&a, &dir, &listen, &agent, &mut agents) {
+        // None may outlive a failed start: they would look for this allotd forever.
+        stop_agents(agents);
+        server.abort();
+        return Err(e);
+    }
+    println!(
+        "allot local cluster: {} nodes × {} fake GPUs\n  allotd     http://{listen}  (state {})\n  metrics    http://{metrics}/metrics\n  agents     {}/agents/node-N/ (agent.sock, agent.log, kmsg)\n\nIn another terminal:\n  . {}\n  allot share\n  allot submit --project demo-a --gpus 2 --min-runtime 10m -- sleep 300\n  allot queue; allot nodes; allot leases   # leases: node-1's agent\n\nCtrl-C (or SIGTERM to this process) stops allotd and the agents; workloads keep running and are re-adopted next time.",
+        a.nodes,
+        a.gpus_per_node,
+        dir.display(),
+        dir.display(),
+        dir.join("env").display(),
+    );
+    let r = server.await;
+    stop_agents(agents);
+    r.context("allotd task")?
+}
+
+/// Writes each agent's config and starts it; the ones started are in `agents`
+/// whatever happens.
+fn start_agents(
+    a: &Args,
+    dir: &Path,
+    listen: &str,
+    agent: &Path,
+    agents: &mut Vec<Child>,
+) -> anyhow::Result<()> {
     for i in 1..=a.nodes {
         let d = dir.join("agents").join(format!("node-{i}"));
         std::fs::create_dir_all(&d)?;
         let kmsg = d.join("kmsg");
         write_if_missing(&kmsg, "")?;
         let conf = d.join("agent.toml");
-        write_if_missing(
+        // Written every time: the agents must follow this run's --listen.
+        write_file(
             &conf,
             &format!(
                 "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"http://{}\"\nhost = \"dev-node-{i}\"\ncluster = \"dev\"\nterm_grace = \"10s\"\ndefault_grace = \"30s\"\n\n[health]\nsource = \"fake:{}\"\ninterval_s = 2\nkmsg = {:?}   # append an NVRM Xid line here to inject a fault\n",
@@ -132,7 +165,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             .append(true)
             .open(d.join("agent.log"))?;
         agents.push(
-            Command::new(&agent)
+            Command::new(agent)
                 .arg("--config")
                 .arg(&conf)
                 .stderr(log)
@@ -140,15 +173,11 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                 .with_context(|| format!("starting {}", agent.display()))?,
         );
     }
-    println!(
-        "allot local cluster: {} nodes × {} fake GPUs\n  allotd     http://{listen}  (state {})\n  metrics    http://{metrics}/metrics\n  agents     {}/agents/node-N/ (agent.sock, agent.log, kmsg)\n\nIn another terminal:\n  . {}\n  allot share\n  allot submit --project demo-a --gpus 2 --min-runtime 10m -- sleep 300\n  allot queue; allot nodes; allot leases   # leases: node-1's agent\n\nCtrl-C (or SIGTERM to this process) stops allotd and the agents; workloads keep running and are re-adopted next time.",
-        a.nodes,
-        a.gpus_per_node,
-        dir.display(),
-        dir.display(),
-        dir.join("env").display(),
-    );
-    let r = server.await;
+    Ok(())
+}
+
+/// SIGTERM to each agent, and waits for it (its workloads keep running).
+fn stop_agents(agents: Vec<Child>) {
     for mut c in agents {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(c.id() as i32),
@@ -156,5 +185,4 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         );
         let _ = c.wait();
     }
-    r.context("allotd task")?
 }

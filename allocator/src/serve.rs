@@ -54,13 +54,25 @@ pub struct LoopStats {
 /// One agent's outbound stream.
 pub type Session = mpsc::UnboundedSender<Result<pb::AllocatorMessage, tonic::Status>>;
 
+/// Agents that understand withdrawn revocations and health drains from allotd.
+pub const PROTOCOL_DRAINS: u32 = 2;
+
+/// Whether an agent of `protocol` understands `msg`; an older agent would misread it
+/// (a withdrawal as a revocation now, a health drain as its operator's drain).
+fn understood(protocol: u32, msg: &pb::AllocatorMessage) -> bool {
+    use pb::allocator_message::Body;
+    protocol >= PROTOCOL_DRAINS
+        || !matches!(&msg.body, Some(Body::Revoke(r)) if r.withdraw)
+            && !matches!(&msg.body, Some(Body::Drain(d)) if d.by == "health")
+}
+
 /// The running service.
 pub struct Server {
     core: Mutex<Core>,
     /// Config in force.
     pub cfg: ServerConfig,
-    /// Open agent streams by node.
-    pub sessions: Mutex<HashMap<String, (u64, Session)>>,
+    /// Open agent streams by node: session number, sender, the agent's protocol.
+    pub sessions: Mutex<HashMap<String, (u64, Session, u32)>>,
     /// Wakes the scheduling loop.
     pub kick: Notify,
     /// Loop figures.
@@ -161,8 +173,11 @@ impl Server {
         for o in outs {
             if let Out::Send { node, msg } = o {
                 match sessions.get(node) {
-                    Some((_, tx)) => {
+                    Some((_, tx, protocol)) if understood(*protocol, msg) => {
                         let _ = tx.send(Ok((**msg).clone()));
+                    }
+                    Some(_) => {
+                        tracing::debug!(node = %node, "message skipped: the agent is too old to read it")
                     }
                     None => {
                         tracing::debug!(node = %node, "no stream; the message waits for reconciliation")
@@ -173,21 +188,91 @@ impl Server {
     }
 
     /// Registers an agent's stream; returns its session number.
-    pub fn attach(&self, node: &str, tx: Session) -> u64 {
+    pub fn attach(&self, node: &str, tx: Session, protocol: u32) -> u64 {
         let n = self
             .session_seq
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(node.to_string(), (n, tx));
+            .insert(node.to_string(), (n, tx, protocol));
         n
+    }
+
+    /// A host's health verdict asks for a drain: through the circuit breaker, or
+    /// held (and the agent told to hold it too, so it keeps serving its healthy GPUs).
+    pub fn health_drain(&self, node: &str, reasons: &str, drain_now: bool) {
+        let allowed = {
+            let mut c = self.core();
+            let ok = c.alloc.breaker_allows(now(), &self.cfg.breaker, node);
+            if let Some(n) = c.alloc.node_mut(node) {
+                let first = n.held.is_none();
+                n.held = (!ok).then(|| (reasons.to_string(), drain_now));
+                if !ok && first {
+                    c.alloc.counters.breaker_held += 1;
+                    tracing::error!(node, reasons, "automatic drain HELD by the circuit breaker: too many nodes drained recently; drain by hand if it is real");
+                }
+            }
+            ok
+        };
+        if !allowed {
+            self.dispatch(&[Out::Send {
+                node: node.to_string(),
+                msg: Box::new(pb::AllocatorMessage {
+                    body: Some(pb::allocator_message::Body::Drain(pb::DrainCommand {
+                        drain: false,
+                        now: drain_now,
+                        reason: format!("held by allotd's circuit breaker: {reasons}"),
+                        by: "health".into(),
+                        author: "allotd".into(),
+                    })),
+                }),
+            }]);
+            return;
+        }
+        let _ = self.commit(Input::NodeState {
+            node: node.to_string(),
+            state: if drain_now {
+                NodeState::DrainNow
+            } else {
+                NodeState::Draining
+            },
+            reason: reasons.to_string(),
+            by: "health".into(),
+            author: String::new(),
+        });
+    }
+
+    /// Held health drains are looked at again: once the breaker's window has room,
+    /// they go through.
+    fn recheck_held(&self) {
+        let held: Vec<(String, String, bool)> = self
+            .core()
+            .alloc
+            .nodes()
+            .values()
+            .filter(|n| n.connected && !n.drains.contains_key("health"))
+            .filter_map(|n| {
+                n.held
+                    .as_ref()
+                    .map(|(r, now_)| (n.spec.name.clone(), r.clone(), *now_))
+            })
+            .collect();
+        for (node, reasons, now_) in held {
+            if self
+                .core()
+                .alloc
+                .breaker_allows(now(), &self.cfg.breaker, &node)
+            {
+                self.health_drain(&node, &reasons, now_);
+            }
+        }
     }
 
     /// Forgets an agent's stream (if it is still this session).
     pub fn detach(&self, node: &str, session: u64) {
         let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        if s.get(node).is_some_and(|(n, _)| *n == session) {
+        if s.get(node).is_some_and(|(n, _, _)| *n == session) {
             s.remove(node);
             drop(s);
             if let Some(n) = self.core().alloc.node_mut(node) {
@@ -232,6 +317,7 @@ impl Server {
                 state: NodeState::Down,
                 reason: format!("agent silent for more than {}s", self.cfg.server.lost_grace),
                 by: "lost".into(),
+                author: String::new(),
             });
             let leases = self.core().alloc.leases_on(&node);
             for (lease, _) in leases {
@@ -239,6 +325,7 @@ impl Server {
                     lease,
                     end: EndKind::NodeLost,
                     reason: format!("node {node} lost"),
+                    node: String::new(),
                 });
             }
         }
@@ -263,6 +350,7 @@ impl Server {
                 _ = tokio::time::sleep(until) => {}
             }
             self.mark_lost();
+            self.recheck_held();
             self.pass();
             if watchdog.is_some() {
                 allot_proto::systemd::notify("WATCHDOG=1");
@@ -333,7 +421,7 @@ pub async fn serve_bound(
         let _ = stopped_rx.await;
     }));
     let r = tokio::select! {
-        r = &mut grpc => r.context("gRPC task")?,
+        r = &mut grpc => r.context("gRPC task").and_then(|r| r),
         () = stop => {
             tracing::info!("allotd stopping: ending agent streams; workloads keep running");
             allot_proto::systemd::notify("STOPPING=1");
@@ -342,9 +430,11 @@ pub async fn serve_bound(
             // the next allotd.
             server.sessions.lock().unwrap_or_else(|e| e.into_inner()).clear();
             match tokio::time::timeout(Duration::from_secs(3), &mut grpc).await {
-                Ok(r) => r.context("gRPC task")?,
+                Ok(r) => r.context("gRPC task").and_then(|r| r),
                 Err(_) => {
                     grpc.abort();
+                    // Awaited, so the listener is closed when this returns.
+                    let _ = (&mut grpc).await;
                     tracing::warn!("connections still open after 3 s; closed");
                     Ok(())
                 }

@@ -104,6 +104,10 @@ pub enum Input {
         end: EndKind,
         /// The agent's words.
         reason: String,
+        /// The node that reported it (a refusal marks that node only); empty in
+        /// journals before 0.2 and for ends allotd decides itself.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        node: String,
     },
     /// A node's scheduling state changed (operator, health, or lost).
     NodeState {
@@ -118,6 +122,9 @@ pub enum Input {
         /// `agent` lifts `lost`. Each kind is a drain of its own; the node's state is
         /// the most severe of those in force.
         by: String,
+        /// Who, where known (the host operator's user name).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        author: String,
     },
     /// Something about a node changed that the core does not model (its agent
     /// reconnected, its health report or drains changed): refusals are forgotten.
@@ -143,6 +150,27 @@ pub enum Input {
     },
     /// A scheduling pass.
     Schedule,
+}
+
+impl Input {
+    /// Reads one journal entry, upgrading what older releases wrote: a submission
+    /// from before `no_requeue` existed kept 0.1.0's rule (work that cannot resume
+    /// was not requeued), so replaying it decides as it did then.
+    pub fn decode(text: &str) -> serde_json::Result<Input> {
+        let mut v: serde_json::Value = serde_json::from_str(text)?;
+        if v["kind"] == "submit" {
+            if let Some(spec) = v.get_mut("spec").and_then(|s| s.as_object_mut()) {
+                if !spec.contains_key("no_requeue") {
+                    let resumable = spec
+                        .get("resumable")
+                        .and_then(serde_json::Value::as_bool)
+                        .unwrap_or(false);
+                    spec.insert("no_requeue".into(), (!resumable).into());
+                }
+            }
+        }
+        serde_json::from_value(v)
+    }
 }
 
 /// Something for the service shell to carry out.
@@ -194,8 +222,9 @@ pub struct NodeRec {
     /// Every drain in force, by author kind (`cluster-operator`, `local-operator`,
     /// `health`, `lost`).
     pub drains: BTreeMap<String, DrainRec>,
-    /// A health drain the circuit breaker holds (not journaled).
-    pub held: Option<String>,
+    /// A health drain the circuit breaker holds: its reasons and whether it asked
+    /// for drain-now (not journaled; re-checked by the scheduling loop).
+    pub held: Option<(String, bool)>,
     /// Its agent's stream is up (not journaled).
     pub connected: bool,
     /// Last message from its agent, Unix s (not journaled).
@@ -215,6 +244,8 @@ pub struct DrainRec {
     pub reason: String,
     /// Since, Unix s.
     pub since: Time,
+    /// Who, where known.
+    pub author: String,
 }
 
 /// Drain author kinds as journals of every release name them.
@@ -512,13 +543,23 @@ impl Allocator {
                 self.core.cancel(at, WorkloadId(*id))?;
                 self.sync(at, *id, "cancelled");
             }
-            Input::LeaseEnded { lease, end, reason } => {
+            Input::LeaseEnded {
+                lease,
+                end,
+                reason,
+                node,
+            } => {
                 let wid = self
                     .core
                     .lease(LeaseId(*lease))
                     .map(|l| l.workload.0)
                     .ok_or(CoreError::UnknownLease(*lease))?;
-                self.core.lease_ended(at, LeaseId(*lease), end.core())?;
+                match self.nodes.get(node) {
+                    Some(n) if *end == EndKind::Refused => {
+                        self.core.lease_refused(at, LeaseId(*lease), n.id)?
+                    }
+                    _ => self.core.lease_ended(at, LeaseId(*lease), end.core())?,
+                };
                 // The other hosts of a gang stop too.
                 for (node, _) in self.lease_hosts.remove(lease).unwrap_or_default() {
                     a.outs.push(Out::Send {
@@ -539,13 +580,18 @@ impl Allocator {
                 state,
                 reason,
                 by,
+                author,
             } => {
                 let n = self.nodes.get_mut(node).ok_or_else(|| {
                     CoreError::Config(format!("no node {node:?}; `allot nodes` lists them"))
                 })?;
                 let kind = drain_kind(by).to_string();
                 let lifted = *state == NodeState::Ready;
-                if lifted {
+                if lifted && by == "operator" {
+                    // 0.1.0 had one drain per node, and its operator undrain lifted it
+                    // whoever had drained: replayed, it means the same.
+                    n.drains.clear();
+                } else if lifted {
                     if n.drains.remove(&kind).is_none() {
                         // Nothing of that author to lift: the journal keeps no no-ops.
                         a.changed = false;
@@ -558,6 +604,7 @@ impl Allocator {
                             state: *state,
                             reason: reason.clone(),
                             since: at,
+                            author: author.clone(),
                         },
                     );
                     *self.counters.drains.entry(kind.clone()).or_default() += 1;
@@ -947,6 +994,7 @@ mod tests {
                 state: NodeState::Draining,
                 reason: "xid:79".into(),
                 by: "health".into(),
+                author: String::new(),
             },
         )
         .expect("drain");
@@ -978,10 +1026,30 @@ mod tests {
                 state: NodeState::Draining,
                 reason: "maintenance".into(),
                 by: "cluster-operator".into(),
+                author: String::new(),
             },
         )
         .expect("drain");
         assert!(a.breaker_allows(1, &b, "n1"));
+    }
+
+    #[test]
+    fn journal_entries_of_0_1_keep_their_requeue_rule() {
+        let old = r#"{"kind":"submit","spec":{"project":"p","user":"u","class":"batch","gpus_per_node":1,"nodes":1,"cpu_per_node":0,"mem_per_node_gb":0,"min_runtime":0,"time_limit":null,"resumable":RES,"priority":0},"argv":["x"],"hook":""}"#;
+        for (res, no_requeue) in [("false", true), ("true", false)] {
+            let Ok(Input::Submit { spec, .. }) = Input::decode(&old.replace("RES", res)) else {
+                panic!("a 0.1 submission decodes");
+            };
+            assert_eq!(spec.no_requeue, no_requeue, "resumable {res}");
+        }
+        // What this release writes reads back as written.
+        let new = old
+            .replace("RES", "false")
+            .replace(r#""priority":0}"#, r#""priority":0,"no_requeue":false}"#);
+        let Ok(Input::Submit { spec, .. }) = Input::decode(&new) else {
+            panic!("decodes");
+        };
+        assert!(!spec.no_requeue);
     }
 
     #[test]
@@ -1018,6 +1086,7 @@ mod tests {
                 lease: 1,
                 end: EndKind::Completed,
                 reason: "done".into(),
+                node: String::new(),
             },
         ));
         inputs.push((100, Input::Schedule));

@@ -153,8 +153,8 @@ impl Store for Sqlite {
         let mut out = Vec::new();
         for row in rows {
             let (seq, at, body) = row.map_err(|e| self.err("reading the journal", e))?;
-            let input: Input =
-                serde_json::from_str(&body).map_err(|e| self.err("decoding a journal entry", e))?;
+            let input =
+                Input::decode(&body).map_err(|e| self.err("decoding a journal entry", e))?;
             out.push((seq.unsigned_abs(), at.unsigned_abs(), input));
         }
         Ok(out)

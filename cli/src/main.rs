@@ -46,8 +46,7 @@ struct Connection {
         long,
         value_name = "ADDR",
         env = "ALLOT_SERVER",
-        default_value = remote::DEFAULT_SERVER,
-        value_parser = remote::parse_server
+        default_value = remote::DEFAULT_SERVER
     )]
     server: String,
     /// The local agent's unix socket, for the host commands.

@@ -67,7 +67,7 @@ pub struct SubmitArgs {
     /// It can resume from a checkpoint, so preempting it loses little.
     #[arg(long)]
     resumable: bool,
-    /// When preempted, end as `preempted` instead of waiting in the queue again [default: requeue; the work starts over unless --resumable].
+    /// When preempted or its node is lost, end (`preempted` / `failed`) instead of waiting in the queue again [default: requeue; the work starts over unless --resumable].
     #[arg(long)]
     no_requeue: bool,
     /// Order inside the project (higher first); never ahead of other projects.
@@ -344,7 +344,16 @@ impl Remote {
 /// Runs one allotd command to completion and says how the process should exit;
 /// `server` is the one given before the subcommand, or from the environment.
 pub fn run(cmd: Remote, server: String) -> ExitCode {
-    let server = cmd.conn().server.clone().unwrap_or(server);
+    let raw = cmd.conn().server.clone().unwrap_or(server);
+    // Checked here, not when the flags are parsed: a bad ALLOT_SERVER must not
+    // break the commands that never talk to allotd.
+    let server = match parse_server(&raw) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("allot: --server / ALLOT_SERVER {raw:?}: {e}");
+            return ExitCode::from(2);
+        }
+    };
     block_on(dispatch(cmd, server))
 }
 

@@ -148,7 +148,7 @@ fn submit_help_says_gangs_take_whole_nodes_and_what_no_requeue_does() {
     };
     assert!(line("--nodes").contains("N whole nodes"), "{out}");
     let no_requeue = line("--no-requeue");
-    assert!(no_requeue.contains("end as `preempted`"), "{out}");
+    assert!(no_requeue.contains("end (`preempted`"), "{out}");
     assert!(
         no_requeue.contains("starts over unless --resumable"),
         "{out}"

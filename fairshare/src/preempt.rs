@@ -97,7 +97,12 @@ impl<V: View> Planner<'_, V> {
     fn node(&self, node: NodeId, whole: bool) -> Option<NodePlan> {
         let s = self.s;
         let n = self.st.cluster().node(node);
-        if n.state != NodeState::Ready || (n.healthy & n.all()).count_ones() < s.gpus {
+        // A node that refused this size is not planned for either (no hot loop of
+        // zero-victim plans).
+        if n.state != NodeState::Ready
+            || (n.healthy & n.all()).count_ones() < s.gpus
+            || !n.offers(s.gpus)
+        {
             return None;
         }
         let mut cands: Vec<(&Lease, u64)> = Vec::new();
@@ -313,6 +318,7 @@ pub(crate) fn reserve<V: View>(st: &V, now: Time, s: &Shape) -> Option<(Vec<Node
             || n.spec.gpus < s.gpus
             || n.spec.cpu < s.cpu
             || n.spec.memory_gb < s.mem
+            || !n.offers(s.gpus)
         {
             continue;
         }

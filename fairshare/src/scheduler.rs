@@ -291,15 +291,6 @@ impl Scheduler {
                 });
             }
         }
-        if let Some(tl) = spec.time_limit.filter(|&tl| spec.min_runtime > tl) {
-            return Err(CoreError::Impossible {
-                field: "min_runtime",
-                value: spec.min_runtime,
-                why: format!(
-                    "longer than time_limit ({tl} s): the work would be stopped before its protection ends; ask for a min runtime no longer than the time limit"
-                ),
-            });
-        }
         let c = &self.st.cluster;
         let max_gpus = c.nodes().map(|(_, n)| n.spec.gpus).max().unwrap_or(0);
         if spec.gpus_per_node == 0 || spec.gpus_per_node > max_gpus {
@@ -408,12 +399,33 @@ impl Scheduler {
         }
     }
 
+    /// A node refused to start a lease: the work waits again, and that node (only)
+    /// is not offered work of that size until it changes.
+    pub fn lease_refused(
+        &mut self,
+        now: Time,
+        lease: LeaseId,
+        node: NodeId,
+    ) -> Result<WorkloadState, CoreError> {
+        self.end_lease(now, lease, LeaseEnd::Refused, Some(node))
+    }
+
     /// The shell reports that a lease is over; returns the workload's new state.
     pub fn lease_ended(
         &mut self,
         now: Time,
         lease: LeaseId,
         end: LeaseEnd,
+    ) -> Result<WorkloadState, CoreError> {
+        self.end_lease(now, lease, end, None)
+    }
+
+    fn end_lease(
+        &mut self,
+        now: Time,
+        lease: LeaseId,
+        end: LeaseEnd,
+        refusing: Option<NodeId>,
     ) -> Result<WorkloadState, CoreError> {
         let now = self.clock(now);
         let l = self
@@ -434,8 +446,13 @@ impl Scheduler {
             })
         );
         if end == LeaseEnd::Refused {
-            // Not offered there again (at this size or larger) until the node changes.
-            for p in &l.placement {
+            // Not offered there again (at this size or larger) until the node changes:
+            // the node that refused when the shell knows it, else every node of it.
+            for p in l
+                .placement
+                .iter()
+                .filter(|p| refusing.is_none_or(|n| n == p.node))
+            {
                 let gpus = p.gpus.count_ones();
                 self.st
                     .cluster
@@ -545,23 +562,25 @@ impl Scheduler {
         Ok(())
     }
 
-    /// The drain of `node` ended: revocations it queued that have not come due are
-    /// withdrawn (the leases run on under their contracts), unless another node of
-    /// the same lease still drains.
+    /// The drain of `node` ended: the drain revocations of its leases are withdrawn
+    /// (they run on under their contracts), unless another node of the lease still
+    /// drains.
     fn withdraw_drain_revocations(&mut self, now: Time, node: NodeId) {
         for lid in self.st.node_leases[node.idx()].clone() {
             let Some(l) = self.st.leases.get(&lid) else {
                 continue;
             };
-            let ours = l.revoke.as_ref().is_some_and(|r| {
-                r.not_before > now
-                    && matches!(r.why, RevokeWhy::Drain { node: n } | RevokeWhy::DrainNow { node: n } if n == node)
+            // Whichever drained node asked (a gang's nodes may drain one after the
+            // other), and whether or not its lapse has passed here: the agent
+            // withdraws only what its ladder has not begun, and reports the rest ended.
+            let drained = l.revoke.as_ref().is_some_and(|r| {
+                matches!(r.why, RevokeWhy::Drain { .. } | RevokeWhy::DrainNow { .. })
             });
             let elsewhere = l
                 .placement
                 .iter()
                 .any(|p| self.st.cluster.node(p.node).state != NodeState::Ready);
-            if ours && !elsewhere {
+            if drained && !elsewhere {
                 self.st.withdraw(now, lid);
             }
         }
@@ -1071,7 +1090,7 @@ impl State {
                 && (self.protect_forever || !self.budget_spent(tree, project, now));
             let usable = claim.nodes.iter().all(|p| {
                 let n = self.cluster.node(p.node);
-                n.state == NodeState::Ready && (p.gpus & n.healthy).count_ones() >= g
+                n.state == NodeState::Ready && (p.gpus & n.healthy).count_ones() >= g && n.offers(g)
             });
             if !usable {
                 self.drop_claim(id);
@@ -1637,7 +1656,11 @@ fn backfill_placement(
             } else {
                 0
             };
-            if avail >= s.gpus && n.fits_host(s.cpu, s.mem) && best.is_none_or(|b| avail < b.0) {
+            if avail >= s.gpus
+                && n.fits_host(s.cpu, s.mem)
+                && n.offers(s.gpus)
+                && best.is_none_or(|b| avail < b.0)
+            {
                 best = Some((avail, *holder, start, p.node));
             }
         }

@@ -1091,13 +1091,20 @@ impl Shell {
         }
     }
 
-    /// A drain ended before its revocation came due: the lease runs on.
+    /// A drain ended: its revocation is taken back and the lease runs on.
     fn on_withdraw(&mut self, lid: LeaseId) {
         let now = self.now;
-        let ok = matches!(
-            self.last_revoke.get(&lid),
-            Some(RevokeWhy::Drain { .. } | RevokeWhy::DrainNow { .. })
-        ) && self.revoked_at.get(&lid).is_some_and(|t| *t > now);
+        // Only a drain's revocation, and only once every node of the lease is ready.
+        let ready = self.sch.lease(lid).is_some_and(|l| {
+            l.placement
+                .iter()
+                .all(|p| self.sch.cluster().node(p.node).state == NodeState::Ready)
+        });
+        let ok = ready
+            && matches!(
+                self.last_revoke.get(&lid),
+                Some(RevokeWhy::Drain { .. } | RevokeWhy::DrainNow { .. })
+            );
         if !ok {
             self.fail(
                 Prop::Revokes,

@@ -700,22 +700,8 @@ fn undraining_before_the_lapse_withdraws_the_drain_revocation() {
 }
 
 #[test]
-fn contradictory_and_oversized_requests_name_the_field_and_the_fix() {
+fn oversized_requests_name_the_field_and_the_fix() {
     let mut s = sched(two_teams(), nodes("c", 2, 8));
-    let e = s
-        .submit(
-            0,
-            allot_fairshare::WorkloadSpec {
-                time_limit: Some(HOUR),
-                ..job("x", 1, 2 * HOUR)
-            },
-        )
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.starts_with("min_runtime = 7200: longer than time_limit"),
-        "{e}"
-    );
     let e = s.submit(0, job("x", 9, 0)).unwrap_err().to_string();
     assert!(e.starts_with("gpus_per_node = 9: ask for 1 to 8"), "{e}");
     let e = s.submit(0, job("x", 0, 0)).unwrap_err().to_string();
@@ -739,4 +725,51 @@ fn contradictory_and_oversized_requests_name_the_field_and_the_fix() {
         e.contains("nodes = 3: ask for 1 to 2") && e.contains("whole nodes"),
         "{e}"
     );
+}
+
+#[test]
+fn a_gangs_drain_revocation_is_withdrawn_once_all_its_nodes_are_ready() {
+    let mut s = sched(two_teams(), nodes("c", 2, 8));
+    let g = s.submit(0, gang("x", 2, 8, HOUR)).expect("fits");
+    s.schedule(0);
+    let lease = lease_of(&s, g);
+    s.set_node_state(10, NodeId(0), NodeState::Draining)
+        .expect("node");
+    s.set_node_state(11, NodeId(1), NodeState::Draining)
+        .expect("node");
+    s.schedule(11);
+    s.set_node_state(20, NodeId(0), NodeState::Ready)
+        .expect("node");
+    assert!(
+        s.lease(lease).expect("lease").revoke.is_some(),
+        "node 1 still drains"
+    );
+    s.set_node_state(21, NodeId(1), NodeState::Ready)
+        .expect("node");
+    let d = s.schedule(21);
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::Withdraw { lease: l, .. } if *l == lease)),
+        "{:?}",
+        d.actions
+    );
+}
+
+#[test]
+fn a_refusal_marks_only_the_node_that_refused() {
+    let mut s = sched(two_teams(), nodes("c", 2, 8));
+    let g = s.submit(0, gang("x", 2, 4, HOUR)).expect("fits");
+    let d = s.schedule(0);
+    let lease = starts(&d)[0].1;
+    s.lease_refused(1, lease, NodeId(1)).expect("live lease");
+    assert!(s.cluster().node(NodeId(0)).offers(4));
+    assert!(!s.cluster().node(NodeId(1)).offers(4));
+    assert!(s.cluster().node(NodeId(1)).offers(3));
+    // Nothing places the gang while node 1 refuses it: no plan, no reservation loop.
+    for t in 2..5 {
+        let d = s.schedule(t);
+        assert!(starts(&d).is_empty(), "{:?}", d.actions);
+    }
+    assert_eq!(s.workload(g).expect("known").state, WorkloadState::Pending);
 }

@@ -37,6 +37,7 @@ fn agent_registration_round_trips() {
                 reason: "rack work".into(),
                 ..DrainInfo::default()
             }],
+            protocol: 2,
         })),
     };
     let bytes = msg.encode_to_vec();
