@@ -449,7 +449,7 @@ fn a_malformed_agent_stream_is_refused_with_the_field() {
 
 #[test]
 fn the_breaker_holds_automatic_drains_past_half_the_nodes() {
-    let c = Cluster::start("breaker", TWO_PROJECTS, 4, 2);
+    let mut c = Cluster::start("breaker", TWO_PROJECTS, 4, 2);
     // A bad driver push: every node reports XID 79 at once.
     for i in 0..4 {
         c.gpu_falls_off(i);
@@ -519,6 +519,25 @@ fn the_breaker_holds_automatic_drains_past_half_the_nodes() {
         "--json",
     ]);
     assert_eq!(n["state"], "draining", "{n}");
+    // With allotd gone the held hosts are alone: their health drains take effect.
+    let held_index: Vec<usize> = (0..4)
+        .filter(|i| held_nodes.contains(&Cluster::node_name(*i)) && Cluster::node_name(*i) != name)
+        .collect();
+    let host_drain = |c: &Cluster, i: usize, held: bool| {
+        let g = c.agent_json(i, &["gpus", "--json"]);
+        g["drain"]["drains"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|d| d["by"] == "health" && d["held"] == held))
+    };
+    for &i in &held_index {
+        assert!(host_drain(&c, i, true), "the host holds its drain too");
+    }
+    c.kill9_server();
+    for i in held_index {
+        wait_for("a held host to drain itself", LONG, || {
+            host_drain(&c, i, false).then_some(())
+        });
+    }
 }
 
 #[test]
