@@ -78,7 +78,10 @@ impl FromStr for Hook {
             return Ok(Hook::Signal(s.as_str().to_string()));
         }
         if let Some(cmd) = spec.strip_prefix("exec:") {
-            let argv: Vec<String> = cmd.split_whitespace().map(str::to_string).collect();
+            // Split like a shell, so a quoted path with spaces stays one argument.
+            let argv = shlex::split(cmd).ok_or_else(|| {
+                err("unbalanced quotes or a trailing backslash; quote as in a shell")
+            })?;
             if argv.is_empty() {
                 return Err(err("empty command"));
             }

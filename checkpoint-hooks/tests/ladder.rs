@@ -208,6 +208,15 @@ fn hook_specs() {
         "exec:/bin/ckpt --now".parse::<Hook>(),
         Ok(Hook::Exec(vec!["/bin/ckpt".into(), "--now".into()]))
     );
+    // Arguments split like a shell: quotes keep spaces.
+    assert_eq!(
+        r#"exec:"/opt/my tools/ckpt" --tag 'run 7'"#.parse::<Hook>(),
+        Ok(Hook::Exec(vec![
+            "/opt/my tools/ckpt".into(),
+            "--tag".into(),
+            "run 7".into()
+        ]))
+    );
     // Both the spelled-out kind and a bare URL are accepted.
     assert_eq!(
         "http:http://x:1/a".parse::<Hook>(),
@@ -221,6 +230,7 @@ fn hook_specs() {
         "signal:KILL",
         "signal:NOPE",
         "exec:",
+        "exec:/bin/ckpt 'unclosed",
         "http:ftp://x",
         "sms:555",
     ] {

@@ -77,6 +77,36 @@ impl Rng {
 mod tests {
     use super::*;
 
+    /// Known answers: SplitMix64 from 0 gives e220a8397b1dcdaf, 6e789e6aa1b965f4,
+    /// 06c45d188009454f, f88bb8a8724c81ec (its published reference); the
+    /// xoshiro256** outputs below come from an independent implementation of the
+    /// published algorithm seeded with those. A change here changes every seed's month.
+    #[test]
+    fn the_stream_matches_the_reference_algorithm() {
+        let draw = |seed| {
+            let mut r = Rng::new(seed);
+            [r.next_u64(), r.next_u64(), r.next_u64(), r.next_u64()]
+        };
+        assert_eq!(
+            draw(0),
+            [
+                0x99ec_5f36_cb75_f2b4,
+                0xbf6e_1f78_4956_452a,
+                0x1a5f_849d_4933_e6e0,
+                0x6aa5_94f1_262d_2d2c
+            ]
+        );
+        assert_eq!(
+            draw(42),
+            [
+                0x1578_0b2e_0c2e_c716,
+                0x6104_d986_6d11_3a7e,
+                0xae17_5332_39e4_99a1,
+                0xecb8_ad47_03b3_60a1
+            ]
+        );
+    }
+
     #[test]
     fn same_seed_same_stream_and_sane_moments() {
         let mut a = Rng::new(7);
