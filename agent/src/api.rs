@@ -70,6 +70,13 @@ fn groups_of(pid: i32) -> Vec<u32> {
 }
 
 impl LocalApi {
+    /// The host's drains or GPUs changed: allotd hears of it at once, and the
+    /// contract loop looks again.
+    fn host_changed(&self) {
+        crate::uplink::send(&self.0, crate::uplink::health(&self.0));
+        self.0.wake.notify_one();
+    }
+
     fn may_change<T>(&self, req: &Request<T>, what: &str) -> Result<Caller, Status> {
         let c = caller(req)?;
         let me = nix::unistd::geteuid().as_raw();
@@ -209,17 +216,14 @@ pub fn drains_pb(h: &Host) -> Vec<pb::DrainInfo> {
 }
 
 fn drain_pb(h: &Host) -> pb::DrainResponse {
-    let mut r = h
-        .drain_state()
-        .map_or_else(pb::DrainResponse::default, |d| pb::DrainResponse {
-            draining: true,
-            reason: d.reason.clone(),
-            now: d.now,
-            by: d.by.clone(),
-            drains: Vec::new(),
-        });
-    r.drains = drains_pb(h);
-    r
+    let first = h.drain_state();
+    pb::DrainResponse {
+        draining: first.is_some(),
+        reason: first.map(|d| d.reason.clone()).unwrap_or_default(),
+        now: first.is_some_and(|d| d.now),
+        by: first.map(|d| d.by.clone()).unwrap_or_default(),
+        drains: drains_pb(h),
+    }
 }
 
 /// The user name of a uid, or the number.
@@ -345,8 +349,7 @@ impl AgentLocal for LocalApi {
             drain_pb(&h)
         };
         // allotd learns of the drain at once and sends no more work here.
-        crate::uplink::send(&self.0, crate::uplink::health(&self.0));
-        self.0.wake.notify_one();
+        self.host_changed();
         Ok(Response::new(resp))
     }
 
@@ -360,8 +363,7 @@ impl AgentLocal for LocalApi {
             h.undrain().map_err(status)?;
             drain_pb(&h)
         };
-        crate::uplink::send(&self.0, crate::uplink::health(&self.0));
-        self.0.wake.notify_one();
+        self.host_changed();
         Ok(Response::new(resp))
     }
 
@@ -393,7 +395,7 @@ impl AgentLocal for LocalApi {
                         r.index
                     ))
                 })?;
-            h.gpu_cleared(&g.sample.pci, r.index, &format!("uid {}", c.uid), &r.reason);
+            h.gpu_cleared(&g.sample.pci, r.index, &user_name(c.uid), &r.reason);
             g.sample.pci
         };
         // The new verdict is applied now, so the answer shows it (the daemon loop
@@ -412,8 +414,7 @@ impl AgentLocal for LocalApi {
             .map(gpu_pb)
             .unwrap_or_default();
         drop(h);
-        crate::uplink::send(&self.0, crate::uplink::health(&self.0));
-        self.0.wake.notify_one();
+        self.host_changed();
         Ok(Response::new(g))
     }
 

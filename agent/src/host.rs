@@ -221,20 +221,12 @@ impl Host {
                 .and_then(|v| serde_json::from_str::<Drain>(&v).ok())
                 .map(Drain::migrate))
         };
-        let (mut local_drain, mut cluster_drain) = (None, None);
-        for d in [load("drain")?, load("cluster-drain")?]
-            .into_iter()
-            .flatten()
-        {
-            if d.by == CLUSTER {
-                cluster_drain = Some(d);
-            } else {
-                local_drain = Some(d);
-            }
-        }
-        // 0.1.0 kept allotd's drain under the host operator's key: move it, so that
-        // allotd's undrain lifts it for good.
-        if local_drain.is_none() && cluster_drain.is_some() && store.get("drain")?.is_some() {
+        let mut local_drain = load("drain")?;
+        let mut cluster_drain = load("cluster-drain")?;
+        if local_drain.as_ref().is_some_and(|d| d.by == CLUSTER) {
+            // 0.1.0 kept allotd's drain under the host operator's key: move it, so that
+            // allotd's undrain lifts it for good.
+            cluster_drain = local_drain.take();
             let v = cluster_drain
                 .as_ref()
                 .map(|d| serde_json::to_string(d).unwrap_or_default());
@@ -395,18 +387,25 @@ impl Host {
             return;
         }
         // Alone again: a drain allotd's breaker was holding takes effect here.
+        self.enforce_health_drain(
+            None,
+            "allotd is away: the held health drain takes effect",
+            now_ms,
+        );
+    }
+
+    /// The health drain held for allotd's breaker comes into force (`now` overrides
+    /// how it revokes): no new leases, every lease revoked. False if none was held.
+    fn enforce_health_drain(&mut self, now: Option<bool>, why: &str, now_ms: i64) -> bool {
         let Some(d) = self.health_drain.as_mut().filter(|d| d.held) else {
-            return;
+            return false;
         };
         d.held = false;
+        d.now = now.unwrap_or(d.now);
         let (now, summary) = (d.now, d.reason.clone());
-        self.note(
-            "drain",
-            "",
-            "",
-            &format!("allotd is away: the held health drain takes effect: {summary}"),
-        );
+        self.note("drain", "", "", &format!("{why}: {summary}"));
         self.revoke_all(now, &format!("health: {summary}"), HEALTH, now_ms);
+        true
     }
 
     fn save_drain(&self, key: &str, d: Option<&Drain>) -> Result<(), HostError> {
@@ -706,6 +705,12 @@ impl Host {
         l.start_ticks = proc_id.start_ticks;
         l.state = LeaseState::Running;
         self.store.put_lease(&l)?;
+        // A started lease is a change like any other: allotd hears that its GPUs are
+        // taken (a local lease it did not place) or that its start went through.
+        self.changed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(l.clone());
         if child.is_some() {
             self.owned.insert(id.clone());
         }
@@ -900,19 +905,11 @@ impl Host {
     ) -> Result<(), HostError> {
         match (kind, drain) {
             (HEALTH, true) => {
-                let Some(d) = self.health_drain.as_mut().filter(|d| d.held) else {
-                    return Ok(());
-                };
-                d.held = false;
-                d.now = now;
-                let summary = d.reason.clone();
-                self.note(
-                    "drain",
-                    "",
-                    "",
-                    &format!("allotd's circuit breaker let the health drain through: {summary}"),
+                self.enforce_health_drain(
+                    Some(now),
+                    "allotd's circuit breaker let the health drain through",
+                    now_ms,
                 );
-                self.revoke_all(now, &format!("health: {summary}"), HEALTH, now_ms);
             }
             // allotd's breaker holds the drain: the host keeps serving its healthy
             // GPUs, and what the drain revoked runs on. (The host lifts its health
@@ -1087,23 +1084,22 @@ impl Host {
                 HostVerdict::DrainNow => "drain-now",
                 _ => "drain",
             };
-            if d.held {
+            let deferred = d.held;
+            // Recorded held, then put in force unless allotd's breaker is to decide.
+            self.health_drain = Some(Drain { held: true, ..d });
+            if deferred {
                 self.note(
                     "drain",
                     "",
                     "",
                     &format!("health verdict {verdict}: {summary}; allotd's circuit breaker decides (the host keeps serving its healthy GPUs meanwhile)"),
                 );
-                self.health_drain = Some(d);
             } else {
-                self.note(
-                    "drain",
-                    "",
-                    "",
-                    &format!("drained by the health verdict ({verdict}): {summary}"),
+                self.enforce_health_drain(
+                    None,
+                    &format!("drained by the health verdict ({verdict})"),
+                    now_ms,
                 );
-                self.health_drain = Some(d);
-                self.revoke_all(now, &format!("health: {summary}"), HEALTH, now_ms);
             }
         }
     }

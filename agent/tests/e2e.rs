@@ -229,6 +229,8 @@ fn xid_79_ends_the_lost_gpus_lease_at_once_and_drains_the_rest() {
         .collect();
     assert_eq!(failed.len(), 1, "{g}");
     assert_eq!(failed[0]["pci"], pci);
+    // The action reads as `allot xid explain` names it.
+    assert_eq!(failed[0]["reasons"][0]["action"], "drain-now", "{g}");
     // A drained host takes no new lease, and says why.
     let out = a.allot(&["lease", "start", "--gpus", "1", "--", "true"]);
     assert!(!out.status.success());

@@ -4,7 +4,9 @@
 //! [`Server::commit`].
 
 use crate::serve::{now, Server};
-use crate::state::{lease_from_wire, lease_wire, state_name, EndKind, Input, NodeRec, WorkRec};
+use crate::state::{
+    drain_msg, lease_from_wire, lease_wire, state_name, EndKind, Input, NodeRec, WorkRec,
+};
 use allot_fairshare::{CoreError, NodeSpec, NodeState, WorkloadSpec, WorkloadState};
 use allot_proto::v1 as pb;
 use std::pin::Pin;
@@ -587,15 +589,12 @@ impl Api {
                 if ours.is_none() && theirs.is_none() {
                     continue;
                 }
-                out.push(pb::AllocatorMessage {
-                    body: Some(pb::allocator_message::Body::Drain(pb::DrainCommand {
-                        drain: ours.is_some(),
-                        now: ours.is_some_and(|d| d.state == NodeState::DrainNow),
-                        reason: ours.map(|d| d.reason.clone()).unwrap_or_default(),
-                        by: kind.into(),
-                        author: "allotd".into(),
-                    })),
-                });
+                out.push(drain_msg(
+                    ours.is_some(),
+                    ours.is_some_and(|d| d.state == NodeState::DrainNow),
+                    ours.map_or("", |d| d.reason.as_str()),
+                    kind,
+                ));
             }
         }
         Ok(out)

@@ -46,10 +46,11 @@ fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
 }
 
 fn write_if_missing(path: &Path, text: &str) -> anyhow::Result<()> {
-    if !path.exists() {
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    if path.exists() {
+        Ok(())
+    } else {
+        write_file(path, text)
     }
-    Ok(())
 }
 
 /// Writes `STATE_DIR/env`: absolute paths, to source from any directory.
@@ -62,8 +63,7 @@ fn write_env(dir: &Path, listen: &str, metrics: &str, agent: &Path) -> anyhow::R
         shell_quote(dir),
         shell_quote(bin),
     );
-    let path = dir.join("env");
-    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    write_file(&dir.join("env"), &text)
 }
 
 fn shell_quote(p: &Path) -> String {
@@ -72,6 +72,7 @@ fn shell_quote(p: &Path) -> String {
 
 /// Runs the local cluster until SIGINT/SIGTERM.
 pub async fn run(a: Args) -> anyhow::Result<()> {
+    let metrics_listen = a.metrics.as_deref().unwrap_or("127.0.0.1:0");
     let dir = std::path::absolute(&a.state_dir).context("state dir")?;
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let cfg_path = dir.join("allotd.toml");
@@ -82,10 +83,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         )
         .replace(
             "metrics_listen = \"127.0.0.1:9470\"",
-            &format!(
-                "metrics_listen = {:?}",
-                a.metrics.as_deref().unwrap_or("127.0.0.1:0")
-            ),
+            &format!("metrics_listen = {metrics_listen:?}"),
         )
         .replace(
             "state_dir = \"/var/lib/allot/allotd\"",
@@ -97,7 +95,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let mut cfg = ServerConfig::load(&cfg_path)?;
     // Flags win over a config kept from an earlier run.
     cfg.server.listen = a.listen.clone();
-    cfg.server.metrics_listen = a.metrics.clone().unwrap_or_else(|| "127.0.0.1:0".into());
+    cfg.server.metrics_listen = metrics_listen.to_string();
     let agent = agent_binary()?;
     // Ports first: a busy port must fail before any agent starts (an agent started
     // now would join whichever allotd holds the port).

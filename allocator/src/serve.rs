@@ -5,7 +5,7 @@
 //! wake-up and on a timer, and marks silent nodes lost after the grace.
 
 use crate::config::ServerConfig;
-use crate::state::{Allocator, Applied, EndKind, Input, Out};
+use crate::state::{drain_msg, Allocator, Applied, EndKind, Input, Out};
 use crate::store::{Sqlite, Store};
 use allot_fairshare::{CoreError, NodeState, Time};
 use allot_proto::v1 as pb;
@@ -218,15 +218,12 @@ impl Server {
         if !allowed {
             self.dispatch(&[Out::Send {
                 node: node.to_string(),
-                msg: Box::new(pb::AllocatorMessage {
-                    body: Some(pb::allocator_message::Body::Drain(pb::DrainCommand {
-                        drain: false,
-                        now: drain_now,
-                        reason: format!("held by allotd's circuit breaker: {reasons}"),
-                        by: "health".into(),
-                        author: "allotd".into(),
-                    })),
-                }),
+                msg: Box::new(drain_msg(
+                    false,
+                    drain_now,
+                    &format!("held by allotd's circuit breaker: {reasons}"),
+                    "health",
+                )),
             }]);
             return;
         }

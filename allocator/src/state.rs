@@ -257,19 +257,28 @@ pub fn drain_kind(by: &str) -> &str {
     }
 }
 
-/// The node state a set of drains makes.
+/// The node state a set of drains makes: the most severe (`NodeState` is ordered
+/// by severity).
 fn effective(drains: &BTreeMap<String, DrainRec>) -> NodeState {
-    let rank = |s: NodeState| match s {
-        NodeState::Ready => 0,
-        NodeState::Draining => 1,
-        NodeState::DrainNow => 2,
-        NodeState::Down => 3,
-    };
     drains
         .values()
         .map(|d| d.state)
-        .max_by_key(|s| rank(*s))
+        .max()
         .unwrap_or(NodeState::Ready)
+}
+
+/// A drain command for an agent: `by` is the drain's author kind (`cluster-operator`,
+/// or `health` for a drain the breaker let through or holds).
+pub fn drain_msg(drain: bool, now: bool, reason: &str, by: &str) -> pb::AllocatorMessage {
+    pb::AllocatorMessage {
+        body: Some(pb::allocator_message::Body::Drain(pb::DrainCommand {
+            drain,
+            now,
+            reason: reason.to_string(),
+            by: by.to_string(),
+            author: "allotd".into(),
+        })),
+    }
 }
 
 /// A workload as the service shows it.
@@ -624,15 +633,12 @@ impl Allocator {
                     // The agent refuses starts and revokes too, and shows who asked.
                     a.outs.push(Out::Send {
                         node: node.clone(),
-                        msg: Box::new(pb::AllocatorMessage {
-                            body: Some(pb::allocator_message::Body::Drain(pb::DrainCommand {
-                                drain: !lifted,
-                                now: *state == NodeState::DrainNow,
-                                reason: reason.clone(),
-                                by: kind.clone(),
-                                author: "allotd".into(),
-                            })),
-                        }),
+                        msg: Box::new(drain_msg(
+                            !lifted,
+                            *state == NodeState::DrainNow,
+                            reason,
+                            &kind,
+                        )),
                     });
                 }
                 a.outs.push(Out::Audit {
@@ -786,14 +792,7 @@ impl Allocator {
                 for (node, _) in self.lease_hosts.get(&lease.0).cloned().unwrap_or_default() {
                     outs.push(Out::Send {
                         node,
-                        msg: Box::new(pb::AllocatorMessage {
-                            body: Some(pb::allocator_message::Body::Revoke(pb::RevokeCommand {
-                                lease_id: lease_wire(lease.0),
-                                withdraw: true,
-                                why: "the drain ended".into(),
-                                ..Default::default()
-                            })),
-                        }),
+                        msg: Box::new(revoke_cmd(lease.0, 0, "the drain ended", true)),
                     });
                 }
                 outs.push(Out::Audit {
@@ -949,12 +948,17 @@ fn start_msg(lease: u64, w: &WorkRec, start: Time, gpus: Vec<String>) -> pb::All
 }
 
 fn revoke_msg(lease: u64, not_before: Time, why: &str) -> pb::AllocatorMessage {
+    revoke_cmd(lease, not_before, why, false)
+}
+
+/// A revocation, or with `withdraw` the taking back of one.
+fn revoke_cmd(lease: u64, not_before: Time, why: &str, withdraw: bool) -> pb::AllocatorMessage {
     pb::AllocatorMessage {
         body: Some(pb::allocator_message::Body::Revoke(pb::RevokeCommand {
             lease_id: lease_wire(lease),
             not_before_unix: i64::try_from(not_before).unwrap_or(0),
             why: why.to_string(),
-            withdraw: false,
+            withdraw,
         })),
     }
 }

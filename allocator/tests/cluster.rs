@@ -636,6 +636,14 @@ fn a_refused_start_requeues_the_work_without_a_hot_loop() {
         String::from_utf8_lossy(&out.stderr)
     );
     let local: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let lid = local["id"].as_str().expect("lease id").to_string();
+    // allotd has the host's report of it before any work is sent there.
+    wait_for("allotd to see the local lease", LONG, || {
+        c.node_view(0)["gpu_list"]
+            .as_array()
+            .is_some_and(|g| g.iter().any(|g| g["lease_id"] == lid.as_str()))
+            .then_some(())
+    });
     let id = c.submit(&["--project", "demo-a", "--gpus", "2"], "sleep 600");
     let w = wait_for("the refusal to reach allotd", LONG, || {
         let w = c.status(&id);
@@ -647,14 +655,14 @@ fn a_refused_start_requeues_the_work_without_a_hot_loop() {
             .any(|h| h.as_str().unwrap_or("").contains("refused"))),
         "{w}"
     );
-    // Not offered to that node again while nothing changed there.
-    std::thread::sleep(Duration::from_secs(3));
+    // Not offered to that node again while nothing changed there, however many
+    // passes run (the test cluster runs one a second at least).
+    c.wait_passes(3);
     let w = c.status(&id);
     assert_eq!(w["lease_ids"].as_array().map(Vec::len), Some(1), "{w}");
     assert_eq!(w["state"], "pending", "{w}");
     // The local lease ends: the host changed, and the work runs.
-    let lid = local["id"].as_str().expect("lease id");
-    let out = c.agent_allot(0, &["lease", "revoke", lid, "--now"]);
+    let out = c.agent_allot(0, &["lease", "revoke", &lid, "--now"]);
     assert!(out.status.success());
     let w = c.wait_state(&id, "running", LONG);
     assert_eq!(w["lease_ids"].as_array().map(Vec::len), Some(2), "{w}");

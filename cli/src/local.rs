@@ -535,17 +535,6 @@ pub(crate) fn verdict(v: HostVerdict) -> &'static str {
     }
 }
 
-/// A health reason's action as `allot xid explain` names it: `drain-now`, never the
-/// `drainnow` of a Debug print that an older agent may send.
-fn action_name(a: &str) -> String {
-    let a = a.trim().to_ascii_lowercase().replace(['_', ' '], "-");
-    if a == "drainnow" {
-        "drain-now".into()
-    } else {
-        a
-    }
-}
-
 /// A lease as JSON; the generated types do not derive `Serialize`.
 fn lease_json(l: &Lease) -> Value {
     json!({
@@ -771,7 +760,7 @@ pub(crate) fn gpu_json(g: &Gpu) -> Value {
         "reasons": g.reasons.iter().map(|r| json!({
             "signal": r.signal,
             "detail": r.detail,
-            "action": action_name(&r.action),
+            "action": r.action,
             "gpu_only": r.gpu_only,
             "since_unix": r.since_unix,
         })).collect::<Vec<_>>(),
@@ -970,7 +959,7 @@ mod tests {
                     HealthReason {
                         signal: "xid:94".into(),
                         detail: "contained ECC error".into(),
-                        action: "DrainNow".into(),
+                        action: "drain-now".into(),
                         ..Default::default()
                     },
                     HealthReason {
@@ -1096,13 +1085,8 @@ mod tests {
     }
 
     #[test]
-    fn verdict_and_action_names_are_hyphenated() {
+    fn verdict_names_are_hyphenated() {
         assert_eq!(verdict(HostVerdict::DrainNow), "drain-now");
-        for a in ["drainnow", "DrainNow", "drain_now", "drain-now"] {
-            assert_eq!(action_name(a), "drain-now", "{a}");
-        }
-        assert_eq!(action_name("drain"), "drain");
-        assert_eq!(action_name(""), "");
     }
 
     #[test]

@@ -123,18 +123,19 @@ fn grouped_commands(cmd: &clap::Command) -> String {
     let width = subs.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
     let header = cmd.get_styles().get_header();
     let literal = cmd.get_styles().get_literal();
-    let mut headings: Vec<(&str, Vec<&(String, String)>)> =
-        GROUPS.iter().map(|(h, _)| (*h, Vec::new())).collect();
-    for sub in &subs {
-        let at = GROUPS
-            .iter()
-            .position(|(_, names)| names.contains(&sub.0.as_str()))
-            .or_else(|| GROUPS.iter().position(|(h, _)| *h == UNGROUPED))
-            .unwrap_or(GROUPS.len() - 1);
-        headings[at].1.push(sub);
-    }
+    let grouped = |name: &str| GROUPS.iter().any(|(_, names)| names.contains(&name));
     let mut out = String::new();
-    for (heading, members) in headings {
+    for (heading, names) in GROUPS {
+        // In GROUPS order, not clap's, so that each group reads as a workflow; a
+        // command no group names goes under UNGROUPED, so none is left out.
+        let members: Vec<&(String, String)> = names
+            .iter()
+            .filter_map(|n| subs.iter().find(|(s, _)| s == n))
+            .chain(
+                subs.iter()
+                    .filter(|(s, _)| *heading == UNGROUPED && !grouped(s)),
+            )
+            .collect();
         if members.is_empty() {
             continue;
         }
@@ -143,13 +144,6 @@ fn grouped_commands(cmd: &clap::Command) -> String {
             header.render(),
             header.render_reset()
         ));
-        // In GROUPS order, not clap's, so that each group reads as a workflow.
-        let order = GROUPS
-            .iter()
-            .find(|(h, _)| *h == heading)
-            .map_or(&[][..], |(_, n)| *n);
-        let mut members = members;
-        members.sort_by_key(|(n, _)| order.iter().position(|o| o == n).unwrap_or(usize::MAX));
         for (name, about) in members {
             let pad = " ".repeat(width - name.len());
             out.push_str(&format!(

@@ -125,12 +125,21 @@ impl Node {
         self.cpu_used + self.claimed_cpu + cpu <= self.spec.cpu
             && self.mem_used + self.claimed_mem + mem <= self.spec.memory_gb
     }
-}
 
-impl Node {
     /// True unless the node refused work of `gpus` GPUs (or fewer) since it last changed.
     pub fn offers(&self, gpus: u32) -> bool {
         gpus < self.refused_from
+    }
+
+    /// Whether work of `gpus` GPUs, `cpu` cores and `mem` GB may be placed here beside
+    /// what it holds: room for the host share, and no refusal of that size.
+    pub fn takes(&self, gpus: u32, cpu: u32, mem: u32) -> bool {
+        self.fits_host(cpu, mem) && self.offers(gpus)
+    }
+
+    /// Something about the node changed: every size is offered again.
+    pub fn forget_refusals(&mut self) {
+        self.refused_from = u32::MAX;
     }
 }
 
@@ -372,8 +381,7 @@ impl Cluster {
         let lo = gpus.max(1) as usize;
         for bucket in self.by_free.iter().skip(lo) {
             for &i in bucket {
-                let n = &self.nodes[i as usize];
-                if n.fits_host(cpu, mem) && n.offers(gpus) {
+                if self.nodes[i as usize].takes(gpus, cpu, mem) {
                     return Some(NodeId(i));
                 }
             }
@@ -393,7 +401,7 @@ impl Cluster {
                 .map(|&i| NodeId(i))
                 .filter(|&id| {
                     let n = &self.nodes[id.idx()];
-                    n.spec.gpus >= gpus && n.fits_host(cpu, mem) && n.offers(gpus)
+                    n.spec.gpus >= gpus && n.takes(gpus, cpu, mem)
                 })
                 .take(count as usize)
                 .collect();

@@ -5,7 +5,7 @@
 //! the returned actions and calls again no later than `next_wakeup`. Nothing here
 //! reads a clock, touches a file or a socket, or depends on hash order.
 
-use crate::cluster::{lowest_bits, Cluster, ClusterError, NodeId, NodeSpec, NodeState};
+use crate::cluster::{lowest_bits, Cluster, ClusterError, Node, NodeId, NodeSpec, NodeState};
 use crate::config::PolicyConfig;
 use crate::decision::{Action, Blocked, Decisions, Explanation, StartWhy};
 use crate::ledger::{Channel, Ledger};
@@ -478,7 +478,7 @@ impl Scheduler {
                 ..
             })
         ) && end == LeaseEnd::Revoked;
-        if preempted && next != WorkloadState::Pending {
+        if preempted {
             if let Some(w) = self.st.workloads.get_mut(&wid) {
                 w.preemptions += 1;
             }
@@ -493,7 +493,6 @@ impl Scheduler {
             w.lease = None;
             w.blocked = None;
             if preempted {
-                w.preemptions += 1;
                 w.last_preempted = Some(now);
             }
             let w = w.clone();
@@ -538,7 +537,7 @@ impl Scheduler {
         }
         self.st.cluster.update(node, |n| {
             n.state = state;
-            n.refused_from = u32::MAX;
+            n.forget_refusals();
         });
         if state == NodeState::Ready {
             self.withdraw_drain_revocations(now, node);
@@ -590,7 +589,7 @@ impl Scheduler {
     /// drains or health report): it is offered every size of work again.
     pub fn node_changed(&mut self, node: NodeId) {
         if node.idx() < self.st.cluster.len() {
-            self.st.cluster.update(node, |n| n.refused_from = u32::MAX);
+            self.st.cluster.update(node, Node::forget_refusals);
         }
     }
 
@@ -606,7 +605,7 @@ impl Scheduler {
         }
         let bit = 1u64 << gpu;
         self.st.cluster.update(node, |n| {
-            n.refused_from = u32::MAX;
+            n.forget_refusals();
             if healthy {
                 n.healthy |= bit
             } else {
@@ -952,7 +951,7 @@ impl State {
                 n.soft &= !p.gpus;
                 n.cpu_used -= l.cpu_per_node.min(n.cpu_used);
                 n.mem_used -= l.mem_per_node.min(n.mem_used);
-                n.refused_from = u32::MAX;
+                n.forget_refusals();
             });
             self.node_leases[p.node.idx()].retain(|x| *x != lid);
         }
@@ -1656,10 +1655,7 @@ fn backfill_placement(
             } else {
                 0
             };
-            if avail >= s.gpus
-                && n.fits_host(s.cpu, s.mem)
-                && n.offers(s.gpus)
-                && best.is_none_or(|b| avail < b.0)
+            if avail >= s.gpus && n.takes(s.gpus, s.cpu, s.mem) && best.is_none_or(|b| avail < b.0)
             {
                 best = Some((avail, *holder, start, p.node));
             }

@@ -124,14 +124,18 @@ impl Assembler {
     /// The notice's event, unless the same GPU's fall was reported within the window.
     fn notice(&mut self, line: &str, pci: String, message: &str) -> Option<XidEvent> {
         let now = self.line;
-        self.fallen.retain(|(_, at)| now - at <= CONTEXT_LINES);
-        if self.fallen.iter().any(|(p, _)| *p == pci) {
+        if self
+            .fallen
+            .iter()
+            .any(|(p, at)| *p == pci && now - at <= CONTEXT_LINES)
+        {
             return None;
         }
-        self.fallen.push((pci.clone(), now));
+        self.fell(&pci);
         Some(fallen(line, pci, message))
     }
 
+    /// Records `pci`'s fall on this line (and forgets falls outside the window).
     fn fell(&mut self, pci: &str) {
         let now = self.line;
         self.fallen

@@ -317,6 +317,24 @@ impl Cluster {
     }
 
     /// Prometheus text.
+    /// Scheduling passes allotd has run (its `/metrics` count).
+    pub fn passes(&self) -> u64 {
+        self.metrics_text()
+            .lines()
+            .find_map(|l| l.strip_prefix("allot_schedule_cycle_seconds_count "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits until allotd has run `n` more scheduling passes: every decision those
+    /// passes could make has been made.
+    pub fn wait_passes(&self, n: u64) {
+        let from = self.passes();
+        wait_for("scheduling passes", Duration::from_secs(60), || {
+            (self.passes() >= from + n).then_some(())
+        });
+    }
+
     pub fn metrics_text(&self) -> String {
         use std::io::Read;
         let mut s = std::net::TcpStream::connect(&self.metrics).expect("metrics port");
