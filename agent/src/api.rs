@@ -30,7 +30,7 @@ pub struct Shared {
     /// The allocator's stream while it is up.
     pub uplink: Mutex<Option<tokio::sync::mpsc::UnboundedSender<pb::AgentMessage>>>,
     /// The health monitor (absent when it could not start): `allot gpus clear`.
-    pub monitor: Option<Arc<Mutex<allot_health::service::HealthMonitor>>>,
+    pub monitor: Option<Arc<Mutex<allot_health_sources::service::HealthMonitor>>>,
 }
 
 impl Shared {

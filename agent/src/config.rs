@@ -3,8 +3,9 @@
 //! file; `SIGHUP` or an edit reloads the settings marked reloadable.
 
 use allot_checkpoint_hooks::Hook;
+use allot_common::config_error::{from_toml, ConfigError, Positions};
 use allot_fairshare::time::de_duration;
-use allot_health::config::{line_of, toml_error, ConfigError, HealthConfig};
+use allot_health::config::HealthConfig;
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -88,15 +89,11 @@ impl AgentConfig {
             #[allow(dead_code)]
             health: Option<toml::Value>,
         }
-        let w: Wrapper = toml::from_str(text).map_err(|e| toml_error(text, file, &e, "agent"))?;
+        let w: Wrapper = from_toml(text, file, "agent")?;
         let health = HealthConfig::parse(text, file)?;
         let a = w.agent;
-        let err = |field: &str, message: String| ConfigError {
-            file: file.into(),
-            line: line_of(text, field),
-            field: field.into(),
-            message,
-        };
+        let at = Positions::new(text, file);
+        let err = |field: &str, message: String| at.error(field, message);
         socket_mode(&a.socket_mode).map_err(|m| err("agent.socket_mode", m))?;
         if a.socket.as_os_str().is_empty() {
             return Err(err(

@@ -6,8 +6,8 @@ use crate::api::{LocalApi, Shared};
 use crate::config::{socket_mode, AgentConfig, DEFAULT_PATH};
 use crate::host::{now_ms, Host, Settings};
 use crate::store::Store;
-use allot_health::service::HealthMonitor;
 use allot_health::verdict::{GpuSample, Verdict};
+use allot_health_sources::service::HealthMonitor;
 use allot_proto::v1::agent_local_server::AgentLocalServer;
 use anyhow::{bail, Context};
 use std::os::unix::fs::PermissionsExt;
@@ -49,7 +49,7 @@ impl Overrides {
     }
 
     /// Reads the config (or the defaults) with these overrides.
-    pub fn load(&self) -> Result<AgentConfig, allot_health::config::ConfigError> {
+    pub fn load(&self) -> Result<AgentConfig, allot_common::config_error::ConfigError> {
         let c = match &self.config {
             Some(p) => AgentConfig::load(p)?,
             None if Path::new(DEFAULT_PATH).exists() => AgentConfig::load(Path::new(DEFAULT_PATH))?,
@@ -276,13 +276,13 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         ));
     }
     tracing::info!(socket = %cfg.agent.socket.display(), state_dir = %cfg.agent.state_dir.display(), source = %cfg.health.source, "allot-agent ready");
-    allot_proto::systemd::notify("READY=1");
-    let watchdog = allot_proto::systemd::watchdog_interval();
+    allot_common::systemd::notify("READY=1");
+    let watchdog = allot_common::systemd::watchdog_interval();
     loop {
         // Fed from the contract loop: a wedged host lock stops the pings and systemd
         // restarts the agent (workloads stay: KillMode=process).
         if watchdog.is_some() {
-            allot_proto::systemd::notify("WATCHDOG=1");
+            allot_common::systemd::notify("WATCHDOG=1");
         }
         let jobs = shared.host().tick(now_ms());
         for job in jobs {
@@ -316,7 +316,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     }
     // Workloads keep running: the next agent re-adopts them.
     tracing::info!("allot-agent stopping; workloads keep running");
-    allot_proto::systemd::notify("STOPPING=1");
+    allot_common::systemd::notify("STOPPING=1");
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = std::fs::remove_file(&cfg.agent.socket);

@@ -29,19 +29,11 @@ struct Args {
 }
 
 fn gpu_source(s: &str) -> Result<String, String> {
-    allot_health::fake::parse_source(s).map(|_| s.to_string())
+    allot_health::config::parse_source(s).map(|_| s.to_string())
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ALLOT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // journald and log files want plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    allot_common::logging::init("info");
     let a = Args::parse();
     let o = Overrides {
         config: a.config,

@@ -10,17 +10,7 @@ use crate::lease::LeaseRecord;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::{Path, PathBuf};
 
-/// The state could not be read or written.
-#[derive(Debug, thiserror::Error)]
-#[error("{path}: {what}: {source}")]
-pub struct StoreError {
-    /// The database file.
-    pub path: String,
-    /// What was being done.
-    pub what: &'static str,
-    /// Why it failed.
-    pub source: Box<dyn std::error::Error + Send + Sync>,
-}
+pub use allot_common::sqlite::StoreError;
 
 /// One line of the event log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,32 +39,15 @@ pub struct Store {
 impl Store {
     /// Opens (creating if needed) `agent.db` under `dir`.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        let path = dir.join("agent.db");
-        let fail = |what: &'static str| {
-            let p = path.display().to_string();
-            move |e: rusqlite::Error| StoreError {
-                path: p,
-                what,
-                source: Box::new(e),
-            }
-        };
-        std::fs::create_dir_all(dir).map_err(|e| StoreError {
-            path: dir.display().to_string(),
-            what: "creating the state dir",
-            source: Box::new(e),
-        })?;
-        let conn = Connection::open(&path).map_err(fail("opening"))?;
-        conn.execute_batch(
-            "PRAGMA journal_mode=WAL;
-             PRAGMA synchronous=FULL;
-             PRAGMA busy_timeout=5000;
-             CREATE TABLE IF NOT EXISTS leases (id TEXT PRIMARY KEY, live INTEGER NOT NULL, body TEXT NOT NULL);
+        let (conn, path) = allot_common::sqlite::open(
+            dir,
+            "agent.db",
+            "CREATE TABLE IF NOT EXISTS leases (id TEXT PRIMARY KEY, live INTEGER NOT NULL, body TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL,
                  kind TEXT NOT NULL, lease TEXT NOT NULL, gpu TEXT NOT NULL, message TEXT NOT NULL);
              CREATE INDEX IF NOT EXISTS events_at ON events(at_ms);
              CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
-        )
-        .map_err(fail("creating tables"))?;
+        )?;
         Ok(Store { conn, path })
     }
 
@@ -83,11 +56,7 @@ impl Store {
         what: &'static str,
         e: impl std::error::Error + Send + Sync + 'static,
     ) -> StoreError {
-        StoreError {
-            path: self.path.display().to_string(),
-            what,
-            source: Box::new(e),
-        }
+        StoreError::new(&self.path, what, e)
     }
 
     /// Writes the lease (insert or replace), durably.

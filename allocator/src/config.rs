@@ -1,9 +1,9 @@
 //! `allotd.toml`: where allotd listens and keeps state, the org tree, the policy,
 //! and the automatic-drain circuit breaker. Errors name file, line and field.
 
+use allot_common::config_error::{from_toml, ConfigError, Positions};
 use allot_fairshare::time::de_duration;
 use allot_fairshare::{GroupSpec, OrgTree, PolicyConfig};
-use allot_health::config::{line_of, toml_error, ConfigError};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -90,17 +90,12 @@ impl ServerConfig {
             #[serde(default)]
             breaker: BreakerSection,
         }
-        let r: Raw = toml::from_str(text).map_err(|e| toml_error(text, file, &e, "server"))?;
-        let err = |field: &str, needle: &str, message: String| ConfigError {
-            file: file.into(),
-            line: line_of(text, needle),
-            field: field.into(),
-            message,
-        };
+        let r: Raw = from_toml(text, file, "server")?;
+        let at = Positions::new(text, file);
+        let err = |field: &str, message: String| at.error(field, message);
         if !(r.breaker.max_share > 0.0 && r.breaker.max_share <= 1.0) {
             return Err(err(
                 "breaker.max_share",
-                "max_share",
                 format!(
                     "{}: use a share of nodes in (0, 1], e.g. 0.5",
                     r.breaker.max_share
@@ -110,7 +105,6 @@ impl ServerConfig {
         if r.server.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err(err(
                 "server.listen",
-                "listen",
                 format!(
                     "{:?} is not an address; use e.g. \"0.0.0.0:7070\"",
                     r.server.listen
@@ -120,16 +114,12 @@ impl ServerConfig {
         if r.group.is_empty() {
             return Err(err(
                 "group",
-                "[[group]]",
                 "no org tree: add [[group]] tables (name, parent, weight); `allotd init` writes an example".into(),
             ));
         }
-        let groups = parents_first(&r.group).map_err(|(name, m)| ConfigError {
-            file: file.into(),
-            line: group_line(text, &name),
-            field: "group".into(),
-            message: m,
-        })?;
+        let group_line = |name: &str| at.line_in_array("group", "name", name);
+        let groups = parents_first(&r.group)
+            .map_err(|(name, m)| at.error_at("group", group_line(&name), m))?;
         OrgTree::new(&groups).map_err(|e| {
             let name = match &e {
                 allot_fairshare::tree::TreeError::BadWeight { name, .. }
@@ -138,12 +128,7 @@ impl ServerConfig {
                 | allot_fairshare::tree::TreeError::BadName(n) => n.clone(),
                 _ => String::new(),
             };
-            ConfigError {
-                file: file.into(),
-                line: group_line(text, &name),
-                field: "group".into(),
-                message: e.to_string(),
-            }
+            at.error_at("group", group_line(&name), e.to_string())
         })?;
         Ok(ServerConfig {
             server: r.server,
@@ -164,16 +149,6 @@ impl ServerConfig {
         })?;
         Self::parse(&text, &file)
     }
-}
-
-/// The line of `name = "NAME"` in a `[[group]]` table.
-fn group_line(text: &str, name: &str) -> usize {
-    text.lines()
-        .position(|l| {
-            let l = l.trim();
-            l.starts_with("name") && l.contains(&format!("\"{name}\""))
-        })
-        .map_or(0, |i| i + 1)
 }
 
 /// Orders groups parents first (any order is accepted in the file); a cycle or an

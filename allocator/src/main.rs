@@ -68,14 +68,7 @@ fn init(path: &std::path::Path) -> anyhow::Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ALLOT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    allot_common::logging::init("warn");
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Simulate(a) => simulate::run(a),

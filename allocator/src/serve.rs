@@ -331,7 +331,7 @@ impl Server {
     /// The scheduling loop: after changes (debounced 20 ms), at the core's wake-up,
     /// and every `schedule_interval`.
     pub async fn schedule_loop(self: Arc<Self>) {
-        let watchdog = allot_proto::systemd::watchdog_interval();
+        let watchdog = allot_common::systemd::watchdog_interval();
         // The watchdog is fed from this loop, so a wedged state lock stops the pings.
         let interval = watchdog.unwrap_or(Duration::MAX).min(Duration::from_secs(
             self.cfg.server.schedule_interval.max(1),
@@ -350,7 +350,7 @@ impl Server {
             self.recheck_held();
             self.pass();
             if watchdog.is_some() {
-                allot_proto::systemd::notify("WATCHDOG=1");
+                allot_common::systemd::notify("WATCHDOG=1");
             }
         }
     }
@@ -412,7 +412,7 @@ pub async fn serve_bound(
     let looper = tokio::spawn(server.clone().schedule_loop());
     server.kick.notify_one();
     tracing::info!(listen = %addr, metrics = %metrics.as_ref().map_or("-", |m| m.0.as_str()), "allotd ready");
-    allot_proto::systemd::notify("READY=1");
+    allot_common::systemd::notify("READY=1");
     let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
     let mut grpc = tokio::spawn(crate::api::grpc(server.clone(), bound.grpc, async move {
         let _ = stopped_rx.await;
@@ -421,7 +421,7 @@ pub async fn serve_bound(
         r = &mut grpc => r.context("gRPC task").and_then(|r| r),
         () = stop => {
             tracing::info!("allotd stopping: ending agent streams; workloads keep running");
-            allot_proto::systemd::notify("STOPPING=1");
+            allot_common::systemd::notify("STOPPING=1");
             let _ = stopped_tx.send(());
             // Dropping the senders ends each agent's stream; the agents reconnect to
             // the next allotd.

@@ -9,17 +9,7 @@ use allot_fairshare::Time;
 use rusqlite::{params, Connection};
 use std::path::{Path, PathBuf};
 
-/// A storage failure; the service stops rather than run on state it did not keep.
-#[derive(Debug, thiserror::Error)]
-#[error("{path}: {what}: {source}")]
-pub struct StoreError {
-    /// Where.
-    pub path: String,
-    /// Doing what.
-    pub what: &'static str,
-    /// Why.
-    pub source: Box<dyn std::error::Error + Send + Sync>,
-}
+pub use allot_common::sqlite::StoreError;
 
 /// What allotd needs from storage.
 pub trait Store: Send {
@@ -46,32 +36,14 @@ pub struct Sqlite {
 impl Sqlite {
     /// Opens (creating) `allotd.db` in `dir`.
     pub fn open(dir: &Path) -> Result<Sqlite, StoreError> {
-        let path = dir.join("allotd.db");
-        let p = path.display().to_string();
-        let fail = |what: &'static str| {
-            let p = p.clone();
-            move |e: rusqlite::Error| StoreError {
-                path: p,
-                what,
-                source: Box::new(e),
-            }
-        };
-        std::fs::create_dir_all(dir).map_err(|e| StoreError {
-            path: dir.display().to_string(),
-            what: "creating the state dir",
-            source: Box::new(e),
-        })?;
-        let conn = Connection::open(&path).map_err(fail("opening"))?;
-        conn.execute_batch(
-            "PRAGMA journal_mode=WAL;
-             PRAGMA synchronous=FULL;
-             PRAGMA busy_timeout=5000;
-             CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, input TEXT NOT NULL);
+        let (conn, path) = allot_common::sqlite::open(
+            dir,
+            "allotd.db",
+            "CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, input TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS audit (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL,
                  workload INTEGER NOT NULL, lease INTEGER NOT NULL, text TEXT NOT NULL);
              CREATE INDEX IF NOT EXISTS audit_workload ON audit(workload);",
-        )
-        .map_err(fail("creating tables"))?;
+        )?;
         Ok(Sqlite { conn, path })
     }
 
@@ -80,11 +52,7 @@ impl Sqlite {
         what: &'static str,
         e: impl std::error::Error + Send + Sync + 'static,
     ) -> StoreError {
-        StoreError {
-            path: self.path.display().to_string(),
-            what,
-            source: Box::new(e),
-        }
+        StoreError::new(&self.path, what, e)
     }
 }
 

@@ -19,18 +19,9 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// A span for a table cell: `45s`, `3m12s`, `2h05m`, `3d04h`.
-pub fn age(secs: u64) -> String {
-    if secs < 60 {
-        format!("{secs}s")
-    } else if secs < 3_600 {
-        format!("{}m{:02}s", secs / 60, secs % 60)
-    } else if secs < 86_400 {
-        format!("{}h{:02}m", secs / 3_600, (secs % 3_600) / 60)
-    } else {
-        format!("{}d{:02}h", secs / 86_400, (secs % 86_400) / 3_600)
-    }
-}
+/// A span for a table cell: `45s`, `3m12s`, `2h05m`, `3d04h` (the core's formatter,
+/// so tables and explanations read alike).
+pub use allot_fairshare::time::format_duration as age;
 
 /// A declared duration exactly, in the form `--min-runtime` takes: `8h`, `2d`, `90m`,
 /// `45s`; unlike [`age`] nothing is rounded away, so it can be typed back.

@@ -70,7 +70,8 @@ pub fn parse_duration(input: &str) -> Result<Secs, DurationError> {
     Ok(total)
 }
 
-/// Formats seconds the way people read them: `41m`, `2h05m`, `3d04h`.
+/// Formats seconds the way people read them, to two units: `45s`, `3m12s`, `2h05m`,
+/// `3d04h` (the CLI's tables and the explanations use this one formatter).
 pub fn format_duration(secs: Secs) -> String {
     struct D(Secs);
     impl fmt::Display for D {
@@ -79,7 +80,7 @@ pub fn format_duration(secs: Secs) -> String {
             if s < MINUTE {
                 write!(f, "{s}s")
             } else if s < HOUR {
-                write!(f, "{}m", s / MINUTE)
+                write!(f, "{}m{:02}s", s / MINUTE, s % MINUTE)
             } else if s < DAY {
                 write!(f, "{}h{:02}m", s / HOUR, (s % HOUR) / MINUTE)
             } else {
@@ -134,7 +135,8 @@ mod tests {
     #[test]
     fn formats_for_people() {
         assert_eq!(format_duration(30), "30s");
-        assert_eq!(format_duration(41 * MINUTE), "41m");
+        assert_eq!(format_duration(41 * MINUTE), "41m00s");
+        assert_eq!(format_duration(192), "3m12s");
         assert_eq!(format_duration(2 * HOUR + 5 * MINUTE), "2h05m");
         assert_eq!(format_duration(3 * DAY + 4 * HOUR), "3d04h");
     }

@@ -2,15 +2,49 @@
 //! overrides. Errors name the line and the field; the defaults are the named
 //! constants beside each setting.
 
-use crate::fake::{parse_source, SourceSpec};
 use crate::verdict::Thresholds;
 use crate::xid::{Catalog, Override};
+use allot_common::config_error::{from_toml, ConfigError, Positions};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
 /// Default sampling period: 10 s, NVML's own refresh for most counters is 1–10 s, and
 /// XIDs arrive through events and the kernel log, not through sampling.
 pub const DEFAULT_INTERVAL_S: u64 = 10;
+
+/// The kernel log the agent follows unless told otherwise.
+pub const KMSG: &str = "/dev/kmsg";
+
+/// Where GPU health comes from, as written in a config or on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceSpec {
+    /// NVML from the given library, or the system's.
+    Nvml(Option<String>),
+    /// `n` scripted GPUs, optionally with a fault script file.
+    Fake(usize, Option<String>),
+}
+
+/// Parses `nvml`, `nvml:/path/libnvidia-ml.so.1`, `fake:8` or `fake:8:/path/script`.
+pub fn parse_source(s: &str) -> Result<SourceSpec, String> {
+    let bad = || format!("gpu source {s:?}: use nvml, nvml:PATH, fake:N or fake:N:SCRIPT");
+    match s.split_once(':') {
+        None if s == "nvml" => Ok(SourceSpec::Nvml(None)),
+        Some(("nvml", p)) if !p.is_empty() => Ok(SourceSpec::Nvml(Some(p.into()))),
+        Some(("fake", rest)) => {
+            let (n, script) = match rest.split_once(':') {
+                Some((n, p)) => (n, Some(p.to_string())),
+                None => (rest, None),
+            };
+            let n: usize = n
+                .parse()
+                .ok()
+                .filter(|&n| (1..=64).contains(&n))
+                .ok_or_else(bad)?;
+            Ok(SourceSpec::Fake(n, script))
+        }
+        _ => Err(bad()),
+    }
+}
 
 /// The `[health]` section.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -35,79 +69,11 @@ impl Default for HealthConfig {
         HealthConfig {
             source: "nvml".into(),
             interval_s: DEFAULT_INTERVAL_S,
-            kmsg: crate::kmsg_reader::KMSG.into(),
+            kmsg: KMSG.into(),
             dcgm_url: None,
             thresholds: Thresholds::default(),
             xid_overrides: BTreeMap::new(),
         }
-    }
-}
-
-/// A config that cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}: {field}: {message}")]
-pub struct ConfigError {
-    /// The file.
-    pub file: String,
-    /// 1-based line (0 when unknown).
-    pub line: usize,
-    /// The field.
-    pub field: String,
-    /// What is wrong and how to fix it.
-    pub message: String,
-}
-
-/// The 1-based line where the key of `field` (dotted; its last part) is set, 0 if
-/// nowhere: semantic errors found after parsing point at the line to edit.
-pub fn line_of(text: &str, field: &str) -> usize {
-    let key = field.rsplit('.').next().unwrap_or(field);
-    text.lines()
-        .position(|l| {
-            l.trim_start()
-                .strip_prefix(key)
-                .is_some_and(|rest| rest.trim_start().starts_with('='))
-        })
-        .map_or(0, |i| i + 1)
-}
-
-/// The dotted key set on 1-based `line` (`section.key`), if that line sets one.
-fn key_at(text: &str, line: usize) -> Option<String> {
-    let lines: Vec<&str> = text.lines().collect();
-    let key = lines.get(line.checked_sub(1)?)?.split_once('=')?.0.trim();
-    let section = lines[..line - 1].iter().rev().find_map(|l| {
-        let l = l.trim();
-        l.strip_prefix('[')
-            .and_then(|r| r.strip_suffix(']'))
-            .map(|s| s.trim_matches(['[', ']']).trim().to_string())
-    });
-    Some(match section {
-        Some(s) if !s.is_empty() => format!("{s}.{key}"),
-        _ => key.to_string(),
-    })
-}
-
-/// A TOML syntax or type error as a [`ConfigError`]: the line from the error's span,
-/// the field from the message, else the key set on that line, else `default_field`.
-pub fn toml_error(text: &str, file: &str, e: &toml::de::Error, default_field: &str) -> ConfigError {
-    let line = e.span().map_or(0, |s| {
-        text.as_bytes()[..s.start.min(text.len())]
-            .iter()
-            .filter(|&&b| b == b'\n')
-            .count()
-            + 1
-    });
-    let field = e
-        .message()
-        .split('`')
-        .nth(1)
-        .map(str::to_string)
-        .or_else(|| key_at(text, line))
-        .unwrap_or_else(|| default_field.to_string());
-    ConfigError {
-        file: file.into(),
-        line,
-        field,
-        message: e.message().to_string(),
     }
 }
 
@@ -120,14 +86,10 @@ impl HealthConfig {
             #[serde(default)]
             health: HealthConfig,
         }
-        let w: Wrapper = toml::from_str(text).map_err(|e| toml_error(text, file, &e, "health"))?;
+        let w: Wrapper = from_toml(text, file, "health")?;
         let c = w.health;
-        let err = |field: &str, message: String| ConfigError {
-            file: file.into(),
-            line: line_of(text, field),
-            field: field.into(),
-            message,
-        };
+        let at = Positions::new(text, file);
+        let err = |field: &str, message: String| at.error(field, message);
         parse_source(&c.source).map_err(|m| err("health.source", m))?;
         if c.interval_s == 0 {
             return Err(err(
@@ -180,6 +142,23 @@ impl HealthConfig {
 mod tests {
     use super::*;
     use crate::xid::Action;
+
+    #[test]
+    fn source_specs() {
+        assert_eq!(parse_source("nvml"), Ok(SourceSpec::Nvml(None)));
+        assert_eq!(
+            parse_source("nvml:/x/lib.so"),
+            Ok(SourceSpec::Nvml(Some("/x/lib.so".into())))
+        );
+        assert_eq!(parse_source("fake:8"), Ok(SourceSpec::Fake(8, None)));
+        assert_eq!(
+            parse_source("fake:4:/s"),
+            Ok(SourceSpec::Fake(4, Some("/s".into())))
+        );
+        for bad in ["", "fake", "fake:0", "fake:x", "dcgm", "nvml:"] {
+            assert!(parse_source(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn defaults_and_overrides() {

@@ -233,7 +233,7 @@ fn prefix(line: &str) -> (Option<String>, Option<u64>) {
 }
 
 /// Normalises `PCI:0000:3B:00.0` / `3b:00` to `0000:3b:00`.
-pub(crate) fn normalize_pci(raw: &str) -> Option<String> {
+pub fn normalize_pci(raw: &str) -> Option<String> {
     let raw = raw.strip_prefix("PCI:").unwrap_or(raw);
     let raw = raw.split('.').next().unwrap_or(raw);
     let parts: Vec<&str> = raw.split(':').collect();

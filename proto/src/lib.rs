@@ -11,5 +11,4 @@ pub mod v1 {
     tonic::include_proto!("allot.v1");
 }
 
-pub mod systemd;
 pub mod uds;

@@ -2,8 +2,8 @@
 //! last reset stay history, in the same boot; other GPUs' XIDs still count.
 
 use allot_health::kmsg::Assembler;
-use allot_health::kmsg_reader::{KmsgMemory, KmsgReader};
 use allot_health::verdict::{HealthPolicy, HostVerdict};
+use allot_health_sources::kmsg_reader::{KmsgMemory, KmsgReader};
 use std::io::Write;
 
 /// A policy fed the whole log, as an agent starting with `memory` would.

@@ -7,7 +7,7 @@
 //! field must never stop the others from being read. A GPU that answers
 //! `GPU_IS_LOST` is reported as lost, which the policy treats as fallen off the bus.
 
-use crate::verdict::{GpuSample, RemappedRows};
+use allot_health::verdict::{GpuSample, RemappedRows};
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold,

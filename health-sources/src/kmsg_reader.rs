@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// The kernel's boot id file.
 pub const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// The kernel log device.
-pub const KMSG: &str = "/dev/kmsg";
+pub use allot_health::config::KMSG;
 
 /// The current boot's id.
 pub fn boot_id() -> io::Result<String> {
@@ -76,7 +76,7 @@ impl KmsgMemory {
 }
 
 /// Reads records one line at a time from `/dev/kmsg` (one record per read) or a file.
-/// Its lines go through one [`crate::kmsg::Assembler`] for the reader's life: some
+/// Its lines go through one [`allot_health::kmsg::Assembler`] for the reader's life: some
 /// XIDs need the lines before them.
 pub struct KmsgReader {
     path: PathBuf,

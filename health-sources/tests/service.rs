@@ -4,8 +4,8 @@
 mod fake_nvml;
 
 use allot_health::config::HealthConfig;
-use allot_health::service::HealthMonitor;
 use allot_health::verdict::{HostVerdict, Verdict};
+use allot_health_sources::service::HealthMonitor;
 use std::time::Duration;
 
 /// Waits for a verdict with `host` (the channel is the event; the timeout only stops a

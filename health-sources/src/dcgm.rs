@@ -5,7 +5,7 @@
 //! is invisible in it; [`XidGauge`] turns changes of the gauge into events, and the
 //! kernel log remains the source that sees every XID.
 
-use crate::verdict::{GpuSample, RemappedRows};
+use allot_health::verdict::{GpuSample, RemappedRows};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -80,7 +80,7 @@ pub fn parse(text: &str) -> BTreeMap<String, DcgmGpu> {
         };
         let Some(pci) = l
             .get("pci_bus_id")
-            .and_then(|p| crate::kmsg::normalize_pci(p))
+            .and_then(|p| allot_health::kmsg::normalize_pci(p))
         else {
             continue;
         };

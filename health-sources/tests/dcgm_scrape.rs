@@ -1,7 +1,7 @@
 //! Scraping a dcgm-exporter endpoint over a real socket and folding what it says.
 
-use allot_health::dcgm::{fetch, fold, parse, XidGauge};
 use allot_health::verdict::GpuSample;
+use allot_health_sources::dcgm::{fetch, fold, parse, XidGauge};
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! say by themselves: a GPU that disappeared from the device list is lost.
 
 use crate::nvml::GpuReadError;
-use crate::verdict::{GpuSample, HealthPolicy, Time};
+use allot_health::verdict::{GpuSample, HealthPolicy, Time};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Remembers which GPUs were seen, so one that vanishes is noticed.

@@ -6,14 +6,15 @@
 //! Plain threads, not async: NVML's event wait and `/dev/kmsg` reads block in the
 //! kernel, and the policy is cheap enough to share behind a mutex.
 
-use crate::config::HealthConfig;
 use crate::dcgm;
-use crate::fake::{FakeSource, SourceSpec};
-use crate::kmsg::{self, Kind};
+use crate::fake::FakeSource;
 use crate::kmsg_reader::{self, KmsgMemory, KmsgReader};
 use crate::monitor::Roster;
 use crate::nvml::{GpuReadError, Notice, NvmlSource};
-use crate::verdict::{GpuSample, HealthPolicy, Time, Verdict};
+use allot_health::config::HealthConfig;
+use allot_health::config::SourceSpec;
+use allot_health::kmsg::{self, Kind};
+use allot_health::verdict::{GpuSample, HealthPolicy, Time, Verdict};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};

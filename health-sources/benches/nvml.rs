@@ -5,7 +5,7 @@
 #[path = "../tests/support/fake_nvml.rs"]
 mod fake_nvml;
 
-use allot_health::nvml::NvmlSource;
+use allot_health_sources::nvml::NvmlSource;
 use std::time::Instant;
 
 fn main() {

@@ -14,7 +14,7 @@
 //! Times are from the source's start; durations accept `90s`, `10m`, `8h`, `7d`.
 
 use crate::nvml::GpuReadError;
-use crate::verdict::{GpuSample, RemappedRows, Time};
+use allot_health::verdict::{GpuSample, RemappedRows, Time};
 
 /// One scripted change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,42 +206,11 @@ fn healthy(i: usize) -> GpuSample {
     }
 }
 
-/// Where GPU health comes from, as written in a config or on the command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SourceSpec {
-    /// NVML from the given library, or the system's.
-    Nvml(Option<String>),
-    /// `n` scripted GPUs, optionally with a fault script file.
-    Fake(usize, Option<String>),
-}
-
-/// Parses `nvml`, `nvml:/path/libnvidia-ml.so.1`, `fake:8` or `fake:8:/path/script`.
-pub fn parse_source(s: &str) -> Result<SourceSpec, String> {
-    let bad = || format!("gpu source {s:?}: use nvml, nvml:PATH, fake:N or fake:N:SCRIPT");
-    match s.split_once(':') {
-        None if s == "nvml" => Ok(SourceSpec::Nvml(None)),
-        Some(("nvml", p)) if !p.is_empty() => Ok(SourceSpec::Nvml(Some(p.into()))),
-        Some(("fake", rest)) => {
-            let (n, script) = match rest.split_once(':') {
-                Some((n, p)) => (n, Some(p.to_string())),
-                None => (rest, None),
-            };
-            let n: usize = n
-                .parse()
-                .ok()
-                .filter(|&n| (1..=64).contains(&n))
-                .ok_or_else(bad)?;
-            Ok(SourceSpec::Fake(n, script))
-        }
-        _ => Err(bad()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::monitor::Roster;
-    use crate::verdict::{GpuState, HealthPolicy, HostVerdict};
+    use allot_health::verdict::{GpuState, HealthPolicy, HostVerdict};
 
     #[test]
     fn scripted_faults_reach_the_verdict() {
@@ -296,22 +265,5 @@ mod tests {
         assert!(e.message.contains("time"), "{e}");
         let e = FakeSource::new(8, "boom\n", "f.txt").unwrap_err();
         assert!(e.message.starts_with("expected `at TIME"), "{e}");
-    }
-
-    #[test]
-    fn source_specs() {
-        assert_eq!(parse_source("nvml"), Ok(SourceSpec::Nvml(None)));
-        assert_eq!(
-            parse_source("nvml:/x/lib.so"),
-            Ok(SourceSpec::Nvml(Some("/x/lib.so".into())))
-        );
-        assert_eq!(parse_source("fake:8"), Ok(SourceSpec::Fake(8, None)));
-        assert_eq!(
-            parse_source("fake:4:/s"),
-            Ok(SourceSpec::Fake(4, Some("/s".into())))
-        );
-        for bad in ["", "fake", "fake:0", "fake:x", "dcgm", "nvml:"] {
-            assert!(parse_source(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -1,9 +1,9 @@
 //! The NVML backend against the repo's fake `libnvidia-ml.so`, loaded through
 //! nvml-wrapper exactly as NVIDIA's library is on a GPU host.
 
-use allot_health::nvml::{GpuReadError, Notice, NvmlSource};
 use allot_health::verdict::{HealthPolicy, HostVerdict, Thresholds};
 use allot_health::xid::Catalog;
+use allot_health_sources::nvml::{GpuReadError, Notice, NvmlSource};
 #[path = "support/fake_nvml.rs"]
 mod fake_nvml;
 
@@ -131,7 +131,7 @@ fn a_missing_library_is_a_clear_error() {
 
 #[test]
 fn a_gpu_that_leaves_the_device_list_is_lost() {
-    use allot_health::monitor::Roster;
+    use allot_health_sources::monitor::Roster;
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let (lib, state) = fake();
     write_state(state, &eight_gpus(""));

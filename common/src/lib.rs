@@ -1,0 +1,16 @@
+//! What allot's daemons and CLI share, one helper per job.
+//!
+//! Map: [`config_error`] (a config error that names file, line and field, with the
+//! line from the TOML parser's own spans) · [`stats`] (percentiles) · [`systemd`]
+//! (`sd_notify(3)` and the watchdog period) · `sqlite` (opening a state database,
+//! feature `sqlite`) · `logging` (the daemons' tracing set-up, feature `logging`).
+//! Nothing here decides policy; the fair-share core and the health policy stay in
+//! their own crates.
+
+pub mod config_error;
+#[cfg(feature = "logging")]
+pub mod logging;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+pub mod stats;
+pub mod systemd;
