@@ -43,7 +43,7 @@ fn rss_kb(pid: u32) -> u64 {
 }
 
 fn pct(v: &[i64], p: f64) -> i64 {
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
+    allot_common::stats::percentile(v, p).unwrap_or(0)
 }
 
 fn main() {

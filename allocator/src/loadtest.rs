@@ -149,11 +149,9 @@ async fn agent(ch: Channel, host: u32, a: Arc<Args>, ended: Arc<AtomicU64>) {
     }
 }
 
+/// A percentile of sorted latencies, 0 when there are none.
 fn pct(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
+    allot_common::stats::percentile(v, p).unwrap_or(0.0)
 }
 
 /// Runs the load test against an allotd it starts on a temp state dir.

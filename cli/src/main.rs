@@ -12,10 +12,12 @@
 
 mod duration;
 mod failure;
+mod health_view;
 mod local;
 mod remote;
 mod size;
 mod table;
+mod usage;
 mod xid;
 
 use clap::parser::ValueSource;
@@ -194,7 +196,7 @@ fn main() -> std::process::ExitCode {
 
 /// Refuses `--server` or `--socket` typed before a command that does not use it:
 /// `allot --socket S submit` would otherwise ignore the socket without a word.
-fn check_connection_flags(cmd: &Command, m: &ArgMatches) -> Result<(), local::Usage> {
+fn check_connection_flags(cmd: &Command, m: &ArgMatches) -> Result<(), usage::Usage> {
     let typed = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
     let (uses_server, uses_socket) = match cmd {
         Command::Remote(_) => (true, false),
@@ -210,7 +212,7 @@ fn check_connection_flags(cmd: &Command, m: &ArgMatches) -> Result<(), local::Us
         None
     };
     match wrong {
-        Some(what) => Err(local::Usage {
+        Some(what) => Err(usage::Usage {
             path: &[],
             message: format!("{what}; `allot {name}` does not use it"),
         }),
@@ -245,7 +247,7 @@ fn quiet_on_broken_pipe() {
 }
 
 /// Exits 2 with clap's layout and the usage line of the subcommand at fault.
-fn usage_error(u: local::Usage) -> ! {
+fn usage_error(u: usage::Usage) -> ! {
     let mut root = command();
     // Building fills in each subcommand's full name (`allot lease start`) for its usage.
     root.build();

@@ -10,7 +10,7 @@ mod view;
 
 use crate::duration;
 use crate::failure::{block_on, Failure};
-use crate::local::{check_contract, parse_hook, Usage};
+use crate::usage::{check_contract, parse_hook, Usage};
 use allot_fairshare::cluster::MAX_GPUS_PER_NODE;
 use allot_proto::v1::nodes_client::NodesClient;
 use allot_proto::v1::org_client::OrgClient;

@@ -5,7 +5,7 @@
 //! them here, and one that cannot be known reads `-` rather than a wrong `0s`.
 
 use crate::duration::{age, exact, iso_utc};
-use crate::local::{drain_info_json, drain_line, drain_who, gpu_json, verdict};
+use crate::health_view::{drain_info_json, drain_line, drain_who, gpu_json, verdict};
 use crate::table::{self, or_dash};
 use allot_proto::v1::{GetTreeResponse, Group, Node, Workload, WorkloadSpec, WorkloadState};
 use serde_json::{json, Value};
