@@ -14,21 +14,10 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 
-fn allot(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_allot"))
-        .args(args)
-        .env_remove("ALLOT_SOCKET")
-        .output()
-        .expect("allot runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod support;
+use support::{allot, now_unix, serve_unix, Socket};
 
 #[test]
 fn no_agent_names_the_socket_and_the_agent() {
@@ -255,13 +244,6 @@ struct Fake {
     seen: Arc<Mutex<Vec<String>>>,
 }
 
-fn now_unix() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("after 1970")
-        .as_secs() as i64
-}
-
 fn lease(id: &str) -> Lease {
     Lease {
         id: id.into(),
@@ -477,57 +459,14 @@ fn operator_drain(who: &str, reason: &str) -> DrainInfo {
     }
 }
 
-/// A fake agent's socket; its directory goes when the test ends.
-struct Socket(PathBuf);
-
-impl Drop for Socket {
-    fn drop(&mut self) {
-        if let Some(dir) = self.0.parent() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
 /// A fake agent serving on a fresh socket for the rest of the test process.
 fn serve(fake: Fake) -> Socket {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "allot-cli-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("agent.sock");
-    let _ = std::fs::remove_file(&path);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let p = path.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::UnixListener::bind(&p).expect("bind");
-            tx.send(()).expect("ready");
-            tonic::transport::Server::builder()
-                .add_service(AgentLocalServer::new(fake))
-                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
-                .await
-                .expect("serve");
-        });
-    });
-    rx.recv().expect("server ready");
-    Socket(path)
+    serve_unix(tonic::transport::Server::builder().add_service(AgentLocalServer::new(fake)))
 }
-
-fn sock(s: &Socket) -> &str {
-    s.0.to_str().expect("utf-8 path")
-}
-
 #[test]
 fn leases_table_and_json_from_an_agent() {
     let s = serve(Fake::default());
-    let (code, out, err) = allot(&["leases", "--socket", sock(&s)]);
+    let (code, out, err) = allot(&["leases", "--socket", s.arg()]);
     assert_eq!(code, 0, "{err}");
     let mut lines = out.lines();
     let header: Vec<&str> = lines.next().expect("header").split_whitespace().collect();
@@ -558,7 +497,7 @@ fn leases_table_and_json_from_an_agent() {
         "{out}"
     );
 
-    let (code, out, err) = allot(&["leases", "--json", "--socket", sock(&s)]);
+    let (code, out, err) = allot(&["leases", "--json", "--socket", s.arg()]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     let a = v.as_array().expect("array");
@@ -574,7 +513,7 @@ fn leases_table_and_json_from_an_agent() {
 #[test]
 fn gpus_drain_and_undrain_from_an_agent() {
     let s = serve(Fake::default());
-    let (code, out, err) = allot(&["gpus", "--socket", sock(&s)]);
+    let (code, out, err) = allot(&["gpus", "--socket", s.arg()]);
     assert_eq!(code, 0, "{err}");
     let mut lines = out.lines();
     assert_eq!(lines.next(), Some("host: drain-now"));
@@ -593,7 +532,7 @@ fn gpus_drain_and_undrain_from_an_agent() {
         "{row}"
     );
 
-    let (code, out, _) = allot(&["gpus", "--json", "--socket", sock(&s)]);
+    let (code, out, _) = allot(&["gpus", "--json", "--socket", s.arg()]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(v["verdict"], "drain-now");
@@ -617,14 +556,14 @@ fn gpus_drain_and_undrain_from_an_agent() {
         "swap PSU",
         "--now",
         "--socket",
-        sock(&s),
+        s.arg(),
     ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out,
         "host: draining\n  drained by local-operator alice: swap PSU since 2026-11-29T19:25:00Z, at once\n"
     );
-    let (code, out, _) = allot(&["drain", "--reason", "x", "--json", "--socket", sock(&s)]);
+    let (code, out, _) = allot(&["drain", "--reason", "x", "--json", "--socket", s.arg()]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(v["draining"], true);
@@ -633,13 +572,13 @@ fn gpus_drain_and_undrain_from_an_agent() {
     assert_eq!(v["drains"][0]["reason"], "x");
 
     // The health drain outlives the operator's undrain, and the output says so.
-    let (code, out, _) = allot(&["undrain", "--socket", sock(&s)]);
+    let (code, out, _) = allot(&["undrain", "--socket", s.arg()]);
     assert_eq!(code, 0);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "host: still draining", "{out}");
     assert!(lines[1].starts_with("  drained by health (xid:79"), "{out}");
     assert!(lines[2].contains("allot gpus clear"), "{out}");
-    let (code, out, _) = allot(&["undrain", "--json", "--socket", sock(&s)]);
+    let (code, out, _) = allot(&["undrain", "--json", "--socket", s.arg()]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(v["drains"][0]["by"], "health");
@@ -656,7 +595,7 @@ fn gpus_clear_through_an_agent() {
         "--reason",
         "nvidia-smi -r after XID 79",
         "--socket",
-        sock(&s),
+        s.arg(),
     ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "GPU 0 (GPU-aaaa, 0000:3b:00): healthy\n");
@@ -664,7 +603,7 @@ fn gpus_clear_through_an_agent() {
     let (code, out, err) = allot(&[
         "gpus",
         "--socket",
-        sock(&s),
+        s.arg(),
         "--json",
         "clear",
         "0",
@@ -675,7 +614,7 @@ fn gpus_clear_through_an_agent() {
     let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(v["index"], 0);
     assert_eq!(v["state"], "healthy");
-    let (code, out, err) = allot(&["gpus", "clear", "9", "--reason", "x", "--socket", sock(&s)]);
+    let (code, out, err) = allot(&["gpus", "clear", "9", "--reason", "x", "--socket", s.arg()]);
     assert_eq!(code, 1, "{out}");
     assert_eq!(
         err,
@@ -694,7 +633,7 @@ fn gpus_clear_through_an_agent() {
 #[test]
 fn the_socket_goes_before_or_after_the_command() {
     let s = serve(Fake::default());
-    let (code, out, err) = allot(&["--socket", sock(&s), "leases"]);
+    let (code, out, err) = allot(&["--socket", s.arg(), "leases"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("ID "), "{out}");
     // After the command wins over before it, and before it over the environment.
@@ -703,11 +642,11 @@ fn the_socket_goes_before_or_after_the_command() {
         "/nonexistent/a.sock",
         "leases",
         "--socket",
-        sock(&s),
+        s.arg(),
     ]);
     assert_eq!(code, 0, "{err}");
     let out = Command::new(env!("CARGO_BIN_EXE_allot"))
-        .args(["--socket", sock(&s), "gpus", "--json"])
+        .args(["--socket", s.arg(), "gpus", "--json"])
         .env("ALLOT_SOCKET", "/nonexistent/from-env.sock")
         .output()
         .expect("allot runs");
@@ -727,7 +666,7 @@ fn events_ask_from_now_minus_since() {
     let fake = Fake::default();
     let s = serve(fake.clone());
     let before = now_unix();
-    let (code, out, err) = allot(&["events", "--since", "2h", "--socket", sock(&s)]);
+    let (code, out, err) = allot(&["events", "--since", "2h", "--socket", s.arg()]);
     let after = now_unix();
     assert_eq!(code, 0, "{err}");
     let since: i64 = fake.seen.lock().expect("lock")[0]
@@ -765,7 +704,7 @@ fn events_ask_from_now_minus_since() {
     assert!(widest < 120, "{widest} columns:\n{out}");
     assert!(lines.iter().all(|l| !l.ends_with(' ')), "{out}");
 
-    let (code, out, err) = allot(&["events", "--json", "--socket", sock(&s)]);
+    let (code, out, err) = allot(&["events", "--json", "--socket", s.arg()]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(v[0]["workload_id"], serde_json::Value::Null);
@@ -798,7 +737,7 @@ fn lease_start_and_revoke_through_an_agent() {
         "W-1",
         "--json",
         "--socket",
-        sock(&s),
+        s.arg(),
         "--",
         "python",
         "train.py",
@@ -823,7 +762,7 @@ fn lease_start_and_revoke_through_an_agent() {
         "--adopt",
         "77",
         "--socket",
-        sock(&s),
+        s.arg(),
     ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(
@@ -838,7 +777,7 @@ fn lease_start_and_revoke_through_an_agent() {
         "--gpus",
         "9",
         "--socket",
-        sock(&s),
+        s.arg(),
         "--",
         "true",
     ]);
@@ -855,7 +794,7 @@ fn lease_start_and_revoke_through_an_agent() {
         "--now",
         "--json",
         "--socket",
-        sock(&s),
+        s.arg(),
     ]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
@@ -863,7 +802,7 @@ fn lease_start_and_revoke_through_an_agent() {
     assert_eq!(v["revoke_why"], "operator");
     assert_eq!(fake.seen.lock().expect("lock")[3], "revoke L-1 now=true");
 
-    let (code, _, err) = allot(&["lease", "revoke", "L-404", "--socket", sock(&s)]);
+    let (code, _, err) = allot(&["lease", "revoke", "L-404", "--socket", s.arg()]);
     assert_eq!(code, 1);
     assert!(err.starts_with("error: lease_id: no lease L-404"), "{err}");
 }

@@ -11,35 +11,11 @@ use allot_proto::v1::{
     NodeDrainRequest, SetWeightRequest, SubmitRequest, SubmitResponse, WatchRequest, Workload,
     WorkloadSpec, WorkloadState,
 };
-use serde_json::Value;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 
-fn allot_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
-    cmd.args(args).env_remove("ALLOT_SERVER");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("allot runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn allot(args: &[&str]) -> (i32, String, String) {
-    allot_env(args, &[])
-}
-
-fn json(out: &str) -> Value {
-    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
-}
-
-// ---------------------------------------------------------------- usage and connection errors
+mod support;
+use support::{allot, allot_env, json, now_unix, serve_tcp};
 
 #[test]
 fn no_allotd_names_the_address_and_the_fix() {
@@ -259,13 +235,6 @@ impl Fake {
     fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
         self.seen.lock().expect("lock")
     }
-}
-
-fn now_unix() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("after 1970")
-        .as_secs() as i64
 }
 
 fn workload(id: &str, state: WorkloadState) -> Workload {
@@ -520,33 +489,13 @@ impl Nodes for Fake {
 
 /// A fake allotd serving on a fresh port for the rest of the test process; its address.
 fn serve(fake: Fake) -> String {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(listener.local_addr().expect("addr"))
-                .expect("ready");
-            tonic::transport::Server::builder()
-                .add_service(WorkloadsServer::new(fake.clone()))
-                .add_service(OrgServer::new(fake.clone()))
-                .add_service(NodesServer::new(fake))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-                .await
-                .expect("serve");
-        });
-    });
-    // Without a scheme, as people type it: the CLI adds http://.
-    rx.recv().expect("server ready").to_string()
+    serve_tcp(
+        tonic::transport::Server::builder()
+            .add_service(WorkloadsServer::new(fake.clone()))
+            .add_service(OrgServer::new(fake.clone()))
+            .add_service(NodesServer::new(fake)),
+    )
 }
-
-// ---------------------------------------------------------------- through the fake
-
 #[test]
 fn submit_sends_the_whole_spec() {
     let fake = Fake::default();
