@@ -5,7 +5,8 @@
 
 use crate::serve::{now, Server};
 use crate::state::{
-    drain_msg, lease_from_wire, lease_wire, state_name, EndKind, Input, NodeRec, WorkRec,
+    lease_from_wire, lease_wire, state_name, Command, EndKind, GpuCondition, GpuSeen, HostDrain,
+    Input, NodeRec, Out, Verdict, WorkRec,
 };
 use allot_fairshare::{CoreError, NodeSpec, NodeState, WorkloadSpec, WorkloadState};
 use allot_proto::v1 as pb;
@@ -84,6 +85,111 @@ pub fn workload_pb(w: &WorkRec) -> pb::Workload {
     }
 }
 
+/// The wire form of a command for an agent.
+pub fn command_pb(cmd: &Command) -> pb::AllocatorMessage {
+    use pb::allocator_message::Body;
+    let revoke = |lease: u64, not_before: u64, why: &str, withdraw: bool| {
+        Body::Revoke(pb::RevokeCommand {
+            lease_id: lease_wire(lease),
+            not_before_unix: i64::try_from(not_before).unwrap_or(0),
+            why: why.to_string(),
+            withdraw,
+        })
+    };
+    let drain = |drain: bool, now: bool, reason: String, by: &str| {
+        Body::Drain(pb::DrainCommand {
+            drain,
+            now,
+            reason,
+            by: by.to_string(),
+            author: "allotd".into(),
+        })
+    };
+    let body = match cmd {
+        Command::Start(s) => Body::Start(pb::StartLeaseCommand {
+            lease: Some(pb::Lease {
+                id: lease_wire(s.lease),
+                workload_id: s.workload.to_string(),
+                gpu_uuids: s.gpu_uuids.clone(),
+                start_unix: i64::try_from(s.start).unwrap_or(0),
+                min_runtime_s: s.min_runtime,
+                time_limit_s: s.time_limit,
+                checkpoint_hook: s.hook.clone(),
+                ..Default::default()
+            }),
+            argv: s.argv.clone(),
+            user: s.user.clone(),
+            env: [
+                ("ALLOT_WORKLOAD_ID".to_string(), s.workload.to_string()),
+                ("ALLOT_PROJECT".to_string(), s.project.clone()),
+            ]
+            .into_iter()
+            .collect(),
+        }),
+        Command::Revoke {
+            lease,
+            not_before,
+            why,
+        } => revoke(*lease, *not_before, why, false),
+        Command::Withdraw { lease, why } => revoke(*lease, 0, why, true),
+        Command::Drain {
+            drain: d,
+            now,
+            reason,
+            by,
+        } => drain(*d, *now, reason.clone(), by),
+        Command::Hold { now, reasons } => drain(
+            false,
+            *now,
+            format!("held by allotd's circuit breaker: {reasons}"),
+            "health",
+        ),
+    };
+    pb::AllocatorMessage { body: Some(body) }
+}
+
+fn verdict_pb(v: Verdict) -> pb::HostVerdict {
+    match v {
+        Verdict::Unspecified => pb::HostVerdict::Unspecified,
+        Verdict::Ok => pb::HostVerdict::Ok,
+        Verdict::Drain => pb::HostVerdict::Drain,
+        Verdict::DrainNow => pb::HostVerdict::DrainNow,
+    }
+}
+
+fn verdict_of(v: i32) -> Verdict {
+    match pb::HostVerdict::try_from(v) {
+        Ok(pb::HostVerdict::Ok) => Verdict::Ok,
+        Ok(pb::HostVerdict::Drain) => Verdict::Drain,
+        Ok(pb::HostVerdict::DrainNow) => Verdict::DrainNow,
+        _ => Verdict::Unspecified,
+    }
+}
+
+/// What allotd's rules look at of a reported GPU.
+fn gpu_seen(g: &pb::Gpu) -> GpuSeen {
+    GpuSeen {
+        index: g.index,
+        state: match pb::GpuState::try_from(g.state) {
+            Ok(pb::GpuState::Healthy) => GpuCondition::Healthy,
+            Ok(pb::GpuState::Degraded) => GpuCondition::Degraded,
+            Ok(pb::GpuState::Failed) => GpuCondition::Failed,
+            _ => GpuCondition::Unspecified,
+        },
+        lease: g.lease_id.clone(),
+    }
+}
+
+fn host_drain(d: &pb::DrainInfo) -> HostDrain {
+    HostDrain {
+        by: d.by.clone(),
+        author: d.author.clone(),
+        reason: d.reason.clone(),
+        now: d.now,
+        held: d.held,
+    }
+}
+
 /// The wire form of a node's drains: allotd's own and those its agent reported.
 fn drains_pb(n: &NodeRec) -> Vec<pb::DrainInfo> {
     let mut v: Vec<pb::DrainInfo> = n
@@ -136,7 +242,7 @@ pub fn node_pb(n: &NodeRec, leases: &[(u64, Vec<String>)], free: u32, now_: u64)
         free_gpus: free,
         cpu: n.spec.cpu,
         memory_gb: u64::from(n.spec.memory_gb),
-        verdict: n.verdict as i32,
+        verdict: verdict_pb(n.verdict) as i32,
         lease_ids: leases.iter().map(|(l, _)| lease_wire(*l)).collect(),
         drain_reason: drains
             .iter()
@@ -510,136 +616,42 @@ fn check_register(r: &pb::Register) -> Result<(NodeSpec, Vec<String>), Status> {
 }
 
 impl Api {
-    /// A host (re)joins: added if new, back to ready if it was lost, and the leases
-    /// both sides hold are reconciled.
+    /// A host (re)joins (see `Input::Register`); returns the commands it must have
+    /// before any other: the leases it lacks, allotd's drains.
     fn register(&self, r: &pb::Register) -> Result<Vec<pb::AllocatorMessage>, Status> {
         let (spec, uuids) = check_register(r)?;
         let name = spec.name.clone();
-        let known = self
+        let applied = self
             .0
-            .core()
-            .alloc
-            .nodes()
-            .get(&name)
-            .map(|n| n.drains.contains_key("lost"));
-        match known {
-            None => {
-                self.0
-                    .commit(Input::AddNode {
-                        spec,
-                        gpu_uuids: uuids,
-                    })
-                    .map_err(core_status)?;
-            }
-            Some(lost) => {
-                if lost {
-                    self.0
-                        .commit(Input::NodeState {
-                            node: name.clone(),
-                            state: NodeState::Ready,
-                            reason: "agent back".into(),
-                            by: "lost".into(),
-                            author: String::new(),
-                        })
-                        .map_err(core_status)?;
-                }
-                // A host that comes back may take what it refused before.
-                self.0
-                    .commit(Input::NodeChanged { node: name.clone() })
-                    .map_err(core_status)?;
-            }
-        }
-        self.sync_local_drain(&name, &r.drains);
-        let mut c = self.0.core();
-        if let Some(n) = c.alloc.node_mut(&name) {
+            .record(Input::Register {
+                spec,
+                gpu_uuids: uuids,
+                gpus: r.gpus.iter().map(gpu_seen).collect(),
+                running: r
+                    .running
+                    .iter()
+                    .filter_map(|l| lease_from_wire(&l.id))
+                    .collect(),
+                drains: r.drains.iter().map(host_drain).collect(),
+            })
+            .map_err(core_status)?;
+        if let Some(n) = self.0.core().alloc.node_mut(&name) {
             n.connected = true;
             n.last_seen = now();
             n.gpus = r.gpus.clone();
         }
-        let running: std::collections::BTreeSet<u64> = r
-            .running
-            .iter()
-            .filter_map(|l| lease_from_wire(&l.id))
-            .collect();
-        let mut out = Vec::new();
-        for (lease, _) in c.alloc.leases_on(&name) {
-            if !running.contains(&lease) {
-                // Never delivered (or the agent will answer that it ended).
-                if let Some(m) = c.alloc.start_message(lease, &name) {
-                    out.push(m);
-                }
-            }
-        }
-        let ours: std::collections::BTreeSet<u64> = c
-            .alloc
-            .leases_on(&name)
+        let (backlog, others): (Vec<Out>, Vec<Out>) = applied
+            .outs
             .into_iter()
-            .map(|(l, _)| l)
-            .collect();
-        for l in running.difference(&ours) {
-            // The agent's running work wins: reported, not killed.
-            tracing::warn!(node = %name, lease = %lease_wire(*l), "agent runs a lease the allocator no longer holds; left running");
-        }
-        // allotd's drains are intent the agent must hold too; one it holds that
-        // allotd lifted meanwhile is lifted there.
-        if let Some(n) = c.alloc.nodes().get(&name) {
-            for kind in ["cluster-operator", "health"] {
-                let ours = n.drains.get(kind);
-                let theirs = r.drains.iter().find(|d| d.by == kind && !d.held);
-                if ours.is_none() && theirs.is_none() {
-                    continue;
-                }
-                out.push(drain_msg(
-                    ours.is_some(),
-                    ours.is_some_and(|d| d.state == NodeState::DrainNow),
-                    ours.map_or("", |d| d.reason.as_str()),
-                    kind,
-                ));
-            }
-        }
-        Ok(out)
-    }
-
-    /// The agent's own operator drain, as it reported it: a fact allotd shows and
-    /// schedules by (no work is sent to a host its operator drained).
-    fn sync_local_drain(&self, node: &str, drains: &[pb::DrainInfo]) {
-        let theirs = drains.iter().find(|d| d.by == "local-operator" && !d.held);
-        let ours = self
-            .0
-            .core()
-            .alloc
-            .nodes()
-            .get(node)
-            .and_then(|n| n.drains.get("local-operator").cloned());
-        let want = theirs.map(|d| {
-            (
-                if d.now {
-                    NodeState::DrainNow
-                } else {
-                    NodeState::Draining
-                },
-                d.reason.clone(),
-                d.author.clone(),
-            )
-        });
-        let have = ours.map(|d| (d.state, d.reason, d.author));
-        if want == have {
-            return;
-        }
-        let (state, reason, author) = want.unwrap_or((
-            NodeState::Ready,
-            "undrained on the host".into(),
-            String::new(),
-        ));
-        if let Err(e) = self.0.commit(Input::NodeState {
-            node: node.to_string(),
-            state,
-            reason,
-            by: "local-operator".into(),
-            author,
-        }) {
-            tracing::warn!(node, error = %e, "the host's drain not recorded");
-        }
+            .partition(|o| matches!(o, Out::Send { node, .. } if *node == name));
+        self.0.dispatch(&others);
+        Ok(backlog
+            .iter()
+            .filter_map(|o| match o {
+                Out::Send { cmd, .. } => Some(command_pb(cmd)),
+                _ => None,
+            })
+            .collect())
     }
 
     /// One message from an agent.
@@ -675,37 +687,11 @@ impl Api {
         }
     }
 
+    /// A health report (see `Input::Health`); the GPU list is kept for views.
     fn on_health(&self, node: &str, h: pb::HealthReport) {
-        let verdict = pb::HostVerdict::try_from(h.verdict).unwrap_or(pb::HostVerdict::Unspecified);
-        let (prev, prev_verdict, health_drained) = {
-            let mut c = self.0.core();
-            let Some(n) = c.alloc.node_mut(node) else {
-                return;
-            };
-            let prev = std::mem::replace(&mut n.gpus, h.gpus.clone());
-            let prev_verdict = std::mem::replace(&mut n.verdict, verdict);
-            (prev, prev_verdict, n.drains.contains_key("health"))
-        };
-        let failed = |g: &pb::Gpu| g.state == pb::GpuState::Failed as i32;
-        let mut changed = prev_verdict != verdict;
-        for g in &h.gpus {
-            let before = prev.iter().find(|p| p.index == g.index);
-            changed |= before.is_none_or(|p| p.state != g.state || p.lease_id != g.lease_id);
-            let was = before.is_some_and(failed);
-            if was != failed(g) {
-                let _ = self.0.commit(Input::GpuHealth {
-                    node: node.to_string(),
-                    gpu: g.index,
-                    healthy: !failed(g),
-                });
-            }
-        }
-        self.sync_local_drain(node, &h.drains);
-        if changed {
-            // A host whose health changed may take what it refused before.
-            let _ = self.0.commit(Input::NodeChanged {
-                node: node.to_string(),
-            });
+        match self.0.core().alloc.node_mut(node) {
+            Some(n) => n.gpus = h.gpus.clone(),
+            None => return,
         }
         let reasons: Vec<String> = h
             .gpus
@@ -717,28 +703,14 @@ impl Api {
                     .map(move |r| format!("{} {}", g.pci, r.signal))
             })
             .collect();
-        match verdict {
-            pb::HostVerdict::Drain | pb::HostVerdict::DrainNow if !health_drained => {
-                // A drain-now caused by a failed GPU ends only that GPU's lease (the
-                // agent killed it); the others keep their protection.
-                let now_ = verdict == pb::HostVerdict::DrainNow && !h.gpus.iter().any(failed);
-                self.0.health_drain(node, &reasons.join("; "), now_);
-            }
-            pb::HostVerdict::Ok => {
-                if let Some(n) = self.0.core().alloc.node_mut(node) {
-                    n.held = None;
-                }
-                if health_drained {
-                    let _ = self.0.commit(Input::NodeState {
-                        node: node.to_string(),
-                        state: NodeState::Ready,
-                        reason: "health verdict ok".into(),
-                        by: "health".into(),
-                        author: String::new(),
-                    });
-                }
-            }
-            _ => {}
+        if let Err(e) = self.0.commit(Input::Health {
+            node: node.to_string(),
+            verdict: verdict_of(h.verdict),
+            gpus: h.gpus.iter().map(gpu_seen).collect(),
+            reasons: reasons.join("; "),
+            drains: h.drains.iter().map(host_drain).collect(),
+        }) {
+            tracing::warn!(node, error = %e, "health report not applied");
         }
     }
 }

@@ -5,7 +5,7 @@
 //! wake-up and on a timer, and marks silent nodes lost after the grace.
 
 use crate::config::ServerConfig;
-use crate::state::{drain_msg, Allocator, Applied, EndKind, Input, Out};
+use crate::state::{Allocator, Applied, Command, EndKind, Input, Level, Out};
 use crate::store::{Sqlite, Store};
 use allot_fairshare::{CoreError, NodeState, Time};
 use allot_proto::v1 as pb;
@@ -57,13 +57,12 @@ pub type Session = mpsc::UnboundedSender<Result<pb::AllocatorMessage, tonic::Sta
 /// Agents that understand withdrawn revocations and health drains from allotd.
 pub const PROTOCOL_DRAINS: u32 = 2;
 
-/// Whether an agent of `protocol` understands `msg`; an older agent would misread it
-/// (a withdrawal as a revocation now, a health drain as its operator's drain).
-fn understood(protocol: u32, msg: &pb::AllocatorMessage) -> bool {
-    use pb::allocator_message::Body;
+/// Whether an agent of `protocol` understands `cmd`; an older agent would misread it
+/// (a withdrawal as a revocation now, a health drain or hold as its operator's drain).
+fn understood(protocol: u32, cmd: &Command) -> bool {
     protocol >= PROTOCOL_DRAINS
-        || !matches!(&msg.body, Some(Body::Revoke(r)) if r.withdraw)
-            && !matches!(&msg.body, Some(Body::Drain(d)) if d.by == "health")
+        || !matches!(cmd, Command::Withdraw { .. } | Command::Hold { .. })
+            && !matches!(cmd, Command::Drain { by, .. } if by == "health")
 }
 
 /// The running service.
@@ -129,6 +128,14 @@ impl Server {
     /// Applies, journals and carries out one input. The answer goes back only after
     /// the journal has it on disk.
     pub fn commit(&self, input: Input) -> Result<Applied, CoreError> {
+        let applied = self.record(input)?;
+        self.dispatch(&applied.outs);
+        Ok(applied)
+    }
+
+    /// Applies and journals one input, and logs what it says; the commands it
+    /// produced are left to the caller to send.
+    pub fn record(&self, input: Input) -> Result<Applied, CoreError> {
         let at = now();
         let applied = {
             let mut c = self.core();
@@ -145,6 +152,22 @@ impl Server {
                         tracing::info!(workload, lease, "{text}");
                         Some((*workload, *lease, text.as_str()))
                     }
+                    Out::Notice {
+                        level: Level::Warn,
+                        node,
+                        text,
+                    } => {
+                        tracing::warn!(node = %node, "{text}");
+                        None
+                    }
+                    Out::Notice {
+                        level: Level::Error,
+                        node,
+                        text,
+                    } => {
+                        tracing::error!(node = %node, "{text}");
+                        None
+                    }
                     Out::Send { .. } => None,
                 })
                 .collect();
@@ -159,10 +182,9 @@ impl Server {
         };
         if matches!(input, Input::Schedule) {
             *self.next_wakeup.lock().unwrap_or_else(|e| e.into_inner()) = applied.next_wakeup;
-        } else {
+        } else if applied.changed {
             self.kick.notify_one();
         }
-        self.dispatch(&applied.outs);
         Ok(applied)
     }
 
@@ -171,10 +193,10 @@ impl Server {
     pub fn dispatch(&self, outs: &[Out]) {
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         for o in outs {
-            if let Out::Send { node, msg } = o {
+            if let Out::Send { node, cmd } = o {
                 match sessions.get(node) {
-                    Some((_, tx, protocol)) if understood(*protocol, msg) => {
-                        let _ = tx.send(Ok((**msg).clone()));
+                    Some((_, tx, protocol)) if understood(*protocol, cmd) => {
+                        let _ = tx.send(Ok(crate::api::command_pb(cmd)));
                     }
                     Some(_) => {
                         tracing::debug!(node = %node, "message skipped: the agent is too old to read it")
@@ -199,69 +221,21 @@ impl Server {
         n
     }
 
-    /// A host's health verdict asks for a drain: through the circuit breaker, or
-    /// held (and the agent told to hold it too, so it keeps serving its healthy GPUs).
-    pub fn health_drain(&self, node: &str, reasons: &str, drain_now: bool) {
-        let allowed = {
-            let mut c = self.core();
-            let ok = c.alloc.breaker_allows(now(), &self.cfg.breaker, node);
-            if let Some(n) = c.alloc.node_mut(node) {
-                let first = n.held.is_none();
-                n.held = (!ok).then(|| (reasons.to_string(), drain_now));
-                if !ok && first {
-                    c.alloc.counters.breaker_held += 1;
-                    tracing::error!(node, reasons, "automatic drain HELD by the circuit breaker: too many nodes drained recently; drain by hand if it is real");
-                }
-            }
-            ok
-        };
-        if !allowed {
-            self.dispatch(&[Out::Send {
-                node: node.to_string(),
-                msg: Box::new(drain_msg(
-                    false,
-                    drain_now,
-                    &format!("held by allotd's circuit breaker: {reasons}"),
-                    "health",
-                )),
-            }]);
-            return;
-        }
-        let _ = self.commit(Input::NodeState {
-            node: node.to_string(),
-            state: if drain_now {
-                NodeState::DrainNow
-            } else {
-                NodeState::Draining
-            },
-            reason: reasons.to_string(),
-            by: "health".into(),
-            author: String::new(),
-        });
-    }
-
-    /// Held health drains are looked at again: once the breaker's window has room,
+    /// Held health drains are looked at again (for hosts still connected; one
+    /// alone puts its drain in force itself): once the breaker's window has room,
     /// they go through.
     fn recheck_held(&self) {
-        let held: Vec<(String, String, bool)> = self
+        let held: Vec<String> = self
             .core()
             .alloc
             .nodes()
             .values()
-            .filter(|n| n.connected && !n.drains.contains_key("health"))
-            .filter_map(|n| {
-                n.held
-                    .as_ref()
-                    .map(|(r, now_)| (n.spec.name.clone(), r.clone(), *now_))
-            })
+            .filter(|n| n.connected && n.held.is_some() && !n.drains.contains_key("health"))
+            .map(|n| n.spec.name.clone())
             .collect();
-        for (node, reasons, now_) in held {
-            if self
-                .core()
-                .alloc
-                .breaker_allows(now(), &self.cfg.breaker, &node)
-            {
-                self.health_drain(&node, &reasons, now_);
+        for node in held {
+            if let Err(e) = self.commit(Input::RecheckHeld { node: node.clone() }) {
+                tracing::warn!(node = %node, error = %e, "held drain not re-checked");
             }
         }
     }

@@ -1,0 +1,372 @@
+//! The rules about hosts: registration and reconciliation, drains by author kind,
+//! health reports through the circuit breaker.
+
+use super::audit::state_name;
+use super::input::{drain_kind, GpuCondition, GpuSeen, HostDrain, Verdict};
+use super::out::{lease_wire, Applied, Command, Level};
+use super::{effective, Allocator, DrainRec, NodeRec};
+use allot_fairshare::{CoreError, NodeSpec, NodeState, Time};
+use std::collections::{BTreeMap, BTreeSet};
+
+fn no_node(node: &str) -> CoreError {
+    CoreError::Config(format!("no node {node:?}; `allot nodes` lists them"))
+}
+
+fn failed(g: &GpuSeen) -> bool {
+    g.state == GpuCondition::Failed
+}
+
+impl Allocator {
+    /// A host joins for the first time.
+    pub(super) fn add_node(
+        &mut self,
+        at: Time,
+        spec: &NodeSpec,
+        gpu_uuids: &[String],
+    ) -> Result<(), CoreError> {
+        let id = self.core.add_node(at, spec.clone())?;
+        self.names.push(spec.name.clone());
+        self.nodes.insert(
+            spec.name.clone(),
+            NodeRec {
+                id,
+                spec: spec.clone(),
+                gpu_uuids: gpu_uuids.to_vec(),
+                state: NodeState::Ready,
+                drains: BTreeMap::new(),
+                held: None,
+                connected: false,
+                last_seen: at,
+                verdict: Verdict::Ok,
+                seen: Vec::new(),
+                gpus: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// A drain of one author kind put in force or (with `Ready`) lifted; returns
+    /// whether anything changed (lifting what is not there is no change).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn node_state(
+        &mut self,
+        at: Time,
+        node: &str,
+        state: NodeState,
+        reason: &str,
+        by: &str,
+        author: &str,
+        a: &mut Applied,
+    ) -> Result<bool, CoreError> {
+        let n = self.nodes.get_mut(node).ok_or_else(|| no_node(node))?;
+        let kind = drain_kind(by).to_string();
+        let lifted = state == NodeState::Ready;
+        if lifted && by == "operator" {
+            // 0.1.0 had one drain per node, and its operator undrain lifted it
+            // whoever had drained: replayed, it means the same.
+            n.drains.clear();
+        } else if lifted {
+            if n.drains.remove(&kind).is_none() {
+                // Nothing of that author to lift: the journal keeps no no-ops.
+                return Ok(false);
+            }
+        } else {
+            n.drains.insert(
+                kind.clone(),
+                DrainRec {
+                    state,
+                    reason: reason.to_string(),
+                    since: at,
+                    author: author.to_string(),
+                },
+            );
+            *self.counters.drains.entry(kind.clone()).or_default() += 1;
+            if kind == "health" {
+                self.auto_drains.push_back((at, node.to_string()));
+                n.held = None;
+            }
+        }
+        let eff = effective(&n.drains);
+        if eff != n.state || !lifted {
+            // A new drain revokes again (its own lapse rule); a lifted one
+            // withdraws what it queued when the node is ready again.
+            self.core.set_node_state(at, n.id, eff)?;
+            n.state = eff;
+        }
+        if kind == "cluster-operator" || kind == "health" {
+            // The agent refuses starts and revokes too, and shows who asked.
+            a.send(
+                node,
+                Command::Drain {
+                    drain: !lifted,
+                    now: state == NodeState::DrainNow,
+                    reason: reason.to_string(),
+                    by: kind.clone(),
+                },
+            );
+        }
+        a.audit(
+            0,
+            0,
+            if lifted {
+                format!(
+                    "node {node}: {kind} drain lifted ({reason}); now {}",
+                    state_name(eff)
+                )
+            } else {
+                format!("node {node}: {} by {kind}: {reason}", state_name(state))
+            },
+        );
+        Ok(true)
+    }
+
+    /// The host operator's own drain as its agent reports it: a fact allotd shows and
+    /// schedules by (no work is sent to a host its operator drained). Returns
+    /// whether it changed.
+    fn sync_local_drain(
+        &mut self,
+        at: Time,
+        node: &str,
+        drains: &[HostDrain],
+        a: &mut Applied,
+    ) -> bool {
+        let theirs = drains.iter().find(|d| d.by == "local-operator" && !d.held);
+        let ours = self
+            .nodes
+            .get(node)
+            .and_then(|n| n.drains.get("local-operator"));
+        let want = theirs.map(|d| {
+            (
+                if d.now {
+                    NodeState::DrainNow
+                } else {
+                    NodeState::Draining
+                },
+                d.reason.clone(),
+                d.author.clone(),
+            )
+        });
+        let have = ours.map(|d| (d.state, d.reason.clone(), d.author.clone()));
+        if want == have {
+            return false;
+        }
+        let (state, reason, author) = want.unwrap_or((
+            NodeState::Ready,
+            "undrained on the host".into(),
+            String::new(),
+        ));
+        match self.node_state(at, node, state, &reason, "local-operator", &author, a) {
+            Ok(changed) => changed,
+            Err(e) => {
+                a.notice(
+                    Level::Warn,
+                    node,
+                    format!("the host's drain not recorded: {e}"),
+                );
+                false
+            }
+        }
+    }
+
+    /// A host (re)registers: added if new, back to ready if it was lost, its own
+    /// drain recorded; then reconciled: a lease allotd placed there that the host
+    /// does not run is started again (it never arrived, or the host will answer that
+    /// it ended), a lease the host runs that allotd does not hold is left running and
+    /// reported, and allotd's drains are put in force there (one the host holds that
+    /// allotd lifted meanwhile is lifted).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn register(
+        &mut self,
+        at: Time,
+        spec: &NodeSpec,
+        gpu_uuids: &[String],
+        gpus: &[GpuSeen],
+        running: &[u64],
+        drains: &[HostDrain],
+        a: &mut Applied,
+    ) -> Result<(), CoreError> {
+        let name = spec.name.as_str();
+        match self
+            .nodes
+            .get(name)
+            .map(|n| (n.id, n.drains.contains_key("lost")))
+        {
+            None => self.add_node(at, spec, gpu_uuids)?,
+            Some((id, lost)) => {
+                if lost {
+                    self.node_state(at, name, NodeState::Ready, "agent back", "lost", "", a)?;
+                }
+                // A host that comes back may take what it refused before.
+                self.core.node_changed(id);
+            }
+        }
+        self.sync_local_drain(at, name, drains, a);
+        if let Some(n) = self.nodes.get_mut(name) {
+            n.seen = gpus.to_vec();
+        }
+        let running: BTreeSet<u64> = running.iter().copied().collect();
+        let ours: BTreeSet<u64> = self.leases_on(name).into_iter().map(|(l, _)| l).collect();
+        for lease in ours.difference(&running) {
+            if let Some(cmd) = self.start_command(*lease, name) {
+                a.send(name, cmd);
+            }
+        }
+        for lease in running.difference(&ours) {
+            // The host's running work wins: reported, not killed.
+            let known = self.work.values().any(|w| w.leases.contains(lease));
+            a.notice(
+                Level::Warn,
+                name,
+                format!(
+                    "agent runs {} which {}; left running",
+                    lease_wire(*lease),
+                    if known {
+                        "allotd holds as ended"
+                    } else {
+                        "allotd never placed"
+                    }
+                ),
+            );
+        }
+        if let Some(n) = self.nodes.get(name) {
+            for kind in ["cluster-operator", "health"] {
+                let ours = n.drains.get(kind);
+                let theirs = drains.iter().find(|d| d.by == kind && !d.held);
+                if ours.is_none() && theirs.is_none() {
+                    continue;
+                }
+                a.send(
+                    name,
+                    Command::Drain {
+                        drain: ours.is_some(),
+                        now: ours.is_some_and(|d| d.state == NodeState::DrainNow),
+                        reason: ours.map_or(String::new(), |d| d.reason.clone()),
+                        by: kind.into(),
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// A host's health report; returns whether anything the journal keeps changed.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn health(
+        &mut self,
+        at: Time,
+        node: &str,
+        verdict: Verdict,
+        gpus: &[GpuSeen],
+        reasons: &str,
+        drains: &[HostDrain],
+        a: &mut Applied,
+    ) -> Result<bool, CoreError> {
+        let n = self.nodes.get_mut(node).ok_or_else(|| no_node(node))?;
+        let id = n.id;
+        let prev = std::mem::replace(&mut n.seen, gpus.to_vec());
+        let prev_verdict = std::mem::replace(&mut n.verdict, verdict);
+        let health_drained = n.drains.contains_key("health");
+        let mut changed = prev != gpus || prev_verdict != verdict;
+        // Whether the host changed in a way that may let it take what it refused.
+        let mut node_changed = prev_verdict != verdict;
+        for g in gpus {
+            let before = prev.iter().find(|p| p.index == g.index);
+            node_changed |= before.is_none_or(|p| p.state != g.state || p.lease != g.lease);
+            if before.is_some_and(failed) != failed(g) {
+                // An index the host does not have is refused by the core; the report
+                // is still taken.
+                let _ = self.core.set_gpu_health(id, g.index, !failed(g));
+            }
+        }
+        changed |= self.sync_local_drain(at, node, drains, a);
+        if node_changed {
+            self.core.node_changed(id);
+        }
+        match verdict {
+            Verdict::Drain | Verdict::DrainNow if !health_drained => {
+                // A drain-now caused by a failed GPU ends only that GPU's lease (the
+                // agent killed it); the others keep their protection.
+                let now_ = verdict == Verdict::DrainNow && !gpus.iter().any(failed);
+                changed |= self.health_drain(at, node, reasons, now_, a)?;
+            }
+            Verdict::Ok => {
+                if let Some(n) = self.nodes.get_mut(node) {
+                    changed |= n.held.take().is_some();
+                }
+                if health_drained {
+                    changed |= self.node_state(
+                        at,
+                        node,
+                        NodeState::Ready,
+                        "health verdict ok",
+                        "health",
+                        "",
+                        a,
+                    )?;
+                }
+            }
+            _ => {}
+        }
+        Ok(changed)
+    }
+
+    /// A health drain through the circuit breaker, or held (and the host told to
+    /// hold it too, so it keeps serving its healthy GPUs); returns whether anything
+    /// the journal keeps changed.
+    fn health_drain(
+        &mut self,
+        at: Time,
+        node: &str,
+        reasons: &str,
+        now_: bool,
+        a: &mut Applied,
+    ) -> Result<bool, CoreError> {
+        let ok = self.breaker_allows(at, node);
+        let n = self.nodes.get_mut(node).ok_or_else(|| no_node(node))?;
+        let first = n.held.is_none();
+        let held = (!ok).then(|| (reasons.to_string(), now_));
+        let changed = n.held != held;
+        n.held = held;
+        if !ok {
+            if first {
+                self.counters.breaker_held += 1;
+                a.notice(
+                    Level::Error,
+                    node,
+                    format!("automatic drain HELD by the circuit breaker: too many nodes drained recently; drain by hand if it is real ({reasons})"),
+                );
+            }
+            a.send(
+                node,
+                Command::Hold {
+                    now: now_,
+                    reasons: reasons.to_string(),
+                },
+            );
+            return Ok(changed);
+        }
+        let state = if now_ {
+            NodeState::DrainNow
+        } else {
+            NodeState::Draining
+        };
+        Ok(self.node_state(at, node, state, reasons, "health", "", a)? || changed)
+    }
+
+    /// A held health drain looked at again: through once the breaker has room.
+    pub(super) fn recheck_held(
+        &mut self,
+        at: Time,
+        node: &str,
+        a: &mut Applied,
+    ) -> Result<bool, CoreError> {
+        let n = self.nodes.get(node).ok_or_else(|| no_node(node))?;
+        let Some((reasons, now_)) = n.held.clone() else {
+            return Ok(false);
+        };
+        if n.drains.contains_key("health") || !self.breaker_allows(at, node) {
+            return Ok(false);
+        }
+        self.health_drain(at, node, &reasons, now_, a)
+    }
+}

@@ -1,0 +1,278 @@
+//! What the journal holds: every accepted [`Input`], and how entries written by
+//! earlier releases are read ([`Input::decode`], [`drain_kind`]).
+
+use allot_fairshare::{LeaseEnd, NodeSpec, NodeState, WorkloadSpec};
+use serde::{Deserialize, Serialize};
+
+/// How a lease ended, as an agent reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EndKind {
+    /// Exited 0.
+    Completed,
+    /// Exited non-zero or could not start.
+    Failed,
+    /// The revocation's ladder finished.
+    Revoked,
+    /// Its time limit.
+    TimeLimit,
+    /// The node or a GPU went away.
+    NodeLost,
+    /// The node refused to start it (drained, GPU taken): the work waits again.
+    Refused,
+}
+
+impl EndKind {
+    pub(super) fn core(self) -> LeaseEnd {
+        match self {
+            EndKind::Completed => LeaseEnd::Completed,
+            EndKind::Failed => LeaseEnd::Failed,
+            EndKind::Revoked => LeaseEnd::Revoked,
+            EndKind::TimeLimit => LeaseEnd::TimeLimit,
+            EndKind::NodeLost => LeaseEnd::NodeLost,
+            EndKind::Refused => LeaseEnd::Refused,
+        }
+    }
+
+    /// The name people read (`allot status` end reasons).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndKind::Completed => "completed",
+            EndKind::Failed => "failed",
+            EndKind::Revoked => "revoked",
+            EndKind::TimeLimit => "time-limit",
+            EndKind::NodeLost => "node-lost",
+            EndKind::Refused => "refused",
+        }
+    }
+
+    /// From an agent's lease record.
+    pub fn from_agent(end_reason: &str, exit_code: Option<i32>) -> EndKind {
+        match end_reason {
+            "exited" if exit_code == Some(0) => EndKind::Completed,
+            "revoked" => EndKind::Revoked,
+            "time-limit" => EndKind::TimeLimit,
+            // The host could not take it (drained, GPU taken): a fact about the node;
+            // the work waits again and that node is not offered it until it changes.
+            "refused" => EndKind::Refused,
+            "gpu-lost" | "vanished" => EndKind::NodeLost,
+            _ => EndKind::Failed,
+        }
+    }
+}
+
+/// One accepted input: what the journal holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Input {
+    /// A host registered for the first time.
+    AddNode {
+        /// What the core needs.
+        spec: NodeSpec,
+        /// GPU UUIDs by index.
+        gpu_uuids: Vec<String>,
+    },
+    /// A user submitted work.
+    Submit {
+        /// The request.
+        spec: WorkloadSpec,
+        /// The command.
+        argv: Vec<String>,
+        /// Checkpoint hook spec.
+        hook: String,
+    },
+    /// A user cancelled work.
+    Cancel {
+        /// Workload.
+        id: u64,
+    },
+    /// An agent reported a lease over.
+    LeaseEnded {
+        /// Lease.
+        lease: u64,
+        /// How.
+        end: EndKind,
+        /// The agent's words.
+        reason: String,
+        /// The node that reported it (a refusal marks that node only); empty in
+        /// journals before 0.2 and for ends allotd decides itself.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        node: String,
+    },
+    /// A node's scheduling state changed (operator, health, or lost).
+    NodeState {
+        /// Node name.
+        node: String,
+        /// New state.
+        state: NodeState,
+        /// Why.
+        reason: String,
+        /// The drain's author kind: `cluster-operator` (journals before 0.2 say
+        /// `operator`), `local-operator` (reported by the agent), `health`, `lost`;
+        /// `agent` lifts `lost`. Each kind is a drain of its own; the node's state is
+        /// the most severe of those in force.
+        by: String,
+        /// Who, where known (the host operator's user name).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        author: String,
+    },
+    /// Something about a node changed that the core does not model (its agent
+    /// reconnected, its health report or drains changed): refusals are forgotten.
+    NodeChanged {
+        /// Node name.
+        node: String,
+    },
+    /// One GPU's health.
+    GpuHealth {
+        /// Node name.
+        node: String,
+        /// GPU index.
+        gpu: u32,
+        /// Usable.
+        healthy: bool,
+    },
+    /// A manager changed a weight.
+    SetWeight {
+        /// Group.
+        group: String,
+        /// Weight.
+        weight: f64,
+    },
+    /// A scheduling pass.
+    Schedule,
+    /// An agent (re)registered: its node is added if new and back from lost if it
+    /// was, its own drain recorded, and the leases and drains both sides hold are
+    /// reconciled (journals before 0.3 hold `add-node`, `node-state` and
+    /// `node-changed` entries instead).
+    Register {
+        /// What the core needs.
+        spec: NodeSpec,
+        /// GPU UUIDs by index.
+        gpu_uuids: Vec<String>,
+        /// Its GPUs as it sees them.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        gpus: Vec<GpuSeen>,
+        /// allotd's leases it runs.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        running: Vec<u64>,
+        /// Its drains in force (and a health drain held).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        drains: Vec<HostDrain>,
+    },
+    /// A host's health report: GPU health, its own drain, and a health drain through
+    /// the circuit breaker (or held), or lifted once the verdict is ok again.
+    Health {
+        /// Node name.
+        node: String,
+        /// The host's verdict.
+        #[serde(default)]
+        verdict: Verdict,
+        /// Its GPUs as it sees them.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        gpus: Vec<GpuSeen>,
+        /// Why, for people: the signals that ask for an action.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reasons: String,
+        /// Its drains in force (and a health drain held).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        drains: Vec<HostDrain>,
+    },
+    /// A health drain the breaker holds is looked at again (the scheduling loop asks
+    /// for a connected node): through once the breaker's window has room.
+    RecheckHeld {
+        /// Node name.
+        node: String,
+    },
+}
+
+/// A host's health verdict.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Not said.
+    #[default]
+    Unspecified,
+    /// Healthy.
+    Ok,
+    /// Drain at the min-runtime lapse.
+    Drain,
+    /// Empty now.
+    DrainNow,
+}
+
+/// One GPU's condition as its host reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuCondition {
+    /// Not said.
+    #[default]
+    Unspecified,
+    /// Usable.
+    Healthy,
+    /// Usable, with conditions.
+    Degraded,
+    /// Unusable.
+    Failed,
+}
+
+/// One GPU in a host's report: what allotd's rules look at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSeen {
+    /// Index on the host.
+    pub index: u32,
+    /// Condition.
+    #[serde(default)]
+    pub state: GpuCondition,
+    /// The lease on it (the wire id, allotd's or the host's own), empty when free.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub lease: String,
+}
+
+/// A drain a host reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostDrain {
+    /// Author kind: `local-operator`, `cluster-operator`, `health`.
+    pub by: String,
+    /// Who, where known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub author: String,
+    /// Why.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Drain-now.
+    #[serde(default)]
+    pub now: bool,
+    /// A health drain the breaker holds (not in force).
+    #[serde(default)]
+    pub held: bool,
+}
+
+impl Input {
+    /// Reads one journal entry, upgrading what older releases wrote: a submission
+    /// from before `no_requeue` existed kept 0.1.0's rule (work that cannot resume
+    /// was not requeued), so replaying it decides as it did then.
+    pub fn decode(text: &str) -> serde_json::Result<Input> {
+        let mut v: serde_json::Value = serde_json::from_str(text)?;
+        if v["kind"] == "submit" {
+            if let Some(spec) = v.get_mut("spec").and_then(|s| s.as_object_mut()) {
+                if !spec.contains_key("no_requeue") {
+                    let resumable = spec
+                        .get("resumable")
+                        .and_then(serde_json::Value::as_bool)
+                        .unwrap_or(false);
+                    spec.insert("no_requeue".into(), (!resumable).into());
+                }
+            }
+        }
+        serde_json::from_value(v)
+    }
+}
+
+/// Drain author kinds as journals of every release name them.
+pub fn drain_kind(by: &str) -> &str {
+    match by {
+        "operator" => "cluster-operator",
+        "agent" => "lost",
+        k => k,
+    }
+}

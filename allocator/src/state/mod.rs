@@ -1,0 +1,323 @@
+//! The allocator's state machine: the fair-share core plus what the service knows
+//! besides (nodes with their GPU UUIDs and drains, workload commands, lease placement
+//! on hosts, the circuit breaker, counters). Sans-IO like the core: inputs and times
+//! in, [`Command`]s for agents, audit lines and notices out. Every [`Input`] that
+//! changes something is journaled; replaying the journal through
+//! [`Allocator::apply`] rebuilds this state exactly (the core is deterministic),
+//! usage window included.
+//!
+//! - `input.rs` — what the journal holds, and how older releases' entries read;
+//! - `apply.rs` — [`Allocator::apply`]: workloads, leases, passes;
+//! - `hosts.rs` — registration and reconciliation, drains, health and the breaker;
+//! - `audit.rs` — the sentences people read;
+//! - `out.rs` — what the service shell carries out.
+
+mod apply;
+mod audit;
+mod hosts;
+mod input;
+mod out;
+#[cfg(test)]
+mod tests;
+
+pub use audit::state_name;
+pub use input::{EndKind, GpuCondition, GpuSeen, HostDrain, Input, Verdict};
+pub use out::{lease_from_wire, lease_wire, Applied, Command, Level, Out, StartLease};
+
+use crate::config::{BreakerSection, ServerConfig};
+use allot_fairshare::{
+    CoreError, LeaseId, NodeId, NodeSpec, NodeState, OrgTree, Scheduler, Time, WorkloadSpec,
+    WorkloadState,
+};
+use allot_proto::v1 as pb;
+use std::collections::{BTreeMap, VecDeque};
+
+/// A node as the allocator knows it.
+#[derive(Debug, Clone)]
+pub struct NodeRec {
+    /// Core id.
+    pub id: NodeId,
+    /// Spec.
+    pub spec: NodeSpec,
+    /// GPU UUIDs by index.
+    pub gpu_uuids: Vec<String>,
+    /// Scheduling state: the most severe of `drains`.
+    pub state: NodeState,
+    /// Every drain in force, by author kind (`cluster-operator`, `local-operator`,
+    /// `health`, `lost`).
+    pub drains: BTreeMap<String, DrainRec>,
+    /// A health drain the circuit breaker holds: its reasons and whether it asked
+    /// for drain-now (re-checked by the scheduling loop: `Input::RecheckHeld`).
+    pub held: Option<(String, bool)>,
+    /// Its agent's stream is up (not journaled).
+    pub connected: bool,
+    /// Last message from its agent, Unix s (not journaled).
+    pub last_seen: Time,
+    /// The agent's last health verdict.
+    pub verdict: Verdict,
+    /// The agent's GPUs as the rules last saw them (registration, health report).
+    pub seen: Vec<GpuSeen>,
+    /// The agent's GPUs as last reported, for views (not journaled; the API keeps it).
+    pub gpus: Vec<pb::Gpu>,
+}
+
+/// One drain of a node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrainRec {
+    /// `Draining` or `DrainNow` (or `Down` for a lost node).
+    pub state: NodeState,
+    /// Why.
+    pub reason: String,
+    /// Since, Unix s.
+    pub since: Time,
+    /// Who, where known.
+    pub author: String,
+}
+
+/// The node state a set of drains makes: the most severe (`NodeState` is ordered
+/// by severity).
+fn effective(drains: &BTreeMap<String, DrainRec>) -> NodeState {
+    drains
+        .values()
+        .map(|d| d.state)
+        .max()
+        .unwrap_or(NodeState::Ready)
+}
+
+/// A workload as the service shows it.
+#[derive(Debug, Clone)]
+pub struct WorkRec {
+    /// Id.
+    pub id: u64,
+    /// Request.
+    pub spec: WorkloadSpec,
+    /// Command.
+    pub argv: Vec<String>,
+    /// Checkpoint hook.
+    pub hook: String,
+    /// Submitted, Unix s.
+    pub submit: Time,
+    /// State.
+    pub state: WorkloadState,
+    /// Current or last run's start.
+    pub start: Time,
+    /// End once final.
+    pub end: Time,
+    /// How the last run ended.
+    pub end_reason: String,
+    /// Every lease it held.
+    pub leases: Vec<u64>,
+    /// Nodes of the current run.
+    pub nodes: Vec<String>,
+    /// Preemptions.
+    pub preemptions: u32,
+    /// Current run funded.
+    pub funded: bool,
+    /// Why it waits.
+    pub explanation: String,
+}
+
+/// Counters for `/metrics` (rebuilt by replay like everything else).
+#[derive(Debug, Clone, Default)]
+pub struct Counters {
+    /// Revocations by reason kind.
+    pub revocations: BTreeMap<String, u64>,
+    /// Node drains by who.
+    pub drains: BTreeMap<String, u64>,
+    /// Queue waits per class, as the histogram `/metrics` shows.
+    pub waits: BTreeMap<String, WaitHistogram>,
+    /// Automatic drains the breaker held.
+    pub breaker_held: u64,
+}
+
+/// Queue-wait histogram buckets, seconds: a minute to a week.
+pub const WAIT_BUCKETS: [u64; 9] = [
+    60, 300, 900, 3_600, 14_400, 43_200, 86_400, 259_200, 604_800,
+];
+
+/// Submit-to-start waits of one class: cumulative bucket counts, sum and count.
+#[derive(Debug, Clone, Default)]
+pub struct WaitHistogram {
+    /// Waits at or under each of [`WAIT_BUCKETS`].
+    pub buckets: [u64; WAIT_BUCKETS.len()],
+    /// Sum of the waits, seconds.
+    pub sum: u64,
+    /// Number of waits.
+    pub count: u64,
+}
+
+impl WaitHistogram {
+    fn add(&mut self, wait: u64) {
+        for (b, n) in WAIT_BUCKETS.iter().zip(&mut self.buckets) {
+            if wait <= *b {
+                *n += 1;
+            }
+        }
+        self.sum += wait;
+        self.count += 1;
+    }
+}
+
+/// The allocator.
+pub struct Allocator {
+    /// The fair-share core.
+    pub core: Scheduler,
+    nodes: BTreeMap<String, NodeRec>,
+    names: Vec<String>,
+    work: BTreeMap<u64, WorkRec>,
+    /// Live leases: where they run (node, GPU UUIDs).
+    lease_hosts: BTreeMap<u64, Vec<(String, Vec<String>)>>,
+    /// Counters.
+    pub counters: Counters,
+    /// Recent automatic drains (time, node), for the breaker.
+    auto_drains: VecDeque<(Time, String)>,
+    /// The breaker's settings.
+    breaker: BreakerSection,
+    /// Passes refresh the explanations; off while replaying the journal, where only
+    /// the last pass's would survive (see `Server::open`).
+    pub explaining: bool,
+}
+
+impl Allocator {
+    /// A fresh allocator for a config (before replay).
+    pub fn new(cfg: &ServerConfig) -> Result<Allocator, CoreError> {
+        let tree = OrgTree::new(&cfg.groups).map_err(|e| CoreError::Config(e.to_string()))?;
+        Ok(Allocator {
+            core: Scheduler::new(cfg.policy.clone(), tree, Vec::new())?,
+            nodes: BTreeMap::new(),
+            names: Vec::new(),
+            work: BTreeMap::new(),
+            lease_hosts: BTreeMap::new(),
+            counters: Counters::default(),
+            auto_drains: VecDeque::new(),
+            breaker: cfg.breaker.clone(),
+            explaining: true,
+        })
+    }
+
+    /// Nodes by name.
+    pub fn nodes(&self) -> &BTreeMap<String, NodeRec> {
+        &self.nodes
+    }
+
+    /// A node's runtime fields (connection, health report).
+    pub fn node_mut(&mut self, name: &str) -> Option<&mut NodeRec> {
+        self.nodes.get_mut(name)
+    }
+
+    /// Workloads by id.
+    pub fn workloads(&self) -> &BTreeMap<u64, WorkRec> {
+        &self.work
+    }
+
+    /// Live leases on `node`: (lease, GPU UUIDs there).
+    pub fn leases_on(&self, node: &str) -> Vec<(u64, Vec<String>)> {
+        self.lease_hosts
+            .iter()
+            .filter_map(|(l, hosts)| {
+                hosts
+                    .iter()
+                    .find(|(n, _)| n == node)
+                    .map(|(_, g)| (*l, g.clone()))
+            })
+            .collect()
+    }
+
+    /// The start command for a live lease on `node` (to re-send on reconnect).
+    fn start_command(&self, lease: u64, node: &str) -> Option<Command> {
+        let l = self.core.lease(LeaseId(lease))?;
+        let w = self.work.get(&l.workload.0)?;
+        let gpus = self
+            .lease_hosts
+            .get(&lease)?
+            .iter()
+            .find(|(n, _)| n == node)?
+            .1
+            .clone();
+        Some(start_command(lease, w, l.start, gpus))
+    }
+
+    /// Whether the breaker lets one more automatic drain (of `node`) through at `at`.
+    pub fn breaker_allows(&mut self, at: Time, node: &str) -> bool {
+        let window = self.breaker.window;
+        while self
+            .auto_drains
+            .front()
+            .is_some_and(|(t, _)| *t + window < at)
+        {
+            self.auto_drains.pop_front();
+        }
+        let mut recent: std::collections::BTreeSet<&str> =
+            self.auto_drains.iter().map(|(_, n)| n.as_str()).collect();
+        recent.insert(node);
+        let limit = (self.breaker.max_share * self.nodes.len() as f64)
+            .floor()
+            .max(1.0) as usize;
+        recent.len() <= limit
+    }
+
+    /// The org tree for `allot share`.
+    pub fn tree(&self, now: Time) -> pb::GetTreeResponse {
+        let tree = self.core.tree();
+        let ratios = self.core.group_ratios(now);
+        let capacity = self.core.cluster().total_gpus();
+        let window_h = self.core.config().lookback as f64 / 3600.0;
+        let mut running = vec![0u32; tree.len()];
+        let mut pending = vec![0u32; tree.len()];
+        for w in self.work.values() {
+            let Some(g) = tree.find(&w.spec.project) else {
+                continue;
+            };
+            let slot = match w.state {
+                WorkloadState::Running => &mut running,
+                WorkloadState::Pending => &mut pending,
+                _ => continue,
+            };
+            for p in tree.group(g).path.iter() {
+                slot[p.idx()] += w.spec.total_gpus();
+            }
+        }
+        let groups = tree
+            .groups()
+            .filter(|(g, _)| g.idx() != 0)
+            .map(|(g, grp)| pb::Group {
+                name: grp.name.clone(),
+                parent: grp
+                    .parent
+                    .filter(|p| p.idx() != 0)
+                    .map(|p| tree.group(p).name.clone())
+                    .unwrap_or_default(),
+                weight: grp.weight,
+                share: grp.share,
+                entitled_gpu_hours: grp.share * capacity as f64 * window_h,
+                served_gpu_hours: self.core.usage_gpu_secs(g, now) / 3600.0,
+                ratio: ratios.get(g.idx()).copied().unwrap_or(0.0),
+                running_gpus: running[g.idx()],
+                pending_gpus: pending[g.idx()],
+                project: tree.is_project(g),
+                depth: grp.path.len() as u32,
+            })
+            .collect();
+        pb::GetTreeResponse {
+            groups,
+            window_hours: window_h,
+            capacity_gpus: u32::try_from(capacity).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// A start command for one host of a lease.
+fn start_command(lease: u64, w: &WorkRec, start: Time, gpus: Vec<String>) -> Command {
+    Command::Start(Box::new(StartLease {
+        lease,
+        workload: w.id,
+        project: w.spec.project.clone(),
+        user: w.spec.user.clone(),
+        gpu_uuids: gpus,
+        start,
+        min_runtime: w.spec.min_runtime,
+        time_limit: w.spec.time_limit,
+        hook: w.hook.clone(),
+        argv: w.argv.clone(),
+    }))
+}

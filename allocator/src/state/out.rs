@@ -1,0 +1,161 @@
+//! What the state machine hands the service shell: commands for agents (domain
+//! types; the API layer writes them as protobuf), audit lines, and notices for the
+//! operator's log.
+
+use allot_fairshare::Time;
+
+/// Something for the service shell to carry out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Out {
+    /// Send to a node's agent.
+    Send {
+        /// Node name.
+        node: String,
+        /// What to tell it.
+        cmd: Command,
+    },
+    /// Record in the audit log.
+    Audit {
+        /// Workload, 0 if none.
+        workload: u64,
+        /// Lease, 0 if none.
+        lease: u64,
+        /// Why.
+        text: String,
+    },
+    /// Tell the operator's log (neither journaled nor audited).
+    Notice {
+        /// How loud.
+        level: Level,
+        /// The node it concerns.
+        node: String,
+        /// What happened.
+        text: String,
+    },
+}
+
+/// How loud a [`Out::Notice`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// Something looks wrong; allotd carries on.
+    Warn,
+    /// A person should look now.
+    Error,
+}
+
+/// A command for one host's agent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Start a lease there (boxed: large beside the others).
+    Start(Box<StartLease>),
+    /// Revoke a lease, not before a time.
+    Revoke {
+        /// Lease.
+        lease: u64,
+        /// Not before, Unix s.
+        not_before: Time,
+        /// Why, for people.
+        why: String,
+    },
+    /// Take back a drain revocation of a lease: the drain that asked for it ended.
+    Withdraw {
+        /// Lease.
+        lease: u64,
+        /// Why, for people.
+        why: String,
+    },
+    /// Put a drain of one author kind in force on the host, or lift it.
+    Drain {
+        /// In force (true) or lifted.
+        drain: bool,
+        /// Revoke at once rather than at the min-runtime lapse.
+        now: bool,
+        /// Why.
+        reason: String,
+        /// Author kind: `cluster-operator`, or `health` for a drain the breaker let
+        /// through.
+        by: String,
+    },
+    /// Hold the host's health drain: allotd's circuit breaker did not let it through.
+    Hold {
+        /// The held drain asked for drain-now.
+        now: bool,
+        /// The health reasons.
+        reasons: String,
+    },
+}
+
+/// A lease to start on one host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartLease {
+    /// Lease.
+    pub lease: u64,
+    /// Its workload.
+    pub workload: u64,
+    /// The workload's project.
+    pub project: String,
+    /// Runs as.
+    pub user: String,
+    /// The GPUs on this host.
+    pub gpu_uuids: Vec<String>,
+    /// Start, Unix s.
+    pub start: Time,
+    /// Protected this long, seconds.
+    pub min_runtime: u64,
+    /// Stopped after, seconds.
+    pub time_limit: Option<u64>,
+    /// Checkpoint hook spec.
+    pub hook: String,
+    /// The command.
+    pub argv: Vec<String>,
+}
+
+/// What [`Allocator::apply`](super::Allocator::apply) produced.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Commands, audit lines and notices.
+    pub outs: Vec<Out>,
+    /// A new workload's id (for `Submit`).
+    pub id: Option<u64>,
+    /// Whether the state changed in a way the journal must keep (passes that decide
+    /// nothing, health reports that change nothing need not be journaled; see
+    /// `serve.rs`).
+    pub changed: bool,
+    /// After a pass: when the core next needs one.
+    pub next_wakeup: Option<Time>,
+}
+
+impl Applied {
+    pub(super) fn send(&mut self, node: &str, cmd: Command) {
+        self.outs.push(Out::Send {
+            node: node.to_string(),
+            cmd,
+        });
+    }
+
+    pub(super) fn audit(&mut self, workload: u64, lease: u64, text: String) {
+        self.outs.push(Out::Audit {
+            workload,
+            lease,
+            text,
+        });
+    }
+
+    pub(super) fn notice(&mut self, level: Level, node: &str, text: String) {
+        self.outs.push(Out::Notice {
+            level,
+            node: node.to_string(),
+            text,
+        });
+    }
+}
+
+/// The wire id of a lease.
+pub fn lease_wire(id: u64) -> String {
+    format!("A-{id}")
+}
+
+/// A wire lease id back to the core's (None for local agent leases).
+pub fn lease_from_wire(id: &str) -> Option<u64> {
+    id.strip_prefix("A-")?.parse().ok()
+}
