@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the `allot` package for apt and dnf into target/packages/ (allot_*.deb,
-# allot-*.rpm) with cargo-deb and cargo-generate-rpm from cli/Cargo.toml's metadata.
+# allot-*.rpm) with cargo-deb and cargo-generate-rpm from packaging/Cargo.toml's metadata.
 #
 #   packaging/build.sh           build both packages
 #   packaging/build.sh --check   build, then: lintian (no errors), rpmlint (no errors),
@@ -18,11 +18,14 @@ check=0
 command -v cargo-deb >/dev/null || cargo install --locked -j2 cargo-deb
 command -v cargo-generate-rpm >/dev/null || cargo install --locked -j2 cargo-generate-rpm
 
-cargo build --profile dist -j2 --bin allot --bin allot-agent --bin allotd
+# allotd and the CLI apart from the agent, so that they are built without the
+# agent's features (the checkpoint ladder's file watcher and HTTP client).
+cargo build --profile dist -j2 -p allot-allocator -p allot-cli
+cargo build --profile dist -j2 -p allot-agent
 out=target/packages
 rm -rf "$out" && mkdir -p "$out"
-cargo deb -p allot-cli --profile dist --no-build --output "$out/"
-cargo generate-rpm -p cli --profile dist --output "$out/"
+cargo deb -p allot-packaging --profile dist --no-build --output "$out/"
+cargo generate-rpm -p packaging --profile dist --output "$out/"
 ls -l "$out"
 [ "$check" = 1 ] || exit 0
 
