@@ -668,7 +668,13 @@ impl Api {
                 let Some(lease) = lease_from_wire(&l.id) else {
                     return;
                 };
-                let end = EndKind::from_agent(&l.end_reason, l.exit_code);
+                // 0.1 agents name the end only in text.
+                let end = match l.end() {
+                    pb::LeaseEnd::Unspecified => {
+                        EndKind::from_agent_text(&l.end_reason, l.exit_code)
+                    }
+                    e => EndKind::from_agent(e, l.exit_code),
+                };
                 match self.0.commit(Input::LeaseEnded {
                     lease,
                     end,

@@ -103,12 +103,13 @@ async fn agent(ch: Channel, host: u32, a: Arc<Args>, ended: Arc<AtomicU64>) {
         rng.next() % (a.report_every * 1000).max(1),
     ))
     .await;
-    let end = |id: String, reason: &str, code: i32| pb::AgentMessage {
+    let end = |id: String, how: pb::LeaseEnd, code: i32| pb::AgentMessage {
         body: Some(pb::agent_message::Body::LeaseStatus(pb::LeaseStatus {
             lease: Some(pb::Lease {
                 id,
                 state: pb::LeaseState::Ended as i32,
-                end_reason: reason.into(),
+                end: how as i32,
+                end_reason: how.name().into(),
                 exit_code: Some(code),
                 ..Default::default()
             }),
@@ -135,12 +136,12 @@ async fn agent(ch: Channel, host: u32, a: Arc<Args>, ended: Arc<AtomicU64>) {
                         let (tx, ended) = (tx.clone(), ended.clone());
                         tokio::spawn(async move {
                             tokio::time::sleep(run).await;
-                            let _ = tx.send(end(l.id, "exited", 0));
+                            let _ = tx.send(end(l.id, pb::LeaseEnd::Exited, 0));
                             ended.fetch_add(1, Ordering::Relaxed);
                         });
                     }
                     Some(pb::allocator_message::Body::Revoke(r)) if lease_from_wire(&r.lease_id).is_some() => {
-                        let _ = tx.send(end(r.lease_id, "revoked", 0));
+                        let _ = tx.send(end(r.lease_id, pb::LeaseEnd::Revoked, 0));
                     }
                     _ => {}
                 }

@@ -12,3 +12,39 @@ pub mod v1 {
 }
 
 pub mod uds;
+
+impl v1::LeaseEnd {
+    /// The name people read and 0.1 agents sent as `end_reason`: `exited`, `revoked`,
+    /// `time-limit`, `gpu-lost`, `vanished`, `refused`, `failed-to-start`; empty for
+    /// an unspecified end.
+    pub fn name(self) -> &'static str {
+        use v1::LeaseEnd as E;
+        match self {
+            E::Unspecified => "",
+            E::Exited => "exited",
+            E::Revoked => "revoked",
+            E::TimeLimit => "time-limit",
+            E::GpuLost => "gpu-lost",
+            E::Vanished => "vanished",
+            E::Refused => "refused",
+            E::FailedToStart => "failed-to-start",
+        }
+    }
+
+    /// The end named by [`v1::LeaseEnd::name`]; unspecified for any other text.
+    pub fn from_name(name: &str) -> v1::LeaseEnd {
+        use v1::LeaseEnd as E;
+        [
+            E::Exited,
+            E::Revoked,
+            E::TimeLimit,
+            E::GpuLost,
+            E::Vanished,
+            E::Refused,
+            E::FailedToStart,
+        ]
+        .into_iter()
+        .find(|e| e.name() == name)
+        .unwrap_or(E::Unspecified)
+    }
+}

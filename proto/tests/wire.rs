@@ -81,3 +81,22 @@ fn services<A: AgentLocal, S: AgentStream>(
 ) -> (A, S, Option<AgentLocalClient<tonic::transport::Channel>>) {
     (local, stream, None)
 }
+
+#[test]
+fn lease_end_names_round_trip_and_unknown_text_is_unspecified() {
+    use allot_proto::v1::LeaseEnd;
+    for e in [
+        LeaseEnd::Exited,
+        LeaseEnd::Revoked,
+        LeaseEnd::TimeLimit,
+        LeaseEnd::GpuLost,
+        LeaseEnd::Vanished,
+        LeaseEnd::Refused,
+        LeaseEnd::FailedToStart,
+    ] {
+        assert!(!e.name().is_empty());
+        assert_eq!(LeaseEnd::from_name(e.name()), e);
+    }
+    assert_eq!(LeaseEnd::from_name("exploded"), LeaseEnd::Unspecified);
+    assert_eq!(LeaseEnd::Unspecified.name(), "");
+}

@@ -2,6 +2,7 @@
 //! earlier releases are read ([`Input::decode`], [`drain_kind`]).
 
 use allot_fairshare::{LeaseEnd, NodeSpec, NodeState, WorkloadSpec};
+use allot_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
 /// How a lease ended, as an agent reported it.
@@ -46,18 +47,25 @@ impl EndKind {
         }
     }
 
-    /// From an agent's lease record.
-    pub fn from_agent(end_reason: &str, exit_code: Option<i32>) -> EndKind {
-        match end_reason {
-            "exited" if exit_code == Some(0) => EndKind::Completed,
-            "revoked" => EndKind::Revoked,
-            "time-limit" => EndKind::TimeLimit,
+    /// From an agent's report of how a lease ended.
+    pub fn from_agent(end: pb::LeaseEnd, exit_code: Option<i32>) -> EndKind {
+        match end {
+            pb::LeaseEnd::Exited if exit_code == Some(0) => EndKind::Completed,
+            pb::LeaseEnd::Revoked => EndKind::Revoked,
+            pb::LeaseEnd::TimeLimit => EndKind::TimeLimit,
             // The host could not take it (drained, GPU taken): a fact about the node;
             // the work waits again and that node is not offered it until it changes.
-            "refused" => EndKind::Refused,
-            "gpu-lost" | "vanished" => EndKind::NodeLost,
-            _ => EndKind::Failed,
+            pb::LeaseEnd::Refused => EndKind::Refused,
+            pb::LeaseEnd::GpuLost | pb::LeaseEnd::Vanished => EndKind::NodeLost,
+            pb::LeaseEnd::Exited | pb::LeaseEnd::FailedToStart | pb::LeaseEnd::Unspecified => {
+                EndKind::Failed
+            }
         }
+    }
+
+    /// From a 0.1 agent, which names the end only in text (`end_reason`).
+    pub fn from_agent_text(end_reason: &str, exit_code: Option<i32>) -> EndKind {
+        EndKind::from_agent(pb::LeaseEnd::from_name(end_reason), exit_code)
     }
 }
 

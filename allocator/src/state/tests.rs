@@ -652,3 +652,20 @@ fn the_new_inputs_read_with_their_fields_left_out() {
         Ok(Input::RecheckHeld { .. })
     ));
 }
+
+#[test]
+fn agents_name_the_end_by_enum_and_0_1_agents_by_text() {
+    use allot_proto::v1::LeaseEnd as E;
+    assert_eq!(EndKind::from_agent(E::Exited, Some(0)), EndKind::Completed);
+    assert_eq!(EndKind::from_agent(E::Exited, Some(1)), EndKind::Failed);
+    assert_eq!(EndKind::from_agent(E::Exited, None), EndKind::Failed);
+    assert_eq!(EndKind::from_agent(E::Revoked, None), EndKind::Revoked);
+    assert_eq!(EndKind::from_agent(E::TimeLimit, None), EndKind::TimeLimit);
+    assert_eq!(EndKind::from_agent(E::GpuLost, None), EndKind::NodeLost);
+    assert_eq!(EndKind::from_agent(E::Vanished, None), EndKind::NodeLost);
+    assert_eq!(EndKind::from_agent(E::Refused, None), EndKind::Refused);
+    assert_eq!(EndKind::from_agent(E::FailedToStart, None), EndKind::Failed);
+    assert_eq!(EndKind::from_agent_text("vanished", None), EndKind::NodeLost);
+    assert_eq!(EndKind::from_agent_text("refused", None), EndKind::Refused);
+    assert_eq!(EndKind::from_agent_text("exploded", Some(0)), EndKind::Failed);
+}
