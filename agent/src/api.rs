@@ -18,7 +18,7 @@ pub struct Shared {
     /// Wakes the contract loop after a change.
     pub wake: tokio::sync::Notify,
     /// Processes the agent started, to be reaped by a waiter thread.
-    pub spawned: tokio::sync::mpsc::UnboundedSender<(String, std::process::Child)>,
+    pub spawned: tokio::sync::mpsc::UnboundedSender<(String, crate::os::Reaper)>,
     /// Members of this group may change things.
     pub admin_gid: Option<u32>,
     /// Per-workload CPU and memory; the host's CPUs and memory.
@@ -304,13 +304,13 @@ impl AgentLocal for LocalApi {
             lease_id: String::new(),
             gpu_uuids: Vec::new(),
         };
-        let (l, child) = self
+        let (l, reaper) = self
             .0
             .host()
             .start(spec, c, crate::host::now_ms())
             .map_err(status)?;
-        if let Some(child) = child {
-            let _ = self.0.spawned.send((l.id.clone(), child));
+        if let Some(reaper) = reaper {
+            let _ = self.0.spawned.send((l.id.clone(), reaper));
         }
         self.0.wake.notify_one();
         Ok(Response::new(lease_pb(&l)))

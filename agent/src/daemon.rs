@@ -5,6 +5,7 @@
 use crate::api::{LocalApi, Shared};
 use crate::config::{socket_mode, AgentConfig, DEFAULT_PATH};
 use crate::host::{now_ms, Host, Settings};
+use crate::os::{RealOs, Reaper};
 use crate::store::Store;
 use allot_health::verdict::{GpuSample, Verdict};
 use allot_health_sources::service::HealthMonitor;
@@ -200,14 +201,14 @@ fn reload(o: &Overrides, current: &mut AgentConfig, shared: &Shared) {
 pub async fn run(o: Overrides) -> anyhow::Result<()> {
     let mut cfg = o.load()?;
     let store = Store::open(&cfg.agent.state_dir)?;
-    let host = Host::open(store, settings(&cfg), now_ms())?;
+    let host = Host::open(store, settings(&cfg), Box::new(RealOs), now_ms())?;
     let (vtx, mut vrx) = mpsc::unbounded_channel();
     let monitor = health(&cfg, vtx);
     if let Err(m) = &monitor {
         host.config_event(m);
     }
     let (listener, admin_gid) = bind(&cfg)?;
-    let (spawned_tx, mut spawned_rx) = mpsc::unbounded_channel::<(String, std::process::Child)>();
+    let (spawned_tx, mut spawned_rx) = mpsc::unbounded_channel::<(String, Reaper)>();
     let shared = Arc::new(Shared {
         host: Mutex::new(host),
         wake: tokio::sync::Notify::new(),
@@ -242,12 +243,12 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     }
     let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(String, Option<i32>)>();
     tokio::spawn(async move {
-        while let Some((id, mut child)) = spawned_rx.recv().await {
+        while let Some((id, reaper)) = spawned_rx.recv().await {
             let tx = exit_tx.clone();
             // One parked thread per workload the agent started: wait(2) is the only
             // exact exit status, and the agent must reap its children anyway.
             std::thread::spawn(move || {
-                let code = child.wait().ok().and_then(|s| s.code());
+                let code = reaper.wait();
                 let _ = tx.send((id, code));
             });
         }

@@ -11,6 +11,7 @@ pub mod contract;
 pub mod daemon;
 pub mod host;
 pub mod lease;
+pub mod os;
 pub mod process;
 pub mod store;
 pub mod uplink;

@@ -127,8 +127,8 @@ fn on_command(sh: &Shared, m: pb::AllocatorMessage) {
             // user it cannot become.
             let started = sh.host().start(spec, Caller { uid: 0, gid: 0 }, now_ms());
             match started {
-                Ok((_, Some(child))) => {
-                    let _ = sh.spawned.send((l.id.clone(), child));
+                Ok((_, Some(reaper))) => {
+                    let _ = sh.spawned.send((l.id.clone(), reaper));
                 }
                 Ok((_, None)) => {}
                 Err(e) => {

@@ -1,0 +1,203 @@
+//! The contract's clock: what is due at each tick (the time-limit warning, the
+//! ladder at the time limit or a revocation's `not_before`), the ladder's outcome,
+//! and workload exits. Ladders block, so the host only describes them
+//! ([`LadderJob`]) and the daemon runs them off the lock.
+
+use super::{lease_dir, lease_env, Host, LadderJob, ADOPTED_POLL_MS};
+use crate::contract::{self, Due};
+use crate::lease::{LeaseState, StepRecord};
+use allot_checkpoint_hooks::{Ladder, Outcome, Target, DEFAULT_MARKER};
+use std::time::Duration;
+
+impl Host {
+    /// A process the agent reaps exited.
+    pub fn on_exit(&mut self, id: &str, code: Option<i32>, now_ms: i64) {
+        self.owned.remove(id);
+        let Some(l) = self.leases.get_mut(id) else {
+            return;
+        };
+        l.exit_code = code;
+        // A ladder in progress ends the lease itself; otherwise the exit does.
+        let ended = matches!(
+            l.state,
+            LeaseState::Running | LeaseState::Revoking | LeaseState::Starting
+        );
+        if ended {
+            l.end(now_ms, "exited", "exited");
+        }
+        let l = l.clone();
+        self.save(&l);
+        if ended {
+            self.note(
+                "lease",
+                id,
+                "",
+                &format!(
+                    "workload exited ({})",
+                    code.map_or("signalled".into(), |c| format!("code {c}"))
+                ),
+            );
+        }
+    }
+
+    /// The earliest instant the host needs the daemon's attention.
+    pub fn next_wakeup(&self, now_ms: i64) -> Option<i64> {
+        let timers = contract::next_wakeup(self.leases.values(), self.terms());
+        let poll = self
+            .leases
+            .values()
+            .any(|l| {
+                l.live() && !self.owned.contains(&l.id) && l.state != LeaseState::Checkpointing
+            })
+            .then_some(now_ms + ADOPTED_POLL_MS);
+        timers.into_iter().chain(poll).min()
+    }
+
+    /// Does what is due at `now_ms`; returns the ladders to run.
+    pub fn tick(&mut self, now_ms: i64) -> Vec<LadderJob> {
+        let terms = self.terms();
+        let mut jobs = Vec::new();
+        let ids = self.live_ids();
+        for id in ids {
+            let owned = self.owned.contains(&id);
+            let Some(l) = self.leases.get(&id) else {
+                continue;
+            };
+            let due = contract::due(l, terms, now_ms);
+            // A process the agent reaps itself reports its exit; its identity is only
+            // needed when something is due for it.
+            if owned && due.is_empty() {
+                continue;
+            }
+            let alive = self.os.is_same(l.proc_id());
+            if !owned && !alive && l.state != LeaseState::Checkpointing {
+                let mut l = l.clone();
+                l.end(now_ms, "exited", "exited");
+                self.save(&l);
+                self.note("lease", &id, "", &format!("pid {} exited", l.pid));
+                self.leases.insert(id, l);
+                continue;
+            }
+            for d in due {
+                match d {
+                    Due::Warn => {
+                        let Some(l) = self.leases.get_mut(&id) else {
+                            continue;
+                        };
+                        l.warned = true;
+                        if alive {
+                            let _ = self.os.signal_group(l.pgid(), self.settings.warning_signal);
+                        }
+                        let l = l.clone();
+                        self.save(&l);
+                        self.note(
+                            "contract",
+                            &id,
+                            "",
+                            &format!(
+                                "time-limit warning ({}) sent",
+                                self.settings.warning_signal.as_str()
+                            ),
+                        );
+                    }
+                    Due::TimeLimit | Due::Revoke => {
+                        let reason = if d == Due::TimeLimit {
+                            "time-limit"
+                        } else {
+                            "revoked"
+                        };
+                        if let Some(j) = self.begin_ladder(&id, reason, alive) {
+                            jobs.push(j);
+                        }
+                    }
+                }
+            }
+        }
+        jobs
+    }
+
+    fn begin_ladder(&mut self, id: &str, reason: &str, alive: bool) -> Option<LadderJob> {
+        let settings = self.settings.clone();
+        let l = self.leases.get_mut(id)?;
+        l.state = LeaseState::Checkpointing;
+        l.ladder_reason = reason.into();
+        let l = l.clone();
+        self.save(&l);
+        self.note(
+            "contract",
+            id,
+            "",
+            &format!(
+                "{reason}: checkpoint ladder starts (hook {}, grace {}s)",
+                if l.hook.is_empty() { "none" } else { &l.hook },
+                l.grace_s
+            ),
+        );
+        // A recycled pid must never be signalled: a gone process gets an empty ladder.
+        let pgid = if alive { l.pgid() } else { i32::MAX };
+        Some(LadderJob {
+            lease: id.to_string(),
+            target: Target {
+                lease: id.to_string(),
+                pgid,
+                checkpoint_dir: lease_dir(&settings, id).join("checkpoint"),
+                env: lease_env(&l, &settings),
+            },
+            ladder: Ladder {
+                hook: l.hook.parse().ok(),
+                grace: Duration::from_secs(l.grace_s),
+                term_grace: Duration::from_secs(settings.term_grace_s),
+                marker: DEFAULT_MARKER.into(),
+            },
+        })
+    }
+
+    /// A ladder finished.
+    pub fn ladder_done(&mut self, id: &str, o: &Outcome, now_ms: i64) {
+        let Some(l) = self.leases.get_mut(id) else {
+            return;
+        };
+        l.steps = o
+            .steps
+            .iter()
+            .map(|s| StepRecord {
+                rung: format!("{:?}", s.rung).to_lowercase(),
+                took_ms: s.took_ms,
+                note: s.note.clone(),
+            })
+            .collect();
+        if l.live() {
+            let reason = if l.ladder_reason.is_empty() {
+                "revoked".to_string()
+            } else {
+                l.ladder_reason.clone()
+            };
+            l.end(now_ms, &reason, &format!("{:?}", o.ended_by).to_lowercase());
+        }
+        let l = l.clone();
+        self.save(&l);
+        let rung = match l.ended_by.as_str() {
+            "term" => "SIGTERM (terminated)",
+            "kill" => "SIGKILL (killed after the grace)",
+            other => other,
+        };
+        self.note(
+            "contract",
+            id,
+            "",
+            &format!(
+                "ended by {rung}{}: {}",
+                if o.checkpointed {
+                    " after a checkpoint"
+                } else {
+                    ""
+                },
+                l.steps
+                    .iter()
+                    .map(|s| format!("{} {}ms", s.rung, s.took_ms))
+                    .collect::<Vec<_>>()
+                    .join(" → ")
+            ),
+        );
+    }
+}

@@ -1,0 +1,302 @@
+//! The agent's state and every change to it: the lease table, the GPUs and their
+//! health, drains, and the event log. The daemon (`daemon.rs`) feeds it requests,
+//! process exits, health verdicts and the time, and runs the ladders it hands back;
+//! all waiting and all threads live there, all rules live here.
+//!
+//! The rules are split by concern, one file each, so that a change to one kind of
+//! rule is read and reviewed in one place: `open` (restart and re-adoption),
+//! `start` (new and adopted leases), `revoke` (revocations and their withdrawal),
+//! `ladder` (contract timers, the checkpoint ladder, exits), `drain` (the three
+//! drain authors), `health` (verdicts and GPUs). The operating system (processes,
+//! signals, `/proc`, users, the clock) is reached only through [`Os`], so that the
+//! unit tests (`tests/`) run every rule against a fake, without a process.
+
+mod drain;
+mod health;
+mod ladder;
+mod open;
+mod revoke;
+mod start;
+#[cfg(test)]
+mod tests;
+
+use crate::contract::Terms;
+use crate::lease::LeaseRecord;
+use crate::os::Os;
+use crate::store::{Event, Store, StoreError};
+use allot_checkpoint_hooks::{Ladder, Target};
+use allot_health::verdict::{GpuSample, GpuState, Verdict};
+use nix::sys::signal::Signal;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+pub use crate::os::now_ms;
+
+/// Ended leases kept in memory for `allot leases` (all stay in the database).
+const ENDED_SHOWN: usize = 50;
+/// How often processes the agent did not start (adopted) are checked for exit.
+pub const ADOPTED_POLL_MS: i64 = 1_000;
+
+/// Why a request was refused; each names the field or state and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A request field is wrong.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong and the fix.
+        message: String,
+    },
+    /// The host cannot take it now.
+    #[error("{0}")]
+    Refused(String),
+    /// No such lease.
+    #[error("no lease {0:?} on this host; `allot leases` lists them")]
+    NoLease(String),
+    /// The state could not be written; nothing was changed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The workload could not be started.
+    #[error(transparent)]
+    Launch(#[from] crate::process::LaunchError),
+}
+
+/// A drain and who asked for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drain {
+    /// Why.
+    pub reason: String,
+    /// Revoke at once rather than at the min-runtime lapse.
+    pub now: bool,
+    /// Author kind: `local-operator`, `cluster-operator` or `health` (rows written
+    /// before 0.2 say `operator`, see [`Drain::migrate`]).
+    pub by: String,
+    /// Who: a user, `allotd`, or the health monitor.
+    #[serde(default)]
+    pub author: String,
+    /// Since, Unix ms.
+    pub at_ms: i64,
+    /// A health drain that waits for allotd's circuit breaker (not in force).
+    #[serde(default)]
+    pub held: bool,
+}
+
+/// The three drain author kinds a host knows.
+pub const LOCAL: &str = "local-operator";
+/// A cluster operator's drain, carried out for allotd.
+pub const CLUSTER: &str = "cluster-operator";
+/// The health verdict's drain.
+pub const HEALTH: &str = "health";
+
+/// Settings the host applies to every lease (reloadable).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Checkpoint grace for leases that name none.
+    pub default_grace_s: u64,
+    /// SIGTERM → SIGKILL grace.
+    pub term_grace_s: u64,
+    /// The time-limit warning's lead, ms.
+    pub warning_before_ms: i64,
+    /// The time-limit warning's signal.
+    pub warning_signal: Signal,
+    /// Hook for leases that name none.
+    pub default_hook: String,
+    /// Where lease dirs (logs, checkpoints) live.
+    pub state_dir: PathBuf,
+}
+
+/// What a caller asks to start.
+#[derive(Debug, Clone, Default)]
+pub struct StartSpec {
+    /// GPUs wanted.
+    pub gpus: u32,
+    /// Protected seconds.
+    pub min_runtime_s: u64,
+    /// Hard limit.
+    pub time_limit_s: Option<u64>,
+    /// Hook spec; empty: the default.
+    pub hook: String,
+    /// Grace; 0: the default.
+    pub grace_s: u64,
+    /// Command; empty when adopting.
+    pub argv: Vec<String>,
+    /// Adopt this pid instead.
+    pub adopt_pid: Option<i32>,
+    /// User name to run as; empty: the caller.
+    pub user: String,
+    /// Workload id; empty: the lease id.
+    pub workload_id: String,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+    /// The allocator's lease id; empty: a local lease (`L-n`).
+    pub lease_id: String,
+    /// The allocator's choice of GPUs (UUIDs); empty: the agent picks.
+    pub gpu_uuids: Vec<String>,
+}
+
+/// Who is calling, from the socket's peer credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// A ladder the daemon must run (it blocks, so not under the lock).
+#[derive(Debug, Clone)]
+pub struct LadderJob {
+    /// The lease.
+    pub lease: String,
+    /// Whom to signal.
+    pub target: Target,
+    /// How.
+    pub ladder: Ladder,
+}
+
+/// One GPU as the agent shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuView {
+    /// The last sample (UUID, bus id, index, model).
+    pub sample: GpuSample,
+    /// Health state.
+    pub state: GpuState,
+    /// Health reasons, most severe first.
+    pub reasons: Vec<allot_health::verdict::Reason>,
+    /// The live lease holding it.
+    pub lease: Option<String>,
+}
+
+/// The host.
+pub struct Host {
+    /// Every process, signal, user and clock read goes through here.
+    os: Box<dyn Os>,
+    store: Store,
+    leases: BTreeMap<String, LeaseRecord>,
+    /// Leases whose process the agent started in this run and reaps itself.
+    owned: BTreeSet<String>,
+    settings: Settings,
+    inventory: Vec<GpuSample>,
+    verdict: Option<Verdict>,
+    /// The host operator's drain (`allot drain`), kept across restarts.
+    local_drain: Option<Drain>,
+    /// allotd's cluster-operator drain, kept across restarts.
+    cluster_drain: Option<Drain>,
+    /// What the health verdict asks; `held` while allotd's breaker decides.
+    health_drain: Option<Drain>,
+    /// While allotd is connected its circuit breaker decides host-wide health drains.
+    defer_health: bool,
+    /// Bus ids whose leases a GPU-only verdict ended or revoked: no new leases there.
+    held_gpus: BTreeSet<String>,
+    /// Leases written since the allocator's stream last took them.
+    changed: std::sync::Mutex<Vec<LeaseRecord>>,
+}
+
+fn lease_dir(s: &Settings, id: &str) -> PathBuf {
+    s.state_dir.join("leases").join(id)
+}
+
+fn lease_env(l: &LeaseRecord, s: &Settings) -> Vec<(String, String)> {
+    let gpus = l.gpus.join(",");
+    vec![
+        ("ALLOT_LEASE_ID".into(), l.id.clone()),
+        (
+            "ALLOT_CHECKPOINT_DIR".into(),
+            lease_dir(s, &l.id).join("checkpoint").display().to_string(),
+        ),
+        ("CUDA_VISIBLE_DEVICES".into(), gpus.clone()),
+        ("NVIDIA_VISIBLE_DEVICES".into(), gpus),
+    ]
+}
+
+impl Host {
+    /// Records an event (and logs it with fields).
+    fn note(&self, kind: &str, lease: &str, gpu: &str, message: &str) {
+        tracing::info!(kind, lease, gpu, "{message}");
+        let e = Event {
+            at_ms: self.os.now_ms(),
+            kind: kind.into(),
+            lease: lease.into(),
+            gpu: gpu.into(),
+            message: message.into(),
+        };
+        if let Err(err) = self.store.event(&e) {
+            tracing::error!(error = %err, "cannot record an event");
+        }
+    }
+
+    /// A config reload's new settings.
+    pub fn set_settings(&mut self, s: Settings) {
+        self.settings = s;
+    }
+
+    /// The contract terms now in force.
+    pub fn terms(&self) -> Terms {
+        Terms {
+            warning_before_ms: self.settings.warning_before_ms,
+        }
+    }
+
+    /// Records a config event.
+    pub fn config_event(&self, message: &str) {
+        self.note("config", "", "", message);
+    }
+
+    fn save(&self, l: &LeaseRecord) {
+        // In-memory state stays the truth for this run; a failed write is loud.
+        if let Err(e) = self.store.put_lease(l) {
+            tracing::error!(lease = %l.id, error = %e, "cannot persist the lease");
+        }
+        self.changed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(l.clone());
+    }
+
+    /// Leases changed since the last call (for the allocator's stream).
+    pub fn take_changes(&self) -> Vec<LeaseRecord> {
+        std::mem::take(&mut *self.changed.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Live leases, then recently ended ones.
+    pub fn leases(&self) -> Vec<LeaseRecord> {
+        let mut v: Vec<LeaseRecord> = self.leases.values().cloned().collect();
+        v.sort_by(|a, b| b.live().cmp(&a.live()).then(a.start_ms.cmp(&b.start_ms)));
+        v
+    }
+
+    /// One lease.
+    pub fn lease(&self, id: &str) -> Option<&LeaseRecord> {
+        self.leases.get(id)
+    }
+
+    /// Events since `since_ms`.
+    pub fn events(&self, since_ms: i64) -> Result<Vec<Event>, HostError> {
+        Ok(self.store.events_since(since_ms, 10_000)?)
+    }
+
+    /// Ids of the leases not yet ended (a copy: the callers change the table).
+    fn live_ids(&self) -> Vec<String> {
+        self.leases
+            .values()
+            .filter(|l| l.live())
+            .map(|l| l.id.clone())
+            .collect()
+    }
+
+    fn pci_of(&self, uuid: &str) -> Option<&str> {
+        self.inventory
+            .iter()
+            .find(|g| g.uuid == uuid)
+            .map(|g| g.pci.as_str())
+    }
+
+    fn gpu_state(&self, pci: &str) -> GpuState {
+        self.verdict
+            .as_ref()
+            .and_then(|v| v.gpus.iter().find(|g| g.pci == pci))
+            .map_or(GpuState::Healthy, |g| g.state)
+    }
+}

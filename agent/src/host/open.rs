@@ -1,0 +1,99 @@
+//! Restart: the lease table is loaded from the store, and every live lease is
+//! re-adopted only if its pid still names the same process (pid *and* start time),
+//! since the kernel may have given the pid to something else while the agent was
+//! away; ladders cut short by the stop run again.
+
+use super::{Drain, Host, HostError, Settings, CLUSTER, ENDED_SHOWN};
+use crate::lease::LeaseState;
+use crate::os::Os;
+use crate::store::{Store, StoreError};
+use std::collections::{BTreeMap, BTreeSet};
+
+impl Host {
+    /// Loads the lease table and re-adopts what still runs: a lease whose pid now
+    /// names another process (or none) ended while the agent was away.
+    pub fn open(
+        store: Store,
+        settings: Settings,
+        os: Box<dyn Os>,
+        now_ms: i64,
+    ) -> Result<Host, HostError> {
+        let load = |key: &str| -> Result<Option<Drain>, StoreError> {
+            Ok(store
+                .get(key)?
+                .and_then(|v| serde_json::from_str::<Drain>(&v).ok())
+                .map(Drain::migrate))
+        };
+        let mut local_drain = load("drain")?;
+        let mut cluster_drain = load("cluster-drain")?;
+        if local_drain.as_ref().is_some_and(|d| d.by == CLUSTER) {
+            // 0.1.0 kept allotd's drain under the host operator's key: move it, so that
+            // allotd's undrain lifts it for good.
+            cluster_drain = local_drain.take();
+            let v = cluster_drain
+                .as_ref()
+                .map(|d| serde_json::to_string(d).unwrap_or_default());
+            store.set("cluster-drain", v.as_deref())?;
+            store.set("drain", None)?;
+        }
+        let mut h = Host {
+            os,
+            leases: BTreeMap::new(),
+            owned: BTreeSet::new(),
+            settings,
+            inventory: Vec::new(),
+            verdict: None,
+            local_drain,
+            cluster_drain,
+            health_drain: None,
+            defer_health: false,
+            held_gpus: BTreeSet::new(),
+            changed: std::sync::Mutex::new(Vec::new()),
+            store,
+        };
+        if let Err(e) = h.store.prune_events(now_ms) {
+            tracing::warn!(error = %e, "cannot prune old events");
+        }
+        for mut l in h.store.leases(ENDED_SHOWN)? {
+            if l.live() {
+                let id = l.proc_id();
+                if l.pid <= 0 {
+                    l.end(now_ms, "failed-to-start", "");
+                    h.note(
+                        "lease",
+                        &l.id,
+                        "",
+                        "the agent stopped while starting it; never ran",
+                    );
+                } else if !h.os.is_same(id) {
+                    l.end(now_ms, "vanished", "exited");
+                    h.note(
+                        "lease",
+                        &l.id,
+                        "",
+                        &format!("pid {} exited while the agent was away", l.pid),
+                    );
+                } else {
+                    if l.state == LeaseState::Checkpointing {
+                        // The ladder was cut short with the old agent: run it again.
+                        l.state = LeaseState::Revoking;
+                        l.not_before_ms = Some(now_ms);
+                    }
+                    h.note(
+                        "lease",
+                        &l.id,
+                        "",
+                        &format!(
+                            "re-adopted pid {} ({}), timers resume",
+                            l.pid,
+                            l.state.as_str()
+                        ),
+                    );
+                }
+                h.store.put_lease(&l)?;
+            }
+            h.leases.insert(l.id.clone(), l);
+        }
+        Ok(h)
+    }
+}

@@ -1,0 +1,272 @@
+//! Starting a lease: the drain check, the request's checks, GPU choice (free and
+//! healthy, lowest index first, or the allocator's choice), the user it runs as
+//! (switching only for root), and the lease on disk before the process starts, so
+//! that a crash in between leaves a lease that reads as never started.
+
+use super::{lease_dir, Caller, Host, HostError, StartSpec, CLUSTER, HEALTH};
+use crate::lease::{LeaseRecord, LeaseState};
+use crate::os::Reaper;
+use crate::process::Launch;
+use allot_checkpoint_hooks::Hook;
+use allot_health::verdict::{GpuSample, GpuState};
+use std::collections::BTreeSet;
+use std::str::FromStr;
+
+impl Host {
+    fn resolve_user(
+        &self,
+        spec: &StartSpec,
+        caller: Caller,
+    ) -> Result<(String, Option<u32>, Option<u32>), HostError> {
+        let me = self.os.euid();
+        let user = if spec.user.is_empty() {
+            self.os.user_by_uid(caller.uid)
+        } else {
+            let u = self
+                .os
+                .user_by_name(&spec.user)
+                .ok_or_else(|| HostError::Invalid {
+                    field: "user",
+                    message: format!("no user {:?} on this host", spec.user),
+                })?;
+            if u.uid != caller.uid && caller.uid != 0 {
+                return Err(HostError::Refused(format!(
+                    "only root may start a lease as another user ({:?}); leave --user out to run as yourself",
+                    spec.user
+                )));
+            }
+            Some(u)
+        };
+        let (name, uid, gid) = match user {
+            Some(u) => (u.name, u.uid, u.gid),
+            None => (caller.uid.to_string(), caller.uid, caller.gid),
+        };
+        // Switching identity needs root; running as the agent's own user needs nothing.
+        if uid == me {
+            Ok((name, None, None))
+        } else if me == 0 {
+            Ok((name, Some(uid), Some(gid)))
+        } else {
+            Err(HostError::Refused(format!(
+                "the agent runs as uid {me} and cannot start work as uid {uid}; run the agent as root"
+            )))
+        }
+    }
+
+    fn free_gpus(&self) -> Vec<&GpuSample> {
+        let used: BTreeSet<&str> = self
+            .leases
+            .values()
+            .filter(|l| l.live())
+            .flat_map(|l| l.gpus.iter().map(String::as_str))
+            .collect();
+        self.inventory
+            .iter()
+            .filter(|g| !used.contains(g.uuid.as_str()))
+            .filter(|g| {
+                self.gpu_state(&g.pci) != GpuState::Failed && !self.held_gpus.contains(&g.pci)
+            })
+            .collect()
+    }
+
+    /// Starts (or adopts) a workload under a new lease. The lease is on disk before
+    /// the process starts, and again with its pid right after.
+    pub fn start(
+        &mut self,
+        spec: StartSpec,
+        caller: Caller,
+        now_ms: i64,
+    ) -> Result<(LeaseRecord, Option<Reaper>), HostError> {
+        if let Some(d) = self.drain_state() {
+            return Err(HostError::Refused(format!(
+                "host is drained by {} ({}); no new leases until {}",
+                d.by,
+                d.reason,
+                match d.by.as_str() {
+                    HEALTH => "the fault is cleared (`allot gpus clear INDEX --reason TEXT` after a reset or repair)",
+                    CLUSTER => "`allot nodes undrain` on the cluster",
+                    _ => "`allot undrain` on this host",
+                }
+            )));
+        }
+        if spec.gpus == 0 {
+            return Err(HostError::Invalid {
+                field: "gpus",
+                message: "must be at least 1".into(),
+            });
+        }
+        match (spec.argv.is_empty(), spec.adopt_pid) {
+            (true, None) => {
+                return Err(HostError::Invalid {
+                    field: "argv",
+                    message: "give a command after `--`, or --adopt PID".into(),
+                })
+            }
+            (false, Some(_)) => {
+                return Err(HostError::Invalid {
+                    field: "adopt_pid",
+                    message: "give either a command or --adopt PID, not both".into(),
+                })
+            }
+            _ => {}
+        }
+        // allotd's work carries its own hook (or none); the host's default is for
+        // local leases only.
+        let hook = if spec.hook.is_empty() && spec.lease_id.is_empty() {
+            self.settings.default_hook.clone()
+        } else {
+            spec.hook.clone()
+        };
+        if !hook.is_empty() {
+            Hook::from_str(&hook).map_err(|e| HostError::Invalid {
+                field: "checkpoint",
+                message: e.to_string(),
+            })?;
+        }
+        let free = self.free_gpus();
+        let gpus: Vec<String> = if spec.gpu_uuids.is_empty() {
+            if free.len() < spec.gpus as usize {
+                return Err(HostError::Refused(format!(
+                    "{} GPUs asked, {} free and healthy of {} (`allot gpus` shows which are leased or unhealthy)",
+                    spec.gpus,
+                    free.len(),
+                    self.inventory.len()
+                )));
+            }
+            free[..spec.gpus as usize]
+                .iter()
+                .map(|g| g.uuid.clone())
+                .collect()
+        } else {
+            if let Some(u) = spec
+                .gpu_uuids
+                .iter()
+                .find(|u| !free.iter().any(|g| g.uuid == **u))
+            {
+                return Err(HostError::Refused(format!(
+                    "GPU {u} is not free and healthy here (`allot gpus` shows it)"
+                )));
+            }
+            spec.gpu_uuids.clone()
+        };
+        if !spec.lease_id.is_empty() && self.leases.contains_key(&spec.lease_id) {
+            return Err(HostError::Refused(format!(
+                "lease {} exists already",
+                spec.lease_id
+            )));
+        }
+        let adopt = match spec.adopt_pid {
+            Some(pid) => {
+                let id = self.os.identity(pid).ok_or_else(|| HostError::Invalid {
+                    field: "adopt_pid",
+                    message: format!("no running process {pid}"),
+                })?;
+                let pgrp = self.os.process_group(pid);
+                if pgrp != Some(pid) {
+                    return Err(HostError::Invalid {
+                        field: "adopt_pid",
+                        message: format!(
+                            "pid {pid} does not lead its process group (group {}), so signals to its group would reach others; adopt the group leader or start it with setsid",
+                            pgrp.unwrap_or(0)
+                        ),
+                    });
+                }
+                if self.leases.values().any(|l| l.live() && l.pid == pid) {
+                    return Err(HostError::Refused(format!(
+                        "pid {pid} already belongs to a lease"
+                    )));
+                }
+                Some(id)
+            }
+            None => None,
+        };
+        let (user, uid, gid) = self.resolve_user(&spec, caller)?;
+        let id = if spec.lease_id.is_empty() {
+            format!("L-{}", self.store.next_lease_number()?)
+        } else {
+            spec.lease_id.clone()
+        };
+        let mut l = LeaseRecord {
+            id: id.clone(),
+            workload_id: if spec.workload_id.is_empty() {
+                id.clone()
+            } else {
+                spec.workload_id.clone()
+            },
+            gpus,
+            user,
+            argv: spec.argv.clone(),
+            adopted: adopt.is_some(),
+            start_ms: now_ms,
+            min_runtime_s: spec.min_runtime_s,
+            time_limit_s: spec.time_limit_s,
+            hook,
+            grace_s: if spec.grace_s == 0 {
+                self.settings.default_grace_s
+            } else {
+                spec.grace_s
+            },
+            ..Default::default()
+        };
+        self.store.put_lease(&l)?;
+        let dir = lease_dir(&self.settings, &id);
+        let (reaper, proc_id) = match adopt {
+            Some(p) => {
+                let _ = self.os.create_dir_all(&dir.join("checkpoint"));
+                (None, p)
+            }
+            None => {
+                let launched = self.os.launch(&Launch {
+                    lease: id.clone(),
+                    argv: spec.argv.clone(),
+                    gpus: l.gpus.clone(),
+                    checkpoint_dir: dir.join("checkpoint"),
+                    log_dir: dir.clone(),
+                    uid,
+                    gid,
+                    env: spec.env.clone(),
+                });
+                match launched {
+                    Ok(started) => (Some(started.reaper), started.id),
+                    Err(e) => {
+                        l.end(now_ms, "failed-to-start", "");
+                        self.save(&l);
+                        self.note("lease", &id, "", &e.to_string());
+                        self.leases.insert(id, l);
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        l.pid = proc_id.pid;
+        l.start_ticks = proc_id.start_ticks;
+        l.state = LeaseState::Running;
+        self.store.put_lease(&l)?;
+        // A started lease is a change like any other: allotd hears that its GPUs are
+        // taken (a local lease it did not place) or that its start went through.
+        self.changed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(l.clone());
+        if reaper.is_some() {
+            self.owned.insert(id.clone());
+        }
+        self.note(
+            "lease",
+            &id,
+            &l.gpus.join(","),
+            &format!(
+                "{} pid {} as {} on {} GPU(s), min runtime {}s{}",
+                if l.adopted { "adopted" } else { "started" },
+                l.pid,
+                l.user,
+                l.gpus.len(),
+                l.min_runtime_s,
+                l.time_limit_s
+                    .map_or(String::new(), |t| format!(", time limit {t}s"))
+            ),
+        );
+        self.leases.insert(id, l.clone());
+        Ok((l, reaper))
+    }
+}

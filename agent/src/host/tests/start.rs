@@ -1,0 +1,213 @@
+//! Starting leases: GPU choice, the request's checks, users, the lease on disk.
+
+use super::*;
+use crate::os::fake::Call;
+
+#[test]
+fn start_launches_on_the_lowest_free_gpus_with_the_lease_on_disk() {
+    let mut t = T::new();
+    let (l, reaper) = t.try_start(spec(2, 60)).expect("starts");
+    assert_eq!(l.id, "L-1");
+    assert_eq!(l.workload_id, "L-1");
+    assert_eq!(l.gpus, vec![uuid(0), uuid(1)]);
+    assert_eq!(l.state, LeaseState::Running);
+    assert_eq!(l.start_ms, t.now());
+    assert_eq!(l.user, "root");
+    assert_eq!(l.grace_s, 30, "the default grace");
+    assert!(reaper.is_some(), "the agent reaps what it started");
+    let p = t.os.process(l.pid).expect("the fake started it");
+    assert_eq!(l.start_ticks, p.start_ticks);
+    assert_eq!(p.pgrp, l.pid);
+
+    let launches = t.os.launches();
+    assert_eq!(launches.len(), 1);
+    let dir = t.dir.0.join("leases").join("L-1");
+    assert_eq!(launches[0].lease, "L-1");
+    assert_eq!(launches[0].argv, vec!["train", "--fast"]);
+    assert_eq!(launches[0].gpus, l.gpus);
+    assert_eq!(launches[0].checkpoint_dir, dir.join("checkpoint"));
+    assert_eq!(launches[0].log_dir, dir);
+    assert_eq!((launches[0].uid, launches[0].gid), (None, None));
+
+    let stored = t.stored("L-1").expect("on disk");
+    assert_eq!((stored.pid, stored.state), (l.pid, LeaseState::Running));
+    assert_eq!(
+        t.h.take_changes().iter().map(|c| &c.id).collect::<Vec<_>>(),
+        ["L-1"]
+    );
+
+    let l2 = t.start(spec(2, 0));
+    assert_eq!(
+        (l2.id.as_str(), l2.gpus.clone()),
+        ("L-2", vec![uuid(2), uuid(3)])
+    );
+    assert_ne!(l2.pid, l.pid);
+    let m = refusal(t.try_start(spec(1, 0)));
+    assert!(m.contains("1 GPUs asked, 0 free and healthy of 4"), "{m}");
+    // The agent reaps its own: nothing to poll, no timers.
+    assert_eq!(t.h.next_wakeup(t.now()), None);
+}
+
+#[test]
+fn an_ended_leases_gpus_are_free_again() {
+    let mut t = T::new();
+    let l = t.start(spec(4, 0));
+    let now = t.os.advance(5);
+    t.h.on_exit(&l.id, Some(0), now);
+    assert_eq!(t.start(spec(4, 0)).gpus.len(), 4);
+}
+
+#[test]
+fn start_checks_the_request() {
+    let mut t = T::new();
+    assert_eq!(invalid(t.try_start(spec(0, 0))), "gpus");
+    let no_command = StartSpec {
+        argv: Vec::new(),
+        ..spec(1, 0)
+    };
+    assert_eq!(invalid(t.try_start(no_command)), "argv");
+    let both = StartSpec {
+        adopt_pid: Some(t.os.spawn().pid),
+        ..spec(1, 0)
+    };
+    assert_eq!(invalid(t.try_start(both)), "adopt_pid");
+    let bad_hook = StartSpec {
+        hook: "signal:KILL".into(),
+        ..spec(1, 0)
+    };
+    assert_eq!(invalid(t.try_start(bad_hook)), "checkpoint");
+    assert!(t.os.launches().is_empty());
+    assert!(t.h.leases().is_empty());
+}
+
+#[test]
+fn the_allocators_gpus_and_lease_id_are_taken_as_given() {
+    let mut t = T::new();
+    let given = |id: &str, g: u32| StartSpec {
+        lease_id: id.into(),
+        workload_id: "W-9".into(),
+        gpu_uuids: vec![uuid(g)],
+        ..spec(1, 0)
+    };
+    let l = t.start(given("A-7", 3));
+    assert_eq!((l.id.as_str(), l.workload_id.as_str()), ("A-7", "W-9"));
+    assert_eq!(l.gpus, vec![uuid(3)]);
+    let m = refusal(t.try_start(given("A-8", 3)));
+    assert!(m.contains("GPU GPU-3 is not free"), "{m}");
+    let m = refusal(t.try_start(given("A-7", 2)));
+    assert!(m.contains("lease A-7 exists already"), "{m}");
+    assert_eq!(t.os.launches().len(), 1);
+}
+
+#[test]
+fn the_default_hook_is_for_local_leases_only() {
+    let mut t = T::with(|s| s.default_hook = "signal:USR1".into());
+    assert_eq!(t.start(spec(1, 0)).hook, "signal:USR1");
+    let allocators = t.start(StartSpec {
+        lease_id: "A-1".into(),
+        ..spec(1, 0)
+    });
+    assert_eq!(
+        allocators.hook, "",
+        "allotd's work carries its own hook or none"
+    );
+    let own = t.start(StartSpec {
+        hook: "signal:TERM".into(),
+        grace_s: 5,
+        ..spec(1, 0)
+    });
+    assert_eq!((own.hook.as_str(), own.grace_s), ("signal:TERM", 5));
+}
+
+#[test]
+fn a_failed_launch_ends_the_lease_and_frees_its_gpus() {
+    let mut t = T::new();
+    t.os.fail_next_launch("no such program");
+    match t.try_start(spec(4, 0)) {
+        Err(HostError::Launch(e)) => assert!(e.to_string().contains("no such program")),
+        other => panic!("expected a launch error, got {other:?}"),
+    }
+    let l = t.lease("L-1");
+    assert_eq!(
+        (l.state, l.end_reason.as_str()),
+        (LeaseState::Ended, "failed-to-start")
+    );
+    assert_eq!(t.stored("L-1").map(|l| l.state), Some(LeaseState::Ended));
+    assert_eq!(t.start(spec(4, 0)).id, "L-2");
+}
+
+#[test]
+fn failed_gpus_are_not_offered() {
+    let mut t = T::new();
+    t.verdict(verdict(
+        HostVerdict::Ok,
+        &[],
+        &[(&pci(0), GpuState::Failed, reason("xid:79", None, true))],
+    ));
+    let m = refusal(t.try_start(spec(4, 0)));
+    assert!(m.contains("3 free and healthy of 4"), "{m}");
+    assert_eq!(t.start(spec(1, 0)).gpus, vec![uuid(1)]);
+}
+
+#[test]
+fn root_starts_work_as_another_user() {
+    let mut t = T::new();
+    let l = t.start(StartSpec {
+        user: "alice".into(),
+        ..spec(1, 0)
+    });
+    assert_eq!(l.user, "alice");
+    let launch = &t.os.launches()[0];
+    assert_eq!((launch.uid, launch.gid), (Some(1000), Some(100)));
+}
+
+#[test]
+fn a_user_runs_as_themself_and_only_root_as_another() {
+    let mut t = T::new();
+    let now = t.now();
+    let (l, _) = t.h.start(spec(1, 0), ALICE, now).expect("starts");
+    assert_eq!(l.user, "alice");
+    assert_eq!(
+        t.os.launches().last().map(|l| (l.uid, l.gid)),
+        Some((Some(1000), Some(100)))
+    );
+    let as_root = StartSpec {
+        user: "root".into(),
+        ..spec(1, 0)
+    };
+    let m = refusal(t.h.start(as_root, ALICE, now));
+    assert!(
+        m.contains("only root may start a lease as another user"),
+        "{m}"
+    );
+    let nobody = StartSpec {
+        user: "bob".into(),
+        ..spec(1, 0)
+    };
+    assert_eq!(invalid(t.h.start(nobody, ROOT, now)), "user");
+    // A caller without a passwd entry runs as its uid and gid.
+    let (l, _) =
+        t.h.start(spec(1, 0), Caller { uid: 2000, gid: 7 }, now)
+            .expect("starts");
+    assert_eq!(l.user, "2000");
+    assert_eq!(
+        t.os.launches().last().map(|l| (l.uid, l.gid)),
+        Some((Some(2000), Some(7)))
+    );
+}
+
+#[test]
+fn an_agent_that_is_not_root_runs_work_only_as_itself() {
+    let mut t = T::new();
+    t.os.set_euid(1000);
+    let now = t.now();
+    t.h.start(spec(1, 0), ALICE, now).expect("its own user");
+    assert_eq!(
+        t.os.launches().last().map(|l| (l.uid, l.gid)),
+        Some((None, None)),
+        "no identity switch"
+    );
+    let m = refusal(t.h.start(spec(1, 0), ROOT, now));
+    assert!(m.contains("the agent runs as uid 1000"), "{m}");
+    assert!(t.os.calls().iter().any(|c| matches!(c, Call::Euid)));
+}

@@ -1,0 +1,168 @@
+//! The seam between the host's rules and the operating system: starting workloads,
+//! signalling their process groups, knowing a process again (pid and start time, from
+//! `/proc`), looking up users, and the clock.
+//!
+//! [`crate::host::Host`] reaches the system only through [`Os`], so that every rule
+//! can be tested without a process, a signal or a sleep (`fake::FakeOs` in unit
+//! tests); the daemon gives it [`RealOs`], which is what the host did inline before.
+
+use crate::process::{Launch, LaunchError, ProcId};
+use nix::sys::signal::Signal;
+use std::path::Path;
+
+#[cfg(test)]
+pub mod fake;
+
+/// A user as the host needs one: who a workload runs as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    /// Login name.
+    pub name: String,
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+}
+
+/// Waits for a started workload and returns its exit code (`None`: killed by a
+/// signal or not waitable). The daemon runs it on a thread of its own.
+pub struct Reaper(Box<dyn FnOnce() -> Option<i32> + Send>);
+
+impl Reaper {
+    /// A reaper that runs `wait`.
+    pub fn new(wait: impl FnOnce() -> Option<i32> + Send + 'static) -> Reaper {
+        Reaper(Box::new(wait))
+    }
+
+    /// Blocks until the workload exits; its exit code.
+    pub fn wait(self) -> Option<i32> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Reaper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reaper")
+    }
+}
+
+/// A workload just started.
+#[derive(Debug)]
+pub struct Launched {
+    /// Its identity, read at once (what every later signal is checked against).
+    pub id: ProcId,
+    /// How to wait for it (the agent is its parent and must reap it).
+    pub reaper: Reaper,
+}
+
+/// What the host asks of the operating system. Implementations must be thread-safe:
+/// the host lives behind the daemon's lock and ladders finish on other threads.
+pub trait Os: Send + Sync {
+    /// Wall-clock Unix milliseconds.
+    fn now_ms(&self) -> i64;
+    /// Starts a workload in its own session and process group.
+    fn launch(&self, l: &Launch) -> Result<Launched, LaunchError>;
+    /// The identity of `pid` now, if it exists and has not exited.
+    fn identity(&self, pid: i32) -> Option<ProcId>;
+    /// The process group `pid` is in.
+    fn process_group(&self, pid: i32) -> Option<i32>;
+    /// Sends `signal` to every process of group `pgid`.
+    fn signal_group(&self, pgid: i32, signal: Signal) -> Result<(), nix::Error>;
+    /// The user called `name`.
+    fn user_by_name(&self, name: &str) -> Option<User>;
+    /// The user with id `uid`.
+    fn user_by_uid(&self, uid: u32) -> Option<User>;
+    /// The agent's own effective user id.
+    fn euid(&self) -> u32;
+    /// Makes a directory and its parents.
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()>;
+
+    /// True if `p` still names the same live process (not a recycled pid).
+    fn is_same(&self, p: ProcId) -> bool {
+        self.identity(p.pid) == Some(p)
+    }
+}
+
+/// Wall-clock Unix milliseconds (the daemon's one clock).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The operating system itself: fork/exec, `killpg`, `/proc`, the user database.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RealOs;
+
+fn user(u: nix::unistd::User) -> User {
+    User {
+        name: u.name,
+        uid: u.uid.as_raw(),
+        gid: u.gid.as_raw(),
+    }
+}
+
+impl Os for RealOs {
+    fn now_ms(&self) -> i64 {
+        now_ms()
+    }
+
+    fn launch(&self, l: &Launch) -> Result<Launched, LaunchError> {
+        let (mut child, id) = crate::process::launch(l)?;
+        Ok(Launched {
+            id,
+            reaper: Reaper::new(move || child.wait().ok().and_then(|s| s.code())),
+        })
+    }
+
+    fn identity(&self, pid: i32) -> Option<ProcId> {
+        crate::process::identity(pid)
+    }
+
+    fn process_group(&self, pid: i32) -> Option<i32> {
+        crate::process::group_and_session(pid).map(|g| g.0)
+    }
+
+    fn signal_group(&self, pgid: i32, signal: Signal) -> Result<(), nix::Error> {
+        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), signal)
+    }
+
+    fn user_by_name(&self, name: &str) -> Option<User> {
+        nix::unistd::User::from_name(name).ok().flatten().map(user)
+    }
+
+    fn user_by_uid(&self, uid: u32) -> Option<User> {
+        nix::unistd::User::from_uid(uid.into())
+            .ok()
+            .flatten()
+            .map(user)
+    }
+
+    fn euid(&self) -> u32 {
+        nix::unistd::geteuid().as_raw()
+    }
+
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_os_knows_this_process_and_its_user() {
+        let os = RealOs;
+        let me = i32::try_from(std::process::id()).expect("pid fits");
+        let id = os.identity(me).expect("this process is alive");
+        assert!(os.is_same(id));
+        assert!(!os.is_same(ProcId {
+            pid: me,
+            start_ticks: id.start_ticks + 1
+        }));
+        let u = os.user_by_uid(os.euid()).expect("the agent's user exists");
+        assert_eq!(os.user_by_name(&u.name).map(|u| u.uid), Some(os.euid()));
+        assert!(os.now_ms() > 1_600_000_000_000);
+    }
+}

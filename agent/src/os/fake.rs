@@ -1,0 +1,288 @@
+//! A scripted operating system for unit tests: processes are table rows, signals are
+//! recorded, time moves when the test says so. Every call except the clock is
+//! recorded in order ([`FakeOs::calls`]) so that a test can assert what the host did
+//! to the system, and what it did not.
+
+use super::{Launched, Os, Reaper, User};
+use crate::process::{Launch, LaunchError, ProcId};
+use nix::sys::signal::Signal;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// One call the host made.
+#[derive(Debug, Clone)]
+pub enum Call {
+    /// A workload start.
+    Launch(Launch),
+    /// An identity check of a pid.
+    Identity(i32),
+    /// A process-group look-up.
+    ProcessGroup(i32),
+    /// A signal to a process group.
+    Signal(i32, Signal),
+    /// A user look-up by name.
+    UserByName(String),
+    /// A user look-up by id.
+    UserByUid(u32),
+    /// The agent's own uid was asked.
+    Euid,
+    /// A directory was made.
+    CreateDir(PathBuf),
+}
+
+/// A process in the fake's table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proc {
+    /// Start time in ticks.
+    pub start_ticks: u64,
+    /// Process group.
+    pub pgrp: i32,
+    /// Not exited.
+    pub alive: bool,
+}
+
+#[derive(Debug)]
+struct State {
+    now_ms: i64,
+    next_pid: i32,
+    next_ticks: u64,
+    procs: BTreeMap<i32, Proc>,
+    users: Vec<User>,
+    euid: u32,
+    fail_launch: Option<String>,
+    calls: Vec<Call>,
+}
+
+/// The fake; clones share one state (keep one, give the host another).
+#[derive(Debug, Clone)]
+pub struct FakeOs(Arc<Mutex<State>>);
+
+impl Default for FakeOs {
+    fn default() -> Self {
+        FakeOs::new()
+    }
+}
+
+impl FakeOs {
+    /// Time at 1,000,000 ms, the agent running as root, users `root` (0) and
+    /// `alice` (1000, group 100), no processes.
+    pub fn new() -> FakeOs {
+        FakeOs(Arc::new(Mutex::new(State {
+            now_ms: 1_000_000,
+            next_pid: 100,
+            next_ticks: 5_000,
+            procs: BTreeMap::new(),
+            users: vec![
+                User {
+                    name: "root".into(),
+                    uid: 0,
+                    gid: 0,
+                },
+                User {
+                    name: "alice".into(),
+                    uid: 1000,
+                    gid: 100,
+                },
+            ],
+            euid: 0,
+            fail_launch: None,
+            calls: Vec::new(),
+        })))
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The clock now.
+    pub fn now(&self) -> i64 {
+        self.state().now_ms
+    }
+
+    /// Sets the clock.
+    pub fn set_now(&self, ms: i64) {
+        self.state().now_ms = ms;
+    }
+
+    /// Moves the clock on; returns the new time.
+    pub fn advance(&self, ms: i64) -> i64 {
+        let mut s = self.state();
+        s.now_ms += ms;
+        s.now_ms
+    }
+
+    /// A process the agent did not start (to adopt), leading its own group.
+    pub fn spawn(&self) -> ProcId {
+        let mut s = self.state();
+        let pid = s.next_pid;
+        s.next_pid += 1;
+        Self::add(&mut s, pid, pid)
+    }
+
+    /// A process in someone else's group `pgrp`.
+    pub fn spawn_in_group(&self, pgrp: i32) -> ProcId {
+        let mut s = self.state();
+        let pid = s.next_pid;
+        s.next_pid += 1;
+        Self::add(&mut s, pid, pgrp)
+    }
+
+    fn add(s: &mut State, pid: i32, pgrp: i32) -> ProcId {
+        s.next_ticks += 1;
+        let start_ticks = s.next_ticks;
+        s.procs.insert(
+            pid,
+            Proc {
+                start_ticks,
+                pgrp,
+                alive: true,
+            },
+        );
+        ProcId { pid, start_ticks }
+    }
+
+    /// `pid` exits.
+    pub fn exit(&self, pid: i32) {
+        if let Some(p) = self.state().procs.get_mut(&pid) {
+            p.alive = false;
+        }
+    }
+
+    /// The kernel gives `pid` to a new, unrelated process (a recycled pid).
+    pub fn reuse(&self, pid: i32) -> ProcId {
+        let mut s = self.state();
+        Self::add(&mut s, pid, pid)
+    }
+
+    /// `pid` as the fake knows it.
+    pub fn process(&self, pid: i32) -> Option<Proc> {
+        self.state().procs.get(&pid).copied()
+    }
+
+    /// Adds a user.
+    pub fn add_user(&self, name: &str, uid: u32, gid: u32) {
+        self.state().users.push(User {
+            name: name.into(),
+            uid,
+            gid,
+        });
+    }
+
+    /// The agent runs as `uid`.
+    pub fn set_euid(&self, uid: u32) {
+        self.state().euid = uid;
+    }
+
+    /// The next launch fails to spawn with `message`.
+    pub fn fail_next_launch(&self, message: &str) {
+        self.state().fail_launch = Some(message.into());
+    }
+
+    /// Every call so far, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.state().calls.clone()
+    }
+
+    /// Forgets the calls so far.
+    pub fn clear_calls(&self) {
+        self.state().calls.clear();
+    }
+
+    /// The signals sent so far, as (process group, signal).
+    pub fn signals(&self) -> Vec<(i32, Signal)> {
+        self.calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Signal(g, s) => Some((g, s)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The workloads started so far.
+    pub fn launches(&self) -> Vec<Launch> {
+        self.calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Launch(l) => Some(l),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn record(&self, c: Call) -> MutexGuard<'_, State> {
+        let mut s = self.state();
+        s.calls.push(c);
+        s
+    }
+}
+
+impl Os for FakeOs {
+    fn now_ms(&self) -> i64 {
+        self.now()
+    }
+
+    fn launch(&self, l: &Launch) -> Result<Launched, LaunchError> {
+        let mut s = self.record(Call::Launch(l.clone()));
+        if let Some(m) = s.fail_launch.take() {
+            return Err(LaunchError::Spawn {
+                lease: l.lease.clone(),
+                program: l.argv.first().cloned().unwrap_or_default(),
+                source: std::io::Error::other(m),
+            });
+        }
+        if l.argv.is_empty() {
+            return Err(LaunchError::EmptyCommand(l.lease.clone()));
+        }
+        let pid = s.next_pid;
+        s.next_pid += 1;
+        let id = Self::add(&mut s, pid, pid);
+        Ok(Launched {
+            id,
+            // The test tells the host of the exit itself (`Host::on_exit`).
+            reaper: Reaper::new(|| None),
+        })
+    }
+
+    fn identity(&self, pid: i32) -> Option<ProcId> {
+        let s = self.record(Call::Identity(pid));
+        s.procs.get(&pid).filter(|p| p.alive).map(|p| ProcId {
+            pid,
+            start_ticks: p.start_ticks,
+        })
+    }
+
+    fn process_group(&self, pid: i32) -> Option<i32> {
+        let s = self.record(Call::ProcessGroup(pid));
+        s.procs.get(&pid).map(|p| p.pgrp)
+    }
+
+    fn signal_group(&self, pgid: i32, signal: Signal) -> Result<(), nix::Error> {
+        let s = self.record(Call::Signal(pgid, signal));
+        if s.procs.values().any(|p| p.alive && p.pgrp == pgid) {
+            Ok(())
+        } else {
+            Err(nix::Error::ESRCH)
+        }
+    }
+
+    fn user_by_name(&self, name: &str) -> Option<User> {
+        let s = self.record(Call::UserByName(name.into()));
+        s.users.iter().find(|u| u.name == name).cloned()
+    }
+
+    fn user_by_uid(&self, uid: u32) -> Option<User> {
+        let s = self.record(Call::UserByUid(uid));
+        s.users.iter().find(|u| u.uid == uid).cloned()
+    }
+
+    fn euid(&self) -> u32 {
+        self.record(Call::Euid).euid
+    }
+
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        drop(self.record(Call::CreateDir(path.to_path_buf())));
+        Ok(())
+    }
+}
