@@ -148,6 +148,7 @@ pub fn lease_pb(l: &LeaseRecord) -> pb::Lease {
         cpu_pct: 0.0,
         rss_bytes: 0,
         user: l.user.clone(),
+        end: l.end_kind() as i32,
         end_reason: l.end_reason.clone(),
         exit_code: l.exit_code,
         ended_unix: secs(l.ended_ms),

@@ -1,6 +1,7 @@
 //! A lease as the agent holds it: what runs on which GPUs, under which contract, and
 //! how it ended. Stored as one JSON row per lease (see `store.rs`).
 
+use allot_proto::v1::LeaseEnd;
 use serde::{Deserialize, Serialize};
 
 /// Where a lease is in its life.
@@ -91,7 +92,7 @@ pub struct LeaseRecord {
     pub ladder_reason: String,
     /// The rung that ended it.
     pub ended_by: String,
-    /// `exited`, `revoked`, `time-limit`, `gpu-lost`, `vanished`, `failed-to-start`.
+    /// How it ended, by [`LeaseEnd::name`] (the stored form since 0.1).
     pub end_reason: String,
     /// Exit status, when the agent saw it.
     pub exit_code: Option<i32>,
@@ -102,6 +103,11 @@ pub struct LeaseRecord {
 }
 
 impl LeaseRecord {
+    /// How it ended (unspecified while live).
+    pub fn end_kind(&self) -> LeaseEnd {
+        LeaseEnd::from_name(&self.end_reason)
+    }
+
     /// Not ended.
     pub fn live(&self) -> bool {
         self.state != LeaseState::Ended
@@ -127,11 +133,11 @@ impl LeaseRecord {
         self.pid
     }
 
-    /// Ends it now.
-    pub fn end(&mut self, now_ms: i64, reason: &str, by: &str) {
+    /// Ends it now, `how` (kept by its name, as 0.1 agents wrote it).
+    pub fn end(&mut self, now_ms: i64, how: LeaseEnd, by: &str) {
         self.state = LeaseState::Ended;
         self.ended_ms = now_ms;
-        self.end_reason = reason.into();
+        self.end_reason = how.name().into();
         self.ended_by = by.into();
         self.not_before_ms = None;
     }

@@ -86,13 +86,14 @@ pub fn flush(sh: &Shared) {
     }
 }
 
-fn failed_start(id: &str, reason: &str, why: &str) -> pb::AgentMessage {
+fn failed_start(id: &str, how: pb::LeaseEnd, why: &str) -> pb::AgentMessage {
     pb::AgentMessage {
         body: Some(pb::agent_message::Body::LeaseStatus(pb::LeaseStatus {
             lease: Some(pb::Lease {
                 id: id.to_string(),
                 state: pb::LeaseState::Ended as i32,
-                end_reason: reason.into(),
+                end: how as i32,
+                end_reason: how.name().into(),
                 ended_by: why.to_string(),
                 ..Default::default()
             }),
@@ -137,8 +138,8 @@ fn on_command(sh: &Shared, m: pb::AllocatorMessage) {
                     // the workload's fault: allotd requeues it; a command that cannot
                     // start at all fails the workload.
                     let reason = match e {
-                        crate::host::HostError::Refused(_) => "refused",
-                        _ => "failed-to-start",
+                        crate::host::HostError::Refused(_) => pb::LeaseEnd::Refused,
+                        _ => pb::LeaseEnd::FailedToStart,
                     };
                     send(sh, failed_start(&l.id, reason, &e.to_string()));
                 }

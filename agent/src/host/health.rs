@@ -4,6 +4,7 @@
 
 use super::{Drain, GpuView, Host, HEALTH};
 use allot_health::verdict::{GpuSample, GpuState, HostVerdict, Verdict};
+use allot_proto::v1::LeaseEnd;
 use nix::sys::signal::Signal;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -186,7 +187,7 @@ impl Host {
         if self.os.is_same(l.proc_id()) {
             let _ = self.os.signal_group(l.pgid(), Signal::SIGKILL);
         }
-        l.end(now_ms, "gpu-lost", "kill");
+        l.end(now_ms, LeaseEnd::GpuLost, "kill");
         let l = l.clone();
         self.save(&l);
         self.note(

@@ -7,6 +7,7 @@ use super::{lease_dir, lease_env, Host, LadderJob, ADOPTED_POLL_MS};
 use crate::contract::{self, Due};
 use crate::lease::{LeaseState, StepRecord};
 use allot_checkpoint_hooks::{Ladder, Outcome, Target, DEFAULT_MARKER};
+use allot_proto::v1::LeaseEnd;
 use std::time::Duration;
 
 impl Host {
@@ -23,7 +24,7 @@ impl Host {
             LeaseState::Running | LeaseState::Revoking | LeaseState::Starting
         );
         if ended {
-            l.end(now_ms, "exited", "exited");
+            l.end(now_ms, LeaseEnd::Exited, "exited");
         }
         let l = l.clone();
         self.save(&l);
@@ -72,7 +73,7 @@ impl Host {
             let alive = self.os.is_same(l.proc_id());
             if !owned && !alive && l.state != LeaseState::Checkpointing {
                 let mut l = l.clone();
-                l.end(now_ms, "exited", "exited");
+                l.end(now_ms, LeaseEnd::Exited, "exited");
                 self.save(&l);
                 self.note("lease", &id, "", &format!("pid {} exited", l.pid));
                 self.leases.insert(id, l);
@@ -167,12 +168,11 @@ impl Host {
             })
             .collect();
         if l.live() {
-            let reason = if l.ladder_reason.is_empty() {
-                "revoked".to_string()
-            } else {
-                l.ladder_reason.clone()
+            let how = match LeaseEnd::from_name(&l.ladder_reason) {
+                LeaseEnd::TimeLimit => LeaseEnd::TimeLimit,
+                _ => LeaseEnd::Revoked,
             };
-            l.end(now_ms, &reason, &format!("{:?}", o.ended_by).to_lowercase());
+            l.end(now_ms, how, &format!("{:?}", o.ended_by).to_lowercase());
         }
         let l = l.clone();
         self.save(&l);

@@ -7,6 +7,7 @@ use super::{Drain, Host, HostError, Settings, CLUSTER, ENDED_SHOWN};
 use crate::lease::LeaseState;
 use crate::os::Os;
 use crate::store::{Store, StoreError};
+use allot_proto::v1::LeaseEnd;
 use std::collections::{BTreeMap, BTreeSet};
 
 impl Host {
@@ -58,7 +59,7 @@ impl Host {
             if l.live() {
                 let id = l.proc_id();
                 if l.pid <= 0 {
-                    l.end(now_ms, "failed-to-start", "");
+                    l.end(now_ms, LeaseEnd::FailedToStart, "");
                     h.note(
                         "lease",
                         &l.id,
@@ -66,7 +67,7 @@ impl Host {
                         "the agent stopped while starting it; never ran",
                     );
                 } else if !h.os.is_same(id) {
-                    l.end(now_ms, "vanished", "exited");
+                    l.end(now_ms, LeaseEnd::Vanished, "exited");
                     h.note(
                         "lease",
                         &l.id,

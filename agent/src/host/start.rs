@@ -9,6 +9,7 @@ use crate::os::Reaper;
 use crate::process::Launch;
 use allot_checkpoint_hooks::Hook;
 use allot_health::verdict::{GpuSample, GpuState};
+use allot_proto::v1::LeaseEnd;
 use std::collections::BTreeSet;
 use std::str::FromStr;
 
@@ -229,7 +230,7 @@ impl Host {
                 match launched {
                     Ok(started) => (Some(started.reaper), started.id),
                     Err(e) => {
-                        l.end(now_ms, "failed-to-start", "");
+                        l.end(now_ms, LeaseEnd::FailedToStart, "");
                         self.save(&l);
                         self.note("lease", &id, "", &e.to_string());
                         self.leases.insert(id, l);

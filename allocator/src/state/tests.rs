@@ -665,7 +665,13 @@ fn agents_name_the_end_by_enum_and_0_1_agents_by_text() {
     assert_eq!(EndKind::from_agent(E::Vanished, None), EndKind::NodeLost);
     assert_eq!(EndKind::from_agent(E::Refused, None), EndKind::Refused);
     assert_eq!(EndKind::from_agent(E::FailedToStart, None), EndKind::Failed);
-    assert_eq!(EndKind::from_agent_text("vanished", None), EndKind::NodeLost);
+    assert_eq!(
+        EndKind::from_agent_text("vanished", None),
+        EndKind::NodeLost
+    );
     assert_eq!(EndKind::from_agent_text("refused", None), EndKind::Refused);
-    assert_eq!(EndKind::from_agent_text("exploded", Some(0)), EndKind::Failed);
+    assert_eq!(
+        EndKind::from_agent_text("exploded", Some(0)),
+        EndKind::Failed
+    );
 }
