@@ -9,37 +9,13 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// The `allot` CLI, built beside the agent (the workspace builds every binary before
-/// its tests; a package-only run builds it here).
+pub use allot_test_support::wait_for;
+
+/// The `allot` CLI, built beside the agent.
 pub fn allot_bin() -> PathBuf {
-    static CHECKED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    let agent = PathBuf::from(env!("CARGO_BIN_EXE_allot-agent"));
-    let cli = agent.with_file_name("allot");
-    if CHECKED.get().is_none() && !fresh(&cli) {
-        let ok = Command::new(env!("CARGO"))
-            .args(["build", "-p", "allot-cli", "--bin", "allot"])
-            .status()
-            .expect("cargo runs")
-            .success();
-        assert!(ok, "building the allot CLI");
-    }
-    let _ = CHECKED.set(());
-    cli
-}
-
-/// Polls `f` until it returns `Some`, for at most `limit`: what the test waits for is
-/// a state change in another process, seen through its API.
-pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    allot_test_support::sibling(env!("CARGO_BIN_EXE_allot-agent"), "allot", "allot-cli")
 }
 
 /// A running test agent.
@@ -129,18 +105,7 @@ impl TestAgent {
 
     /// Runs the CLI, expects success, parses its JSON.
     pub fn json(&self, args: &[&str]) -> serde_json::Value {
-        let out = self.allot(args);
-        assert!(
-            out.status.success(),
-            "allot {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "allot {args:?} printed no JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })
+        allot_test_support::json_of(args, &self.allot(args))
     }
 
     /// Starts a lease; returns its JSON.
@@ -257,15 +222,4 @@ pub fn is_root() -> bool {
         eprintln!("skipped: acting as another user needs root");
     }
     root
-}
-
-/// Whether a sibling binary exists and is no older than this test binary: a
-/// package-only test run rebuilds only its own package, and a stale CLI would test
-/// yesterday's code.
-fn fresh(p: &std::path::Path) -> bool {
-    let m = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    match (m(p), std::env::current_exe().ok().and_then(|e| m(&e))) {
-        (Some(bin), Some(test)) => bin >= test,
-        _ => false,
-    }
 }

@@ -8,45 +8,14 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Another binary of the workspace, beside allotd (built if a package-only run did
-/// not build it).
+use allot_test_support::free_port;
+pub use allot_test_support::wait_for;
+
+/// Another binary of the workspace, beside allotd.
 pub fn sibling(bin: &str, package: &str) -> PathBuf {
-    static CHECKED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let p = PathBuf::from(env!("CARGO_BIN_EXE_allotd")).with_file_name(bin);
-    let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
-    if !checked.iter().any(|b| b == bin) {
-        if !fresh(&p) {
-            let ok = Command::new(env!("CARGO"))
-                .args(["build", "-p", package, "--bin", bin])
-                .status()
-                .expect("cargo runs")
-                .success();
-            assert!(ok, "building {bin}");
-        }
-        checked.push(bin.to_string());
-    }
-    p
-}
-
-/// Polls until `f` gives a value: the state changes in other processes.
-pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    allot_test_support::sibling(env!("CARGO_BIN_EXE_allotd"), bin, package)
 }
 
 /// The running cluster.
@@ -204,18 +173,7 @@ impl Cluster {
 
     /// Runs the CLI, expects success, parses JSON.
     pub fn json(&self, args: &[&str]) -> serde_json::Value {
-        let out = self.allot(args);
-        assert!(
-            out.status.success(),
-            "allot {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "allot {args:?}: no JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })
+        allot_test_support::json_of(args, &self.allot(args))
     }
 
     /// Submits; returns the id.
@@ -385,16 +343,5 @@ impl Drop for Cluster {
                 );
             }
         }
-    }
-}
-
-/// Whether a sibling binary exists and is no older than this test binary: a
-/// package-only test run rebuilds only its own package, and a stale CLI would test
-/// yesterday's code.
-fn fresh(p: &std::path::Path) -> bool {
-    let m = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    match (m(p), std::env::current_exe().ok().and_then(|e| m(&e))) {
-        (Some(bin), Some(test)) => bin >= test,
-        _ => false,
     }
 }

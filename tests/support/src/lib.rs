@@ -1,0 +1,79 @@
+//! What allot's end-to-end tests share (the agent's, allotd's and the CLI's): finding
+//! the workspace's other binaries, waiting for state changes in other processes, free
+//! loopback ports, and reading a command's JSON. Test code: it panics with the reason
+//! rather than returning errors.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Binary `bin` of workspace package `package`, in the directory of `beside` (the
+/// test's own binary under test, `env!("CARGO_BIN_EXE_…")`). Built first when a
+/// package-only test run did not build it, or built it before this test binary: a
+/// stale CLI would test yesterday's code.
+pub fn sibling(beside: &str, bin: &str, package: &str) -> PathBuf {
+    static CHECKED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let p = PathBuf::from(beside).with_file_name(bin);
+    let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
+    if !checked.iter().any(|b| b == bin) {
+        if !fresh(&p) {
+            let ok = Command::new(env!("CARGO"))
+                .args(["build", "-p", package, "--bin", bin])
+                .status()
+                .expect("cargo runs")
+                .success();
+            assert!(ok, "building {bin}");
+        }
+        checked.push(bin.to_string());
+    }
+    p
+}
+
+/// Whether `p` exists and is no older than the running test binary.
+fn fresh(p: &Path) -> bool {
+    let m = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    match (m(p), std::env::current_exe().ok().and_then(|e| m(&e))) {
+        (Some(bin), Some(test)) => bin >= test,
+        _ => false,
+    }
+}
+
+/// Polls `f` until it returns `Some`, for at most `limit`: what a test waits for is a
+/// state change in another process, seen through its API (there is no event to
+/// await across processes).
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// A loopback port free at the time of asking.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The JSON a successful `allot {args}` printed; panics with its stderr or stdout.
+pub fn json_of(args: &[&str], out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "allot {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "allot {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
