@@ -1,7 +1,7 @@
 //! `allotd simulate`: read the scenario and trace, run the core on a virtual clock,
 //! print the report.
 
-use allot_fairshare::sim::{self, scenario::AI2, trace, PolicyKind, Scenario, SimOptions};
+use allot_sim::{self as sim, scenario::AI2, trace, PolicyKind, Scenario, SimOptions};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::time::Instant;

@@ -2,15 +2,14 @@
 //!
 //! Pure and deterministic: state and `now` in, [`Decisions`] out. No I/O, no async, no
 //! wall clock, no hash-order iteration, so the same inputs give the same decisions
-//! byte for byte. The allocator service and the simulator ([`sim`]) drive the very same
-//! [`Scheduler`].
+//! byte for byte. The allocator service and the simulator (crate `allot-sim`) drive the
+//! very same [`Scheduler`].
 //!
 //! Map: [`tree`] (org tree and shares) · [`ledger`] (usage over the lookback) ·
 //! [`ratios`] (served ratios) · [`entitlement`] (the ideal allocation) · [`cluster`]
 //! (nodes, GPUs, fit indexes) · [`queue`] (per-project order) · [`scheduler`] (the
 //! pass, and the static-priority baseline it replaces) · `preempt` (victims,
-//! reservations) · [`decision`] (actions and reasons) · [`sim`] (discrete-event
-//! simulator).
+//! reservations) · [`decision`] (actions and reasons).
 
 pub mod cluster;
 pub mod config;
@@ -21,7 +20,6 @@ mod preempt;
 pub mod queue;
 pub mod ratios;
 pub mod scheduler;
-pub mod sim;
 pub mod time;
 pub mod tree;
 pub mod workload;

@@ -9,7 +9,7 @@
 //! else 0 (unfunded), true, 0.
 
 use super::scenario::{Job, Scenario, ScenarioError};
-use crate::workload::WorkloadSpec;
+use allot_fairshare::workload::WorkloadSpec;
 
 const REQUIRED: [&str; 4] = ["submit_s", "duration_s", "gpus", "team"];
 const KNOWN: [&str; 11] = [

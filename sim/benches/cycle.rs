@@ -1,4 +1,4 @@
-//! Speed of the core, printed as numbers (`cargo bench -p allot-fairshare`).
+//! Speed of the core, printed as numbers (`cargo bench -p allot-sim`).
 //!
 //! 1. One scheduling pass at 1,024 nodes × 8 GPUs with 8,000 running leases (60%
 //!    funded with an 8 h min runtime, started over the last 3.3 days so some are
@@ -9,9 +9,9 @@
 //!    steady pass with nothing new.
 //! 2. The built-in `ai2` month (1,024 GPUs, 30 days, ~63k workloads), one policy run.
 
-use allot_fairshare::sim::{self, rng::Rng, scenario::AI2, PolicyKind, Scenario, SimOptions};
 use allot_fairshare::time::HOUR;
 use allot_fairshare::{NodeSpec, OrgTree, Scheduler, WorkloadSpec};
+use allot_sim::{self as sim, rng::Rng, scenario::AI2, PolicyKind, Scenario, SimOptions};
 use std::time::Instant;
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {

@@ -1,7 +1,7 @@
 //! What a simulation run shows: fairness per team, occupancy, waits, preemptions.
 
-use crate::time::{Secs, Time, HOUR};
-use crate::tree::{GroupId, OrgTree};
+use allot_fairshare::time::{Secs, Time, HOUR};
+use allot_fairshare::tree::{GroupId, OrgTree};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -311,7 +311,7 @@ impl Builder {
 impl Report {
     /// The table for people.
     pub fn table(&self) -> String {
-        use crate::time::format_duration as d;
+        use allot_fairshare::time::format_duration as d;
         let mut s = format!(
             "scenario {} · policy {} · seed {} · {} days · {} GPUs\n\n",
             self.scenario, self.policy, self.seed, self.days, self.gpus

@@ -5,20 +5,20 @@
 //! core's decisions the way agents would (a revoked lease ends `checkpoint.save` after
 //! its `not_before`, losing `checkpoint.lost` of work), injects host faults, and jumps
 //! the clock to the next event or wake-up. It integrates each team's received and
-//! entitled GPU-hours (the ideal of [`crate::entitlement`]) as it goes.
+//! entitled GPU-hours (the ideal of [`allot_fairshare::entitlement`]) as it goes.
 
 pub mod report;
 pub mod rng;
 pub mod scenario;
 pub mod trace;
 
-use crate::cluster::{NodeId, NodeState};
-use crate::decision::Action;
-use crate::entitlement::water_fill;
-use crate::scheduler::{Baseline, LeaseEnd, Scheduler};
-use crate::time::{Secs, Time, DAY};
-use crate::tree::{GroupId, OrgTree};
-use crate::workload::{LeaseId, RevokeWhy, WorkloadId};
+use allot_fairshare::cluster::{NodeId, NodeState};
+use allot_fairshare::decision::Action;
+use allot_fairshare::entitlement::water_fill;
+use allot_fairshare::scheduler::{Baseline, LeaseEnd, Scheduler};
+use allot_fairshare::time::{Secs, Time, DAY};
+use allot_fairshare::tree::{GroupId, OrgTree};
+use allot_fairshare::workload::{LeaseId, RevokeWhy, WorkloadId};
 pub use report::{Report, Timeline};
 use rng::Rng;
 pub use scenario::{Job, Scenario, ScenarioError};

@@ -2,11 +2,11 @@
 //! checkpoint cost, policy settings. Errors name the file, the line and the field.
 
 use super::rng::Rng;
-use crate::cluster::NodeSpec;
-use crate::config::PolicyConfig;
-use crate::time::{de_duration, de_opt_duration, Secs, Time, DAY, HOUR};
-use crate::tree::GroupSpec;
-use crate::workload::WorkloadSpec;
+use allot_fairshare::cluster::NodeSpec;
+use allot_fairshare::config::PolicyConfig;
+use allot_fairshare::time::{de_duration, de_opt_duration, Secs, Time, DAY, HOUR};
+use allot_fairshare::tree::GroupSpec;
+use allot_fairshare::workload::WorkloadSpec;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -434,7 +434,7 @@ impl Scenario {
         }
         self.tree_specs(&[])
             .and_then(|specs| {
-                crate::tree::OrgTree::new(&specs)
+                allot_fairshare::tree::OrgTree::new(&specs)
                     .map(|_| ())
                     .map_err(|e| e.to_string())
             })

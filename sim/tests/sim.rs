@@ -1,7 +1,7 @@
 //! The simulator: the ai2 month meets the design's targets and the baseline shows
 //! what it fixes; runs are deterministic; bad scenarios and traces are named.
 
-use allot_fairshare::sim::{self, scenario::AI2, trace, PolicyKind, Report, Scenario, SimOptions};
+use allot_sim::{self as sim, scenario::AI2, trace, PolicyKind, Report, Scenario, SimOptions};
 
 fn run(sc: &Scenario, policy: PolicyKind) -> Report {
     let jobs = sc.generate(sc.seed);
@@ -207,7 +207,7 @@ fn every_shipped_scenario_parses() {
             "scenarios/philly.toml",
             include_str!("../../scenarios/philly.toml"),
         ),
-        ("fairshare/src/sim/ai2.toml", AI2),
+        ("sim/src/ai2.toml", AI2),
     ] {
         let sc = Scenario::parse(text, file).unwrap_or_else(|e| panic!("{e}"));
         assert!(!sc.clusters.is_empty(), "{file}");

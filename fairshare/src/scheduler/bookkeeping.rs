@@ -1,0 +1,407 @@
+//! What starting, ending, revoking and claiming does to the state: GPU and host
+//! bits, the ledger's rates, protection, claims and the outbox.
+
+use super::*;
+
+/// How long a lease of `w` may not be taken for rebalancing: its min runtime when
+/// funded, at least the cooldown if it was preempted (or displaced others) before;
+/// unfunded work is always preemptible.
+pub(super) fn protection(w: &Workload, funded: bool, cooldown: u64) -> u64 {
+    if !funded {
+        return 0;
+    }
+    let cool = if w.last_preempted.is_some() {
+        cooldown
+    } else {
+        0
+    };
+    w.spec.min_runtime.max(cool)
+}
+
+impl State {
+    /// Ends workload `id` in `state` and takes it out of its project's demand.
+    pub(super) fn finish(&mut self, id: WorkloadId, state: WorkloadState) {
+        if let Some(w) = self.workloads.get_mut(&id) {
+            w.state = state;
+            w.lease = None;
+            let g = u64::from(w.spec.total_gpus());
+            self.demand[w.project.idx()] -= g.min(self.demand[w.project.idx()]);
+        }
+    }
+
+    /// Why a workload no pass has looked at yet cannot start, from the cluster as it is.
+    pub(super) fn present_obstacle(&self, w: &Workload) -> Blocked {
+        let s = &w.spec;
+        if s.nodes > 1 && self.cluster.most_whole_free() < s.nodes {
+            Blocked::NoWholeNodes {
+                need: s.nodes,
+                free: self.cluster.most_whole_free(),
+            }
+        } else if s.nodes == 1 && self.cluster.largest_free_block() < s.gpus_per_node {
+            Blocked::NoFit {
+                need: s.gpus_per_node,
+                largest_free: self.cluster.largest_free_block(),
+            }
+        } else {
+            Blocked::NotReached
+        }
+    }
+
+    /// Whether `project` used its funded GPU budget over the lookback.
+    pub(super) fn budget_spent(&self, tree: &OrgTree, project: GroupId, now: Time) -> bool {
+        let used = self.ledger.usage(project, now)[Channel::FundedGpu as usize];
+        let budget = tree.group(project).share
+            * self.cluster.total_gpus() as f64
+            * self.ledger.model().effective_secs();
+        used >= budget
+    }
+
+    /// Funded leases whose protection lapsed become preemption candidates.
+    pub(super) fn lapse_protection(&mut self, now: Time) {
+        while let Some(&(t, lid)) = self.protected.first() {
+            if t > now {
+                break;
+            }
+            self.protected.pop_first();
+            if let Some(l) = self.leases.get(&lid) {
+                if l.revoke.is_none() {
+                    for p in l.placement.clone() {
+                        self.cluster.update(p.node, |n| n.soft |= p.gpus);
+                    }
+                }
+            }
+        }
+    }
+
+    /// When the shell must call again while work waits: the next protection lapse or
+    /// reservation start, or at once (`more`) when the pass was cut short.
+    pub(super) fn next_wakeup(&self, now: Time, more: bool) -> Option<Time> {
+        if self.pending == 0 {
+            return None;
+        }
+        let mut t = self
+            .protected
+            .range((now + 1, LeaseId(0))..)
+            .next()
+            .map(|x| x.0);
+        for c in self.claims.values() {
+            if let ClaimKind::Reservation { start } = c.kind {
+                if start > now {
+                    t = Some(t.map_or(start, |x| x.min(start)));
+                }
+            }
+        }
+        if more {
+            t = Some(now + 1);
+        }
+        t
+    }
+
+    /// Starts a lease for `id` on `placement`: marks its GPUs and host share, charges
+    /// the ledger, and protects it for its contract; returns the `Start` action.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn start_lease(
+        &mut self,
+        now: Time,
+        cooldown: u64,
+        id: WorkloadId,
+        placement: Vec<NodeGpus>,
+        funded: bool,
+        backfill_for: Option<WorkloadId>,
+        why: StartWhy,
+    ) -> Action {
+        let lid = LeaseId(self.next_lease);
+        self.next_lease += 1;
+        let w = self
+            .workloads
+            .get_mut(&id)
+            .expect("started workloads exist");
+        let s = &w.spec;
+        let hold = protection(w, funded, cooldown);
+        let preemptible_at = if funded && self.protect_forever {
+            Time::MAX
+        } else {
+            now.saturating_add(hold)
+        };
+        let gpus: u32 = placement.iter().map(|p| p.gpus.count_ones()).sum();
+        let (cpu, mem) = (s.cpu_per_node, s.mem_per_node_gb);
+        for p in &placement {
+            let soft = if preemptible_at <= now { p.gpus } else { 0 };
+            self.cluster.update(p.node, |n| {
+                n.used |= p.gpus;
+                n.soft |= soft;
+                n.cpu_used += cpu;
+                n.mem_used += mem;
+            });
+            self.node_leases[p.node.idx()].push(lid);
+        }
+        let nodes = placement.len() as i64;
+        self.ledger.add_rate(
+            w.project,
+            now,
+            [
+                i64::from(gpus),
+                i64::from(cpu) * nodes,
+                i64::from(mem) * nodes,
+                if funded { i64::from(gpus) } else { 0 },
+            ],
+        );
+        if preemptible_at > now && preemptible_at != Time::MAX {
+            self.protected.insert((preemptible_at, lid));
+        }
+        w.state = WorkloadState::Running;
+        w.lease = Some(lid);
+        w.first_start.get_or_insert(now);
+        w.blocked = None;
+        self.dequeue.push(id);
+        let lease = Lease {
+            id: lid,
+            workload: id,
+            project: w.project,
+            placement: placement.clone(),
+            gpus,
+            cpu_per_node: cpu,
+            mem_per_node: mem,
+            start: now,
+            protected_until: now.saturating_add(s.min_runtime),
+            preemptible_at,
+            funded,
+            revoke: None,
+            backfill_for,
+        };
+        self.leases.insert(lid, lease);
+        Action::Start {
+            lease: lid,
+            workload: id,
+            placement,
+            funded,
+            why,
+        }
+    }
+
+    /// Removes a lease and gives its GPUs, host share and ledger rate back.
+    pub(super) fn release(&mut self, now: Time, lid: LeaseId) -> Option<Lease> {
+        let l = self.leases.remove(&lid)?;
+        let nodes = l.placement.len() as u32;
+        for p in &l.placement {
+            self.cluster.update(p.node, |n| {
+                n.used &= !p.gpus;
+                n.soft &= !p.gpus;
+                n.cpu_used -= l.cpu_per_node.min(n.cpu_used);
+                n.mem_used -= l.mem_per_node.min(n.mem_used);
+                n.forget_refusals();
+            });
+            self.node_leases[p.node.idx()].retain(|x| *x != lid);
+        }
+        self.ledger.add_rate(
+            l.project,
+            now,
+            [
+                -i64::from(l.gpus),
+                -i64::from(l.cpu_per_node * nodes),
+                -i64::from(l.mem_per_node * nodes),
+                if l.funded { -i64::from(l.gpus) } else { 0 },
+            ],
+        );
+        self.protected.remove(&(l.preemptible_at, lid));
+        Some(l)
+    }
+
+    /// Takes back a revocation that has not come due: the lease is preemptible again
+    /// only if its protection has lapsed.
+    pub(super) fn withdraw(&mut self, now: Time, lid: LeaseId) {
+        let Some(l) = self.leases.get_mut(&lid) else {
+            return;
+        };
+        l.revoke = None;
+        let (workload, placement, lapsed) =
+            (l.workload, l.placement.clone(), l.preemptible_at <= now);
+        if lapsed {
+            for p in placement {
+                self.cluster.update(p.node, |n| n.soft |= p.gpus);
+            }
+        }
+        self.outbox.push(Action::Withdraw {
+            lease: lid,
+            workload,
+        });
+    }
+
+    /// Asks for a lease back from `not_before`; its GPUs are no longer preemptible.
+    pub(super) fn revoke_at(&mut self, lid: LeaseId, not_before: Time, why: RevokeWhy) {
+        let Some(l) = self.leases.get_mut(&lid) else {
+            return;
+        };
+        l.revoke = Some(Revocation {
+            not_before,
+            why: why.clone(),
+        });
+        let (workload, placement) = (l.workload, l.placement.clone());
+        for p in placement {
+            self.cluster.update(p.node, |n| n.soft &= !p.gpus);
+        }
+        self.outbox.push(Action::Revoke {
+            lease: lid,
+            workload,
+            not_before,
+            why,
+        });
+    }
+
+    /// True while a lease holding some of the claim's GPUs is still being revoked.
+    fn victims_pending(&self, claim: &Claim) -> bool {
+        claim.nodes.iter().any(|p| {
+            self.node_leases[p.node.idx()].iter().any(|lid| {
+                self.leases.get(lid).is_some_and(|l| {
+                    l.revoke.is_some()
+                        && l.placement
+                            .iter()
+                            .any(|x| x.node == p.node && x.gpus & p.gpus != 0)
+                })
+            })
+        })
+    }
+
+    /// Drops `id`'s claim and frees what it set aside.
+    pub(super) fn drop_claim(&mut self, id: WorkloadId) {
+        if let Some(c) = self.claims.remove(&id) {
+            for p in c.nodes {
+                self.cluster.update(p.node, |n| {
+                    n.claimed &= !p.gpus;
+                    n.claimed_cpu -= c.cpu_per_node.min(n.claimed_cpu);
+                    n.claimed_mem -= c.mem_per_node.min(n.claimed_mem);
+                });
+            }
+        }
+    }
+
+    /// Drops every claim on `node`.
+    pub(super) fn drop_claims_on(&mut self, node: NodeId) {
+        self.drop_claims_holding(node, u64::MAX);
+    }
+
+    /// Drops the claims that hold any of `gpus` on `node`.
+    pub(super) fn drop_claims_holding(&mut self, node: NodeId, gpus: u64) {
+        let ids: Vec<WorkloadId> = self
+            .claims
+            .iter()
+            .filter(|(_, c)| c.nodes.iter().any(|p| p.node == node && p.gpus & gpus != 0))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.drop_claim(id);
+        }
+    }
+
+    /// Sets GPUs and host share aside for `id`.
+    pub(super) fn add_claim(&mut self, id: WorkloadId, claim: Claim) {
+        for p in &claim.nodes {
+            self.cluster.update(p.node, |n| {
+                n.claimed |= p.gpus;
+                n.claimed_cpu += claim.cpu_per_node;
+                n.claimed_mem += claim.mem_per_node;
+            });
+        }
+        self.claims.insert(id, claim);
+    }
+
+    /// Starts claimants whose GPUs are free; a reservation whose start has come
+    /// reclaims its nodes.
+    pub(super) fn process_claims(
+        &mut self,
+        now: Time,
+        tree: &OrgTree,
+        cooldown: u64,
+        out: &mut Vec<Action>,
+    ) {
+        let ids: Vec<WorkloadId> = self.claims.keys().copied().collect();
+        for id in ids {
+            let Some(claim) = self.claims.get(&id).cloned() else {
+                continue;
+            };
+            let Some(w) = self.workloads.get(&id) else {
+                self.drop_claim(id);
+                continue;
+            };
+            if w.state != WorkloadState::Pending {
+                self.drop_claim(id);
+                continue;
+            }
+            let (g, cpu, mem) = (
+                w.spec.gpus_per_node,
+                w.spec.cpu_per_node,
+                w.spec.mem_per_node_gb,
+            );
+            let project = w.project;
+            let funded = w.spec.min_runtime > 0
+                && (self.protect_forever || !self.budget_spent(tree, project, now));
+            let usable = claim.nodes.iter().all(|p| {
+                let n = self.cluster.node(p.node);
+                n.state == NodeState::Ready && (p.gpus & n.healthy).count_ones() >= g && n.offers(g)
+            });
+            if !usable {
+                self.drop_claim(id);
+                continue;
+            }
+            let ready = claim.nodes.iter().all(|p| {
+                let n = self.cluster.node(p.node);
+                // Its own claim already sets its host share aside.
+                (p.gpus & n.healthy & !n.used).count_ones() >= g
+                    && n.fits_host(
+                        cpu.saturating_sub(claim.cpu_per_node),
+                        mem.saturating_sub(claim.mem_per_node),
+                    )
+            });
+            if ready {
+                let placement: Vec<NodeGpus> = claim
+                    .nodes
+                    .iter()
+                    .map(|p| {
+                        let n = self.cluster.node(p.node);
+                        NodeGpus {
+                            node: p.node,
+                            gpus: lowest_bits(p.gpus & n.healthy & !n.used, g),
+                        }
+                    })
+                    .collect();
+                self.drop_claim(id);
+                let why = match claim.kind {
+                    ClaimKind::Preemption => StartWhy::AfterPreemption,
+                    ClaimKind::Reservation { .. } => StartWhy::Reservation,
+                };
+                if claim.kind == ClaimKind::Preemption {
+                    // It displaced work: protect it for the cooldown as well, so the
+                    // victim cannot take the GPUs straight back.
+                    if let Some(w) = self.workloads.get_mut(&id) {
+                        w.last_preempted.get_or_insert(now);
+                    }
+                }
+                out.push(self.start_lease(now, cooldown, id, placement, funded, None, why));
+                continue;
+            }
+            if claim.kind == ClaimKind::Preemption && !self.victims_pending(&claim) {
+                // Victims are gone yet the claim cannot start (host room taken, say):
+                // give the GPUs back and let the next pass plan afresh.
+                self.drop_claim(id);
+                continue;
+            }
+            if let ClaimKind::Reservation { start } = claim.kind {
+                if now >= start {
+                    for p in &claim.nodes {
+                        for lid in self.node_leases[p.node.idx()].clone() {
+                            let Some(l) = self.leases.get(&lid) else {
+                                continue;
+                            };
+                            let soft = l.placement.iter().any(|x| {
+                                x.node == p.node && self.cluster.node(x.node).soft & x.gpus != 0
+                            });
+                            if l.revoke.is_none() && (soft || l.backfill_for == Some(id)) {
+                                self.revoke_at(lid, now, RevokeWhy::Reservation { by: id });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! What the shell reports: submissions, cancels, lease ends, node and GPU changes.
+
+use super::*;
+
+impl Scheduler {
+    /// Accepts a workload; it is pending from `now`.
+    pub fn submit(&mut self, now: Time, spec: WorkloadSpec) -> Result<WorkloadId, CoreError> {
+        let now = self.clock(now);
+        let project = self
+            .tree
+            .find(&spec.project)
+            .filter(|&g| self.tree.is_project(g))
+            .ok_or_else(|| CoreError::UnknownProject(spec.project.clone()))?;
+        self.check_fits(&spec)?;
+        let id = WorkloadId(self.st.next_workload);
+        self.st.next_workload += 1;
+        self.st.demand[project.idx()] += u64::from(spec.total_gpus());
+        let w = Workload {
+            id,
+            spec,
+            project,
+            submit: now,
+            state: WorkloadState::Pending,
+            lease: None,
+            first_start: None,
+            preemptions: 0,
+            last_preempted: None,
+            blocked: None,
+        };
+        self.enqueue(&w);
+        self.st.workloads.insert(id, w);
+        Ok(id)
+    }
+
+    fn check_fits(&self, spec: &WorkloadSpec) -> Result<(), CoreError> {
+        for (field, v) in [
+            ("min_runtime", Some(spec.min_runtime)),
+            ("time_limit", spec.time_limit),
+        ] {
+            if let Some(v) = v.filter(|&v| v > MAX_CONTRACT) {
+                return Err(CoreError::Impossible {
+                    field,
+                    value: v,
+                    why: format!(
+                        "longer than {} days; ask for at most 365d",
+                        MAX_CONTRACT / 86_400
+                    ),
+                });
+            }
+        }
+        let c = &self.st.cluster;
+        let max_gpus = c.nodes().map(|(_, n)| n.spec.gpus).max().unwrap_or(0);
+        if spec.gpus_per_node == 0 || spec.gpus_per_node > max_gpus {
+            return Err(CoreError::Impossible {
+                field: "gpus_per_node",
+                value: u64::from(spec.gpus_per_node),
+                why: format!(
+                    "ask for 1 to {max_gpus} GPUs per node (the largest node has {max_gpus}); more GPUs take more nodes (a gang of whole nodes)"
+                ),
+            });
+        }
+        // Name the resource no single node can hold, with the largest that has it.
+        let with_gpus = || {
+            c.nodes()
+                .map(|(_, n)| n)
+                .filter(|n| n.spec.gpus >= spec.gpus_per_node)
+        };
+        let max_cpu = with_gpus().map(|n| n.spec.cpu).max().unwrap_or(0);
+        if spec.cpu_per_node > max_cpu {
+            return Err(CoreError::Impossible {
+                field: "cpu_per_node",
+                value: u64::from(spec.cpu_per_node),
+                why: format!(
+                    "the largest node with {} GPUs has {max_cpu} CPUs; ask for at most {max_cpu} CPUs per node",
+                    spec.gpus_per_node
+                ),
+            });
+        }
+        let max_mem = with_gpus()
+            .filter(|n| n.spec.cpu >= spec.cpu_per_node)
+            .map(|n| n.spec.memory_gb)
+            .max()
+            .unwrap_or(0);
+        if spec.mem_per_node_gb > max_mem {
+            return Err(CoreError::Impossible {
+                field: "mem_per_node_gb",
+                value: u64::from(spec.mem_per_node_gb),
+                why: format!(
+                    "GB of memory per node: the largest node that fits the rest has {max_mem} GB; ask for at most {max_mem} GB per node"
+                ),
+            });
+        }
+        let mut per_cluster = vec![0u64; c.cluster_names().len()];
+        for (_, n) in c.nodes() {
+            if n.spec.gpus >= spec.gpus_per_node
+                && n.spec.cpu >= spec.cpu_per_node
+                && n.spec.memory_gb >= spec.mem_per_node_gb
+            {
+                per_cluster[n.cluster as usize] += 1;
+            }
+        }
+        let most = per_cluster.into_iter().max().unwrap_or(0);
+        if spec.nodes == 0 || u64::from(spec.nodes) > most {
+            return Err(CoreError::Impossible {
+                field: "nodes",
+                value: u64::from(spec.nodes),
+                why: format!(
+                    "ask for 1 to {most}: at most {most} nodes of one cluster can hold {} GPUs, {} CPUs and {} GB of memory each (a gang takes whole nodes of one cluster)",
+                    spec.gpus_per_node, spec.cpu_per_node, spec.mem_per_node_gb
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn enqueue(&mut self, w: &Workload) {
+        self.queues[w.project.idx()].insert(Shape::of(&w.spec), w.spec.priority, w.submit, w.id);
+        self.st.pending += 1;
+        if w.spec.nodes > 1 && w.spec.min_runtime > 0 {
+            self.st.pending_gangs += 1;
+        }
+    }
+
+    pub(super) fn dequeue(&mut self, id: WorkloadId) {
+        let Some(w) = self.st.workloads.get(&id) else {
+            return;
+        };
+        if self.queues[w.project.idx()].remove(Shape::of(&w.spec), w.spec.priority, w.submit, id) {
+            self.st.pending -= 1;
+            if w.spec.nodes > 1 && w.spec.min_runtime > 0 {
+                self.st.pending_gangs -= 1;
+            }
+        }
+    }
+
+    /// Cancels a workload: pending ones end now, running ones are revoked at once.
+    pub fn cancel(&mut self, now: Time, id: WorkloadId) -> Result<(), CoreError> {
+        let now = self.clock(now);
+        let w = self
+            .st
+            .workloads
+            .get(&id)
+            .ok_or(CoreError::UnknownWorkload(id.0))?;
+        match (w.state, w.lease) {
+            (WorkloadState::Pending, _) => {
+                self.dequeue(id);
+                self.st.drop_claim(id);
+                self.st.finish(id, WorkloadState::Cancelled);
+                Ok(())
+            }
+            (WorkloadState::Running, Some(lease)) => {
+                self.st.revoke_at(lease, now, RevokeWhy::Cancelled);
+                Ok(())
+            }
+            _ => Err(CoreError::AlreadyEnded(id.0)),
+        }
+    }
+
+    /// A node refused to start a lease: the work waits again, and that node (only)
+    /// is not offered work of that size until it changes.
+    pub fn lease_refused(
+        &mut self,
+        now: Time,
+        lease: LeaseId,
+        node: NodeId,
+    ) -> Result<WorkloadState, CoreError> {
+        self.end_lease(now, lease, LeaseEnd::Refused, Some(node))
+    }
+
+    /// The shell reports that a lease is over; returns the workload's new state.
+    pub fn lease_ended(
+        &mut self,
+        now: Time,
+        lease: LeaseId,
+        end: LeaseEnd,
+    ) -> Result<WorkloadState, CoreError> {
+        self.end_lease(now, lease, end, None)
+    }
+
+    fn end_lease(
+        &mut self,
+        now: Time,
+        lease: LeaseId,
+        end: LeaseEnd,
+        refusing: Option<NodeId>,
+    ) -> Result<WorkloadState, CoreError> {
+        let now = self.clock(now);
+        let l = self
+            .st
+            .release(now, lease)
+            .ok_or(CoreError::UnknownLease(lease.0))?;
+        let wid = l.workload;
+        let requeue = self
+            .st
+            .workloads
+            .get(&wid)
+            .is_some_and(|w| !w.spec.no_requeue);
+        let cancelled = matches!(
+            l.revoke,
+            Some(Revocation {
+                why: RevokeWhy::Cancelled,
+                ..
+            })
+        );
+        if end == LeaseEnd::Refused {
+            // Not offered there again (at this size or larger) until the node changes:
+            // the node that refused when the shell knows it, else every node of it.
+            for p in l
+                .placement
+                .iter()
+                .filter(|p| refusing.is_none_or(|n| n == p.node))
+            {
+                let gpus = p.gpus.count_ones();
+                self.st
+                    .cluster
+                    .update(p.node, |n| n.refused_from = n.refused_from.min(gpus));
+            }
+        }
+        // Revoked or lost work waits again, from its checkpoint when it can resume and
+        // from the beginning otherwise, unless its user asked for no requeue.
+        let next = match end {
+            LeaseEnd::Completed => WorkloadState::Completed,
+            LeaseEnd::Failed => WorkloadState::Failed,
+            LeaseEnd::TimeLimit => WorkloadState::TimedOut,
+            _ if cancelled => WorkloadState::Cancelled,
+            LeaseEnd::Refused => WorkloadState::Pending,
+            LeaseEnd::Revoked | LeaseEnd::NodeLost if requeue => WorkloadState::Pending,
+            LeaseEnd::Revoked => WorkloadState::Preempted,
+            LeaseEnd::NodeLost => WorkloadState::Failed,
+        };
+        let preempted = matches!(
+            l.revoke,
+            Some(Revocation {
+                why: RevokeWhy::Preempted { .. } | RevokeWhy::Reservation { .. },
+                ..
+            })
+        ) && end == LeaseEnd::Revoked;
+        if preempted {
+            if let Some(w) = self.st.workloads.get_mut(&wid) {
+                w.preemptions += 1;
+            }
+        }
+        if next == WorkloadState::Pending {
+            let w = self
+                .st
+                .workloads
+                .get_mut(&wid)
+                .ok_or(CoreError::UnknownWorkload(wid.0))?;
+            w.state = WorkloadState::Pending;
+            w.lease = None;
+            w.blocked = None;
+            if preempted {
+                w.last_preempted = Some(now);
+            }
+            let w = w.clone();
+            self.enqueue(&w);
+        } else {
+            self.st.finish(wid, next);
+        }
+        Ok(next)
+    }
+
+    /// A node joins (an agent registered a host the scheduler did not know); it is
+    /// ready and healthy.
+    pub fn add_node(&mut self, now: Time, spec: NodeSpec) -> Result<NodeId, CoreError> {
+        self.clock(now);
+        let id = self.st.cluster.add(spec)?;
+        self.st.node_leases.push(Vec::new());
+        Ok(id)
+    }
+
+    /// Changes a group's weight among its siblings (a manager's act).
+    pub fn set_weight(&mut self, group: &str, weight: f64) -> Result<(), CoreError> {
+        let g = self
+            .tree
+            .find(group)
+            .ok_or_else(|| CoreError::UnknownGroup(group.to_string()))?;
+        self.tree
+            .set_weight(g, weight)
+            .map_err(|e| CoreError::Config(e.to_string()))
+    }
+
+    /// Changes a node's scheduling state. `Draining` revokes its leases at their
+    /// min-runtime lapse, `DrainNow` and `Down` at once.
+    pub fn set_node_state(
+        &mut self,
+        now: Time,
+        node: NodeId,
+        state: NodeState,
+    ) -> Result<(), CoreError> {
+        let now = self.clock(now);
+        if node.idx() >= self.st.cluster.len() {
+            return Err(CoreError::UnknownNode(node.0));
+        }
+        self.st.cluster.update(node, |n| {
+            n.state = state;
+            n.forget_refusals();
+        });
+        if state == NodeState::Ready {
+            self.withdraw_drain_revocations(now, node);
+        }
+        if state != NodeState::Ready {
+            for lid in self.st.node_leases[node.idx()].clone() {
+                let Some(l) = self.st.leases.get(&lid) else {
+                    continue;
+                };
+                let (not_before, why) = match state {
+                    NodeState::Draining => (l.protected_until.max(now), RevokeWhy::Drain { node }),
+                    _ => (now, RevokeWhy::DrainNow { node }),
+                };
+                let earlier = l.revoke.as_ref().is_none_or(|r| r.not_before > not_before);
+                if earlier {
+                    self.st.revoke_at(lid, not_before, why);
+                }
+            }
+            self.st.drop_claims_on(node);
+        }
+        Ok(())
+    }
+
+    /// The drain of `node` ended: the drain revocations of its leases are withdrawn
+    /// (they run on under their contracts), unless another node of the lease still
+    /// drains.
+    fn withdraw_drain_revocations(&mut self, now: Time, node: NodeId) {
+        for lid in self.st.node_leases[node.idx()].clone() {
+            let Some(l) = self.st.leases.get(&lid) else {
+                continue;
+            };
+            // Whichever drained node asked (a gang's nodes may drain one after the
+            // other), and whether or not its lapse has passed here: the agent
+            // withdraws only what its ladder has not begun, and reports the rest ended.
+            let drained = l.revoke.as_ref().is_some_and(|r| {
+                matches!(r.why, RevokeWhy::Drain { .. } | RevokeWhy::DrainNow { .. })
+            });
+            let elsewhere = l
+                .placement
+                .iter()
+                .any(|p| self.st.cluster.node(p.node).state != NodeState::Ready);
+            if drained && !elsewhere {
+                self.st.withdraw(now, lid);
+            }
+        }
+    }
+
+    /// Something about a node changed that the core does not model (its agent's
+    /// drains or health report): it is offered every size of work again.
+    pub fn node_changed(&mut self, node: NodeId) {
+        if node.idx() < self.st.cluster.len() {
+            self.st.cluster.update(node, Node::forget_refusals);
+        }
+    }
+
+    /// Marks one GPU healthy or not (a failed GPU takes no new leases).
+    pub fn set_gpu_health(
+        &mut self,
+        node: NodeId,
+        gpu: u32,
+        healthy: bool,
+    ) -> Result<(), CoreError> {
+        if node.idx() >= self.st.cluster.len() || gpu >= self.st.cluster.node(node).spec.gpus {
+            return Err(CoreError::UnknownNode(node.0));
+        }
+        let bit = 1u64 << gpu;
+        self.st.cluster.update(node, |n| {
+            n.forget_refusals();
+            if healthy {
+                n.healthy |= bit
+            } else {
+                n.healthy &= !bit
+            }
+        });
+        if !healthy {
+            self.st.drop_claims_holding(node, bit);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,425 @@
+//! The fair-share scheduler: state plus `now` in, [`Decisions`] out.
+//!
+//! The shell feeds it inputs (`submit`, `cancel`, `lease_ended`, `set_node_state`,
+//! `set_gpu_health`) and calls [`Scheduler::schedule`] after each batch; it carries out
+//! the returned actions and calls again no later than `next_wakeup`. Nothing here
+//! reads a clock, touches a file or a socket, or depends on hash order.
+//!
+//! Layout: this file holds the public types, the state, the queries and the pass's
+//! entry point; `inputs` the shell's reports (submissions, cancels, lease ends, node
+//! and GPU changes); `bookkeeping` what starting, ending, revoking and claiming does
+//! to the state; `pass` one ranking pass; `placement` where a shape fits; `baseline`
+//! the static-priority policy kept for comparison.
+
+mod baseline;
+mod bookkeeping;
+mod inputs;
+mod pass;
+mod placement;
+
+use crate::cluster::{lowest_bits, Cluster, ClusterError, Node, NodeId, NodeSpec, NodeState};
+use crate::config::PolicyConfig;
+use crate::decision::{Action, Blocked, Decisions, Explanation, StartWhy};
+use crate::ledger::{Channel, Ledger};
+use crate::queue::{Aging, ProjectQueue, Shape};
+use crate::ratios::Ratios;
+use crate::time::Time;
+use crate::tree::{GroupId, OrgTree};
+use crate::workload::{
+    Lease, LeaseId, NodeGpus, Revocation, RevokeWhy, Workload, WorkloadId, WorkloadSpec,
+    WorkloadState,
+};
+use std::collections::{BTreeMap, BTreeSet};
+
+pub use baseline::Baseline;
+use bookkeeping::protection;
+use pass::Pass;
+
+/// How a lease ended, as the shell saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// The workload exited successfully on its own.
+    Completed,
+    /// The workload failed on its own.
+    Failed,
+    /// The lease was revoked and the checkpoint ladder finished.
+    Revoked,
+    /// The time limit was reached.
+    TimeLimit,
+    /// The node or GPU went away under it.
+    NodeLost,
+    /// The node refused to start it (drained, GPU taken, unhealthy): a fact about the
+    /// node, not the work. The work waits again and that node is not offered the
+    /// same size again until its state changes.
+    Refused,
+}
+
+/// Errors from the core's entry points; each names what was wrong.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CoreError {
+    /// Unknown project, or a team rather than a project.
+    #[error(
+        "project {0:?} is not a project of the org tree (a leaf); see `allot share` for the tree"
+    )]
+    UnknownProject(String),
+    /// A request that can never be satisfied by this cluster.
+    #[error("{field} = {value}: {why}")]
+    Impossible {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// Why and what would fit.
+        why: String,
+    },
+    /// No such group of the org tree.
+    #[error("group {0:?} is not in the org tree; see `allot share` for the tree")]
+    UnknownGroup(String),
+    /// No such workload.
+    #[error("workload {0} does not exist")]
+    UnknownWorkload(u64),
+    /// No such lease.
+    #[error("lease {0} does not exist (already ended?)")]
+    UnknownLease(u64),
+    /// No such node.
+    #[error("node {0} does not exist")]
+    UnknownNode(u32),
+    /// The workload is already finished.
+    #[error("workload {0} has already ended")]
+    AlreadyEnded(u64),
+    /// Bad node list.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// Bad policy settings.
+    #[error("policy: {0}")]
+    Config(String),
+}
+
+/// GPUs set aside for one pending workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// What kind.
+    pub kind: ClaimKind,
+    /// Claimed GPUs per node.
+    pub nodes: Vec<NodeGpus>,
+    /// CPU cores set aside on each node (preemption claims; reservations set none,
+    /// since backfill leaves before they start).
+    pub cpu_per_node: u32,
+    /// Memory set aside on each node, GB.
+    pub mem_per_node: u32,
+}
+
+/// Why GPUs are claimed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ClaimKind {
+    /// Victims were revoked for this workload; it starts when they are gone.
+    Preemption,
+    /// Whole nodes reserved for a gang from `start`.
+    Reservation {
+        /// Expected start.
+        start: Time,
+    },
+}
+
+/// Longest min runtime or time limit accepted: a year.
+pub const MAX_CONTRACT: u64 = 365 * 86_400;
+
+/// The policy core.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    cfg: PolicyConfig,
+    tree: OrgTree,
+    queues: Vec<ProjectQueue>,
+    st: State,
+    baseline: Option<Baseline>,
+}
+
+#[derive(Debug, Clone)]
+struct State {
+    cluster: Cluster,
+    ledger: Ledger,
+    workloads: BTreeMap<WorkloadId, Workload>,
+    leases: BTreeMap<LeaseId, Lease>,
+    node_leases: Vec<Vec<LeaseId>>,
+    claims: BTreeMap<WorkloadId, Claim>,
+    protected: BTreeSet<(Time, LeaseId)>,
+    outbox: Vec<Action>,
+    dequeue: Vec<WorkloadId>,
+    demand: Vec<u64>,
+    pending: usize,
+    pending_gangs: usize,
+    next_workload: u64,
+    next_lease: u64,
+    protect_forever: bool,
+    last_now: Time,
+    /// Funded preemptions within the cooldown, as (when, requester side, victim side)
+    /// at the level where their paths diverge.
+    recent: Vec<(Time, GroupId, GroupId)>,
+}
+
+impl Scheduler {
+    /// A scheduler for `tree` over `nodes`, all ready and healthy.
+    pub fn new(cfg: PolicyConfig, tree: OrgTree, nodes: Vec<NodeSpec>) -> Result<Self, CoreError> {
+        cfg.validate().map_err(CoreError::Config)?;
+        let cluster = Cluster::new(nodes)?;
+        let n = tree.len();
+        Ok(Scheduler {
+            st: State {
+                node_leases: vec![Vec::new(); cluster.len()],
+                cluster,
+                ledger: Ledger::new(cfg.usage(), n),
+                workloads: BTreeMap::new(),
+                leases: BTreeMap::new(),
+                claims: BTreeMap::new(),
+                protected: BTreeSet::new(),
+                outbox: Vec::new(),
+                dequeue: Vec::new(),
+                demand: vec![0; n],
+                pending: 0,
+                pending_gangs: 0,
+                next_workload: 1,
+                next_lease: 1,
+                protect_forever: false,
+                last_now: 0,
+                recent: Vec::new(),
+            },
+            baseline: None,
+            queues: vec![ProjectQueue::default(); n],
+            tree,
+            cfg,
+        })
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &PolicyConfig {
+        &self.cfg
+    }
+
+    /// The org tree.
+    pub fn tree(&self) -> &OrgTree {
+        &self.tree
+    }
+
+    /// The nodes.
+    pub fn cluster(&self) -> &Cluster {
+        &self.st.cluster
+    }
+
+    /// A workload by id.
+    pub fn workload(&self, id: WorkloadId) -> Option<&Workload> {
+        self.st.workloads.get(&id)
+    }
+
+    /// A lease by id.
+    pub fn lease(&self, id: LeaseId) -> Option<&Lease> {
+        self.st.leases.get(&id)
+    }
+
+    /// All live leases in id order.
+    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.st.leases.values()
+    }
+
+    /// Claims (preemption and reservation) in workload order.
+    pub fn claims(&self) -> &BTreeMap<WorkloadId, Claim> {
+        &self.st.claims
+    }
+
+    /// Number of pending workloads.
+    pub fn pending_len(&self) -> usize {
+        self.st.pending
+    }
+
+    /// GPUs wanted by each project's pending and running work, indexed by group.
+    pub fn demand(&self) -> &[u64] {
+        &self.st.demand
+    }
+
+    /// Forgets finished workloads so long runs keep constant memory; returns how many.
+    pub fn forget_finished(&mut self) -> usize {
+        let before = self.st.workloads.len();
+        self.st.workloads.retain(|_, w| !w.state.is_final());
+        before - self.st.workloads.len()
+    }
+
+    /// GPU-seconds `group` consumed over the lookback as of `now` (decayed for the
+    /// half-life model): what `allot share` reports as received.
+    pub fn usage_gpu_secs(&self, group: GroupId, now: Time) -> f64 {
+        // The ledger charges projects; a team's usage is its projects'.
+        self.tree
+            .projects()
+            .iter()
+            .filter(|p| {
+                group == GroupId::ROOT || **p == group || self.tree.group(**p).path.contains(&group)
+            })
+            .map(|p| self.st.ledger.usage(*p, now)[0])
+            .sum()
+    }
+
+    /// Served ratio of every group as of `now` (usage plus current allocation over
+    /// entitlement), indexed by group.
+    pub fn group_ratios(&self, now: Time) -> Vec<f64> {
+        let r = self.ratios_at(now);
+        (0..self.tree.len())
+            .map(|i| r.ratio(GroupId(i as u32)))
+            .collect()
+    }
+
+    /// Ratios from usage and live leases alone (no pass in progress).
+    fn ratios_at(&self, now: Time) -> Ratios {
+        Ratios::compute(
+            &self.cfg,
+            &self.tree,
+            &self.st.ledger,
+            &self.st.cluster,
+            now,
+            &[],
+        )
+    }
+
+    /// Whether `project`'s budget for the lookback is spent (new work runs unfunded).
+    pub fn budget_spent(&self, project: GroupId, now: Time) -> bool {
+        self.st.budget_spent(&self.tree, project, now)
+    }
+
+    /// Every pending workload with its reasons, best-ranked project first.
+    pub fn explain(&self, now: Time) -> Vec<Explanation> {
+        let r = self.ratios_at(now);
+        let mut projects: Vec<GroupId> = self.tree.projects().to_vec();
+        projects.sort_by(|a, b| r.ratio(*a).total_cmp(&r.ratio(*b)).then(a.cmp(b)));
+        let next_lapse = self
+            .st
+            .protected
+            .range((now + 1, LeaseId(0))..)
+            .next()
+            .map(|x| x.0);
+        let protected = self.st.protected.range((now + 1, LeaseId(0))..).count() as u32;
+        let mut out = Vec::new();
+        for p in projects {
+            let team = self.tree.team_of(p);
+            let mut cur = self.queues[p.idx()].cursor(now, self.aging());
+            while let Some((id, _)) = cur.next(|_| false) {
+                let Some(w) = self.st.workloads.get(&id) else {
+                    continue;
+                };
+                let blocked = w
+                    .blocked
+                    .clone()
+                    .unwrap_or_else(|| self.st.present_obstacle(w));
+                let mut e = Explanation {
+                    workload: id,
+                    project: self.tree.group(p).name.clone(),
+                    project_ratio: r.ratio(p),
+                    team: self.tree.group(team).name.clone(),
+                    team_ratio: r.ratio(team),
+                    text: String::new(),
+                    blocked,
+                    protected_leases: protected,
+                    next_lapse,
+                };
+                e.text = e.render(now);
+                out.push(e);
+            }
+        }
+        out
+    }
+
+    /// Time never runs backwards inside the core: an earlier `now` is taken as the
+    /// latest seen, so usage breakpoints stay ordered.
+    fn clock(&mut self, now: Time) -> Time {
+        self.st.last_now = self.st.last_now.max(now);
+        self.st.last_now
+    }
+
+    fn aging(&self) -> Aging {
+        Aging {
+            per_hour: self.cfg.aging_per_hour,
+            cap: self.cfg.aging_cap,
+        }
+    }
+
+    /// Runs one scheduling pass at `now`.
+    pub fn schedule(&mut self, now: Time) -> Decisions {
+        let now = self.clock(now);
+        let mut d = Decisions {
+            actions: std::mem::take(&mut self.st.outbox),
+            ..Decisions::default()
+        };
+        self.st.lapse_protection(now);
+        let cooldown = self.cfg.cooldown;
+        self.st
+            .recent
+            .retain(|e| e.0.saturating_add(cooldown) >= now);
+        self.st
+            .process_claims(now, &self.tree, cooldown, &mut d.actions);
+        // Ratios look ahead: preemption claimants count as started, leases being
+        // revoked as gone. A reservation is not allocation: others still run there.
+        let mut claimed_alloc: Vec<(GroupId, [f64; 3])> = self
+            .st
+            .claims
+            .iter()
+            .filter(|(_, c)| c.kind == ClaimKind::Preemption)
+            .filter_map(|(id, _)| self.st.workloads.get(id))
+            .map(|w| (w.project, w.spec.alloc()))
+            .collect();
+        claimed_alloc.extend(
+            self.st
+                .leases
+                .values()
+                .filter(|l| l.revoke.is_some())
+                .map(|l| (l.project, neg(l.alloc()))),
+        );
+        let mut r = Ratios::compute(
+            &self.cfg,
+            &self.tree,
+            &self.st.ledger,
+            &self.st.cluster,
+            now,
+            &claimed_alloc,
+        );
+
+        let aging = self.aging();
+        let mut pass = Pass::new(&self.cfg, &self.tree, &self.st, now, self.baseline.as_ref());
+        pass.run(&self.queues, &mut self.st, &mut r, aging, &mut d);
+        let more = pass.cut_short;
+        for id in std::mem::take(&mut self.st.dequeue) {
+            self.dequeue(id);
+        }
+        d.next_wakeup = self.st.next_wakeup(now, more);
+        d.actions.append(&mut self.st.outbox);
+        d
+    }
+}
+
+/// The negation of an allocation.
+pub(crate) fn neg(x: [f64; 3]) -> [f64; 3] {
+    [-x[0], -x[1], -x[2]]
+}
+
+// Accessors the planner needs without exposing the state type.
+pub(crate) mod access {
+    use super::*;
+
+    /// Read-only view for the preemption planner.
+    pub(crate) trait View {
+        fn cluster(&self) -> &Cluster;
+        fn lease(&self, id: LeaseId) -> Option<&Lease>;
+        fn node_leases(&self, n: NodeId) -> &[LeaseId];
+        fn recent_preemptions(&self) -> &[(Time, GroupId, GroupId)];
+    }
+}
+
+impl access::View for State {
+    fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+    fn lease(&self, id: LeaseId) -> Option<&Lease> {
+        self.leases.get(&id)
+    }
+    fn node_leases(&self, n: NodeId) -> &[LeaseId] {
+        &self.node_leases[n.idx()]
+    }
+    fn recent_preemptions(&self) -> &[(Time, GroupId, GroupId)] {
+        &self.recent
+    }
+}
