@@ -15,8 +15,7 @@ use allot_sim::{self as sim, rng::Rng, scenario::AI2, PolicyKind, Scenario, SimO
 use std::time::Instant;
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1]
+    allot_common::stats::percentile_of(v, p).unwrap_or(0.0)
 }
 
 fn big_state() -> (Scheduler, u64) {

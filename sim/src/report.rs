@@ -119,11 +119,7 @@ fn round4(x: f64) -> f64 {
 }
 
 fn pct(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
+    allot_common::stats::percentile(sorted, p).unwrap_or(0)
 }
 
 /// Accumulates a run's figures.

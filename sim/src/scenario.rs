@@ -13,19 +13,9 @@ use std::collections::BTreeMap;
 /// The built-in scenario modelled on the published setting.
 pub const AI2: &str = include_str!("ai2.toml");
 
-/// A scenario file that could not be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}: {field}: {message}")]
-pub struct ScenarioError {
-    /// The file.
-    pub file: String,
-    /// 1-based line (0 when unknown).
-    pub line: usize,
-    /// The field at fault.
-    pub field: String,
-    /// What is wrong and how to fix it.
-    pub message: String,
-}
+/// A scenario file that could not be used: file, line, field and fix, like every
+/// config error.
+pub type ScenarioError = allot_common::config_error::ConfigError;
 
 /// One cluster: identical nodes.
 #[derive(Debug, Clone, Deserialize)]
@@ -308,58 +298,36 @@ pub struct Job {
     pub line: usize,
 }
 
-fn line_of(text: &str, needle: &str) -> usize {
-    text.lines()
-        .position(|l| l.contains(needle))
-        .map_or(0, |i| i + 1)
-}
-
 impl Scenario {
     /// Parses and checks a scenario; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
-        let s: Scenario = toml::from_str(text).map_err(|e| {
-            let line = e.span().map_or(0, |sp| {
-                text.as_bytes()[..sp.start.min(text.len())]
-                    .iter()
-                    .filter(|&&b| b == b'\n')
-                    .count()
-                    + 1
-            });
-            let msg = e.message().to_string();
-            let field = msg.split('`').nth(1).unwrap_or("(syntax)").to_string();
-            ScenarioError {
-                file: file.into(),
-                line,
-                field,
-                message: msg,
-            }
-        })?;
+        let s: Scenario = allot_common::config_error::from_toml(text, file, "(syntax)")?;
         s.check(text, file)?;
         Ok(s)
     }
 
     fn check(&self, text: &str, file: &str) -> Result<(), ScenarioError> {
-        let err = |needle: &str, field: String, message: String| ScenarioError {
-            file: file.into(),
-            line: line_of(text, needle),
-            field,
-            message,
+        // `path` is where the parser saw the value (`classes.2.resumable`); `field`
+        // what people read (`classes[2] (debug).resumable`).
+        let pos = allot_common::config_error::Positions::new(text, file);
+        let err = |path: &str, field: String, message: String| {
+            pos.error_at(&field, pos.line(path), message)
         };
         self.policy
             .validate()
-            .map_err(|m| err("[policy]", "policy".into(), m))?;
+            .map_err(|m| err("policy", "policy".into(), m))?;
         if self.days == 0 {
             return Err(err("days", "days".into(), "must be at least 1".into()));
         }
         if self.clusters.is_empty() {
             return Err(err(
-                "",
+                "clusters",
                 "clusters".into(),
                 "add at least one [[clusters]] table".into(),
             ));
         }
         for (i, c) in self.clusters.iter().enumerate() {
-            let needle = format!("\"{}\"", c.name);
+            let needle = format!("clusters.{i}.name");
             if c.nodes == 0 || c.gpus_per_node == 0 || c.gpus_per_node > 64 {
                 return Err(err(
                     &needle,
@@ -372,18 +340,18 @@ impl Scenario {
             }
         }
         for (i, c) in self.classes.iter().enumerate() {
-            let needle = format!("\"{}\"", c.name);
+            let path = |f: &str| format!("classes.{i}.{f}");
             let at = |f: &str| format!("classes[{i}] ({}).{f}", c.name);
             if !(c.arrivals_per_hour.is_finite() && c.arrivals_per_hour >= 0.0) {
                 return Err(err(
-                    &needle,
+                    &path("arrivals_per_hour"),
                     at("arrivals_per_hour"),
                     "must be a non-negative number".into(),
                 ));
             }
             if !(0.0..=1.0).contains(&c.resumable) {
                 return Err(err(
-                    &needle,
+                    &path("resumable"),
                     at("resumable"),
                     "is a share: use a number from 0 to 1".into(),
                 ));
@@ -401,7 +369,7 @@ impl Scenario {
                     };
                     if !(ok_key && w.is_finite() && *w >= 0.0) {
                         return Err(err(
-                            &needle,
+                            &path(field),
                             at(field),
                             format!(
                                 "entry {k} = {w}: keys are {} and weights non-negative numbers",
@@ -417,16 +385,16 @@ impl Scenario {
             }
             if c.gpus.is_empty() {
                 return Err(err(
-                    &needle,
+                    &path("gpus"),
                     at("gpus"),
                     "give at least one size, e.g. { 1 = 0.5, 8 = 0.5 }".into(),
                 ));
             }
         }
-        for t in &self.teams {
+        for (j, t) in self.teams.iter().enumerate() {
             if !(t.demand.is_finite() && t.demand >= 0.0) {
                 return Err(err(
-                    &format!("\"{}\"", t.name),
+                    &format!("teams.{j}.demand"),
                     format!("teams ({}).demand", t.name),
                     "must be a non-negative number".into(),
                 ));
@@ -438,7 +406,7 @@ impl Scenario {
                     .map(|_| ())
                     .map_err(|e| e.to_string())
             })
-            .map_err(|m| err("[[teams]]", "teams".into(), m))
+            .map_err(|m| err("teams", "teams".into(), m))
     }
 
     /// Node list of all clusters.
