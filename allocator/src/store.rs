@@ -1,4 +1,4 @@
-//! Durable state behind a trait, so a PostgreSQL backend can follow the SQLite one.
+//! Durable state behind a trait (the journal and the audit log), with SQLite as its one backend.
 //!
 //! The journal of accepted inputs *is* the state: replaying it through the
 //! deterministic core rebuilds workloads, leases and the usage window exactly. The
