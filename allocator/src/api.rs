@@ -5,8 +5,8 @@
 
 use crate::serve::{now, Server};
 use crate::state::{
-    lease_from_wire, lease_wire, state_name, Command, EndKind, GpuCondition, GpuSeen, HostDrain,
-    Input, NodeRec, Out, Verdict, WorkRec,
+    end_from_agent, end_from_agent_text, lease_from_wire, lease_wire, state_name, Command,
+    GpuCondition, GpuSeen, HostDrain, Input, NodeRec, Out, Verdict, WorkRec,
 };
 use allot_fairshare::{CoreError, NodeSpec, NodeState, WorkloadSpec, WorkloadState};
 use allot_proto::v1 as pb;
@@ -670,10 +670,8 @@ impl Api {
                 };
                 // 0.1 agents name the end only in text.
                 let end = match l.end() {
-                    pb::LeaseEnd::Unspecified => {
-                        EndKind::from_agent_text(&l.end_reason, l.exit_code)
-                    }
-                    e => EndKind::from_agent(e, l.exit_code),
+                    pb::LeaseEnd::Unspecified => end_from_agent_text(&l.end_reason, l.exit_code),
+                    e => end_from_agent(e, l.exit_code),
                 };
                 match self.0.commit(Input::LeaseEnded {
                     lease,

@@ -5,8 +5,9 @@
 //! wake-up and on a timer, and marks silent nodes lost after the grace.
 
 use crate::config::ServerConfig;
-use crate::state::{Allocator, Applied, Command, EndKind, Input, Level, Out};
+use crate::state::{Allocator, Applied, Command, Input, Level, Out};
 use crate::store::{Sqlite, Store};
+use allot_fairshare::LeaseEnd;
 use allot_fairshare::{CoreError, NodeState, Time};
 use allot_proto::v1 as pb;
 use anyhow::Context;
@@ -294,7 +295,7 @@ impl Server {
             for (lease, _) in leases {
                 let _ = self.commit(Input::LeaseEnded {
                     lease,
-                    end: EndKind::NodeLost,
+                    end: LeaseEnd::NodeLost,
                     reason: format!("node {node} lost"),
                     node: String::new(),
                 });

@@ -1,9 +1,10 @@
 //! [`Allocator::apply`]: every rule of the state machine.
 
 use super::audit::{revoke_text, start_text};
-use super::input::{EndKind, Input};
+use super::input::Input;
 use super::out::{lease_wire, Applied, Command};
 use super::{start_command, Allocator, WorkRec};
+use allot_fairshare::LeaseEnd;
 use allot_fairshare::{Action, CoreError, LeaseId, Time, WorkloadId, WorkloadState};
 
 impl Allocator {
@@ -54,10 +55,10 @@ impl Allocator {
                     .map(|l| l.workload.0)
                     .ok_or(CoreError::UnknownLease(*lease))?;
                 match self.nodes.get(node) {
-                    Some(n) if *end == EndKind::Refused => {
+                    Some(n) if *end == LeaseEnd::Refused => {
                         self.core.lease_refused(at, LeaseId(*lease), n.id)?
                     }
-                    _ => self.core.lease_ended(at, LeaseId(*lease), end.core())?,
+                    _ => self.core.lease_ended(at, LeaseId(*lease), *end)?,
                 };
                 // The other hosts of a gang stop too.
                 for (node, _) in self.lease_hosts.remove(lease).unwrap_or_default() {

@@ -5,68 +5,26 @@ use allot_fairshare::{LeaseEnd, NodeSpec, NodeState, WorkloadSpec};
 use allot_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
-/// How a lease ended, as an agent reported it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum EndKind {
-    /// Exited 0.
-    Completed,
-    /// Exited non-zero or could not start.
-    Failed,
-    /// The revocation's ladder finished.
-    Revoked,
-    /// Its time limit.
-    TimeLimit,
-    /// The node or a GPU went away.
-    NodeLost,
-    /// The node refused to start it (drained, GPU taken): the work waits again.
-    Refused,
+/// How a lease ended, from its agent's report: allotd's side of the one end enum
+/// (`LeaseEnd` on the wire, the core's `LeaseEnd` in the journal).
+pub fn end_from_agent(end: pb::LeaseEnd, exit_code: Option<i32>) -> LeaseEnd {
+    match end {
+        pb::LeaseEnd::Exited if exit_code == Some(0) => LeaseEnd::Completed,
+        pb::LeaseEnd::Revoked => LeaseEnd::Revoked,
+        pb::LeaseEnd::TimeLimit => LeaseEnd::TimeLimit,
+        // The host could not take it (drained, GPU taken): a fact about the node;
+        // the work waits again and that node is not offered it until it changes.
+        pb::LeaseEnd::Refused => LeaseEnd::Refused,
+        pb::LeaseEnd::GpuLost | pb::LeaseEnd::Vanished => LeaseEnd::NodeLost,
+        pb::LeaseEnd::Exited | pb::LeaseEnd::FailedToStart | pb::LeaseEnd::Unspecified => {
+            LeaseEnd::Failed
+        }
+    }
 }
 
-impl EndKind {
-    pub(super) fn core(self) -> LeaseEnd {
-        match self {
-            EndKind::Completed => LeaseEnd::Completed,
-            EndKind::Failed => LeaseEnd::Failed,
-            EndKind::Revoked => LeaseEnd::Revoked,
-            EndKind::TimeLimit => LeaseEnd::TimeLimit,
-            EndKind::NodeLost => LeaseEnd::NodeLost,
-            EndKind::Refused => LeaseEnd::Refused,
-        }
-    }
-
-    /// The name people read (`allot status` end reasons).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EndKind::Completed => "completed",
-            EndKind::Failed => "failed",
-            EndKind::Revoked => "revoked",
-            EndKind::TimeLimit => "time-limit",
-            EndKind::NodeLost => "node-lost",
-            EndKind::Refused => "refused",
-        }
-    }
-
-    /// From an agent's report of how a lease ended.
-    pub fn from_agent(end: pb::LeaseEnd, exit_code: Option<i32>) -> EndKind {
-        match end {
-            pb::LeaseEnd::Exited if exit_code == Some(0) => EndKind::Completed,
-            pb::LeaseEnd::Revoked => EndKind::Revoked,
-            pb::LeaseEnd::TimeLimit => EndKind::TimeLimit,
-            // The host could not take it (drained, GPU taken): a fact about the node;
-            // the work waits again and that node is not offered it until it changes.
-            pb::LeaseEnd::Refused => EndKind::Refused,
-            pb::LeaseEnd::GpuLost | pb::LeaseEnd::Vanished => EndKind::NodeLost,
-            pb::LeaseEnd::Exited | pb::LeaseEnd::FailedToStart | pb::LeaseEnd::Unspecified => {
-                EndKind::Failed
-            }
-        }
-    }
-
-    /// From a 0.1 agent, which names the end only in text (`end_reason`).
-    pub fn from_agent_text(end_reason: &str, exit_code: Option<i32>) -> EndKind {
-        EndKind::from_agent(pb::LeaseEnd::from_name(end_reason), exit_code)
-    }
+/// From a 0.1 agent, which names the end only in text (`end_reason`).
+pub fn end_from_agent_text(end_reason: &str, exit_code: Option<i32>) -> LeaseEnd {
+    end_from_agent(pb::LeaseEnd::from_name(end_reason), exit_code)
 }
 
 /// One accepted input: what the journal holds.
@@ -99,7 +57,7 @@ pub enum Input {
         /// Lease.
         lease: u64,
         /// How.
-        end: EndKind,
+        end: LeaseEnd,
         /// The agent's words.
         reason: String,
         /// The node that reported it (a refusal marks that node only); empty in

@@ -21,7 +21,9 @@ mod out;
 mod tests;
 
 pub use audit::state_name;
-pub use input::{EndKind, GpuCondition, GpuSeen, HostDrain, Input, Verdict};
+pub use input::{
+    end_from_agent, end_from_agent_text, GpuCondition, GpuSeen, HostDrain, Input, Verdict,
+};
 pub use out::{lease_from_wire, lease_wire, Applied, Command, Level, Out, StartLease};
 
 use crate::config::{BreakerSection, ServerConfig};

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::config::{BreakerSection, ServerConfig, EXAMPLE};
-use allot_fairshare::{NodeSpec, NodeState, Time, WorkloadSpec, WorkloadState};
+use allot_fairshare::{LeaseEnd, NodeSpec, NodeState, Time, WorkloadSpec, WorkloadState};
 
 fn node(i: u32) -> Input {
     Input::AddNode {
@@ -124,7 +124,7 @@ fn replaying_the_inputs_rebuilds_the_same_state() {
         100,
         Input::LeaseEnded {
             lease: 1,
-            end: EndKind::Completed,
+            end: LeaseEnd::Completed,
             reason: "done".into(),
             node: String::new(),
         },
@@ -452,7 +452,7 @@ fn registration_reconciles_the_leases_both_sides_hold() {
         3,
         &Input::LeaseEnded {
             lease: ended,
-            end: EndKind::Completed,
+            end: LeaseEnd::Completed,
             reason: "done".into(),
             node: "n0".into(),
         },
@@ -656,22 +656,16 @@ fn the_new_inputs_read_with_their_fields_left_out() {
 #[test]
 fn agents_name_the_end_by_enum_and_0_1_agents_by_text() {
     use allot_proto::v1::LeaseEnd as E;
-    assert_eq!(EndKind::from_agent(E::Exited, Some(0)), EndKind::Completed);
-    assert_eq!(EndKind::from_agent(E::Exited, Some(1)), EndKind::Failed);
-    assert_eq!(EndKind::from_agent(E::Exited, None), EndKind::Failed);
-    assert_eq!(EndKind::from_agent(E::Revoked, None), EndKind::Revoked);
-    assert_eq!(EndKind::from_agent(E::TimeLimit, None), EndKind::TimeLimit);
-    assert_eq!(EndKind::from_agent(E::GpuLost, None), EndKind::NodeLost);
-    assert_eq!(EndKind::from_agent(E::Vanished, None), EndKind::NodeLost);
-    assert_eq!(EndKind::from_agent(E::Refused, None), EndKind::Refused);
-    assert_eq!(EndKind::from_agent(E::FailedToStart, None), EndKind::Failed);
-    assert_eq!(
-        EndKind::from_agent_text("vanished", None),
-        EndKind::NodeLost
-    );
-    assert_eq!(EndKind::from_agent_text("refused", None), EndKind::Refused);
-    assert_eq!(
-        EndKind::from_agent_text("exploded", Some(0)),
-        EndKind::Failed
-    );
+    assert_eq!(end_from_agent(E::Exited, Some(0)), LeaseEnd::Completed);
+    assert_eq!(end_from_agent(E::Exited, Some(1)), LeaseEnd::Failed);
+    assert_eq!(end_from_agent(E::Exited, None), LeaseEnd::Failed);
+    assert_eq!(end_from_agent(E::Revoked, None), LeaseEnd::Revoked);
+    assert_eq!(end_from_agent(E::TimeLimit, None), LeaseEnd::TimeLimit);
+    assert_eq!(end_from_agent(E::GpuLost, None), LeaseEnd::NodeLost);
+    assert_eq!(end_from_agent(E::Vanished, None), LeaseEnd::NodeLost);
+    assert_eq!(end_from_agent(E::Refused, None), LeaseEnd::Refused);
+    assert_eq!(end_from_agent(E::FailedToStart, None), LeaseEnd::Failed);
+    assert_eq!(end_from_agent_text("vanished", None), LeaseEnd::NodeLost);
+    assert_eq!(end_from_agent_text("refused", None), LeaseEnd::Refused);
+    assert_eq!(end_from_agent_text("exploded", Some(0)), LeaseEnd::Failed);
 }

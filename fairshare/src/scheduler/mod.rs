@@ -35,8 +35,9 @@ pub use baseline::Baseline;
 use bookkeeping::protection;
 use pass::Pass;
 
-/// How a lease ended, as the shell saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a lease ended, as the shell saw it (journaled by allotd by these names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum LeaseEnd {
     /// The workload exited successfully on its own.
     Completed,
@@ -52,6 +53,20 @@ pub enum LeaseEnd {
     /// node, not the work. The work waits again and that node is not offered the
     /// same size again until its state changes.
     Refused,
+}
+
+impl LeaseEnd {
+    /// The name people read (`allot status` end reasons), as journaled.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseEnd::Completed => "completed",
+            LeaseEnd::Failed => "failed",
+            LeaseEnd::Revoked => "revoked",
+            LeaseEnd::TimeLimit => "time-limit",
+            LeaseEnd::NodeLost => "node-lost",
+            LeaseEnd::Refused => "refused",
+        }
+    }
 }
 
 /// Errors from the core's entry points; each names what was wrong.
