@@ -1,0 +1,352 @@
+//! The driver: how the shell plays the agents, applies operations, advances time and
+//! runs each scheduling pass.
+
+use super::generate::{node_specs, policy_config, tree_specs, Op, Setup, Sub};
+use super::{Ev, Job, Prop, Shell, Stats};
+use allot_fairshare::time::{Secs, Time};
+use allot_fairshare::{
+    Action, CoreError, LeaseEnd, LeaseId, NodeId, NodeSpec, NodeState, OrgTree, PolicyConfig,
+    RevokeWhy, Scheduler, WorkloadId, WorkloadSpec, WorkloadState,
+};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Passes honoured for bare wake-ups within one `advance`: a pass cut short asks for
+/// `now + 1`, which an honest shell would follow second by second for hours.
+const MAX_WAKE_PASSES: u32 = 64;
+
+impl Shell {
+    pub(crate) fn new(cfg: PolicyConfig, tree: OrgTree, nodes: Vec<NodeSpec>, save: Secs) -> Self {
+        Shell {
+            cooldown: cfg.cooldown,
+            hysteresis: cfg.hysteresis,
+            sch: Scheduler::new(cfg, tree, nodes).expect("valid scheduler"),
+            save,
+            now: 0,
+            seq: 0,
+            events: BTreeMap::new(),
+            wakes: BTreeSet::new(),
+            live: BTreeMap::new(),
+            seen: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            ids: Vec::new(),
+            finals: BTreeMap::new(),
+            last_revoke: BTreeMap::new(),
+            revoked_at: BTreeMap::new(),
+            log: Vec::new(),
+            bad: Vec::new(),
+            edges_at: 0,
+            edges: BTreeSet::new(),
+            funded_preemptions: Vec::new(),
+            served: Vec::new(),
+            stats: Stats::default(),
+            books: true,
+        }
+    }
+
+    pub(super) fn for_setup(s: &Setup) -> Self {
+        let tree = OrgTree::new(&tree_specs(s.tree, s.weights)).expect("valid tree");
+        Shell::new(policy_config(&s.policy), tree, node_specs(s), s.save)
+    }
+
+    pub(super) fn fail(&mut self, p: Prop, msg: String) {
+        // The first few say it all; a broken rule repeats on every pass after.
+        if self.bad.iter().filter(|b| b.0 == p).count() < 8 {
+            self.bad.push((p, format!("t={}: {msg}", self.now)));
+        }
+    }
+
+    pub(crate) fn violations(&self, p: Prop) -> Vec<&str> {
+        self.bad
+            .iter()
+            .filter(|b| b.0 == p)
+            .map(|b| b.1.as_str())
+            .collect()
+    }
+
+    /// The core hears something besides a revoked lease's end: ratios may move, so
+    /// preemptions before it no longer bound the ones after it.
+    fn news(&mut self) {
+        self.edges.clear();
+    }
+
+    pub(super) fn push(&mut self, t: Time, ev: Ev) {
+        self.seq += 1;
+        self.events.insert((t, self.seq), ev);
+    }
+
+    pub(super) fn apply(&mut self, op: &Op) {
+        match op {
+            Op::Submit(s) => self.submit(s),
+            Op::Burst(s, n) => {
+                for _ in 0..*n {
+                    self.submit(s);
+                }
+            }
+            Op::Advance(dt) => self.advance(*dt),
+            Op::Cancel(i) => self.cancel(*i),
+            Op::Node(n, state) => self.node(*n, *state),
+            Op::Gpu {
+                node,
+                gpu,
+                healthy,
+                kill,
+            } => self.gpu(*node, *gpu, *healthy, *kill),
+        }
+    }
+
+    fn submit(&mut self, s: &Sub) {
+        let projects = self.sch.tree().projects();
+        let p = projects[s.project % projects.len()];
+        let spec = WorkloadSpec {
+            project: self.sch.tree().group(p).name.clone(),
+            user: "u".into(),
+            class: "batch".into(),
+            gpus_per_node: s.gpus,
+            nodes: s.nodes,
+            cpu_per_node: s.gpus * s.cpu_per_gpu,
+            mem_per_node_gb: s.gpus * 16,
+            min_runtime: s.min_runtime,
+            time_limit: s.time_limit,
+            resumable: s.resumable,
+            priority: s.priority,
+            no_requeue: s.no_requeue,
+        };
+        self.submit_spec(
+            spec,
+            Job {
+                run: s.run,
+                time_limit: s.time_limit,
+                fails: s.fails,
+            },
+        );
+        self.pass();
+    }
+
+    pub(crate) fn submit_spec(&mut self, spec: WorkloadSpec, job: Job) -> Option<WorkloadId> {
+        self.news();
+        // Refused only when no cluster has enough nodes that could ever hold it.
+        let c = self.sch.cluster();
+        let fits = c.cluster_names().iter().enumerate().any(|(ci, _)| {
+            let holders = c
+                .nodes()
+                .filter(|(_, n)| {
+                    usize::from(n.cluster) == ci
+                        && n.spec.gpus >= spec.gpus_per_node
+                        && n.spec.cpu >= spec.cpu_per_node
+                        && n.spec.memory_gb >= spec.mem_per_node_gb
+                })
+                .count();
+            holders >= spec.nodes as usize
+        });
+        match self.sch.submit(self.now, spec.clone()) {
+            Ok(id) => {
+                if !fits {
+                    self.fail(Prop::Books, format!("accepted {spec:?}, which never fits"));
+                }
+                self.ids.push(id);
+                self.jobs.insert(id, job);
+                Some(id)
+            }
+            Err(CoreError::Impossible { .. }) if !fits => None,
+            Err(e) => {
+                self.fail(Prop::Books, format!("refused {spec:?}: {e}"));
+                None
+            }
+        }
+    }
+
+    fn cancel(&mut self, i: usize) {
+        self.news();
+        if self.ids.is_empty() {
+            return;
+        }
+        let id = self.ids[i % self.ids.len()];
+        let running = self.live.values().any(|l| l.workload == id);
+        let ended = self.finals.contains_key(&id);
+        match self.sch.cancel(self.now, id) {
+            Ok(()) if ended => self.fail(Prop::Books, format!("cancelled {id:?} after it ended")),
+            Ok(()) => {
+                if !running {
+                    self.finals.insert(id, WorkloadState::Cancelled);
+                }
+            }
+            Err(CoreError::AlreadyEnded(_)) if ended => {}
+            Err(e) => self.fail(Prop::Books, format!("cancel {id:?}: {e}")),
+        }
+        self.pass();
+    }
+
+    fn node(&mut self, n: usize, state: NodeState) {
+        self.news();
+        let node = NodeId((n % self.sch.cluster().len()) as u32);
+        if let Err(e) = self.sch.set_node_state(self.now, node, state) {
+            self.fail(Prop::Books, format!("set_node_state {node:?}: {e}"));
+        }
+        if state == NodeState::Down {
+            let lost: Vec<LeaseId> = self
+                .live
+                .iter()
+                .filter(|(_, l)| l.placement.iter().any(|p| p.node == node))
+                .map(|(id, _)| *id)
+                .collect();
+            for lid in lost {
+                self.end_lease(lid, LeaseEnd::NodeLost);
+            }
+        }
+        self.pass();
+    }
+
+    fn gpu(&mut self, n: usize, gpu: u32, healthy: bool, kill: bool) {
+        self.news();
+        let node = NodeId((n % self.sch.cluster().len()) as u32);
+        let gpu = gpu % self.sch.cluster().node(node).spec.gpus;
+        if let Err(e) = self.sch.set_gpu_health(node, gpu, healthy) {
+            self.fail(Prop::Books, format!("set_gpu_health {node:?}/{gpu}: {e}"));
+        }
+        if !healthy && kill {
+            let hit: Vec<LeaseId> = self
+                .live
+                .iter()
+                .filter(|(_, l)| {
+                    l.placement
+                        .iter()
+                        .any(|p| p.node == node && p.gpus & (1 << gpu) != 0)
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            for lid in hit {
+                self.end_lease(lid, LeaseEnd::NodeLost);
+            }
+        }
+        self.pass();
+    }
+
+    /// Moves the clock to `now + dt`, ending leases and honouring wake-ups on the way.
+    pub(crate) fn advance(&mut self, dt: Secs) {
+        let target = self.now + dt;
+        let mut wake_passes = 0;
+        while let Some((&(t, _), _)) = self.events.first_key_value() {
+            if t > target {
+                break;
+            }
+            self.now = t;
+            let mut ended = false;
+            while let Some(e) = self.events.first_entry() {
+                if e.key().0 != t {
+                    break;
+                }
+                match e.remove() {
+                    Ev::End(lid, end) => {
+                        ended |= self.live.contains_key(&lid);
+                        self.end_lease(lid, end);
+                    }
+                    Ev::Wake => {
+                        self.wakes.remove(&t);
+                    }
+                }
+            }
+            if !ended {
+                wake_passes += 1;
+            }
+            if ended || wake_passes <= MAX_WAKE_PASSES {
+                self.pass();
+            }
+        }
+        self.now = target;
+        self.pass();
+    }
+
+    fn end_lease(&mut self, lid: LeaseId, end: LeaseEnd) {
+        let Some(l) = self.live.remove(&lid) else {
+            return; // ended already: a revoke and the exit raced, the first one won
+        };
+        self.served.push((l.project, l.start, self.now, l.gpus));
+        if end != LeaseEnd::Revoked {
+            self.news();
+        }
+        let requeue = self
+            .sch
+            .workload(l.workload)
+            .is_some_and(|w| !w.spec.no_requeue);
+        let cancelled = matches!(self.last_revoke.get(&lid), Some(RevokeWhy::Cancelled));
+        let expect = match end {
+            LeaseEnd::Completed => WorkloadState::Completed,
+            LeaseEnd::Failed => WorkloadState::Failed,
+            LeaseEnd::TimeLimit => WorkloadState::TimedOut,
+            LeaseEnd::Revoked | LeaseEnd::NodeLost | LeaseEnd::Refused if cancelled => {
+                WorkloadState::Cancelled
+            }
+            LeaseEnd::Refused => WorkloadState::Pending,
+            LeaseEnd::Revoked | LeaseEnd::NodeLost if requeue => WorkloadState::Pending,
+            LeaseEnd::Revoked => WorkloadState::Preempted,
+            LeaseEnd::NodeLost => WorkloadState::Failed,
+        };
+        if end == LeaseEnd::NodeLost {
+            self.stats.node_lost += 1;
+        }
+        match self.sch.lease_ended(self.now, lid, end) {
+            Ok(s) => {
+                if s != expect {
+                    self.fail(
+                        Prop::Books,
+                        format!(
+                            "{lid:?} of {:?} ended {end:?} (last revoke {:?}): core says {s:?}, \
+                             expected {expect:?}",
+                            l.workload,
+                            self.last_revoke.get(&lid)
+                        ),
+                    );
+                }
+                if s == WorkloadState::Pending {
+                    self.stats.requeues += 1;
+                }
+                if s.is_final() {
+                    self.finals.insert(l.workload, s);
+                }
+            }
+            Err(e) => self.fail(
+                Prop::Books,
+                format!("the agents held {lid:?} but the core refused its end: {e}"),
+            ),
+        }
+    }
+
+    /// One scheduling pass, carried out and checked.
+    pub(super) fn pass(&mut self) {
+        let d = self.sch.schedule(self.now);
+        for a in &d.actions {
+            match a {
+                Action::Start {
+                    lease,
+                    workload,
+                    placement,
+                    funded,
+                    why,
+                } => self.on_start(*lease, *workload, placement, *funded, why),
+                Action::Revoke {
+                    lease,
+                    workload,
+                    not_before,
+                    why,
+                } => self.on_revoke(*lease, *workload, *not_before, why),
+                Action::Reserve {
+                    workload,
+                    nodes,
+                    start,
+                } => self.on_reserve(*workload, nodes, *start),
+                Action::Withdraw { lease, .. } => self.on_withdraw(*lease),
+            }
+        }
+        if let Some(w) = d.next_wakeup {
+            if w > self.now && self.wakes.insert(w) {
+                self.push(w, Ev::Wake);
+            }
+        }
+        self.check_exclusive();
+        self.check_claims();
+        if self.books {
+            self.check_books();
+        }
+        self.log.push((self.now, d));
+    }
+}
