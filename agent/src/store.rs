@@ -51,24 +51,17 @@ impl Store {
         Ok(Store { conn, path })
     }
 
-    fn err(
-        &self,
-        what: &'static str,
-        e: impl std::error::Error + Send + Sync + 'static,
-    ) -> StoreError {
-        StoreError::new(&self.path, what, e)
-    }
-
     /// Writes the lease (insert or replace), durably.
     pub fn put_lease(&self, l: &LeaseRecord) -> Result<(), StoreError> {
-        let body = serde_json::to_string(l).map_err(|e| self.err("encoding a lease", e))?;
+        let body = serde_json::to_string(l)
+            .map_err(|e| StoreError::new(&self.path, "encoding a lease", e))?;
         self.conn
             .execute(
                 "INSERT INTO leases (id, live, body) VALUES (?1, ?2, ?3)
                  ON CONFLICT(id) DO UPDATE SET live = excluded.live, body = excluded.body",
                 params![l.id, l.live(), body],
             )
-            .map_err(|e| self.err("writing a lease", e))?;
+            .map_err(|e| StoreError::new(&self.path, "writing a lease", e))?;
         Ok(())
     }
 
@@ -81,13 +74,13 @@ impl Store {
                  UNION ALL
                  SELECT body FROM (SELECT body FROM leases WHERE live = 0 ORDER BY rowid DESC LIMIT ?1)",
             )
-            .map_err(|e| self.err("reading leases", e))?;
+            .map_err(|e| StoreError::new(&self.path, "reading leases", e))?;
         let rows = st
             .query_map(params![ended as i64], |r| r.get::<_, String>(0))
-            .map_err(|e| self.err("reading leases", e))?;
+            .map_err(|e| StoreError::new(&self.path, "reading leases", e))?;
         let mut out = Vec::new();
         for body in rows {
-            let body = body.map_err(|e| self.err("reading leases", e))?;
+            let body = body.map_err(|e| StoreError::new(&self.path, "reading leases", e))?;
             match serde_json::from_str(&body) {
                 Ok(l) => out.push(l),
                 // One unreadable row must not hide the others.
@@ -104,7 +97,7 @@ impl Store {
                 "INSERT INTO events (at_ms, kind, lease, gpu, message) VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![e.at_ms, e.kind, e.lease, e.gpu, e.message],
             )
-            .map_err(|e| self.err("writing an event", e))?;
+            .map_err(|e| StoreError::new(&self.path, "writing an event", e))?;
         Ok(())
     }
 
@@ -117,7 +110,7 @@ impl Store {
                    (SELECT seq, at_ms, kind, lease, gpu, message FROM events WHERE at_ms >= ?1 ORDER BY seq DESC LIMIT ?2)
                  ORDER BY seq",
             )
-            .map_err(|e| self.err("reading events", e))?;
+            .map_err(|e| StoreError::new(&self.path, "reading events", e))?;
         let rows = st
             .query_map(params![since_ms, limit as i64], |r| {
                 Ok(Event {
@@ -128,9 +121,9 @@ impl Store {
                     message: r.get(4)?,
                 })
             })
-            .map_err(|e| self.err("reading events", e))?;
+            .map_err(|e| StoreError::new(&self.path, "reading events", e))?;
         rows.collect::<Result<_, _>>()
-            .map_err(|e| self.err("reading events", e))
+            .map_err(|e| StoreError::new(&self.path, "reading events", e))
     }
 
     /// Drops events older than the retention.
@@ -140,7 +133,7 @@ impl Store {
                 "DELETE FROM events WHERE at_ms < ?1",
                 params![now_ms - EVENT_RETENTION_MS],
             )
-            .map_err(|e| self.err("pruning events", e))
+            .map_err(|e| StoreError::new(&self.path, "pruning events", e))
     }
 
     /// A setting.
@@ -152,7 +145,7 @@ impl Store {
                 |r| r.get(0),
             )
             .optional()
-            .map_err(|e| self.err("reading a setting", e))
+            .map_err(|e| StoreError::new(&self.path, "reading a setting", e))
     }
 
     /// Sets (or with `None` removes) a setting.
@@ -167,7 +160,7 @@ impl Store {
                 .conn
                 .execute("DELETE FROM settings WHERE key = ?1", params![key]),
         }
-        .map_err(|e| self.err("writing a setting", e))?;
+        .map_err(|e| StoreError::new(&self.path, "writing a setting", e))?;
         Ok(())
     }
 

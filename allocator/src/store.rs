@@ -46,14 +46,6 @@ impl Sqlite {
         )?;
         Ok(Sqlite { conn, path })
     }
-
-    fn err(
-        &self,
-        what: &'static str,
-        e: impl std::error::Error + Send + Sync + 'static,
-    ) -> StoreError {
-        StoreError::new(&self.path, what, e)
-    }
 }
 
 fn secs(t: Time) -> i64 {
@@ -73,7 +65,7 @@ impl Store for Sqlite {
         let body = input
             .map(serde_json::to_string)
             .transpose()
-            .map_err(|e| self.err("encoding an input", e))?;
+            .map_err(|e| StoreError::new(&self.path, "encoding an input", e))?;
         let path = self.path.display().to_string();
         let fail = |what: &'static str| {
             let path = path.clone();
@@ -108,7 +100,7 @@ impl Store for Sqlite {
         let mut st = self
             .conn
             .prepare("SELECT seq, at, input FROM journal ORDER BY seq")
-            .map_err(|e| self.err("reading the journal", e))?;
+            .map_err(|e| StoreError::new(&self.path, "reading the journal", e))?;
         let rows = st
             .query_map([], |r| {
                 Ok((
@@ -117,12 +109,13 @@ impl Store for Sqlite {
                     r.get::<_, String>(2)?,
                 ))
             })
-            .map_err(|e| self.err("reading the journal", e))?;
+            .map_err(|e| StoreError::new(&self.path, "reading the journal", e))?;
         let mut out = Vec::new();
         for row in rows {
-            let (seq, at, body) = row.map_err(|e| self.err("reading the journal", e))?;
-            let input =
-                Input::decode(&body).map_err(|e| self.err("decoding a journal entry", e))?;
+            let (seq, at, body) =
+                row.map_err(|e| StoreError::new(&self.path, "reading the journal", e))?;
+            let input = Input::decode(&body)
+                .map_err(|e| StoreError::new(&self.path, "decoding a journal entry", e))?;
             out.push((seq.unsigned_abs(), at.unsigned_abs(), input));
         }
         Ok(out)
@@ -135,15 +128,16 @@ impl Store for Sqlite {
                 "SELECT at, text FROM (SELECT seq, at, text FROM audit WHERE ?1 = 0 OR workload = ?1
                  ORDER BY seq DESC LIMIT ?2) ORDER BY seq",
             )
-            .map_err(|e| self.err("reading the audit log", e))?;
+            .map_err(|e| StoreError::new(&self.path, "reading the audit log", e))?;
         let rows = st
             .query_map(params![secs(workload), limit as i64], |r| {
                 Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
             })
-            .map_err(|e| self.err("reading the audit log", e))?;
+            .map_err(|e| StoreError::new(&self.path, "reading the audit log", e))?;
         let mut out = Vec::new();
         for r in rows {
-            let (at, text) = r.map_err(|e| self.err("reading the audit log", e))?;
+            let (at, text) =
+                r.map_err(|e| StoreError::new(&self.path, "reading the audit log", e))?;
             out.push((at.unsigned_abs(), text));
         }
         Ok(out)
