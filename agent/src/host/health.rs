@@ -76,17 +76,7 @@ impl Host {
             .filter(|g| g.state == GpuState::Failed)
             .map(|g| g.pci.clone())
             .collect();
-        let doomed: Vec<String> = self
-            .leases
-            .values()
-            .filter(|l| {
-                l.live()
-                    && l.gpus
-                        .iter()
-                        .any(|u| self.pci_of(u).is_some_and(|p| failed.contains(p)))
-            })
-            .map(|l| l.id.clone())
-            .collect();
+        let doomed = self.live_leases_on(&failed);
         for id in doomed {
             self.kill_lost(&id, now_ms);
         }
@@ -121,17 +111,7 @@ impl Host {
             // Only those GPUs' leases end; the rest of the host keeps working.
             let now = v.host == HostVerdict::DrainNow;
             self.held_gpus = v.only_gpus.iter().cloned().collect();
-            let ids: Vec<String> = self
-                .leases
-                .values()
-                .filter(|l| {
-                    l.live()
-                        && l.gpus
-                            .iter()
-                            .any(|u| self.pci_of(u).is_some_and(|p| self.held_gpus.contains(p)))
-                })
-                .map(|l| l.id.clone())
-                .collect();
+            let ids = self.live_leases_on(&self.held_gpus);
             for id in ids {
                 self.revoke_inner(&id, now, &format!("health: {summary}"), "", now_ms);
             }

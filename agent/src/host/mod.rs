@@ -286,6 +286,20 @@ impl Host {
             .collect()
     }
 
+    /// The live leases holding any GPU of `pcis` (bus ids).
+    fn live_leases_on(&self, pcis: &BTreeSet<String>) -> Vec<String> {
+        self.leases
+            .values()
+            .filter(|l| {
+                l.live()
+                    && l.gpus
+                        .iter()
+                        .any(|u| self.pci_of(u).is_some_and(|p| pcis.contains(p)))
+            })
+            .map(|l| l.id.clone())
+            .collect()
+    }
+
     fn pci_of(&self, uuid: &str) -> Option<&str> {
         self.inventory
             .iter()
