@@ -68,6 +68,11 @@ pub trait Os: Send + Sync {
     fn process_group(&self, pid: i32) -> Option<i32>;
     /// Sends `signal` to every process of group `pgid`.
     fn signal_group(&self, pgid: i32, signal: Signal) -> Result<(), nix::Error>;
+    /// The user id owning `pid`, if it exists.
+    fn owner(&self, pid: i32) -> Option<u32>;
+    /// The agent's own pid and those of its ancestors up to init: processes a lease
+    /// must never hold, since a revocation signals the lease's group.
+    fn own_lineage(&self) -> Vec<i32>;
     /// The user called `name`.
     fn user_by_name(&self, name: &str) -> Option<User>;
     /// The user with id `uid`.
@@ -93,6 +98,15 @@ pub fn now_ms() -> i64 {
 /// The operating system itself: fork/exec, `killpg`, `/proc`, the user database.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RealOs;
+
+/// `PPid` of `/proc/PID/status`.
+fn parent_of(pid: i32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
 
 fn user(u: nix::unistd::User) -> User {
     User {
@@ -125,6 +139,25 @@ impl Os for RealOs {
 
     fn signal_group(&self, pgid: i32, signal: Signal) -> Result<(), nix::Error> {
         nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), signal)
+    }
+
+    fn owner(&self, pid: i32) -> Option<u32> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(format!("/proc/{pid}"))
+            .ok()
+            .map(|m| m.uid())
+    }
+
+    fn own_lineage(&self) -> Vec<i32> {
+        let mut out = Vec::new();
+        let mut pid = i32::try_from(std::process::id()).unwrap_or(0);
+        // Bounded: a pid chain cannot be longer than the pid space, but a racing
+        // /proc must not keep this loop going.
+        while pid > 0 && out.len() < 4_096 && !out.contains(&pid) {
+            out.push(pid);
+            pid = parent_of(pid).unwrap_or(0);
+        }
+        out
     }
 
     fn user_by_name(&self, name: &str) -> Option<User> {
@@ -164,5 +197,9 @@ mod tests {
         let u = os.user_by_uid(os.euid()).expect("the agent's user exists");
         assert_eq!(os.user_by_name(&u.name).map(|u| u.uid), Some(os.euid()));
         assert!(os.now_ms() > 1_600_000_000_000);
+        assert_eq!(os.owner(me), Some(os.euid()));
+        let lineage = os.own_lineage();
+        assert_eq!(lineage.first(), Some(&me));
+        assert_eq!(lineage.last(), Some(&1), "up to init: {lineage:?}");
     }
 }

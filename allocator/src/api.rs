@@ -486,10 +486,12 @@ impl pb::org_server::Org for Api {
         req: Request<pb::SetWeightRequest>,
     ) -> Result<Response<pb::Group>, Status> {
         let r = req.into_inner();
-        if !(r.weight.is_finite() && r.weight > 0.0) {
+        if !allot_fairshare::tree::weight_ok(r.weight) {
             return Err(Status::invalid_argument(format!(
-                "weight: {} must be a positive number",
-                r.weight
+                "weight: {} is out of range; give a number from {} to {}",
+                r.weight,
+                allot_fairshare::tree::MIN_WEIGHT,
+                allot_fairshare::tree::MAX_WEIGHT
             )));
         }
         self.0

@@ -186,7 +186,10 @@ fn fire(hook: &Hook, t: &Target, grace: Duration) -> Fired {
             };
             // The hook gets the grace like the checkpoint itself; a hung one is killed
             // so the ladder keeps its promised bound.
-            let end = Instant::now() + grace;
+            // A grace too long for the clock waits "forever" rather than panicking.
+            let end = Instant::now()
+                .checked_add(grace)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
             loop {
                 match child.try_wait() {
                     Ok(Some(s)) if s.success() => {

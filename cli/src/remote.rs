@@ -276,11 +276,12 @@ pub(crate) fn parse_server(s: &str) -> Result<String, String> {
     }
 }
 
-/// Clap value parser for `--weight`: weights are relative, so only > 0 means anything.
+/// Clap value parser for `--weight`: weights are relative, within the core's range.
 fn parse_weight(s: &str) -> Result<f64, String> {
+    use allot_fairshare::tree::{weight_ok, MAX_WEIGHT, MIN_WEIGHT};
     match s.trim().parse::<f64>() {
-        Ok(w) if w.is_finite() && w > 0.0 => Ok(w),
-        _ => Err("expected a positive number (e.g. 2 or 0.5): the group's weight relative to its siblings".into()),
+        Ok(w) if weight_ok(w) => Ok(w),
+        _ => Err(format!("expected a positive number from {MIN_WEIGHT} to {MAX_WEIGHT} (e.g. 2 or 0.5): the group's weight relative to its siblings")),
     }
 }
 

@@ -166,7 +166,7 @@ fn bad_durations_and_counts_are_usage_errors() {
 
 #[test]
 fn weights_must_be_positive() {
-    for bad in ["-1", "0", "lots"] {
+    for bad in ["-1", "0", "lots", "1e308", "5e-324", "inf"] {
         let (code, _, err) = allot(&["budget", "set", "x", "--weight", bad]);
         assert_eq!(code, 2, "{bad}: {err}");
         assert!(err.contains("--weight"), "{bad}: {err}");

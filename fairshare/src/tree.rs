@@ -8,6 +8,19 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Index of a node in the org tree. The root is always `GroupId(0)`.
+/// The smallest weight a group may have.
+pub const MIN_WEIGHT: f64 = 1e-6;
+/// The largest weight a group may have. With [`MIN_WEIGHT`], shares stay within 12
+/// orders of magnitude of each other, so products down the tree and served ratios
+/// never underflow to 0 or overflow to infinity (a weight of 1e308 beside 5e-324 made
+/// every share 0 and every ratio NaN).
+pub const MAX_WEIGHT: f64 = 1e6;
+
+/// True for a weight a group may have: finite, from [`MIN_WEIGHT`] to [`MAX_WEIGHT`].
+pub fn weight_ok(w: f64) -> bool {
+    (MIN_WEIGHT..=MAX_WEIGHT).contains(&w)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct GroupId(pub u32);
 
@@ -63,8 +76,8 @@ pub enum TreeError {
         /// The parent it named.
         parent: String,
     },
-    /// A weight that is not a positive finite number.
-    #[error("org tree: group {name:?} has weight {weight}; weights must be positive numbers")]
+    /// A weight outside [`MIN_WEIGHT`, `MAX_WEIGHT`].
+    #[error("org tree: group {name:?} has weight {weight}; weights are numbers from 1e-6 to 1e6")]
     BadWeight {
         /// The group.
         name: String,
@@ -106,7 +119,7 @@ impl OrgTree {
             if s.name.is_empty() || s.name == "root" {
                 return Err(TreeError::BadName(s.name.clone()));
             }
-            if !(s.weight.is_finite() && s.weight > 0.0) {
+            if !weight_ok(s.weight) {
                 return Err(TreeError::BadWeight {
                     name: s.name.clone(),
                     weight: s.weight,
@@ -151,7 +164,7 @@ impl OrgTree {
     /// Changes one group's weight (a manager's act); every share is recomputed.
     pub fn set_weight(&mut self, g: GroupId, weight: f64) -> Result<(), TreeError> {
         let name = self.groups[g.idx()].name.clone();
-        if g == GroupId::ROOT || !(weight.is_finite() && weight > 0.0) {
+        if g == GroupId::ROOT || !weight_ok(weight) {
             return Err(TreeError::BadWeight { name, weight });
         }
         self.groups[g.idx()].weight = weight;
@@ -282,8 +295,16 @@ mod tests {
     fn rejects_bad_specs_with_the_name() {
         let e = OrgTree::new(&[spec("a", Some("nope"), 1.0)]).unwrap_err();
         assert!(e.to_string().contains("\"nope\""), "{e}");
-        let e = OrgTree::new(&[spec("a", None, 0.0)]).unwrap_err();
-        assert!(matches!(e, TreeError::BadWeight { .. }));
+        for w in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e308, 5e-324, 2e6, 1e-7] {
+            let e = OrgTree::new(&[spec("a", None, w)]).unwrap_err();
+            assert!(matches!(e, TreeError::BadWeight { .. }), "{w}");
+        }
+        for w in [MIN_WEIGHT, 1.0, MAX_WEIGHT] {
+            let mut t = OrgTree::new(&[spec("a", None, w)]).expect("in range");
+            let a = t.find("a").expect("a");
+            assert!(t.set_weight(a, 1e308).is_err());
+            assert!(t.set_weight(a, 2.0).is_ok());
+        }
         let e = OrgTree::new(&[spec("a", None, 1.0), spec("a", None, 1.0)]).unwrap_err();
         assert_eq!(e, TreeError::Duplicate("a".into()));
         assert_eq!(OrgTree::new(&[]).unwrap_err(), TreeError::Empty);

@@ -7,6 +7,7 @@ use super::{lease_dir, lease_env, Host, LadderJob, ADOPTED_POLL_MS};
 use crate::contract::{self, Due};
 use crate::lease::{LeaseState, StepRecord};
 use allot_checkpoint_hooks::{Ladder, Outcome, Target, DEFAULT_MARKER};
+use allot_fairshare::scheduler::MAX_CONTRACT;
 use allot_proto::v1::LeaseEnd;
 use std::time::Duration;
 
@@ -146,7 +147,8 @@ impl Host {
             },
             ladder: Ladder {
                 hook: l.hook.parse().ok(),
-                grace: Duration::from_secs(l.grace_s),
+                // Capped again: a lease stored before the cap must not overflow a clock.
+                grace: Duration::from_secs(l.grace_s.min(MAX_CONTRACT)),
                 term_grace: Duration::from_secs(settings.term_grace_s),
                 marker: DEFAULT_MARKER.into(),
             },

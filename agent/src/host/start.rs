@@ -8,6 +8,7 @@ use crate::lease::{LeaseRecord, LeaseState};
 use crate::os::Reaper;
 use crate::process::Launch;
 use allot_checkpoint_hooks::Hook;
+use allot_fairshare::scheduler::MAX_CONTRACT;
 use allot_health::verdict::{GpuSample, GpuState};
 use allot_proto::v1::LeaseEnd;
 use std::collections::BTreeSet;
@@ -96,6 +97,22 @@ impl Host {
                 message: "must be at least 1".into(),
             });
         }
+        // The core caps contracts at a year; so does the host, so that no duration
+        // overflows a clock (a u64::MAX grace once crash-looped the agent).
+        for (field, secs) in [
+            ("min_runtime_s", spec.min_runtime_s),
+            ("time_limit_s", spec.time_limit_s.unwrap_or(0)),
+            ("grace_s", spec.grace_s),
+        ] {
+            if secs > MAX_CONTRACT {
+                return Err(HostError::Invalid {
+                    field,
+                    message: format!(
+                        "{secs} s is longer than the longest contract (365d); give at most 365d"
+                    ),
+                });
+            }
+        }
         match (spec.argv.is_empty(), spec.adopt_pid) {
             (true, None) => {
                 return Err(HostError::Invalid {
@@ -171,6 +188,23 @@ impl Host {
                             pgrp.unwrap_or(0)
                         ),
                     });
+                }
+                // A revocation signals the lease's group: never the agent's own.
+                if self.os.own_lineage().contains(&pid) {
+                    return Err(HostError::Invalid {
+                        field: "adopt_pid",
+                        message: format!(
+                            "pid {pid} is the agent or one of its ancestors; only workloads can be adopted"
+                        ),
+                    });
+                }
+                let owner = self.os.owner(pid);
+                if caller.uid != 0 && owner != Some(caller.uid) {
+                    return Err(HostError::Refused(format!(
+                        "pid {pid} belongs to uid {}, not to you (uid {}); only root may adopt another user's process",
+                        owner.map_or_else(|| "?".to_string(), |o| o.to_string()),
+                        caller.uid
+                    )));
                 }
                 if self.leases.values().any(|l| l.live() && l.pid == pid) {
                     return Err(HostError::Refused(format!(

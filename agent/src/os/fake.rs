@@ -29,6 +29,10 @@ pub enum Call {
     Euid,
     /// A directory was made.
     CreateDir(PathBuf),
+    /// Who owns a process was asked.
+    Owner(i32),
+    /// The agent's own lineage was asked.
+    Lineage,
 }
 
 /// A process in the fake's table.
@@ -40,6 +44,8 @@ pub struct Proc {
     pub pgrp: i32,
     /// Not exited.
     pub alive: bool,
+    /// The user owning it.
+    pub owner: u32,
 }
 
 #[derive(Debug)]
@@ -50,9 +56,13 @@ struct State {
     procs: BTreeMap<i32, Proc>,
     users: Vec<User>,
     euid: u32,
+    lineage: Vec<i32>,
     fail_launch: Option<String>,
     calls: Vec<Call>,
 }
+
+/// The agent's own pid in the fake (its parent is init, pid 1).
+pub const AGENT_PID: i32 = 42;
 
 /// The fake; clones share one state (keep one, give the host another).
 #[derive(Debug, Clone)]
@@ -65,10 +75,10 @@ impl Default for FakeOs {
 }
 
 impl FakeOs {
-    /// Time at 1,000,000 ms, the agent running as root, users `root` (0) and
-    /// `alice` (1000, group 100), no processes.
+    /// Time at 1,000,000 ms, the agent running as root (pid [`AGENT_PID`], child of
+    /// init), users `root` (0) and `alice` (1000, group 100), no other processes.
     pub fn new() -> FakeOs {
-        FakeOs(Arc::new(Mutex::new(State {
+        let os = FakeOs(Arc::new(Mutex::new(State {
             now_ms: 1_000_000,
             next_pid: 100,
             next_ticks: 5_000,
@@ -86,9 +96,15 @@ impl FakeOs {
                 },
             ],
             euid: 0,
+            lineage: vec![AGENT_PID, 1],
             fail_launch: None,
             calls: Vec::new(),
-        })))
+        })));
+        // Init and the agent itself run, owned by root, each leading its group.
+        for pid in [1, AGENT_PID] {
+            FakeOs::add(&mut os.state(), pid, pid);
+        }
+        os
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -128,6 +144,15 @@ impl FakeOs {
         Self::add(&mut s, pid, pgrp)
     }
 
+    /// A process of user `uid` leading its own group.
+    pub fn spawn_owned_by(&self, uid: u32) -> ProcId {
+        let p = self.spawn();
+        if let Some(x) = self.state().procs.get_mut(&p.pid) {
+            x.owner = uid;
+        }
+        p
+    }
+
     fn add(s: &mut State, pid: i32, pgrp: i32) -> ProcId {
         s.next_ticks += 1;
         let start_ticks = s.next_ticks;
@@ -137,6 +162,7 @@ impl FakeOs {
                 start_ticks,
                 pgrp,
                 alive: true,
+                owner: 0,
             },
         );
         ProcId { pid, start_ticks }
@@ -265,6 +291,15 @@ impl Os for FakeOs {
         } else {
             Err(nix::Error::ESRCH)
         }
+    }
+
+    fn owner(&self, pid: i32) -> Option<u32> {
+        let s = self.record(Call::Owner(pid));
+        s.procs.get(&pid).map(|p| p.owner)
+    }
+
+    fn own_lineage(&self) -> Vec<i32> {
+        self.record(Call::Lineage).lineage.clone()
     }
 
     fn user_by_name(&self, name: &str) -> Option<User> {

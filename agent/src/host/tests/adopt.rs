@@ -110,3 +110,45 @@ fn an_owned_process_is_not_polled() {
     );
     assert_eq!(t.state(&l.id), LeaseState::Running);
 }
+
+#[test]
+fn the_agent_and_its_ancestors_are_never_adopted() {
+    let mut t = T::new();
+    for pid in [crate::os::fake::AGENT_PID, 1] {
+        match t.try_start(StartSpec {
+            argv: Vec::new(),
+            adopt_pid: Some(pid),
+            ..spec(1, 0)
+        }) {
+            Err(HostError::Invalid { field, message }) => {
+                assert_eq!(field, "adopt_pid");
+                assert!(
+                    message.contains("the agent or one of its ancestors"),
+                    "{message}"
+                );
+            }
+            other => panic!("pid {pid}: expected a refusal, got {other:?}"),
+        }
+    }
+    assert!(t.h.leases().is_empty());
+}
+
+#[test]
+fn a_user_adopts_only_their_own_processes_and_root_any() {
+    let mut t = T::new();
+    let adopt = |pid: i32| StartSpec {
+        argv: Vec::new(),
+        adopt_pid: Some(pid),
+        ..spec(1, 0)
+    };
+    let roots = t.os.spawn_owned_by(0);
+    let now = t.now();
+    let m = refusal(t.h.start(adopt(roots.pid), ALICE, now));
+    assert!(m.contains("belongs to uid 0, not to you (uid 1000)"), "{m}");
+    let hers = t.os.spawn_owned_by(1000);
+    let (l, _) = t.h.start(adopt(hers.pid), ALICE, now).expect("her own");
+    assert_eq!(l.user, "alice");
+    // Root may adopt anyone's (the operator taking over a running job).
+    t.start(adopt(roots.pid));
+    assert_eq!(t.h.leases().len(), 2);
+}

@@ -211,3 +211,73 @@ fn an_agent_that_is_not_root_runs_work_only_as_itself() {
     assert!(m.contains("the agent runs as uid 1000"), "{m}");
     assert!(t.os.calls().iter().any(|c| matches!(c, Call::Euid)));
 }
+
+#[test]
+fn durations_longer_than_a_year_are_refused_naming_the_field() {
+    let mut t = T::new();
+    let year = allot_fairshare::scheduler::MAX_CONTRACT;
+    for (field, s) in [
+        (
+            "grace_s",
+            StartSpec {
+                grace_s: u64::MAX,
+                ..spec(1, 0)
+            },
+        ),
+        ("min_runtime_s", spec(1, year + 1)),
+        (
+            "time_limit_s",
+            StartSpec {
+                time_limit_s: Some(u64::MAX),
+                ..spec(1, 0)
+            },
+        ),
+    ] {
+        assert_eq!(invalid(t.try_start(s)), field);
+    }
+    assert!(t.os.launches().is_empty());
+    // A year exactly is a contract the core accepts too.
+    t.start(StartSpec {
+        grace_s: year,
+        ..spec(1, year)
+    });
+}
+
+mod arbitrary_requests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Whatever a caller asks, the host answers (no panic), and whatever it
+        /// starts has durations no clock can overflow.
+        #[test]
+        fn any_start_request_is_answered_and_starts_only_what_it_can_keep(
+            gpus in 0u32..12,
+            min_runtime_s in prop_oneof![0u64..10_000, any::<u64>()],
+            time_limit_s in proptest::option::of(prop_oneof![0u64..10_000, any::<u64>()]),
+            grace_s in prop_oneof![0u64..10_000, any::<u64>()],
+            argv in proptest::collection::vec("[a-z\\-]{0,8}", 0..3),
+            adopt in proptest::option::of(-2i32..200),
+            user in prop_oneof![Just(String::new()), Just("alice".to_string()), "[a-z]{1,6}"],
+            hook in prop_oneof![Just(String::new()), Just("signal:USR1".to_string()), "[a-z:]{0,12}"],
+            as_alice in any::<bool>(),
+        ) {
+            let mut t = T::new();
+            let caller = if as_alice { ALICE } else { ROOT };
+            let now = t.now();
+            let r = t.h.start(
+                StartSpec { gpus, min_runtime_s, time_limit_s, grace_s, argv, adopt_pid: adopt, user, hook, ..Default::default() },
+                caller,
+                now,
+            );
+            if let Ok((l, _)) = r {
+                let year = allot_fairshare::scheduler::MAX_CONTRACT;
+                prop_assert!(l.grace_s <= year && l.min_runtime_s <= year);
+                prop_assert!(l.time_limit_s.is_none_or(|s| s <= year));
+                prop_assert!(l.gpus.len() == gpus as usize);
+                prop_assert!(adopt.is_none_or(|p| p != crate::os::fake::AGENT_PID && p != 1));
+            }
+        }
+    }
+}
