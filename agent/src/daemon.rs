@@ -207,6 +207,11 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     if let Err(m) = &monitor {
         host.config_event(m);
     }
+    // Before the socket exists: whoever sees it may signal us, and a SIGHUP that
+    // came before its handler would end the agent.
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let (listener, admin_gid) = bind(&cfg)?;
     let (spawned_tx, mut spawned_rx) = mpsc::unbounded_channel::<(String, Reaper)>();
     let shared = Arc::new(Shared {
@@ -266,14 +271,12 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     );
     let (cfg_tx, mut cfg_rx) = mpsc::unbounded_channel();
     let _watcher = o.config_path().and_then(|p| watch_config(&p, cfg_tx));
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     if !cfg.agent.allocator.is_empty() {
         tokio::spawn(crate::uplink::run(
             shared.clone(),
             cfg.agent.allocator.clone(),
             cfg.agent.cluster.clone(),
+            cfg.agent.state_dir.clone(),
         ));
     }
     tracing::info!(socket = %cfg.agent.socket.display(), state_dir = %cfg.agent.state_dir.display(), source = %cfg.health.source, "allot-agent ready");

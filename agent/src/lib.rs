@@ -8,6 +8,7 @@
 pub mod api;
 pub mod config;
 pub mod contract;
+pub mod credentials;
 pub mod daemon;
 pub mod host;
 pub mod lease;

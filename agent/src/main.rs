@@ -26,6 +26,65 @@ struct Args {
     /// Only check the config and exit.
     #[arg(long)]
     check_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Get this host's certificate from allotd with a one-time token (an admin
+    /// prints one with `allotd nodes enroll NAME`); stored in STATE_DIR/pki.
+    Enroll {
+        /// allotd's address, e.g. https://allotd.example.org:7070.
+        #[arg(long)]
+        server: String,
+        /// The enrollment token.
+        #[arg(long, env = "ALLOT_ENROLL_TOKEN", hide_env_values = true)]
+        token: String,
+        /// The cluster CA certificate (public), to check allotd by.
+        #[arg(long, default_value = "/etc/allot/ca.pem")]
+        ca: PathBuf,
+    },
+}
+
+/// `allot-agent enroll`.
+fn enroll(o: &Overrides, server: &str, token: &str, ca: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let cfg = o.load()?;
+    let ca_pem = std::fs::read_to_string(ca).with_context(|| {
+        format!(
+            "reading the cluster CA {} (copy allotd's pki/ca.pem here, or give --ca)",
+            ca.display()
+        )
+    })?;
+    let host = if cfg.agent.host.is_empty() {
+        sysinfo::System::host_name().unwrap_or_else(|| "localhost".into())
+    } else {
+        cfg.agent.host.clone()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let c = rt.block_on(allot_agent::credentials::enroll(
+        server,
+        token,
+        &ca_pem,
+        &cfg.agent.state_dir,
+        &host,
+    ))?;
+    println!(
+        "enrolled as {} (certificate until {}; renewed automatically) in {}",
+        c.info.common_name,
+        c.info.not_after,
+        allot_agent::credentials::dir(&cfg.agent.state_dir).display()
+    );
+    if c.info.common_name != host {
+        println!(
+            "note: the token was for {:?}; set agent.host = {:?} in the agent config",
+            c.info.common_name, c.info.common_name
+        );
+    }
+    Ok(())
 }
 
 fn gpu_source(s: &str) -> Result<String, String> {
@@ -42,6 +101,15 @@ fn main() -> std::process::ExitCode {
         gpu_source: a.gpu_source,
         kmsg: a.kmsg,
     };
+    if let Some(Command::Enroll { server, token, ca }) = &a.command {
+        return match enroll(&o, server, token, ca) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("allot-agent enroll: {e:#}");
+                std::process::ExitCode::from(2)
+            }
+        };
+    }
     if a.check_config {
         return match o.load() {
             Ok(_) => {

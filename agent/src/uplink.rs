@@ -4,9 +4,11 @@
 //! Reconnects with exponential backoff; the agent works on alone meanwhile.
 
 use crate::api::{drains_pb, gpu_pb, lease_pb, verdict_pb, Shared};
+use crate::credentials::Credentials;
 use crate::host::{now_ms, Caller, StartSpec};
 use crate::lease::LeaseRecord;
 use allot_proto::v1 as pb;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -178,10 +180,54 @@ fn on_command(sh: &Shared, m: pb::AllocatorMessage) {
     sh.wake.notify_one();
 }
 
-async fn session(sh: &Arc<Shared>, addr: &str, cluster: &str) -> Result<(), String> {
-    let mut client = pb::agent_stream_client::AgentStreamClient::connect(addr.to_string())
-        .await
-        .map_err(|e| format!("cannot reach {addr}: {e}"))?;
+/// A channel to allotd that proves this host, its certificate renewed first when
+/// two thirds of its life have passed.
+async fn channel(
+    sh: &Shared,
+    addr: &str,
+    state_dir: &Path,
+) -> Result<tonic::transport::Channel, String> {
+    // Read each time: `allot-agent enroll` may have run since, or a renewal.
+    let mut me = Credentials::load(state_dir).map_err(|e| e.to_string())?;
+    if me.info.common_name != sh.host_name {
+        return Err(format!(
+            "the host's certificate is for {:?} but agent.host is {:?}; set agent.host to the enrolled name, or enroll this name",
+            me.info.common_name, sh.host_name
+        ));
+    }
+    let connect = |me: &Credentials| {
+        let e = me.endpoint(addr).map_err(|e| e.to_string());
+        async move {
+            e?.connect().await.map_err(|e| {
+                format!(
+                    "cannot reach {addr}: {}",
+                    crate::credentials::root_cause(&e)
+                )
+            })
+        }
+    };
+    let mut ch = connect(&me).await?;
+    if me.renewal_due(now_ms() as u64 / 1000) {
+        match crate::credentials::renew(ch.clone(), state_dir, &me).await {
+            Ok(new) => {
+                tracing::info!(not_after = new.info.not_after, "certificate renewed");
+                me = new;
+                ch = connect(&me).await?;
+            }
+            Err(e) => tracing::warn!(error = %e, "certificate renewal failed; will retry"),
+        }
+    }
+    Ok(ch)
+}
+
+async fn session(
+    sh: &Arc<Shared>,
+    addr: &str,
+    cluster: &str,
+    state_dir: &Path,
+) -> Result<(), String> {
+    let mut client =
+        pb::agent_stream_client::AgentStreamClient::new(channel(sh, addr, state_dir).await?);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     // Up before the snapshot: a change made meanwhile is queued behind it rather than
     // dropped by the daemon's flush.
@@ -226,16 +272,12 @@ async fn session(sh: &Arc<Shared>, addr: &str, cluster: &str) -> Result<(), Stri
 }
 
 /// Keeps a session to the allocator up for as long as the agent runs.
-pub async fn run(sh: Arc<Shared>, addr: String, cluster: String) {
-    let addr = if addr.contains("://") {
-        addr
-    } else {
-        format!("http://{addr}")
-    };
+pub async fn run(sh: Arc<Shared>, addr: String, cluster: String, state_dir: PathBuf) {
+    let addr = crate::credentials::with_scheme(&addr);
     let mut wait = BACKOFF.0;
     loop {
         let t0 = std::time::Instant::now();
-        match session(&sh, &addr, &cluster).await {
+        match session(&sh, &addr, &cluster, &state_dir).await {
             Ok(()) => {
                 tracing::warn!(allocator = %addr, "allocator closed the stream; reconnecting")
             }

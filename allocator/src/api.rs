@@ -5,8 +5,8 @@
 
 use crate::serve::{now, Server};
 use crate::state::{
-    end_from_agent, end_from_agent_text, lease_from_wire, lease_wire, state_name, Command,
-    GpuCondition, GpuSeen, HostDrain, Input, NodeRec, Out, Verdict, WorkRec,
+    end_from_agent, end_from_agent_text, lease_from_wire, lease_wire, state_name, Ask, Command,
+    Denied, GpuCondition, GpuSeen, HostDrain, Input, NodeRec, Out, Verdict, Who, WorkRec,
 };
 use allot_fairshare::{CoreError, NodeSpec, NodeState, WorkloadSpec, WorkloadState};
 use allot_proto::v1 as pb;
@@ -260,7 +260,107 @@ pub fn node_pb(n: &NodeRec, leases: &[(u64, Vec<String>)], free: u32, now_: u64)
 #[derive(Clone)]
 pub struct Api(pub Arc<Server>);
 
+/// The header an enrolled node's agent sets to vouch for its local user.
+pub const VOUCH_HEADER: &str = "x-allot-user";
+
+fn denied_status(d: Denied) -> Status {
+    if d.unauthenticated {
+        Status::unauthenticated(d.message)
+    } else {
+        Status::permission_denied(d.message)
+    }
+}
+
+/// Who is asking, from what the transport proved: the peer's certificate (an
+/// enrolled node, maybe vouching for a user), a bearer token, or the admin socket.
+/// A credential that is shown but not valid is refused, never taken as anonymous.
+pub fn who_of<T>(server: &Server, req: &Request<T>) -> Result<Who, Status> {
+    // Only the admin socket is a unix socket, and it admits root and allotd's user.
+    if req
+        .extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>()
+        .is_some()
+    {
+        return Ok(Who::Local);
+    }
+    let now = now();
+    if let Some(cert) = req.peer_certs().and_then(|c| c.first().cloned()) {
+        let info = allot_auth::CertInfo::from_der(&cert)
+            .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))?;
+        server
+            .core()
+            .alloc
+            .creds
+            .node_may_connect(&info.common_name, &info.fingerprint, now)
+            .map_err(|r| Status::permission_denied(r.0))?;
+        return Ok(match req.metadata().get(VOUCH_HEADER) {
+            Some(u) => {
+                let user = u
+                    .to_str()
+                    .map_err(|_| Status::invalid_argument(format!("{VOUCH_HEADER}: not text")))?;
+                safe_name(VOUCH_HEADER, user)?;
+                Who::Vouched {
+                    user: user.to_string(),
+                    node: info.common_name,
+                }
+            }
+            None => Who::Node(info.common_name),
+        });
+    }
+    if let Some(v) = req.metadata().get("authorization") {
+        let secret = v
+            .to_str()
+            .ok()
+            .and_then(|s| s.strip_prefix("Bearer "))
+            .ok_or_else(|| Status::unauthenticated("authorization: expected `Bearer TOKEN`"))?;
+        let user = server
+            .core()
+            .alloc
+            .token_user(secret, now)
+            .map_err(|r| Status::unauthenticated(r.0))?;
+        return Ok(Who::User(user));
+    }
+    Ok(Who::Anonymous)
+}
+
+/// A name as identities and credentials carry it: 1 to 128 bytes of letters,
+/// digits and `._@-`.
+pub(crate) fn safe_name(field: &str, s: &str) -> Result<(), Status> {
+    if s.is_empty()
+        || s.len() > 128
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._@-".contains(&b))
+    {
+        return Err(Status::invalid_argument(format!(
+            "{field}: {s:?} is not a name; use 1 to 128 letters, digits, '.', '_', '@' or '-'"
+        )));
+    }
+    Ok(())
+}
+
 impl Api {
+    /// Who is asking.
+    pub(crate) fn who<T>(&self, req: &Request<T>) -> Result<Who, Status> {
+        who_of(&self.0, req)
+    }
+
+    /// Whether `who` may `ask` (the state machine's rule).
+    pub(crate) fn check(&self, who: &Who, ask: Ask<'_>) -> Result<(), Status> {
+        self.0
+            .core()
+            .alloc
+            .authorize(who, ask)
+            .map_err(denied_status)
+    }
+
+    /// Who is asking, if they may `ask`.
+    pub(crate) fn allow<T>(&self, req: &Request<T>, ask: Ask<'_>) -> Result<Who, Status> {
+        let who = self.who(req)?;
+        self.check(&who, ask)?;
+        Ok(who)
+    }
+
     fn node_view(&self, name: &str) -> Option<pb::Node> {
         let c = self.0.core();
         let n = c.alloc.nodes().get(name)?;
@@ -350,10 +450,22 @@ impl pb::workloads_server::Workloads for Api {
         &self,
         req: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
-        let s = req
+        let who = self.who(&req)?;
+        let mut s = req
             .into_inner()
             .spec
             .ok_or_else(|| Status::invalid_argument("spec: missing"))?;
+        // The work runs as whoever is proven to ask; a different name is refused.
+        if s.user.is_empty() {
+            s.user = who.user().unwrap_or_default().to_string();
+        }
+        self.check(
+            &who,
+            Ask::Submit {
+                project: &s.project,
+                user: &s.user,
+            },
+        )?;
         check_spec(&s)?;
         let input = Input::Submit {
             spec: WorkloadSpec {
@@ -387,13 +499,17 @@ impl pb::workloads_server::Workloads for Api {
         &self,
         req: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::Workload>, Status> {
-        let id = parse_id(&req.into_inner().id)?;
-        self.0.commit(Input::Cancel { id }).map_err(core_status)?;
+        let id = parse_id(&req.get_ref().id)?;
+        let who = self.allow(&req, Ask::Cancel(id))?;
+        self.0
+            .commit(Input::Cancel { id, by: who.name() })
+            .map_err(core_status)?;
         Ok(Response::new(self.workload_view(id)?))
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::Workload>, Status> {
-        let id = parse_id(&req.into_inner().id)?;
+        let id = parse_id(&req.get_ref().id)?;
+        self.allow(&req, Ask::See(id))?;
         let mut w = self.workload_view(id)?;
         // Why it started where it did, why it was revoked: the audit log's lines.
         w.history = self
@@ -411,6 +527,7 @@ impl pb::workloads_server::Workloads for Api {
         &self,
         req: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
+        let who = self.allow(&req, Ask::Read)?;
         let r = req.into_inner();
         let c = self.0.core();
         if !r.project.is_empty()
@@ -433,6 +550,8 @@ impl pb::workloads_server::Workloads for Api {
             .filter(|w| r.project.is_empty() || w.spec.project == r.project)
             .filter(|w| r.user.is_empty() || w.spec.user == r.user)
             .filter(|w| r.state == 0 || state_pb(w.state) as i32 == r.state)
+            // Only what this caller may see: their own, their subtree's, or all.
+            .filter(|w| c.alloc.sees(&who, w.id))
             .map(workload_pb)
             .collect();
         Ok(Response::new(pb::ListResponse { workloads }))
@@ -444,7 +563,8 @@ impl pb::workloads_server::Workloads for Api {
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let id = parse_id(&req.into_inner().id)?;
+        let id = parse_id(&req.get_ref().id)?;
+        self.allow(&req, Ask::See(id))?;
         let first = self.workload_view(id)?;
         let api = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(8);
@@ -476,8 +596,9 @@ impl pb::workloads_server::Workloads for Api {
 impl pb::org_server::Org for Api {
     async fn get_tree(
         &self,
-        _: Request<pb::GetTreeRequest>,
+        req: Request<pb::GetTreeRequest>,
     ) -> Result<Response<pb::GetTreeResponse>, Status> {
+        self.allow(&req, Ask::Read)?;
         Ok(Response::new(self.0.core().alloc.tree(now())))
     }
 
@@ -485,6 +606,7 @@ impl pb::org_server::Org for Api {
         &self,
         req: Request<pb::SetWeightRequest>,
     ) -> Result<Response<pb::Group>, Status> {
+        let who = self.allow(&req, Ask::SetWeight(&req.get_ref().name))?;
         let r = req.into_inner();
         if !allot_fairshare::tree::weight_ok(r.weight) {
             return Err(Status::invalid_argument(format!(
@@ -498,6 +620,7 @@ impl pb::org_server::Org for Api {
             .commit(Input::SetWeight {
                 group: r.name.clone(),
                 weight: r.weight,
+                by: who.name(),
             })
             .map_err(core_status)?;
         let tree = self.0.core().alloc.tree(now());
@@ -513,8 +636,9 @@ impl pb::org_server::Org for Api {
 impl pb::nodes_server::Nodes for Api {
     async fn list(
         &self,
-        _: Request<pb::ListNodesRequest>,
+        req: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        self.allow(&req, Ask::Read)?;
         let names: Vec<String> = self.0.core().alloc.nodes().keys().cloned().collect();
         let nodes = names.iter().filter_map(|n| self.node_view(n)).collect();
         Ok(Response::new(pb::ListNodesResponse { nodes }))
@@ -524,6 +648,7 @@ impl pb::nodes_server::Nodes for Api {
         &self,
         req: Request<pb::NodeDrainRequest>,
     ) -> Result<Response<pb::Node>, Status> {
+        let who = self.allow(&req, Ask::Drain)?;
         let r = req.into_inner();
         if !self.0.core().alloc.nodes().contains_key(&r.name) {
             return Err(Status::not_found(format!(
@@ -578,7 +703,7 @@ impl pb::nodes_server::Nodes for Api {
                     r.reason.clone()
                 },
                 by: "cluster-operator".into(),
-                author: String::new(),
+                author: who.name(),
             })
             .map_err(core_status)?;
         self.node_view(&r.name)
@@ -729,6 +854,11 @@ impl pb::agent_stream_server::AgentStream for Api {
         &self,
         req: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        let who = self.who(&req)?;
+        let fingerprint = req
+            .peer_certs()
+            .and_then(|c| c.first().map(|d| allot_auth::pki::fingerprint(d)))
+            .unwrap_or_default();
         let mut inbound = req.into_inner();
         let first = inbound
             .message()
@@ -739,6 +869,9 @@ impl pb::agent_stream_server::AgentStream for Api {
                 "the first message of a session must be register",
             ));
         };
+        check_register(&reg)?;
+        // A certificate speaks for its own node only: no registering as another.
+        self.check(&who, Ask::Session(&reg.host))?;
         let backlog = self.register(&reg)?;
         let node = reg.host.clone();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -750,7 +883,21 @@ impl pb::agent_stream_server::AgentStream for Api {
         let api = self.clone();
         tokio::spawn(async move {
             loop {
-                match inbound.message().await {
+                let msg = inbound.message().await;
+                // A node revoked meanwhile is cut off at its next message (its
+                // outbound stream already ended at the revocation).
+                let revoked = api
+                    .0
+                    .core()
+                    .alloc
+                    .creds
+                    .node_may_connect(&node, &fingerprint, now())
+                    .err();
+                if let Some(r) = revoked {
+                    tracing::warn!(node = %node, reason = %r, "agent session cut");
+                    break;
+                }
+                match msg {
                     Ok(Some(m)) => api.on_agent(&node, m),
                     Ok(None) => break,
                     Err(e) => {
@@ -768,19 +915,60 @@ impl pb::agent_stream_server::AgentStream for Api {
     }
 }
 
-/// Serves the four services on `listener` until `stop`.
+/// Serves the services on `listener` until `stop`: TLS with the cluster CA (a
+/// client certificate is asked for, not required: users come with tokens), or plain
+/// HTTP/2 where `[tls] plaintext_loopback` allows it.
 pub async fn grpc(
     server: Arc<Server>,
     listener: tokio::net::TcpListener,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let mut builder = tonic::transport::Server::builder();
+    if !server.cfg.tls.plaintext_loopback {
+        let pki = &server.pki;
+        builder = builder.tls_config(
+            ServerTlsConfig::new()
+                .identity(Identity::from_pem(&pki.server_cert, &pki.server_key))
+                .client_ca_root(Certificate::from_pem(&pki.ca.cert_pem))
+                .client_auth_optional(true),
+        )?;
+    }
     let api = Api(server);
-    tonic::transport::Server::builder()
+    builder
         .add_service(pb::workloads_server::WorkloadsServer::new(api.clone()))
         .add_service(pb::org_server::OrgServer::new(api.clone()))
         .add_service(pb::nodes_server::NodesServer::new(api.clone()))
+        .add_service(pb::enrollment_server::EnrollmentServer::new(api.clone()))
+        .add_service(pb::admin_server::AdminServer::new(api.clone()))
         .add_service(pb::agent_stream_server::AgentStreamServer::new(api))
         .serve_with_incoming_shutdown(accept_nodelay(listener), stop)
+        .await?;
+    Ok(())
+}
+
+/// Serves `Admin` on the admin socket until `stop`, for root and allotd's own user
+/// (the socket is 0600 too): `allotd tokens …` and `allotd nodes …` on this host.
+pub async fn admin_socket(
+    server: Arc<Server>,
+    listener: tokio::net::UnixListener,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    use tokio_stream::StreamExt;
+    let me = nix::unistd::geteuid().as_raw();
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener).filter(move |c| {
+        let Ok(c) = c else { return true };
+        match c.peer_cred() {
+            Ok(cred) if cred.uid() == 0 || cred.uid() == me => true,
+            other => {
+                tracing::warn!(peer = ?other.map(|c| c.uid()).ok(), "admin socket: refused a caller that is neither root nor allotd's user");
+                false
+            }
+        }
+    });
+    tonic::transport::Server::builder()
+        .add_service(pb::admin_server::AdminServer::new(Api(server)))
+        .serve_with_incoming_shutdown(incoming, stop)
         .await?;
     Ok(())
 }

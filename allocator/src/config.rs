@@ -59,6 +59,53 @@ impl Default for BreakerSection {
     }
 }
 
+/// The `[roles]` table: who may do more than their own work. Names are user names
+/// as tokens and agents prove them; roles are never taken from a request.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolesSection {
+    /// Drain and undrain nodes; see all work.
+    pub operators: Vec<String>,
+    /// Tokens, enrollment, everything.
+    pub admins: Vec<String>,
+}
+
+/// The `[tls]` table: the cluster CA and allotd's certificate.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSection {
+    /// Where the CA and allotd's certificate live; empty: `STATE_DIR/pki`.
+    pub dir: PathBuf,
+    /// Names clients reach allotd by, for its certificate (beside `localhost`,
+    /// `127.0.0.1` and this host's name).
+    pub names: Vec<String>,
+    /// Serve plain HTTP/2 instead of TLS: refused unless `listen` is a loopback
+    /// address (a local benchmark's baseline); never for a real cluster.
+    pub plaintext_loopback: bool,
+}
+
+impl Default for TlsSection {
+    fn default() -> Self {
+        TlsSection {
+            dir: PathBuf::new(),
+            names: Vec::new(),
+            plaintext_loopback: false,
+        }
+    }
+}
+
+/// Who may do what in a group of the org tree (`managers`, `members` and `open` on
+/// a `[[group]]`): rights hold for the whole subtree below it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GroupAccess {
+    /// Set weights inside the subtree; see and cancel its work.
+    pub managers: Vec<String>,
+    /// Charge its projects.
+    pub members: Vec<String>,
+    /// Anyone authenticated may charge its projects.
+    pub open: bool,
+}
+
 /// The whole config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -70,6 +117,28 @@ pub struct ServerConfig {
     pub policy: PolicyConfig,
     /// `[breaker]`.
     pub breaker: BreakerSection,
+    /// `[roles]`.
+    pub roles: RolesSection,
+    /// `[tls]`.
+    pub tls: TlsSection,
+    /// Access per group name (groups without any are absent).
+    pub access: BTreeMap<String, GroupAccess>,
+}
+
+/// One `[[group]]` table: the core's spec and who may use it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupEntry {
+    name: String,
+    #[serde(default)]
+    parent: Option<String>,
+    weight: f64,
+    #[serde(default)]
+    managers: Vec<String>,
+    #[serde(default)]
+    members: Vec<String>,
+    #[serde(default)]
+    open: bool,
 }
 
 /// The example `allotd init` writes and `allotd dev` uses.
@@ -84,13 +153,41 @@ impl ServerConfig {
             #[serde(default)]
             server: ServerSection,
             #[serde(default)]
-            group: Vec<GroupSpec>,
+            group: Vec<GroupEntry>,
             #[serde(default)]
             policy: PolicyConfig,
             #[serde(default)]
             breaker: BreakerSection,
+            #[serde(default)]
+            roles: RolesSection,
+            #[serde(default)]
+            tls: TlsSection,
         }
         let r: Raw = from_toml(text, file, "server")?;
+        let access: BTreeMap<String, GroupAccess> = r
+            .group
+            .iter()
+            .filter(|g| g.open || !g.managers.is_empty() || !g.members.is_empty())
+            .map(|g| {
+                (
+                    g.name.clone(),
+                    GroupAccess {
+                        managers: g.managers.clone(),
+                        members: g.members.clone(),
+                        open: g.open,
+                    },
+                )
+            })
+            .collect();
+        let group: Vec<GroupSpec> = r
+            .group
+            .into_iter()
+            .map(|g| GroupSpec {
+                name: g.name,
+                parent: g.parent,
+                weight: g.weight,
+            })
+            .collect();
         let at = Positions::new(text, file);
         let err = |field: &str, message: String| at.error(field, message);
         if !(r.breaker.max_share > 0.0 && r.breaker.max_share <= 1.0) {
@@ -111,14 +208,29 @@ impl ServerConfig {
                 ),
             ));
         }
-        if r.group.is_empty() {
+        if r.tls.plaintext_loopback
+            && !r
+                .server
+                .listen
+                .parse::<std::net::SocketAddr>()
+                .is_ok_and(|a| a.ip().is_loopback())
+        {
+            return Err(err(
+                "tls.plaintext_loopback",
+                format!(
+                    "plain HTTP/2 is allowed on a loopback address only, and server.listen is {:?}; remove plaintext_loopback (clients then use TLS with the cluster CA)",
+                    r.server.listen
+                ),
+            ));
+        }
+        if group.is_empty() {
             return Err(err(
                 "group",
                 "no org tree: add [[group]] tables (name, parent, weight); `allotd init` writes an example".into(),
             ));
         }
         let group_line = |name: &str| at.line_in_array("group", "name", name);
-        let groups = parents_first(&r.group)
+        let groups = parents_first(&group)
             .map_err(|(name, m)| at.error_at("group", group_line(&name), m))?;
         OrgTree::new(&groups).map_err(|e| {
             let name = match &e {
@@ -135,7 +247,19 @@ impl ServerConfig {
             groups,
             policy: r.policy,
             breaker: r.breaker,
+            roles: r.roles,
+            tls: r.tls,
+            access,
         })
+    }
+
+    /// Where the CA and allotd's certificate live.
+    pub fn pki_dir(&self) -> PathBuf {
+        if self.tls.dir.as_os_str().is_empty() {
+            self.server.state_dir.join("pki")
+        } else {
+            self.tls.dir.clone()
+        }
     }
 
     /// Reads and parses a file.
@@ -233,7 +357,7 @@ mod tests {
         assert!(e.message.contains("\"zz\"") && e.line == 2, "{e}");
         let e =
             ServerConfig::parse("[[group]]\nname = \"a\"\nweight = -2\n", "a.toml").unwrap_err();
-        assert!(e.message.contains("positive"), "{e}");
+        assert!(e.message.contains("from 1e-6 to 1e6"), "{e}");
         let e = ServerConfig::parse(
             "[server]\nlisten = \"nowhere\"\n[[group]]\nname = \"a\"\nweight = 1\n",
             "a.toml",

@@ -53,17 +53,108 @@ fn write_if_missing(path: &Path, text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Writes `STATE_DIR/env`: absolute paths, to source from any directory.
-fn write_env(dir: &Path, listen: &str, metrics: &str, agent: &Path) -> anyhow::Result<()> {
+/// Writes `STATE_DIR/env` (0600: it holds the token): absolute paths, to source
+/// from any directory.
+fn write_env(
+    dir: &Path,
+    listen: &str,
+    metrics: &str,
+    agent: &Path,
+    token: &str,
+) -> anyhow::Result<()> {
     let bin = agent.parent().unwrap_or(Path::new("."));
     let text = format!(
-        "# Written by `allotd dev`; source it: . {}\nexport ALLOT_SERVER=http://{listen}\nexport ALLOT_SOCKET={}\nexport ALLOT_METRICS=http://{metrics}/metrics\nexport ALLOT_DEV_DIR={}\nexport PATH={}:\"$PATH\"\n",
+        "# Written by `allotd dev`; source it: . {}\nexport ALLOT_SERVER=https://{listen}\nexport ALLOT_CA={}\nexport ALLOT_TOKEN={token}\nexport ALLOT_SOCKET={}\nexport ALLOT_METRICS=http://{metrics}/metrics\nexport ALLOT_DEV_DIR={}\nexport PATH={}:\"$PATH\"\n",
         dir.join("env").display(),
+        shell_quote(&dir.join("allotd").join("pki").join("ca.pem")),
         shell_quote(&dir.join("agents").join("node-1").join("agent.sock")),
         shell_quote(dir),
         shell_quote(bin),
     );
-    write_file(&dir.join("env"), &text)
+    let path = dir.join("env");
+    write_file(&path, &text)?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .with_context(|| format!("chmod 600 {}", path.display()))
+}
+
+/// The user running `allotd dev`: the admin of its allotd.
+fn current_user() -> String {
+    let uid = nix::unistd::geteuid();
+    match nix::unistd::User::from_uid(uid) {
+        Ok(Some(u)) => u.name,
+        _ => std::env::var("USER").unwrap_or_else(|_| uid.to_string()),
+    }
+}
+
+/// The dev user's token: kept in `STATE_DIR/token` (0600) and reused, or made
+/// through the admin socket.
+async fn user_token(dir: &Path, user: &str) -> anyhow::Result<String> {
+    let path = dir.join("token");
+    if let Ok(t) = std::fs::read_to_string(&path) {
+        if !t.trim().is_empty() {
+            return Ok(t.trim().to_string());
+        }
+    }
+    let r = crate::admin_cmd::client_at(&crate::serve::admin_socket_path(&dir.join("allotd")))
+        .await?
+        .create_token(allot_proto::v1::CreateTokenRequest {
+            user: user.to_string(),
+            ttl_s: crate::admin::TOKEN_TTL_MAX,
+            note: "allotd dev".into(),
+        })
+        .await
+        .map_err(crate::admin_cmd::status)?
+        .into_inner();
+    std::fs::write(&path, &r.token).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    Ok(r.token)
+}
+
+/// Enrolls node `name` whose config is `conf` unless it is already: a token
+/// through the admin socket, then `allot-agent enroll` with it (the real path).
+async fn enroll(
+    dir: &Path,
+    agent: &Path,
+    conf: &Path,
+    state: &Path,
+    name: &str,
+    listen: &str,
+) -> anyhow::Result<()> {
+    if state.join("pki").join("node.pem").exists() {
+        return Ok(());
+    }
+    let r = crate::admin_cmd::client_at(&crate::serve::admin_socket_path(&dir.join("allotd")))
+        .await?
+        .enroll_node(allot_proto::v1::EnrollNodeRequest {
+            node: name.to_string(),
+            ttl_s: 0,
+        })
+        .await
+        .map_err(crate::admin_cmd::status)?
+        .into_inner();
+    let mut cmd = Command::new(agent);
+    cmd.arg("--config")
+        .arg(conf)
+        .args([
+            "enroll",
+            "--server",
+            &format!("https://{listen}"),
+            "--token",
+            &r.token,
+            "--ca",
+        ])
+        .arg(dir.join("allotd").join("pki").join("ca.pem"));
+    // Blocking, off the runtime: allotd answers the enrollment on it meanwhile.
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await?
+        .with_context(|| format!("running {} enroll", agent.display()))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "enrolling {name}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 fn shell_quote(p: &Path) -> String {
@@ -90,6 +181,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             &format!("state_dir = {:?}", dir.join("allotd")),
         )
         .replace("lost_grace = \"2m\"", "lost_grace = \"30s\"")
+        .replace("admins = []", &format!("admins = [{:?}]", current_user()))
         .replace("schedule_interval = \"10s\"", "schedule_interval = \"2s\"");
     write_if_missing(&cfg_path, &example)?;
     let mut cfg = ServerConfig::load(&cfg_path)?;
@@ -105,21 +197,29 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         Some(m) => m.local_addr()?.to_string(),
         None => "-".into(),
     };
-    write_env(&dir, &listen, &metrics, &agent)?;
     let server = tokio::spawn(crate::serve::serve_bound(
         cfg,
         bound,
         crate::serve::signalled(),
     ));
+    let user = current_user();
+    let token = match user_token(&dir, &user).await {
+        Ok(t) => t,
+        Err(e) => {
+            server.abort();
+            return Err(e.context("making the dev user's token"));
+        }
+    };
+    write_env(&dir, &listen, &metrics, &agent, &token)?;
     let mut agents: Vec<Child> = Vec::new();
-    if let Err(e) = start_agents(&a, &dir, &listen, &agent, &mut agents) {
+    if let Err(e) = start_agents(&a, &dir, &listen, &agent, &mut agents).await {
         // None may outlive a failed start: they would look for this allotd forever.
         stop_agents(agents);
         server.abort();
         return Err(e);
     }
     println!(
-        "allot local cluster: {} nodes × {} fake GPUs\n  allotd     http://{listen}  (state {})\n  metrics    http://{metrics}/metrics\n  agents     {}/agents/node-N/ (agent.sock, agent.log, kmsg)\n\nIn another terminal:\n  . {}\n  allot share\n  allot submit --project demo-a --gpus 2 --min-runtime 10m -- sleep 300\n  allot queue; allot nodes; allot leases   # leases: node-1's agent\n\nCtrl-C (or SIGTERM to this process) stops allotd and the agents; workloads keep running and are re-adopted next time.",
+        "allot local cluster: {} nodes × {} fake GPUs (TLS with its own CA; you, {user}, are its admin)\n  allotd     https://{listen}  (state {})\n  metrics    http://{metrics}/metrics\n  agents     {}/agents/node-N/ (agent.sock, agent.log, kmsg)\n\nIn another terminal:\n  . {}\n  allot share\n  allot submit --project demo-a --gpus 2 --min-runtime 10m -- sleep 300\n  allot queue; allot nodes; allot leases   # leases: node-1's agent\n\nCtrl-C (or SIGTERM to this process) stops allotd and the agents; workloads keep running and are re-adopted next time.",
         a.nodes,
         a.gpus_per_node,
         dir.display(),
@@ -133,7 +233,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 
 /// Writes each agent's config and starts it; the ones started are in `agents`
 /// whatever happens.
-fn start_agents(
+async fn start_agents(
     a: &Args,
     dir: &Path,
     listen: &str,
@@ -150,7 +250,7 @@ fn start_agents(
         write_file(
             &conf,
             &format!(
-                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"http://{}\"\nhost = \"dev-node-{i}\"\ncluster = \"dev\"\nterm_grace = \"10s\"\ndefault_grace = \"30s\"\n\n[health]\nsource = \"fake:{}\"\ninterval_s = 2\nkmsg = {:?}   # append an NVRM Xid line here to inject a fault\n",
+                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"https://{}\"\nhost = \"dev-node-{i}\"\ncluster = \"dev\"\nterm_grace = \"10s\"\ndefault_grace = \"30s\"\n\n[health]\nsource = \"fake:{}\"\ninterval_s = 2\nkmsg = {:?}   # append an NVRM Xid line here to inject a fault\n",
                 d.join("agent.sock"),
                 d.join("state"),
                 listen,
@@ -158,6 +258,15 @@ fn start_agents(
                 kmsg
             ),
         )?;
+        enroll(
+            dir,
+            agent,
+            &conf,
+            &d.join("state"),
+            &format!("dev-node-{i}"),
+            listen,
+        )
+        .await?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -2,11 +2,14 @@
 //! cluster on fake GPUs (`dev`), an example config (`init`), and the policy
 //! simulator (`simulate`).
 
+mod admin;
+mod admin_cmd;
 mod api;
 mod config;
 mod dev;
 mod loadtest;
 mod metrics;
+mod pki;
 mod serve;
 mod simulate;
 mod state;
@@ -37,14 +40,21 @@ enum Command {
     Dev(dev::Args),
     /// Load-test an allotd: many simulated agents over real gRPC plus submissions.
     Loadtest(loadtest::Args),
-    /// Write an example config with an org tree.
+    /// Write an example config (unless one is there) and create the cluster CA and
+    /// allotd's certificate in its state dir.
     Init {
-        /// Where to write it.
+        /// Where the config is, or goes.
         #[arg(default_value = "allotd.toml")]
         path: std::path::PathBuf,
     },
     /// Simulate a month of scheduling on a scenario (and optionally a trace).
     Simulate(simulate::Args),
+    /// User tokens (through the running allotd's admin socket).
+    #[command(subcommand)]
+    Tokens(admin_cmd::Tokens),
+    /// Node enrollment and revocation (through the running allotd's admin socket).
+    #[command(subcommand)]
+    Nodes(admin_cmd::Nodes),
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -56,12 +66,17 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn init(path: &std::path::Path) -> anyhow::Result<()> {
     if path.exists() {
-        anyhow::bail!("{} exists; not overwriting it", path.display());
+        println!("{} exists; kept", path.display());
+    } else {
+        std::fs::write(path, config::EXAMPLE)?;
+        println!("wrote {}; edit the org tree", path.display());
     }
-    std::fs::write(path, config::EXAMPLE)?;
+    let cfg = config::ServerConfig::load(path)?;
+    let pki = pki::ensure(&cfg, "allot", serve::now())?;
     println!(
-        "wrote {}; edit the org tree, then `allotd serve --config {}`",
-        path.display(),
+        "cluster CA and allotd's certificate in {} (ca.key is 0600: run this as allotd's user, or chown it)
+then: allotd serve --config {}",
+        pki.dir.display(),
         path.display()
     );
     Ok(())
@@ -83,6 +98,8 @@ fn main() -> std::process::ExitCode {
         },
         Command::Dev(a) => runtime().and_then(|rt| rt.block_on(dev::run(a))),
         Command::Loadtest(a) => runtime().and_then(|rt| rt.block_on(loadtest::run(a))),
+        Command::Tokens(t) => runtime().and_then(|rt| rt.block_on(admin_cmd::tokens(t))),
+        Command::Nodes(n) => runtime().and_then(|rt| rt.block_on(admin_cmd::nodes(n))),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -79,6 +79,8 @@ pub struct Server {
     pub stats: Mutex<LoopStats>,
     next_wakeup: Mutex<Option<Time>>,
     session_seq: std::sync::atomic::AtomicU64,
+    /// The cluster CA and allotd's certificate.
+    pub pki: crate::pki::Pki,
     /// When this process started: a node is lost only after the grace of this
     /// process's own uptime without its agent (the journal's last-seen times are
     /// from before a restart, when the agents could not reach us).
@@ -89,6 +91,7 @@ impl Server {
     /// Opens the store, replays the journal, and returns the service.
     pub fn open(cfg: ServerConfig) -> anyhow::Result<Arc<Server>> {
         let store = Sqlite::open(&cfg.server.state_dir)?;
+        let pki = crate::pki::ensure(&cfg, "allot", now())?;
         let mut alloc = Allocator::new(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
         let entries = store.replay()?;
         let t0 = Instant::now();
@@ -117,6 +120,7 @@ impl Server {
             stats: Mutex::new(LoopStats::default()),
             next_wakeup: Mutex::new(None),
             session_seq: std::sync::atomic::AtomicU64::new(1),
+            pki,
             started: now(),
         }))
     }
@@ -241,6 +245,19 @@ impl Server {
         }
     }
 
+    /// Ends node `node`'s stream (it was revoked).
+    pub fn cut(&self, node: &str) {
+        let session = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node)
+            .map(|s| s.0);
+        if let Some(s) = session {
+            self.detach(node, s);
+        }
+    }
+
     /// Forgets an agent's stream (if it is still this session).
     pub fn detach(&self, node: &str, session: u64) {
         let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
@@ -337,6 +354,13 @@ pub struct Bound {
     pub grpc: tokio::net::TcpListener,
     /// `/metrics`, unless disabled.
     pub metrics: Option<tokio::net::TcpListener>,
+    /// The admin socket (`STATE_DIR/admin.sock`, 0600).
+    pub admin: tokio::net::UnixListener,
+}
+
+/// Where the admin socket of an allotd with `state_dir` is.
+pub fn admin_socket_path(state_dir: &std::path::Path) -> std::path::PathBuf {
+    state_dir.join("admin.sock")
 }
 
 impl Bound {
@@ -354,7 +378,20 @@ impl Bound {
                 format!("binding {m} (server.metrics_listen): the port is taken; pick another or leave it out")
             })?)
         };
-        Ok(Bound { grpc, metrics })
+        // The gRPC port is ours, so a socket file left here is a dead allotd's.
+        std::fs::create_dir_all(&cfg.server.state_dir)
+            .with_context(|| format!("creating {}", cfg.server.state_dir.display()))?;
+        let path = admin_socket_path(&cfg.server.state_dir);
+        let _ = std::fs::remove_file(&path);
+        let admin = tokio::net::UnixListener::bind(&path)
+            .with_context(|| format!("binding the admin socket {}", path.display()))?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .with_context(|| format!("chmod 600 {}", path.display()))?;
+        Ok(Bound {
+            grpc,
+            metrics,
+            admin,
+        })
     }
 }
 
@@ -389,6 +426,14 @@ pub async fn serve_bound(
     tracing::info!(listen = %addr, metrics = %metrics.as_ref().map_or("-", |m| m.0.as_str()), "allotd ready");
     allot_common::systemd::notify("READY=1");
     let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+    let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let admin = tokio::spawn(crate::api::admin_socket(
+        server.clone(),
+        bound.admin,
+        async move {
+            let _ = admin_stop_rx.await;
+        },
+    ));
     let mut grpc = tokio::spawn(crate::api::grpc(server.clone(), bound.grpc, async move {
         let _ = stopped_rx.await;
     }));
@@ -414,6 +459,9 @@ pub async fn serve_bound(
         }
     };
     looper.abort();
+    let _ = admin_stop_tx.send(());
+    admin.abort();
+    let _ = admin.await;
     if let Some((_, m)) = metrics {
         m.abort();
         let _ = m.await;

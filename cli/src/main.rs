@@ -10,6 +10,7 @@
 //! subcommand, the grouped `--help`, usage errors in clap's layout, and a quiet exit
 //! when the reader of stdout goes away (`allot queue | head -1`).
 
+mod connect;
 mod duration;
 mod failure;
 mod health_view;

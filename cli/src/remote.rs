@@ -8,6 +8,7 @@
 
 mod view;
 
+use crate::connect::Conn;
 use crate::duration;
 use crate::failure::{block_on, Failure};
 use crate::usage::{check_contract, parse_hook, Usage};
@@ -22,15 +23,15 @@ use allot_proto::v1::{
 use serde_json::{json, Value};
 use std::process::ExitCode;
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 /// Where allotd listens unless `--server` or `$ALLOT_SERVER` says otherwise.
-pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
+pub const DEFAULT_SERVER: &str = "https://127.0.0.1:7070";
 
 /// Where allotd listens, when given after the subcommand.
 #[derive(clap::Args, Debug)]
 pub struct Server {
-    /// allotd's address: HOST:PORT or http://HOST:PORT [env: ALLOT_SERVER] [default: http://127.0.0.1:7070].
+    /// allotd's address: HOST:PORT or https://HOST:PORT [env: ALLOT_SERVER] [default: https://127.0.0.1:7070].
     // No env or default here: those live on the root flag (`allot --server X queue`),
     // so that this one, typed after the subcommand, is the only thing that beats it.
     // Global so that `allot nodes --server X drain N` works as well as after `drain`.
@@ -84,7 +85,7 @@ pub struct SubmitArgs {
     /// How to ask for a checkpoint before preemption: signal:USR1, exec:CMD or http:URL.
     #[arg(long, value_name = "HOOK", value_parser = parse_hook)]
     checkpoint: Option<String>,
-    /// Submit as this user [absent: $USER, else the caller's account].
+    /// Submit as this user; must be who your token proves [absent: that user].
     #[arg(long, value_name = "NAME")]
     user: Option<String>,
     /// Print `{"id": ...}`.
@@ -256,23 +257,34 @@ pub enum Remote {
     Nodes(NodesArgs),
 }
 
-/// Clap value parser for `--server`: `HOST:PORT` gets `http://` in front.
+/// Clap value parser for `--server`: `HOST:PORT` gets `https://` in front; plain
+/// `http://` is for a loopback allotd only (a token must not cross a network in
+/// the clear).
 pub(crate) fn parse_server(s: &str) -> Result<String, String> {
     let s = s.trim();
     let uri = if s.contains("://") {
         s.to_string()
     } else {
-        format!("http://{s}")
+        format!("https://{s}")
     };
-    // allotd speaks plain HTTP/2 and the CLI is built without TLS, so an https://
-    // address would only fail later with a vaguer message.
-    let ok = uri.len() > "http://".len()
-        && uri.starts_with("http://")
+    let parsed = uri.parse::<tonic::transport::Uri>().ok();
+    let host = parsed.as_ref().and_then(|u| u.host()).unwrap_or("");
+    let ok = !host.is_empty()
+        && match parsed.as_ref().and_then(|u| u.scheme_str()) {
+            Some("https") => true,
+            Some("http") => crate::connect::is_loopback(host),
+            _ => false,
+        }
         && Endpoint::from_shared(uri.clone()).is_ok();
     if ok {
         Ok(uri)
+    } else if uri.starts_with("http://") {
+        Err(
+            "plain http:// is for a loopback allotd only; use HOST:PORT or https://HOST:PORT"
+                .into(),
+        )
     } else {
-        Err("expected HOST:PORT or http://HOST:PORT (e.g. allotd.example.org:7070)".into())
+        Err("expected HOST:PORT or https://HOST:PORT (e.g. allotd.example.org:7070)".into())
     }
 }
 
@@ -368,39 +380,27 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
-/// A channel to allotd, connected at once so that an unreachable server is reported
-/// by address before anything else happens.
-async fn channel(server: &str) -> Result<Channel, Failure> {
+/// A connection to allotd with the caller's token, connected at once so that an
+/// unreachable server is reported by address before anything else happens.
+async fn channel(server: &str) -> Result<Conn, Failure> {
     let fail = |why: String| {
         Failure::Connect(format!(
             "cannot reach allotd at {server}: {why}; is it running? (set --server or ALLOT_SERVER)"
         ))
     };
-    let endpoint = Endpoint::from_shared(server.to_string())
-        .map_err(|e| fail(root_cause(&e)))?
+    let endpoint = crate::connect::endpoint(server)
+        .map_err(fail)?
         // Without these a black-holed address or a wedged server hangs the terminal.
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(60));
-    endpoint.connect().await.map_err(|e| fail(root_cause(&e)))
-}
-
-/// The user to submit as: $USER, else the account's name, else the uid.
-fn default_user() -> String {
-    if let Some(u) = std::env::var("USER").ok().filter(|u| !u.is_empty()) {
-        return u;
-    }
-    // $USER is often unset under cron, systemd and `docker exec`.
-    let uid = nix::unistd::getuid();
-    match nix::unistd::User::from_uid(uid) {
-        Ok(Some(u)) => u.name,
-        _ => uid.to_string(),
-    }
+    let ch = endpoint.connect().await.map_err(|e| fail(root_cause(&e)))?;
+    crate::connect::authed(ch).map_err(Failure::Connect)
 }
 
 /// Pending then running, one List call each: the proto takes one state per call, and
 /// asking for all states would fetch the whole history to show the live part.
 async fn list_active(
-    c: &mut WorkloadsClient<Channel>,
+    c: &mut WorkloadsClient<Conn>,
     project: &str,
     user: &str,
 ) -> Result<Vec<Workload>, Failure> {
@@ -506,7 +506,8 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
         Remote::Submit(a) => {
             let spec = WorkloadSpec {
                 project: a.project,
-                user: a.user.unwrap_or_else(default_user),
+                // allotd runs the work as whoever the token or the agent proves.
+                user: a.user.unwrap_or_default(),
                 class: a.class,
                 gpus_per_node: a.gpus,
                 nodes: a.nodes,
@@ -669,22 +670,27 @@ mod tests {
     fn server_addresses_get_a_scheme() {
         assert_eq!(
             parse_server("127.0.0.1:7070").as_deref(),
+            Ok("https://127.0.0.1:7070")
+        );
+        assert_eq!(
+            parse_server("http://127.0.0.1:7070").as_deref(),
             Ok("http://127.0.0.1:7070")
         );
         assert_eq!(
-            parse_server("http://allotd:7070").as_deref(),
-            Ok("http://allotd:7070")
-        );
-        assert_eq!(
             parse_server(" allotd.example.org:7070 ").as_deref(),
-            Ok("http://allotd.example.org:7070")
+            Ok("https://allotd.example.org:7070")
         );
+        // A token must not cross a network in the clear.
+        assert!(parse_server("http://allotd:7070")
+            .unwrap_err()
+            .contains("loopback"));
         for bad in [
             "",
-            "https://allotd:7070",
+            "http://allotd:7070",
             "unix:///run/x.sock",
             "a b:7070",
             "http://",
+            "https://",
         ] {
             assert!(parse_server(bad).is_err(), "{bad}");
         }

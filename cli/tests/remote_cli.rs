@@ -22,7 +22,7 @@ fn no_allotd_names_the_address_and_the_fix() {
     let (code, out, err) = allot(&["queue", "--server", "127.0.0.1:1"]);
     assert_eq!(code, 1, "{out}{err}");
     assert!(
-        err.starts_with("error: cannot reach allotd at http://127.0.0.1:1: "),
+        err.starts_with("error: cannot reach allotd at https://127.0.0.1:1: "),
         "{err}"
     );
     assert!(
@@ -37,21 +37,25 @@ fn no_allotd_names_the_address_and_the_fix() {
 fn server_comes_from_the_environment() {
     let (code, _, err) = allot_env(&["share"], &[("ALLOT_SERVER", "127.0.0.1:1")]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("http://127.0.0.1:1"), "{err}");
+    assert!(err.contains("https://127.0.0.1:1"), "{err}");
     // --server wins over the environment.
     let (code, _, err) = allot_env(
         &["nodes", "--server", "127.0.0.1:2"],
         &[("ALLOT_SERVER", "127.0.0.1:1")],
     );
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("http://127.0.0.1:2"), "{err}");
+    assert!(err.contains("https://127.0.0.1:2"), "{err}");
 }
 
 #[test]
 fn a_malformed_server_is_a_usage_error() {
-    let (code, _, err) = allot(&["queue", "--server", "https://allotd:7070"]);
+    // Plain HTTP to another host would send the token in the clear.
+    let (code, _, err) = allot(&["queue", "--server", "http://allotd:7070"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--server"), "{err}");
+    assert!(
+        err.contains("--server") && err.contains("loopback"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -576,7 +580,8 @@ fn submit_defaults_and_json() {
     assert_eq!(json(&out), serde_json::json!({ "id": "17" }));
     let seen = fake.seen();
     let s = &seen.submits[0];
-    assert_eq!(s.user, "bob");
+    // The user is who allotd proves (the token, or the vouching agent), not $USER.
+    assert_eq!(s.user, "");
     assert_eq!(s.class, "batch");
     assert_eq!((s.gpus_per_node, s.nodes), (1, 1));
     assert_eq!((s.cpu_per_node, s.mem_per_node_gb), (0, 1));

@@ -39,9 +39,12 @@ impl Allocator {
                 );
                 a.id = Some(id.0);
             }
-            Input::Cancel { id } => {
+            Input::Cancel { id, by } => {
                 self.core.cancel(at, WorkloadId(*id))?;
                 self.sync(at, *id, "cancelled");
+                if !by.is_empty() {
+                    a.audit(*id, 0, format!("cancelled by {by}"));
+                }
             }
             Input::LeaseEnded {
                 lease,
@@ -54,6 +57,15 @@ impl Allocator {
                     .lease(LeaseId(*lease))
                     .map(|l| l.workload.0)
                     .ok_or(CoreError::UnknownLease(*lease))?;
+                // A node reports its own leases only: another node's is not its to end.
+                if !node.is_empty()
+                    && !self
+                        .lease_hosts
+                        .get(lease)
+                        .is_some_and(|h| h.iter().any(|(n, _)| n == node))
+                {
+                    return Err(CoreError::UnknownLease(*lease));
+                }
                 match self.nodes.get(node) {
                     Some(n) if *end == LeaseEnd::Refused => {
                         self.core.lease_refused(at, LeaseId(*lease), n.id)?
@@ -104,10 +116,20 @@ impl Allocator {
                     .ok_or_else(|| CoreError::Config(format!("no node {node:?}")))?;
                 self.core.set_gpu_health(id, *gpu, *healthy)?;
             }
-            Input::SetWeight { group, weight } => {
+            Input::SetWeight { group, weight, by } => {
                 self.core.set_weight(group, *weight)?;
-                a.audit(0, 0, format!("weight of {group} set to {weight}"));
+                let by = if by.is_empty() {
+                    String::new()
+                } else {
+                    format!(" by {by}")
+                };
+                a.audit(0, 0, format!("weight of {group} set to {weight}{by}"));
             }
+            Input::TokenCreated { .. }
+            | Input::TokenRevoked { .. }
+            | Input::NodeOffered { .. }
+            | Input::NodeCertified { .. }
+            | Input::NodeRevoked { .. } => self.apply_creds(at, input, &mut a)?,
             Input::Register {
                 spec,
                 gpu_uuids,

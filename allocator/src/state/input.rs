@@ -51,6 +51,9 @@ pub enum Input {
     Cancel {
         /// Workload.
         id: u64,
+        /// Who (empty in journals before 0.4).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        by: String,
     },
     /// An agent reported a lease over.
     LeaseEnded {
@@ -103,6 +106,60 @@ pub enum Input {
         group: String,
         /// Weight.
         weight: f64,
+        /// Who (empty in journals before 0.4).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        by: String,
+    },
+    /// An admin created a user token; only its hash is kept.
+    TokenCreated {
+        /// Its id.
+        id: String,
+        /// Whom it proves.
+        user: String,
+        /// SHA-256 of the secret, hex.
+        hash: String,
+        /// Expiry, Unix s.
+        expires: u64,
+        /// The admin.
+        by: String,
+        /// The admin's note.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        note: String,
+    },
+    /// An admin revoked a user token.
+    TokenRevoked {
+        /// Its id.
+        id: String,
+        /// The admin.
+        by: String,
+    },
+    /// An admin offered a node enrollment: a one-time token (hash kept).
+    NodeOffered {
+        /// The node's name: what its certificate will carry.
+        node: String,
+        /// SHA-256 of the token, hex.
+        hash: String,
+        /// Expiry, Unix s.
+        expires: u64,
+        /// The admin.
+        by: String,
+    },
+    /// A node got a certificate (by enrolling, which uses up its token, or by
+    /// renewing).
+    NodeCertified {
+        /// The node.
+        node: String,
+        /// The certificate's SHA-256, hex.
+        fingerprint: String,
+        /// Its expiry, Unix s.
+        not_after: u64,
+    },
+    /// An admin revoked a node: its sessions end and it is refused from then on.
+    NodeRevoked {
+        /// The node.
+        node: String,
+        /// The admin.
+        by: String,
     },
     /// A scheduling pass.
     Schedule,

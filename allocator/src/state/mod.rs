@@ -10,17 +10,23 @@
 //! - `apply.rs` — [`Allocator::apply`]: workloads, leases, passes;
 //! - `hosts.rs` — registration and reconciliation, drains, health and the breaker;
 //! - `audit.rs` — the sentences people read;
-//! - `out.rs` — what the service shell carries out.
+//! - `out.rs` — what the service shell carries out;
+//! - `access.rs` — who may do what ([`Allocator::authorize`]), credentials applied;
+//! - `creds.rs` — tokens and node certificates issued (hashes and fingerprints).
 
+mod access;
 mod apply;
 mod audit;
+mod creds;
 mod hosts;
 mod input;
 mod out;
 #[cfg(test)]
 mod tests;
 
+pub use access::{Access, Ask, Denied, Who};
 pub use audit::state_name;
+pub use creds::{Creds, NodeCred, TokenRec};
 pub use input::{
     end_from_agent, end_from_agent_text, GpuCondition, GpuSeen, HostDrain, Input, Verdict,
 };
@@ -178,6 +184,10 @@ pub struct Allocator {
     /// Passes refresh the explanations; off while replaying the journal, where only
     /// the last pass's would survive (see `Server::open`).
     pub explaining: bool,
+    /// Tokens and node credentials issued.
+    pub creds: Creds,
+    /// Roles from the config.
+    access: Access,
 }
 
 impl Allocator {
@@ -194,6 +204,8 @@ impl Allocator {
             auto_drains: VecDeque::new(),
             breaker: cfg.breaker.clone(),
             explaining: true,
+            creds: Creds::default(),
+            access: Access::new(cfg.roles.clone(), cfg.access.clone()),
         })
     }
 

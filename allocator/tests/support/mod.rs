@@ -22,6 +22,8 @@ pub fn sibling(bin: &str, package: &str) -> PathBuf {
 pub struct Cluster {
     pub dir: PathBuf,
     pub addr: String,
+    /// A token for the user running the tests, an admin of this allotd.
+    pub token: String,
     pub metrics: String,
     pub config: PathBuf,
     pub server: Option<Child>,
@@ -67,14 +69,16 @@ impl Cluster {
         std::fs::write(
             &config,
             format!(
-                "[server]\nlisten = {addr:?}\nmetrics_listen = {metrics:?}\nstate_dir = {:?}\nschedule_interval = \"1s\"\n{server}\n{groups}",
-                dir.join("allotd")
+                "[server]\nlisten = {addr:?}\nmetrics_listen = {metrics:?}\nstate_dir = {:?}\nschedule_interval = \"1s\"\n{server}\n{groups}\n[roles]\nadmins = [{:?}]\n",
+                dir.join("allotd"),
+                allot_test_support::current_user()
             ),
         )
         .expect("config");
         Cluster {
             dir,
             addr,
+            token: String::new(),
             metrics,
             config,
             server: None,
@@ -98,12 +102,89 @@ impl Cluster {
                 .spawn()
                 .expect("allotd starts"),
         );
+        if self.token.is_empty() {
+            let me = allot_test_support::current_user();
+            let out = wait_for("allotd's admin socket", Duration::from_secs(30), || {
+                let out = self.allotd(&["tokens", "create", "--user", &me]);
+                out.status.success().then_some(out)
+            });
+            self.token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        }
         wait_for("allotd to answer", Duration::from_secs(30), || {
             self.allot(&["share", "--json"])
                 .status
                 .success()
                 .then_some(())
         });
+    }
+
+    /// Runs an `allotd` admin command (`tokens …`, `nodes …`) on its admin socket.
+    pub fn allotd(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_allotd"))
+            .args(args)
+            .arg("--socket")
+            .arg(self.dir.join("allotd/admin.sock"))
+            .output()
+            .expect("allotd runs")
+    }
+
+    /// The cluster CA's certificate.
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("allotd/pki/ca.pem")
+    }
+
+    /// Enrolls node `i` (its agent config must be written): a token from allotd,
+    /// then `allot-agent enroll` with it.
+    pub fn enroll(&self, i: usize) {
+        let out = self.allotd(&["nodes", "enroll", &Self::node_name(i)]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let out = Command::new(sibling("allot-agent", "allot-agent"))
+            .arg("--config")
+            .arg(self.node_dir(i).join("agent.toml"))
+            .args([
+                "enroll",
+                "--server",
+                &format!("https://{}", self.addr),
+                "--token",
+                &token,
+                "--ca",
+            ])
+            .arg(self.ca())
+            .output()
+            .expect("allot-agent enroll runs");
+        assert!(
+            out.status.success(),
+            "enroll: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A TLS channel to allotd: as node `i` (its certificate and key) or, with
+    /// `None`, with no client certificate.
+    pub async fn channel(&self, node: Option<usize>) -> tonic::transport::Channel {
+        use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+        let ca = std::fs::read_to_string(self.ca()).expect("CA");
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(ca))
+            .domain_name("127.0.0.1");
+        if let Some(i) = node {
+            let pki = self.node_dir(i).join("state/pki");
+            let cert = std::fs::read_to_string(pki.join("node.pem")).expect("node cert");
+            let key = std::fs::read_to_string(pki.join("node.key")).expect("node key");
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        Endpoint::from_shared(format!("https://{}", self.addr))
+            .expect("endpoint")
+            .tls_config(tls)
+            .expect("tls")
+            .connect()
+            .await
+            .expect("connect")
     }
 
     /// The directory of node `i`.
@@ -128,7 +209,7 @@ impl Cluster {
         std::fs::write(
             &conf,
             format!(
-                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"http://{}\"\nhost = \"node-{i}\"\ncluster = \"test\"\nterm_grace = \"2s\"\ndefault_grace = \"3s\"\n[health]\nsource = \"fake:{gpus}\"\ninterval_s = 1\nkmsg = {:?}\n",
+                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"https://{}\"\nhost = \"node-{i}\"\ncluster = \"test\"\nterm_grace = \"2s\"\ndefault_grace = \"3s\"\n[health]\nsource = \"fake:{gpus}\"\ninterval_s = 1\nkmsg = {:?}\n",
                 d.join("agent.sock"),
                 d.join("state"),
                 self.addr,
@@ -136,6 +217,9 @@ impl Cluster {
             ),
         )
         .expect("agent config");
+        if !d.join("state/pki/node.pem").exists() {
+            self.enroll(i);
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -166,7 +250,9 @@ impl Cluster {
     pub fn allot(&self, args: &[&str]) -> Output {
         Command::new(sibling("allot", "allot-cli"))
             .args(args)
-            .env("ALLOT_SERVER", format!("http://{}", self.addr))
+            .env("ALLOT_SERVER", format!("https://{}", self.addr))
+            .env("ALLOT_TOKEN", &self.token)
+            .env("ALLOT_CA", self.ca())
             .output()
             .expect("allot runs")
     }

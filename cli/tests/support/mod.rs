@@ -16,7 +16,9 @@ pub fn allot_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
     cmd.args(args)
         .env_remove("ALLOT_SOCKET")
-        .env_remove("ALLOT_SERVER");
+        .env_remove("ALLOT_SERVER")
+        .env_remove("ALLOT_TOKEN")
+        .env_remove("ALLOT_CA");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -105,10 +107,10 @@ pub fn serve_unix(router: Router) -> Socket {
     Socket(path)
 }
 
-/// Serves `router` on a free loopback port (a fake allotd); the address without a
-/// scheme, as people type it (the CLI adds `http://`).
+/// Serves `router` on a free loopback port (a fake allotd, plain HTTP/2, which the
+/// CLI accepts on loopback only); its `http://` address.
 pub fn serve_tcp(router: Router) -> String {
-    on_thread(move |ready| async move {
+    let addr = on_thread(move |ready| async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -119,6 +121,6 @@ pub fn serve_tcp(router: Router) -> String {
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await
             .expect("serve");
-    })
-    .to_string()
+    });
+    format!("http://{addr}")
 }

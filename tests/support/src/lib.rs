@@ -77,3 +77,12 @@ pub fn json_of(args: &[&str], out: &Output) -> serde_json::Value {
         )
     })
 }
+
+/// The name of the user running the tests (what a token for "me" proves).
+pub fn current_user() -> String {
+    let out = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .expect("id runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}

@@ -1,0 +1,125 @@
+//! allotd's certificates on disk: the cluster CA (`ca.pem`, `ca.key`) and allotd's
+//! own (`server.pem`, `server.key`) in the PKI directory (`STATE_DIR/pki` unless
+//! `[tls] dir` says otherwise). `allotd init` and the first `allotd serve` create
+//! them; keys are 0600 and never leave this host. The server certificate is made
+//! again when a configured name is missing from it or it nears expiry.
+
+use crate::config::ServerConfig;
+use allot_auth::{Ca, CertInfo};
+use anyhow::Context;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// What TLS needs, loaded.
+#[derive(Clone)]
+pub struct Pki {
+    /// The CA (its key signs node certificates).
+    pub ca: Ca,
+    /// allotd's certificate, PEM.
+    pub server_cert: String,
+    /// allotd's key, PEM.
+    pub server_key: String,
+    /// Where they are.
+    pub dir: PathBuf,
+}
+
+impl std::fmt::Debug for Pki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pki({})", self.dir.display())
+    }
+}
+
+/// Renew allotd's certificate when less than this is left (seconds).
+const RENEW_BEFORE: u64 = 30 * 86_400;
+
+/// Writes `text` to `path` readable by its owner only (keys), or world-readable
+/// (certificates), atomically.
+fn write_file(path: &Path, text: &str, secret: bool) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if secret { 0o600 } else { 0o644 })
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+fn read(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// The names allotd's certificate carries: loopback, this host, and `[tls] names`.
+fn server_names(cfg: &ServerConfig) -> Vec<String> {
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+    if let Ok(h) = nix::unistd::gethostname() {
+        if let Some(h) = h.to_str().filter(|h| !h.is_empty()) {
+            names.push(h.to_string());
+        }
+    }
+    if let Ok(a) = cfg.server.listen.parse::<std::net::SocketAddr>() {
+        if !a.ip().is_unspecified() {
+            names.push(a.ip().to_string());
+        }
+    }
+    names.extend(cfg.tls.names.iter().cloned());
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Loads the CA and allotd's certificate, creating what is missing. A CA key whose
+/// file others may read is refused: anyone with it can mint node certificates.
+pub fn ensure(cfg: &ServerConfig, cluster: &str, now: u64) -> anyhow::Result<Pki> {
+    let dir = cfg.pki_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+    let (ca_pem, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    let ca = if ca_key.exists() {
+        let mode = std::fs::metadata(&ca_key)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            anyhow::bail!(
+                "{}: mode {:o} lets others read the CA key; `chmod 600 {}`",
+                ca_key.display(),
+                mode & 0o777,
+                ca_key.display()
+            );
+        }
+        Ca::from_pem(&read(&ca_pem)?, &read(&ca_key)?)
+            .with_context(|| format!("loading the CA from {}", dir.display()))?
+    } else {
+        let ca = Ca::create(cluster, now)?;
+        write_file(&ca_key, &ca.key_pem, true)?;
+        write_file(&ca_pem, &ca.cert_pem, false)?;
+        tracing::info!(dir = %dir.display(), "created the cluster CA");
+        ca
+    };
+    let (cert_path, key_path) = (dir.join("server.pem"), dir.join("server.key"));
+    // The names it was made for are kept beside it: a name added to [tls] names
+    // makes a new certificate.
+    let names_path = dir.join("server.names");
+    let names = server_names(cfg);
+    let fresh = read(&cert_path)
+        .ok()
+        .and_then(|pem| CertInfo::from_pem(&pem).ok())
+        .is_some_and(|i| i.not_after > now + RENEW_BEFORE)
+        && key_path.exists()
+        && read(&names_path).is_ok_and(|t| t == names.join("\n"));
+    if !fresh {
+        let (issued, key) = ca.issue_server(&names, now)?;
+        write_file(&key_path, &key, true)?;
+        write_file(&cert_path, &issued.cert_pem, false)?;
+        write_file(&names_path, &names.join("\n"), false)?;
+        tracing::info!(names = ?names, "issued allotd's certificate");
+    }
+    Ok(Pki {
+        ca,
+        server_cert: read(&cert_path)?,
+        server_key: read(&key_path)?,
+        dir,
+    })
+}

@@ -1,0 +1,357 @@
+//! Who may do what: the one place every request's right is decided. The transport
+//! proves who is asking ([`Who`]: a token, an enrolled node's certificate, a node
+//! vouching for its local user, or root on the admin socket); roles come from
+//! allotd.toml only (`[roles]`, `managers`/`members`/`open` on groups). A refusal
+//! names the right that is missing and where it is granted.
+
+use super::creds::{Rejected, TokenRec};
+use super::input::Input;
+use super::out::Applied;
+use super::Allocator;
+use crate::config::{GroupAccess, RolesSection};
+use allot_fairshare::{CoreError, Time};
+use std::collections::BTreeMap;
+
+/// Who is asking, as the transport proved it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Who {
+    /// Nothing proven.
+    Anonymous,
+    /// A user, by a token.
+    User(String),
+    /// A user, vouched for by the enrolled node whose agent saw their uid.
+    Vouched {
+        /// The user.
+        user: String,
+        /// The node that vouched.
+        node: String,
+    },
+    /// An enrolled node, by its certificate.
+    Node(String),
+    /// Root or allotd's own user on allotd's admin socket.
+    Local,
+}
+
+impl Who {
+    /// The user asking, if a user is.
+    pub fn user(&self) -> Option<&str> {
+        match self {
+            Who::User(u) | Who::Vouched { user: u, .. } => Some(u),
+            _ => None,
+        }
+    }
+
+    /// How the audit log names it.
+    pub fn name(&self) -> String {
+        match self {
+            Who::Anonymous => "anonymous".into(),
+            Who::User(u) => u.clone(),
+            Who::Vouched { user, node } => format!("{user}@{node}"),
+            Who::Node(n) => format!("node {n}"),
+            Who::Local => "root on allotd's host".into(),
+        }
+    }
+}
+
+/// What is asked.
+#[derive(Debug, Clone, Copy)]
+pub enum Ask<'a> {
+    /// Submit work as `user` charged to `project`.
+    Submit {
+        /// Project.
+        project: &'a str,
+        /// The user the work would run as.
+        user: &'a str,
+    },
+    /// See one workload (get, watch).
+    See(u64),
+    /// Cancel one workload.
+    Cancel(u64),
+    /// Read the org tree and its shares, or the node list.
+    Read,
+    /// Set a group's weight.
+    SetWeight(&'a str),
+    /// Drain or undrain a node.
+    Drain,
+    /// Tokens and enrollment.
+    Admin,
+    /// An agent's session as node `node`.
+    Session(&'a str),
+    /// Renew node `node`'s certificate.
+    Renew(&'a str),
+}
+
+/// A refusal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    /// Nothing was proven (UNAUTHENTICATED), rather than a right missing
+    /// (PERMISSION_DENIED).
+    pub unauthenticated: bool,
+    /// What is missing and where it is granted.
+    pub message: String,
+}
+
+fn denied(message: String) -> Denied {
+    Denied {
+        unauthenticated: false,
+        message,
+    }
+}
+
+/// The configured roles.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    roles: RolesSection,
+    groups: BTreeMap<String, GroupAccess>,
+}
+
+impl Access {
+    /// From allotd.toml.
+    pub fn new(roles: RolesSection, groups: BTreeMap<String, GroupAccess>) -> Access {
+        Access { roles, groups }
+    }
+
+    fn admin(&self, who: &Who) -> bool {
+        match who {
+            Who::Local => true,
+            _ => who
+                .user()
+                .is_some_and(|u| self.roles.admins.iter().any(|a| a == u)),
+        }
+    }
+
+    fn operator(&self, who: &Who) -> bool {
+        self.admin(who)
+            || who
+                .user()
+                .is_some_and(|u| self.roles.operators.iter().any(|a| a == u))
+    }
+}
+
+impl Allocator {
+    /// Groups from the top down to `name` (itself included); empty if unknown.
+    fn path_of(&self, name: &str) -> Vec<String> {
+        let tree = self.core.tree();
+        tree.find(name)
+            .map(|g| {
+                tree.group(g)
+                    .path
+                    .iter()
+                    .map(|p| tree.group(*p).name.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether `user` manages a group strictly above `name` (or `name` itself when
+    /// `inclusive`).
+    fn manages(&self, user: &str, name: &str, inclusive: bool) -> bool {
+        let path = self.path_of(name);
+        let upto = if inclusive {
+            path.len()
+        } else {
+            path.len().saturating_sub(1)
+        };
+        path[..upto].iter().any(|g| {
+            self.access
+                .groups
+                .get(g)
+                .is_some_and(|a| a.managers.iter().any(|m| m == user))
+        })
+    }
+
+    fn may_charge(&self, user: &str, project: &str) -> bool {
+        self.path_of(project).iter().any(|g| {
+            self.access.groups.get(g).is_some_and(|a| {
+                a.open
+                    || a.members.iter().any(|m| m == user)
+                    || a.managers.iter().any(|m| m == user)
+            })
+        })
+    }
+
+    /// Whether `who` may see workload `id`'s details (owner, a manager above its
+    /// project, an operator).
+    pub fn sees(&self, who: &Who, id: u64) -> bool {
+        let Some(w) = self.work.get(&id) else {
+            return false;
+        };
+        self.access.operator(who)
+            || who
+                .user()
+                .is_some_and(|u| w.spec.user == u || self.manages(u, &w.spec.project, true))
+    }
+
+    /// Decides one request: `Ok` or the missing right.
+    pub fn authorize(&self, who: &Who, ask: Ask<'_>) -> Result<(), Denied> {
+        if *who == Who::Anonymous {
+            return Err(Denied {
+                unauthenticated: true,
+                message: "authentication required: give a token (ALLOT_TOKEN or ~/.config/allot/token; an admin makes one with `allotd tokens create --user NAME`), or run allot on a host whose agent vouches for you".into(),
+            });
+        }
+        let admin = self.access.admin(who);
+        let me = who.name();
+        match ask {
+            Ask::Session(node) | Ask::Renew(node) => match who {
+                Who::Node(n) if n == node => Ok(()),
+                Who::Node(n) => Err(denied(format!(
+                    "node {n} may not act as node {node}: a node's certificate speaks for that node only"
+                ))),
+                _ => Err(denied(format!(
+                    "{me} is not a node: agent sessions need an enrolled node's certificate (`allotd nodes enroll {node}`)"
+                ))),
+            },
+            _ if admin => Ok(()),
+            _ if matches!(who, Who::Node(_)) => Err(denied(format!(
+                "{me} may only hold its agent session: user requests need a user (a token, or a user its agent vouches for)"
+            ))),
+            Ask::Admin => Err(denied(format!(
+                "{me} may not manage tokens or enrollment: needs the admin role ([roles] admins in allotd.toml)"
+            ))),
+            Ask::Drain => {
+                if self.access.operator(who) {
+                    Ok(())
+                } else {
+                    Err(denied(format!(
+                        "{me} may not drain or undrain nodes: needs the operator role ([roles] operators in allotd.toml)"
+                    )))
+                }
+            }
+            Ask::Read => Ok(()),
+            Ask::Submit { project, user } => {
+                let u = who.user().unwrap_or_default();
+                if user != u {
+                    return Err(denied(format!(
+                        "user: {me} may submit only as themself, not as {user:?}; leave --user out"
+                    )));
+                }
+                if self.may_charge(u, project) {
+                    Ok(())
+                } else {
+                    Err(denied(format!(
+                        "project: {me} may not charge {project:?}: not a member of it or of a group above it (members = [...] or open = true on its [[group]] in allotd.toml)"
+                    )))
+                }
+            }
+            Ask::See(id) | Ask::Cancel(id) => {
+                let Some(w) = self.work.get(&id) else {
+                    // Unknown ids are the handler's NOT_FOUND.
+                    return Ok(());
+                };
+                let u = who.user().unwrap_or_default();
+                let owner_or_manager = w.spec.user == u || self.manages(u, &w.spec.project, true);
+                let see = matches!(ask, Ask::See(_));
+                if owner_or_manager || (see && self.access.operator(who)) {
+                    Ok(())
+                } else {
+                    Err(denied(format!(
+                        "id: {me} may not {} workload {id} of {}: only its owner, a manager of {} or a group above it{}, or an admin may",
+                        if see { "see" } else { "cancel" },
+                        w.spec.user,
+                        w.spec.project,
+                        if see { ", an operator" } else { "" }
+                    )))
+                }
+            }
+            Ask::SetWeight(group) => {
+                let u = who.user().unwrap_or_default();
+                if self.manages(u, group, false) {
+                    Ok(())
+                } else {
+                    Err(denied(format!(
+                        "name: {me} may not set the weight of {group:?}: needs to be a manager of a group above it (managers = [...] on its parent's [[group]] in allotd.toml)"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Applies a credential input (see [`Input`]).
+    pub(super) fn apply_creds(
+        &mut self,
+        at: Time,
+        input: &Input,
+        a: &mut Applied,
+    ) -> Result<(), CoreError> {
+        let c = &mut self.creds;
+        match input {
+            Input::TokenCreated {
+                id,
+                user,
+                hash,
+                expires,
+                by,
+                note,
+            } => {
+                c.tokens.insert(
+                    id.clone(),
+                    TokenRec {
+                        id: id.clone(),
+                        user: user.clone(),
+                        hash: hash.clone(),
+                        created: at,
+                        expires: *expires,
+                        revoked: false,
+                        by: by.clone(),
+                        note: note.clone(),
+                    },
+                );
+                a.audit(0, 0, format!("token {id} for {user} created by {by}"));
+            }
+            Input::TokenRevoked { id, by } => {
+                let t = c.tokens.get_mut(id).ok_or_else(|| {
+                    CoreError::Config(format!(
+                        "id: no token {id:?}; `allotd tokens list` shows them"
+                    ))
+                })?;
+                t.revoked = true;
+                a.audit(0, 0, format!("token {id} of {} revoked by {by}", t.user));
+            }
+            Input::NodeOffered {
+                node,
+                hash,
+                expires,
+                by,
+            } => {
+                let n = c.nodes.entry(node.clone()).or_default();
+                n.offer = Some((hash.clone(), *expires));
+                n.revoked = false;
+                n.by = by.clone();
+                a.audit(0, 0, format!("node {node} offered enrollment by {by}"));
+            }
+            Input::NodeCertified {
+                node,
+                fingerprint,
+                not_after,
+            } => {
+                let n = c.nodes.entry(node.clone()).or_default();
+                n.offer = None;
+                // Keep the newest and the one before (a renewal must not cut the
+                // session that asked for it).
+                n.certs.retain(|(_, exp)| *exp > at);
+                n.certs.push((fingerprint.clone(), *not_after));
+                let keep = n.certs.len().saturating_sub(2);
+                n.certs.drain(..keep);
+                a.audit(0, 0, format!("node {node} certified until {not_after}"));
+            }
+            Input::NodeRevoked { node, by } => {
+                let n = c.nodes.get_mut(node).ok_or_else(|| {
+                    CoreError::Config(format!("node: {node:?} was never enrolled"))
+                })?;
+                n.revoked = true;
+                n.offer = None;
+                n.certs.clear();
+                n.by = by.clone();
+                a.audit(0, 0, format!("node {node} revoked by {by}"));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The user a token proves at `now`.
+    pub fn token_user(&self, secret: &str, now: Time) -> Result<String, Rejected> {
+        self.creds.user_of(secret, now).map(str::to_string)
+    }
+}
