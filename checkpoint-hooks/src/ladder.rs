@@ -287,7 +287,11 @@ pub fn run(t: &Target, l: &Ladder) -> Outcome {
             }
             Fired::Failed(n) => note = format!("hook failed: {n}"),
             Fired::Asked(n) => {
-                let (_, done) = wait(t.pgid, l.grace, seen);
+                // The marker was removed before the hook fired, so one present now
+                // is this checkpoint's, even when the workload wrote it and exited
+                // before its event was read.
+                let (_, seen_marker) = wait(t.pgid, l.grace, seen);
+                let done = seen_marker || marker.exists();
                 checkpointed = done;
                 note = if done {
                     format!("{n}; marker {} seen", marker.display())
