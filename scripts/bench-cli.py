@@ -33,6 +33,7 @@ def main():
     with open(os.path.join(d, "agent.toml"), "w") as f:
         f.write(f'[agent]\nsocket = "{sock}"\nstate_dir = "{d}/agent"\n'
                 f'allocator = "http://127.0.0.1:{port}"\nhost = "bench-node"\n'
+                'allow_root = true\n'
                 '[health]\nsource = "fake:8"\n')
     agent = subprocess.Popen([os.path.join(bin_dir, "allot-agent"), "--config",
                               os.path.join(d, "agent.toml")],

@@ -55,7 +55,7 @@ fn main() {
     std::fs::write(
         &config,
         format!(
-            "[agent]\nsocket = {socket:?}\nstate_dir = {:?}\n[health]\nsource = \"fake:8\"\n",
+            "[agent]\nsocket = {socket:?}\nstate_dir = {:?}\nallow_root = true\n[health]\nsource = \"fake:8\"\n",
             dir.join("state")
         ),
     )

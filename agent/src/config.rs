@@ -2,7 +2,7 @@
 //! Errors name the file, line and field; flags given to `allot-agent` override the
 //! file; `SIGHUP` or an edit reloads the settings marked reloadable.
 
-use allot_checkpoint_hooks::Hook;
+use allot_checkpoint_hooks::{host_allowed, Hook};
 use allot_common::config_error::{from_toml, ConfigError, Positions};
 use allot_fairshare::time::de_duration;
 use allot_health::config::HealthConfig;
@@ -46,6 +46,16 @@ pub struct AgentSection {
     pub host: String,
     /// The cluster it belongs to.
     pub cluster: String,
+    /// No work (a local lease, one from allotd, or an `exec:` hook) runs as a uid
+    /// below this: system accounts own the host (reloadable).
+    pub min_uid: u32,
+    /// Work may run as root (uid 0), whatever `min_uid` says; off: a lease as root
+    /// is refused (reloadable).
+    pub allow_root: bool,
+    /// Hosts an `http:` checkpoint hook may reach besides loopback (127.0.0.0/8,
+    /// ::1, localhost); a lease whose hook points elsewhere is refused, so that a
+    /// submission cannot make the agent call into the network (reloadable).
+    pub hook_hosts: Vec<String>,
 }
 
 impl Default for AgentSection {
@@ -63,6 +73,9 @@ impl Default for AgentSection {
             allocator: String::new(),
             host: String::new(),
             cluster: "default".into(),
+            min_uid: 1000,
+            allow_root: false,
+            hook_hosts: Vec::new(),
         }
     }
 }
@@ -118,10 +131,29 @@ impl AgentConfig {
                     ),
                 )
             })?;
+        if let Some(h) = a.hook_hosts.iter().find(|h| {
+            let bare = h.trim_start_matches('[').trim_end_matches(']');
+            bare.is_empty()
+                || !bare
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'))
+        }) {
+            return Err(err(
+                "agent.hook_hosts",
+                format!("{h:?} is not a host name or address; give e.g. \"ckpt.example.com\" or \"10.0.0.5\", without scheme or port"),
+            ));
+        }
         if !a.default_checkpoint.is_empty() {
-            a.default_checkpoint
+            let hook = a
+                .default_checkpoint
                 .parse::<Hook>()
                 .map_err(|e| err("agent.default_checkpoint", e.to_string()))?;
+            if let Some(host) = hook.http_host().filter(|h| !host_allowed(h, &a.hook_hosts)) {
+                return Err(err(
+                    "agent.default_checkpoint",
+                    format!("{:?} reaches {host:?}, which is neither loopback nor in hook_hosts; add it to agent.hook_hosts", a.default_checkpoint),
+                ));
+            }
         }
         Ok(AgentConfig { agent: a, health })
     }
@@ -218,6 +250,40 @@ mod tests {
         assert_eq!(e.field, "health.source", "{e}");
         let e = AgentConfig::parse("[agnet]\n", "a.toml").unwrap_err();
         assert_eq!(e.field, "agnet", "{e}");
+    }
+
+    #[test]
+    fn who_may_run_work_and_where_hooks_may_go() {
+        let d = AgentConfig::default().agent;
+        assert_eq!((d.min_uid, d.allow_root), (1000, false));
+        assert!(d.hook_hosts.is_empty());
+        let c = AgentConfig::parse(
+            "[agent]\nmin_uid = 500\nallow_root = true\nhook_hosts = [\"ckpt.example\", \"[fd00::5]\"]\ndefault_checkpoint = \"http://ckpt.example:80/x\"\n",
+            "a.toml",
+        )
+        .expect("valid");
+        assert_eq!((c.agent.min_uid, c.agent.allow_root), (500, true));
+        assert_eq!(c.agent.hook_hosts, ["ckpt.example", "[fd00::5]"]);
+        let e = AgentConfig::parse(
+            "[agent]\nhook_hosts = [\"http://ckpt.example/\"]\n",
+            "a.toml",
+        )
+        .unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (2, "agent.hook_hosts"), "{e}");
+        assert!(e.message.contains("without scheme or port"), "{e}");
+        let e = AgentConfig::parse(
+            "[agent]\ndefault_checkpoint = \"http://10.0.0.1/x\"\n",
+            "a.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "agent.default_checkpoint", "{e}");
+        assert!(
+            e.message
+                .contains("reaches \"10.0.0.1\", which is neither loopback nor in hook_hosts"),
+            "{e}"
+        );
+        let e = AgentConfig::parse("[agent]\nmin_uid = -1\n", "a.toml").unwrap_err();
+        assert_eq!(e.line, 2, "{e}");
     }
 
     #[test]

@@ -80,6 +80,9 @@ pub fn settings(c: &AgentConfig) -> Settings {
             .unwrap_or(nix::sys::signal::Signal::SIGUSR2),
         default_hook: c.agent.default_checkpoint.clone(),
         state_dir: c.agent.state_dir.clone(),
+        min_uid: c.agent.min_uid,
+        allow_root: c.agent.allow_root,
+        hook_hosts: c.agent.hook_hosts.clone(),
     }
 }
 

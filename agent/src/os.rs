@@ -7,8 +7,9 @@
 //! tests); the daemon gives it [`RealOs`], which is what the host did inline before.
 
 use crate::process::{Launch, LaunchError, ProcId};
+use allot_checkpoint_hooks::Identity;
 use nix::sys::signal::Signal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[cfg(test)]
 pub mod fake;
@@ -22,6 +23,33 @@ pub struct User {
     pub uid: u32,
     /// Primary group id.
     pub gid: u32,
+    /// Home directory (the workload's `HOME`).
+    pub home: PathBuf,
+    /// Login shell (the workload's `SHELL`).
+    pub shell: PathBuf,
+    /// Supplementary groups, the primary one included (`getgrouplist`).
+    pub groups: Vec<u32>,
+}
+
+impl User {
+    /// The environment a login gives this user: `HOME`, `USER`, `LOGNAME`, `SHELL`.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("HOME".into(), self.home.display().to_string()),
+            ("USER".into(), self.name.clone()),
+            ("LOGNAME".into(), self.name.clone()),
+            ("SHELL".into(), self.shell.display().to_string()),
+        ]
+    }
+
+    /// Its identity for a child process (the switch to it).
+    pub fn identity(&self) -> Identity {
+        Identity {
+            uid: self.uid,
+            gid: self.gid,
+            groups: self.groups.clone(),
+        }
+    }
 }
 
 /// Waits for a started workload and returns its exit code (`None`: killed by a
@@ -79,8 +107,9 @@ pub trait Os: Send + Sync {
     fn user_by_uid(&self, uid: u32) -> Option<User>;
     /// The agent's own effective user id.
     fn euid(&self) -> u32;
-    /// Makes a directory and its parents.
-    fn create_dir_all(&self, path: &Path) -> std::io::Result<()>;
+    /// Makes a directory and its parents; the directory itself, if this made it, is
+    /// given to `owner` (uid, gid).
+    fn create_dir_all(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()>;
 
     /// True if `p` still names the same live process (not a recycled pid).
     fn is_same(&self, p: ProcId) -> bool {
@@ -109,10 +138,22 @@ fn parent_of(pid: i32) -> Option<i32> {
 }
 
 fn user(u: nix::unistd::User) -> User {
+    // Worked out here, in the parent: the child may not allocate or read files
+    // between fork and exec. A list that cannot be read leaves the primary group.
+    let groups = std::ffi::CString::new(u.name.as_str())
+        .ok()
+        .and_then(|n| nix::unistd::getgrouplist(&n, u.gid).ok())
+        .map_or_else(
+            || vec![u.gid.as_raw()],
+            |g| g.into_iter().map(|g| g.as_raw()).collect(),
+        );
     User {
         name: u.name,
         uid: u.uid.as_raw(),
         gid: u.gid.as_raw(),
+        home: u.dir,
+        shell: u.shell,
+        groups,
     }
 }
 
@@ -175,8 +216,8 @@ impl Os for RealOs {
         nix::unistd::geteuid().as_raw()
     }
 
-    fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
-        std::fs::create_dir_all(path)
+    fn create_dir_all(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+        crate::process::create_dir_owned(path, owner)
     }
 }
 
@@ -196,10 +237,29 @@ mod tests {
         }));
         let u = os.user_by_uid(os.euid()).expect("the agent's user exists");
         assert_eq!(os.user_by_name(&u.name).map(|u| u.uid), Some(os.euid()));
+        assert!(u.groups.contains(&u.gid), "{u:?}");
+        assert!(u.home.is_absolute(), "{u:?}");
         assert!(os.now_ms() > 1_600_000_000_000);
         assert_eq!(os.owner(me), Some(os.euid()));
         let lineage = os.own_lineage();
         assert_eq!(lineage.first(), Some(&me));
         assert_eq!(lineage.last(), Some(&1), "up to init: {lineage:?}");
+    }
+
+    #[test]
+    fn real_os_knows_a_users_groups_home_and_shell() {
+        let Some((uid, gid)) = allot_test_support::test_user("allot-test-a") else {
+            return;
+        };
+        let extra = allot_test_support::group_id("allot-test-grp").expect("made with the user");
+        let u = RealOs.user_by_name("allot-test-a").expect("known");
+        assert_eq!((u.uid, u.gid), (uid, gid));
+        assert!(
+            u.groups.contains(&gid) && u.groups.contains(&extra),
+            "{u:?}"
+        );
+        assert_eq!(u.home, Path::new("/home/allot-test-a"));
+        assert_eq!(u.shell, Path::new("/bin/bash"));
+        assert_eq!(RealOs.user_by_uid(uid), Some(u));
     }
 }

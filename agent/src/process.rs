@@ -1,15 +1,17 @@
 //! Starting workloads, and knowing them again later.
 //!
 //! A workload runs in its own session and process group (so the checkpoint ladder can
-//! signal all of it, and an agent restart does not take it down), with its GPUs in
+//! signal all of it, and an agent restart does not take it down), as its user with
+//! that user's groups (switched by `allot_checkpoint_hooks::identity`, which `exec:`
+//! hooks share), with its GPUs in
 //! `CUDA_VISIBLE_DEVICES`/`NVIDIA_VISIBLE_DEVICES`, `ALLOT_LEASE_ID` and
 //! `ALLOT_CHECKPOINT_DIR` in its environment, and its output appended to per-lease log
 //! files. A process is identified by pid *and* start time (`/proc/PID/stat` field
 //! 22), so a pid the kernel recycled for something else is never mistaken for it.
 
+use allot_checkpoint_hooks::identity::{prepare, RunAs};
 use allot_checkpoint_hooks::proc_stat;
 use std::fs::OpenOptions;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -26,11 +28,11 @@ pub struct Launch {
     pub checkpoint_dir: PathBuf,
     /// Where `<lease>.out` and `<lease>.err` go.
     pub log_dir: PathBuf,
-    /// Run as this user and group (the agent runs as root); `None`: the agent's own.
-    pub uid: Option<u32>,
-    /// Group.
-    pub gid: Option<u32>,
-    /// More environment.
+    /// Whom it runs as: the agent's own user, or (the agent being root) another
+    /// user's uid, gid and groups; the checkpoint dir, if made here, is theirs.
+    pub run_as: RunAs,
+    /// More environment: the user's `HOME`, `USER`, `LOGNAME`, `SHELL`, then the
+    /// request's (later entries win).
     pub env: Vec<(String, String)>,
 }
 
@@ -102,8 +104,20 @@ fn log_file(l: &Launch, ext: &str) -> Result<std::fs::File, LaunchError> {
         })
 }
 
-fn make_dir(l: &Launch, p: &Path) -> Result<(), LaunchError> {
-    std::fs::create_dir_all(p).map_err(|source| LaunchError::Io {
+/// Makes `path` and its parents; `path` itself, if this made it, is given to `owner`
+/// (uid, gid). Only the last directory: its parents hold files the agent writes as
+/// root (the logs), which a workload must not be able to swap for links.
+pub fn create_dir_owned(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    let made = !path.exists();
+    std::fs::create_dir_all(path)?;
+    match owner {
+        Some((uid, gid)) if made => std::os::unix::fs::chown(path, Some(uid), Some(gid)),
+        _ => Ok(()),
+    }
+}
+
+fn make_dir(l: &Launch, p: &Path, owner: Option<(u32, u32)>) -> Result<(), LaunchError> {
+    create_dir_owned(p, owner).map_err(|source| LaunchError::Io {
         lease: l.lease.clone(),
         path: p.display().to_string(),
         source,
@@ -116,10 +130,23 @@ pub fn launch(l: &Launch) -> Result<(Child, ProcId), LaunchError> {
         .argv
         .split_first()
         .ok_or_else(|| LaunchError::EmptyCommand(l.lease.clone()))?;
-    make_dir(l, &l.checkpoint_dir)?;
-    make_dir(l, &l.log_dir)?;
-    let gpus = l.gpus.join(",");
     let mut cmd = Command::new(program);
+    // A session of its own: the workload leads its process group, apart from the
+    // agent, and takes its user's identity before exec. First, so that a start with
+    // no one to run as leaves nothing behind.
+    prepare(&mut cmd, &l.run_as, true).map_err(|why| LaunchError::Spawn {
+        lease: l.lease.clone(),
+        program: program.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, why),
+    })?;
+    // The workload (and its exec hook) writes checkpoints as its own user.
+    let owner = match &l.run_as {
+        RunAs::User(id) => Some((id.uid, id.gid)),
+        _ => None,
+    };
+    make_dir(l, &l.checkpoint_dir, owner)?;
+    make_dir(l, &l.log_dir, None)?;
+    let gpus = l.gpus.join(",");
     cmd.args(args)
         .envs(l.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .env("CUDA_VISIBLE_DEVICES", &gpus)
@@ -129,22 +156,6 @@ pub fn launch(l: &Launch) -> Result<(Child, ProcId), LaunchError> {
         .stdin(Stdio::null())
         .stdout(log_file(l, "out")?)
         .stderr(log_file(l, "err")?);
-    if let Some(uid) = l.uid {
-        cmd.uid(uid);
-    }
-    if let Some(gid) = l.gid {
-        cmd.gid(gid);
-    }
-    // SAFETY: setsid is async-signal-safe and touches no memory of the parent; it
-    // makes the workload a session and process-group leader, apart from the agent.
-    #[allow(unsafe_code)]
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::unistd::setsid()
-                .map(|_| ())
-                .map_err(std::io::Error::from)
-        });
-    }
     let child = cmd.spawn().map_err(|source| LaunchError::Spawn {
         lease: l.lease.clone(),
         program: program.clone(),

@@ -1,8 +1,10 @@
 //! Launching real workloads: environment, logs, own session, identity, and the
 //! checkpoint ladder reaching the whole group.
 
+use allot_agent::os::{Os, RealOs};
 use allot_agent::process::{group_and_session, identity, is_same, launch, Launch, ProcId};
-use allot_checkpoint_hooks::{run, Ladder, Rung, Target};
+use allot_checkpoint_hooks::{run, Ladder, RunAs, Rung, Target};
+use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 fn launch_spec(tag: &str, script: &str) -> Launch {
@@ -13,8 +15,7 @@ fn launch_spec(tag: &str, script: &str) -> Launch {
         gpus: vec!["GPU-aaaa".into(), "GPU-bbbb".into()],
         checkpoint_dir: dir.join("ckpt"),
         log_dir: dir.join("logs"),
-        uid: None,
-        gid: None,
+        run_as: RunAs::Agent,
         env: vec![("EXTRA".into(), "1".into())],
     }
 }
@@ -64,12 +65,14 @@ fn the_ladder_reaches_the_whole_group() {
         pgid: id.pid,
         checkpoint_dir: l.checkpoint_dir.clone(),
         env: Vec::new(),
+        run_as: RunAs::Agent,
     };
     let ladder = Ladder {
         hook: None,
         grace: Duration::from_secs(5),
         term_grace: Duration::from_secs(5),
         marker: "checkpoint.done".into(),
+        hook_hosts: Vec::new(),
     };
     let o = run(&target, &ladder);
     assert_eq!(o.ended_by, Rung::Term, "{o:?}");
@@ -86,11 +89,110 @@ fn empty_commands_and_bad_programs_are_named() {
     l.argv.clear();
     let e = launch(&l).expect_err("empty");
     assert!(e.to_string().contains("lease L-bad: empty command"), "{e}");
+    l.argv = vec!["true".into()];
+    l.run_as = RunAs::Nobody("user \"gone\" is not known on this host".into());
+    let e = launch(&l).expect_err("no one to run as");
+    assert!(
+        e.to_string()
+            .ends_with("cannot start \"true\": user \"gone\" is not known on this host"),
+        "{e}"
+    );
+    assert!(!l.log_dir.exists(), "nothing is made for it");
+    l.run_as = RunAs::Agent;
     l.argv = vec!["/nonexistent/train".into()];
     let e = launch(&l).expect_err("missing program");
     assert!(
         e.to_string()
             .contains("cannot start \"/nonexistent/train\""),
         "{e}"
+    );
+}
+
+#[test]
+fn a_workload_and_its_exec_hook_take_the_users_identity_and_groups() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: switching user needs root");
+        return;
+    }
+    let Some((uid, gid)) = allot_test_support::test_user("allot-test-a") else {
+        return;
+    };
+    let extra = allot_test_support::group_id("allot-test-grp").expect("made with the user");
+    let u = RealOs.user_by_name("allot-test-a").expect("known");
+    // /proc/self/status: the real, effective, saved and fs ids, and every group.
+    let mut l = launch_spec(
+        "user",
+        "grep -E '^(Uid|Gid|Groups):' /proc/self/status; echo \"$HOME\"; exec sleep 30",
+    );
+    let _ = std::fs::remove_dir_all(l.log_dir.parent().expect("dir"));
+    l.run_as = RunAs::User(u.identity());
+    l.env = u.env();
+    let (mut child, id) = launch(&l).expect("starts");
+    assert_eq!(
+        group_and_session(id.pid),
+        Some((id.pid, id.pid)),
+        "its own session, as before"
+    );
+    let out =
+        allot_test_support::wait_for("the workload's report", Duration::from_secs(10), || {
+            std::fs::read_to_string(l.log_dir.join("L-user.out"))
+                .ok()
+                .filter(|o| o.lines().count() >= 4)
+        });
+    let field = |k: &str| -> Vec<String> {
+        out.lines()
+            .find_map(|x| x.strip_prefix(k))
+            .unwrap_or_else(|| panic!("{k} in {out}"))
+            .split_whitespace()
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(field("Uid:"), vec![uid.to_string(); 4], "{out}");
+    assert_eq!(field("Gid:"), vec![gid.to_string(); 4], "{out}");
+    let mut groups = field("Groups:");
+    groups.sort();
+    let mut want: Vec<String> = u.groups.iter().map(u32::to_string).collect();
+    want.sort();
+    assert_eq!(groups, want, "exactly the user's groups: {out}");
+    assert!(groups.contains(&extra.to_string()), "{out}");
+    assert!(!groups.contains(&"0".to_string()), "none of root's: {out}");
+    assert!(out.contains("/home/allot-test-a"), "{out}");
+    // The checkpoint dir the launch made is the user's; the log dir stays root's.
+    assert_eq!(
+        std::fs::metadata(&l.checkpoint_dir).expect("made").uid(),
+        uid
+    );
+    assert_eq!(std::fs::metadata(&l.log_dir).expect("made").uid(), 0);
+
+    // The exec hook runs through the same switch.
+    let target = Target {
+        lease: l.lease.clone(),
+        pgid: id.pid,
+        checkpoint_dir: l.checkpoint_dir.clone(),
+        env: u.env(),
+        run_as: RunAs::User(u.identity()),
+    };
+    let ladder = Ladder {
+        hook: Some(
+            "exec:/bin/sh -c 'id -u > \"$ALLOT_CHECKPOINT_DIR/hook-uid\"; id -G >> \"$ALLOT_CHECKPOINT_DIR/hook-uid\"'"
+                .parse()
+                .expect("hook"),
+        ),
+        grace: Duration::from_secs(10),
+        term_grace: Duration::from_secs(5),
+        marker: "checkpoint.done".into(),
+        hook_hosts: Vec::new(),
+    };
+    let o = run(&target, &ladder);
+    assert!(o.checkpointed, "{o:?}");
+    let _ = child.wait();
+    let hook = std::fs::read_to_string(l.checkpoint_dir.join("hook-uid")).expect("written");
+    let mut lines = hook.lines();
+    assert_eq!(lines.next(), Some(uid.to_string().as_str()), "{hook}");
+    assert!(
+        lines
+            .next()
+            .is_some_and(|g| g.split_whitespace().any(|g| g == extra.to_string())),
+        "{hook}"
     );
 }

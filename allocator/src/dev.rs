@@ -226,6 +226,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         dir.display(),
         dir.join("env").display(),
     );
+    println!("Dev agents allow work as root (allow_root = true); a real host refuses it.");
     let r = server.await;
     stop_agents(agents);
     r.context("allotd task")?
@@ -250,7 +251,7 @@ async fn start_agents(
         write_file(
             &conf,
             &format!(
-                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"https://{}\"\nhost = \"dev-node-{i}\"\ncluster = \"dev\"\nterm_grace = \"10s\"\ndefault_grace = \"30s\"\n\n[health]\nsource = \"fake:{}\"\ninterval_s = 2\nkmsg = {:?}   # append an NVRM Xid line here to inject a fault\n",
+                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"https://{}\"\nhost = \"dev-node-{i}\"\ncluster = \"dev\"\nterm_grace = \"10s\"\ndefault_grace = \"30s\"\nallow_root = true   # dev only: work may run as root here\n\n[health]\nsource = \"fake:{}\"\ninterval_s = 2\nkmsg = {:?}   # append an NVRM Xid line here to inject a fault\n",
                 d.join("agent.sock"),
                 d.join("state"),
                 listen,

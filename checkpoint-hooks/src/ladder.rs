@@ -2,7 +2,8 @@
 //! (marker file seen through `notify`, the process exiting, or an HTTP
 //! acknowledgement) up to a grace period → SIGTERM → grace → SIGKILL.
 
-use crate::{signal_named, Hook};
+use crate::identity::{prepare, RunAs};
+use crate::{host_allowed, signal_named, Hook};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use notify::{RecursiveMode, Watcher};
@@ -30,8 +31,11 @@ pub struct Target {
     pub pgid: i32,
     /// Where it writes checkpoints and the marker.
     pub checkpoint_dir: PathBuf,
-    /// The lease's environment, for exec hooks.
+    /// The lease's environment, for exec hooks (with the user's HOME, USER, LOGNAME
+    /// and SHELL: the caller's to set, as for the workload).
     pub env: Vec<(String, String)>,
+    /// Whom exec hooks run as: the workload's user, never more.
+    pub run_as: RunAs,
 }
 
 /// The ladder's settings.
@@ -45,6 +49,8 @@ pub struct Ladder {
     pub term_grace: Duration,
     /// The marker file name.
     pub marker: String,
+    /// Hosts an http hook may reach besides loopback (the agent's `hook_hosts`).
+    pub hook_hosts: Vec<String>,
 }
 
 /// A rung of the ladder.
@@ -166,7 +172,36 @@ enum Fired {
     Failed(String),
 }
 
-fn fire(hook: &Hook, t: &Target, grace: Duration) -> Fired {
+/// Why `url` may not be sent to (or followed to, in a redirect), read with the HTTP
+/// client's own URL parser; `None` when it may.
+fn unreachable_host(url: &reqwest::Url, allowed: &[String]) -> Option<String> {
+    // Normalised by the parser: IPv4 in dotted decimal, IPv6 in brackets, names
+    // lowercased.
+    let host = url.host_str().unwrap_or_default();
+    (!host_allowed(host, allowed)).then(|| {
+        format!(
+            "{url} reaches {host:?}, which is neither loopback nor in [agent] hook_hosts; add it there in agent.toml to allow it"
+        )
+    })
+}
+
+/// An error and its causes, `: `-separated (a refused redirect says why only in its
+/// source).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let c_s = c.to_string();
+        if !s.contains(&c_s) {
+            s = format!("{s}: {c_s}");
+        }
+        cause = c.source();
+    }
+    s
+}
+
+fn fire(hook: &Hook, t: &Target, l: &Ladder) -> Fired {
+    let grace = l.grace;
     match hook {
         Hook::Signal(name) => match signal_named(name).map(|s| killpg(Pid::from_raw(t.pgid), s)) {
             Some(Ok(())) => Fired::Asked(format!("sent {name} to group {}", t.pgid)),
@@ -180,6 +215,11 @@ fn fire(hook: &Hook, t: &Target, grace: Duration) -> Fired {
                 .env("ALLOT_LEASE_ID", &t.lease)
                 .env("ALLOT_CHECKPOINT_DIR", &t.checkpoint_dir)
                 .stdin(std::process::Stdio::null());
+            // The hook acts for the workload: it gets the workload's user, groups and
+            // nothing more, whatever the agent runs as.
+            if let Err(why) = prepare(&mut cmd, &t.run_as, false) {
+                return Fired::Failed(format!("{} not run: {why}", argv[0]));
+            }
             let mut child = match cmd.spawn() {
                 Ok(c) => c,
                 Err(e) => return Fired::Failed(format!("cannot run {}: {e}", argv[0])),
@@ -210,12 +250,35 @@ fn fire(hook: &Hook, t: &Target, grace: Duration) -> Fired {
             }
         }
         Hook::Http(url) => {
+            // Checked when the lease started; again here, with the client's own
+            // parser, for leases stored before a change of hook_hosts.
+            let parsed = match reqwest::Url::parse(url) {
+                Ok(u) => u,
+                Err(e) => return Fired::Failed(format!("{url}: {e}")),
+            };
+            if let Some(why) = unreachable_host(&parsed, &l.hook_hosts) {
+                return Fired::Failed(why);
+            }
+            let allowed = l.hook_hosts.clone();
+            // A redirect must not lead the agent where the hook itself may not go.
+            let redirects = reqwest::redirect::Policy::custom(move |a| {
+                if a.previous().len() >= 10 {
+                    a.error("more than 10 redirects")
+                } else if let Some(why) = unreachable_host(a.url(), &allowed) {
+                    a.error(why)
+                } else {
+                    a.follow()
+                }
+            });
             let body = serde_json::json!({
                 "lease": t.lease,
                 "checkpoint_dir": t.checkpoint_dir,
                 "deadline_s": grace.as_secs(),
             });
-            let client = reqwest::blocking::Client::builder().timeout(grace).build();
+            let client = reqwest::blocking::Client::builder()
+                .timeout(grace)
+                .redirect(redirects)
+                .build();
             let send = |c: reqwest::blocking::Client| {
                 c.post(url)
                     .header("content-type", "application/json")
@@ -230,7 +293,7 @@ fn fire(hook: &Hook, t: &Target, grace: Duration) -> Fired {
                     Fired::Acked(format!("HTTP {}", r.status().as_u16()))
                 }
                 Ok(r) => Fired::Failed(format!("HTTP {}", r.status().as_u16())),
-                Err(e) => Fired::Failed(format!("POST {url}: {e}")),
+                Err(e) => Fired::Failed(format!("POST {url}: {}", with_causes(&e))),
             }
         }
     }
@@ -280,14 +343,18 @@ pub fn run(t: &Target, l: &Ladder) -> Outcome {
             }
         };
         let note;
-        match fire(hook, t, l.grace) {
+        match fire(hook, t, l) {
             Fired::Acked(n) => {
                 checkpointed = true;
                 note = n;
             }
             Fired::Failed(n) => note = format!("hook failed: {n}"),
             Fired::Asked(n) => {
-                let (_, done) = wait(t.pgid, l.grace, seen);
+                // The marker was removed before the hook fired, so one present now
+                // is this checkpoint's, even when the workload wrote it and exited
+                // before its event was read.
+                let (_, seen_marker) = wait(t.pgid, l.grace, seen);
+                let done = seen_marker || marker.exists();
                 checkpointed = done;
                 note = if done {
                     format!("{n}; marker {} seen", marker.display())

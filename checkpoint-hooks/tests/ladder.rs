@@ -1,6 +1,6 @@
 //! The checkpoint ladder on real processes receiving real signals.
 
-use allot_checkpoint_hooks::{run, Hook, Ladder, Rung, Target};
+use allot_checkpoint_hooks::{run, Hook, Ladder, RunAs, Rung, Target};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -43,6 +43,7 @@ impl Workload {
                 "ALLOT_CHECKPOINT_DIR".into(),
                 self.dir.display().to_string(),
             )],
+            run_as: RunAs::Agent,
         }
     }
 }
@@ -61,6 +62,7 @@ fn ladder(hook: Option<&str>, grace_ms: u64) -> Ladder {
         grace: Duration::from_millis(grace_ms),
         term_grace: Duration::from_millis(grace_ms),
         marker: "checkpoint.done".into(),
+        hook_hosts: Vec::new(),
     }
 }
 
@@ -138,6 +140,24 @@ fn exec_hook_exit_zero_is_the_checkpoint() {
         o.steps[0].note.starts_with("hook failed: false exited"),
         "{o:?}"
     );
+    // A hook with no one it may run as is not run at all.
+    let w3 = Workload::start("exec-nobody", LOOP);
+    let t = Target {
+        run_as: RunAs::Nobody("user \"gone\" is not known on this host".into()),
+        ..w3.target()
+    };
+    let o = run(
+        &t,
+        &ladder(Some(&format!("exec:{}", hook.display())), 10_000),
+    );
+    assert_eq!((o.ended_by, o.checkpointed), (Rung::Term, false), "{o:?}");
+    assert!(
+        o.steps[0]
+            .note
+            .ends_with("not run: user \"gone\" is not known on this host"),
+        "{o:?}"
+    );
+    assert!(!w3.dir.join("saved").exists(), "the hook never ran");
 }
 
 /// Answers one POST with `status`, returning the body it received.
@@ -181,6 +201,42 @@ fn http_hook_acknowledges_or_fails() {
     h.join().expect("server");
     assert_eq!((o.ended_by, o.checkpointed), (Rung::Term, false), "{o:?}");
     assert!(o.steps[0].note.contains("HTTP 503"), "{o:?}");
+}
+
+#[test]
+fn http_hooks_reach_only_loopback_and_the_allowed_hosts() {
+    // 192.0.2.0/24 is TEST-NET-1: nothing answers there.
+    let elsewhere = "http://192.0.2.1:9/checkpoint";
+    let w = Workload::start("http-far", LOOP);
+    let o = run(&w.target(), &ladder(Some(elsewhere), 10_000));
+    assert_eq!((o.ended_by, o.checkpointed), (Rung::Term, false), "{o:?}");
+    assert!(
+        o.steps[0]
+            .note
+            .contains("reaches \"192.0.2.1\", which is neither loopback nor in [agent] hook_hosts"),
+        "refused before any connection: {o:?}"
+    );
+    // A redirect from an allowed host is held to the same rule.
+    let w2 = Workload::start("http-redirect", LOOP);
+    let (url, h) = http_once("302 Found\r\nLocation: http://192.0.2.1:9/x");
+    let o = run(&w2.target(), &ladder(Some(&format!("http:{url}")), 10_000));
+    h.join().expect("server");
+    assert_eq!((o.ended_by, o.checkpointed), (Rung::Term, false), "{o:?}");
+    assert!(o.steps[0].note.contains("hook_hosts"), "{o:?}");
+    // Named in hook_hosts, the host is called (and here, times out).
+    let w3 = Workload::start("http-named", LOOP);
+    let named = Ladder {
+        hook_hosts: vec!["192.0.2.1".into()],
+        ..ladder(Some(elsewhere), 300)
+    };
+    let o = run(&w3.target(), &named);
+    assert!(
+        o.steps[0]
+            .note
+            .starts_with("hook failed: POST http://192.0.2.1:9/checkpoint")
+            && !o.steps[0].note.contains("hook_hosts"),
+        "{o:?}"
+    );
 }
 
 #[test]

@@ -137,13 +137,19 @@ impl Host {
         );
         // A recycled pid must never be signalled: a gone process gets an empty ladder.
         let pgid = if alive { l.pgid() } else { i32::MAX };
+        // An exec hook acts for the workload: as its user, with its login environment.
+        let (run_as, user_env) = self.hook_user(&l.user);
         Some(LadderJob {
             lease: id.to_string(),
             target: Target {
                 lease: id.to_string(),
                 pgid,
                 checkpoint_dir: lease_dir(&settings, id).join("checkpoint"),
-                env: lease_env(&l, &settings),
+                env: user_env
+                    .into_iter()
+                    .chain(lease_env(&l, &settings))
+                    .collect(),
+                run_as,
             },
             ladder: Ladder {
                 hook: l.hook.parse().ok(),
@@ -151,6 +157,7 @@ impl Host {
                 grace: Duration::from_secs(l.grace_s.min(MAX_CONTRACT)),
                 term_grace: Duration::from_secs(settings.term_grace_s),
                 marker: DEFAULT_MARKER.into(),
+                hook_hosts: settings.hook_hosts.clone(),
             },
         })
     }

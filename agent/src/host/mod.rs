@@ -105,6 +105,12 @@ pub struct Settings {
     pub default_hook: String,
     /// Where lease dirs (logs, checkpoints) live.
     pub state_dir: PathBuf,
+    /// No work (workload or exec hook) runs as a uid below this, root aside.
+    pub min_uid: u32,
+    /// Work may run as root (uid 0).
+    pub allow_root: bool,
+    /// Hosts an http hook may reach besides loopback.
+    pub hook_hosts: Vec<String>,
 }
 
 /// What a caller asks to start.

@@ -1,25 +1,52 @@
 //! Starting a lease: the drain check, the request's checks, GPU choice (free and
-//! healthy, lowest index first, or the allocator's choice), the user it runs as
-//! (switching only for root), and the lease on disk before the process starts, so
+//! healthy, lowest index first, or the allocator's choice), where an http hook may
+//! go, the user it runs as (never below `min_uid`, root only when allowed, switched
+//! to only by a root agent), and the lease on disk before the process starts, so
 //! that a crash in between leaves a lease that reads as never started.
 
 use super::{lease_dir, Caller, Host, HostError, StartSpec, CLUSTER, HEALTH};
 use crate::lease::{LeaseRecord, LeaseState};
 use crate::os::Reaper;
 use crate::process::Launch;
-use allot_checkpoint_hooks::Hook;
+use allot_checkpoint_hooks::{host_allowed, Hook, Identity, RunAs};
 use allot_fairshare::scheduler::MAX_CONTRACT;
 use allot_health::verdict::{GpuSample, GpuState};
 use allot_proto::v1::LeaseEnd;
 use std::collections::BTreeSet;
 use std::str::FromStr;
 
+/// Whom a lease's work runs as, and that user's login environment.
+pub(super) struct RunUser {
+    /// The lease's user: a login name, or a uid without one.
+    pub name: String,
+    /// The identity switch, if any.
+    pub run_as: RunAs,
+    /// `HOME`, `USER`, `LOGNAME`, `SHELL` (empty for a uid without a passwd entry).
+    pub env: Vec<(String, String)>,
+}
+
 impl Host {
-    fn resolve_user(
-        &self,
-        spec: &StartSpec,
-        caller: Caller,
-    ) -> Result<(String, Option<u32>, Option<u32>), HostError> {
+    /// Whether user `name` (uid `uid`) may run work here: root only when allowed,
+    /// nobody else below `min_uid`. The refusal names the user, the uid and the key.
+    pub(super) fn may_run(&self, name: &str, uid: u32) -> Result<(), String> {
+        if uid == 0 && !self.settings.allow_root {
+            Err(format!(
+                "{name:?} (uid 0) may not run work on this host; set [agent] allow_root = true in agent.toml to allow it"
+            ))
+        } else if uid != 0 && uid < self.settings.min_uid {
+            Err(format!(
+                "{name:?} (uid {uid}) may not run work on this host: uids below [agent] min_uid = {} are the system's; lower min_uid in agent.toml to allow it",
+                self.settings.min_uid
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The user a start runs as: the one asked for (root may name anyone) or the
+    /// caller, checked against the host's rules, switched to only when it is not the
+    /// agent's own.
+    fn resolve_user(&self, spec: &StartSpec, caller: Caller) -> Result<RunUser, HostError> {
         let me = self.os.euid();
         let user = if spec.user.is_empty() {
             self.os.user_by_uid(caller.uid)
@@ -39,20 +66,69 @@ impl Host {
             }
             Some(u)
         };
-        let (name, uid, gid) = match user {
-            Some(u) => (u.name, u.uid, u.gid),
-            None => (caller.uid.to_string(), caller.uid, caller.gid),
+        // A caller without a passwd entry runs as its uid and gid, in no other group.
+        let (name, id, env) = match user {
+            Some(u) => (u.name.clone(), u.identity(), u.env()),
+            None => (
+                caller.uid.to_string(),
+                Identity {
+                    uid: caller.uid,
+                    gid: caller.gid,
+                    groups: vec![caller.gid],
+                },
+                Vec::new(),
+            ),
         };
+        self.may_run(&name, id.uid)
+            .map_err(|message| HostError::Invalid {
+                field: "user",
+                message,
+            })?;
         // Switching identity needs root; running as the agent's own user needs nothing.
-        if uid == me {
-            Ok((name, None, None))
+        let run_as = if id.uid == me {
+            RunAs::Agent
         } else if me == 0 {
-            Ok((name, Some(uid), Some(gid)))
+            RunAs::User(id)
         } else {
-            Err(HostError::Refused(format!(
-                "the agent runs as uid {me} and cannot start work as uid {uid}; run the agent as root"
-            )))
-        }
+            return Err(HostError::Refused(format!(
+                "the agent runs as uid {me} and cannot start work as uid {}; run the agent as root",
+                id.uid
+            )));
+        };
+        Ok(RunUser { name, run_as, env })
+    }
+
+    /// Whom a lease's exec hook runs as now: its user, looked up again (the agent
+    /// may have restarted, the passwd entry changed) and held to the same rules.
+    pub(super) fn hook_user(&self, user: &str) -> (RunAs, Vec<(String, String)>) {
+        let me = self.os.euid();
+        let found = self.os.user_by_name(user).or_else(|| {
+            user.parse::<u32>()
+                .ok()
+                .and_then(|uid| self.os.user_by_uid(uid))
+        });
+        let Some(u) = found else {
+            // A uid without a passwd entry: as itself only when it is the agent's.
+            return match user.parse::<u32>() {
+                Ok(uid) if uid == me && self.may_run(user, uid).is_ok() => {
+                    (RunAs::Agent, Vec::new())
+                }
+                _ => (
+                    RunAs::Nobody(format!("user {user:?} is not known on this host")),
+                    Vec::new(),
+                ),
+            };
+        };
+        let run_as = match self.may_run(&u.name, u.uid) {
+            Err(why) => RunAs::Nobody(why),
+            Ok(()) if u.uid == me => RunAs::Agent,
+            Ok(()) if me == 0 => RunAs::User(u.identity()),
+            Ok(()) => RunAs::Nobody(format!(
+                "the agent runs as uid {me} and cannot act as uid {}",
+                u.uid
+            )),
+        };
+        (run_as, u.env())
     }
 
     fn free_gpus(&self) -> Vec<&GpuSample> {
@@ -136,10 +212,23 @@ impl Host {
             spec.hook.clone()
         };
         if !hook.is_empty() {
-            Hook::from_str(&hook).map_err(|e| HostError::Invalid {
+            let parsed = Hook::from_str(&hook).map_err(|e| HostError::Invalid {
                 field: "checkpoint",
                 message: e.to_string(),
             })?;
+            // A submission must not make the agent call into the network: an http
+            // hook goes to this host's own services or those the operator named.
+            if let Some(host) = parsed
+                .http_host()
+                .filter(|h| !host_allowed(h, &self.settings.hook_hosts))
+            {
+                return Err(HostError::Invalid {
+                    field: "checkpoint",
+                    message: format!(
+                        "hook {hook:?} reaches {host:?}, which is neither loopback nor in [agent] hook_hosts; add it to hook_hosts in agent.toml to allow it"
+                    ),
+                });
+            }
         }
         let free = self.free_gpus();
         let gpus: Vec<String> = if spec.gpu_uuids.is_empty() {
@@ -215,7 +304,7 @@ impl Host {
             }
             None => None,
         };
-        let (user, uid, gid) = self.resolve_user(&spec, caller)?;
+        let who = self.resolve_user(&spec, caller)?;
         let id = if spec.lease_id.is_empty() {
             format!("L-{}", self.store.next_lease_number()?)
         } else {
@@ -229,7 +318,7 @@ impl Host {
                 spec.workload_id.clone()
             },
             gpus,
-            user,
+            user: who.name.clone(),
             argv: spec.argv.clone(),
             adopted: adopt.is_some(),
             start_ms: now_ms,
@@ -245,9 +334,14 @@ impl Host {
         };
         self.store.put_lease(&l)?;
         let dir = lease_dir(&self.settings, &id);
+        // Checkpoints are written by the workload and its hook, as its user.
+        let owner = match &who.run_as {
+            RunAs::User(i) => Some((i.uid, i.gid)),
+            _ => None,
+        };
         let (reaper, proc_id) = match adopt {
             Some(p) => {
-                let _ = self.os.create_dir_all(&dir.join("checkpoint"));
+                let _ = self.os.create_dir_all(&dir.join("checkpoint"), owner);
                 (None, p)
             }
             None => {
@@ -257,9 +351,9 @@ impl Host {
                     gpus: l.gpus.clone(),
                     checkpoint_dir: dir.join("checkpoint"),
                     log_dir: dir.clone(),
-                    uid,
-                    gid,
-                    env: spec.env.clone(),
+                    run_as: who.run_as.clone(),
+                    // The user's login environment, which the request may override.
+                    env: who.env.iter().chain(&spec.env).cloned().collect(),
                 });
                 match launched {
                     Ok(started) => (Some(started.reaper), started.id),

@@ -27,8 +27,8 @@ pub enum Call {
     UserByUid(u32),
     /// The agent's own uid was asked.
     Euid,
-    /// A directory was made.
-    CreateDir(PathBuf),
+    /// A directory was made, for this owner (uid, gid).
+    CreateDir(PathBuf, Option<(u32, u32)>),
     /// Who owns a process was asked.
     Owner(i32),
     /// The agent's own lineage was asked.
@@ -61,6 +61,23 @@ struct State {
     calls: Vec<Call>,
 }
 
+/// A user with home `/home/NAME` (`/root` for uid 0), shell `/bin/sh`, in its
+/// primary group only.
+pub fn fake_user(name: &str, uid: u32, gid: u32) -> User {
+    User {
+        name: name.into(),
+        uid,
+        gid,
+        home: if uid == 0 {
+            "/root".into()
+        } else {
+            PathBuf::from("/home").join(name)
+        },
+        shell: "/bin/sh".into(),
+        groups: vec![gid],
+    }
+}
+
 /// The agent's own pid in the fake (its parent is init, pid 1).
 pub const AGENT_PID: i32 = 42;
 
@@ -76,7 +93,8 @@ impl Default for FakeOs {
 
 impl FakeOs {
     /// Time at 1,000,000 ms, the agent running as root (pid [`AGENT_PID`], child of
-    /// init), users `root` (0) and `alice` (1000, group 100), no other processes.
+    /// init), users `root` (0), `daemon` (1, a system user) and `alice` (1000, group
+    /// 100, also in group 44), no other processes.
     pub fn new() -> FakeOs {
         let os = FakeOs(Arc::new(Mutex::new(State {
             now_ms: 1_000_000,
@@ -84,15 +102,11 @@ impl FakeOs {
             next_ticks: 5_000,
             procs: BTreeMap::new(),
             users: vec![
+                fake_user("root", 0, 0),
+                fake_user("daemon", 1, 1),
                 User {
-                    name: "root".into(),
-                    uid: 0,
-                    gid: 0,
-                },
-                User {
-                    name: "alice".into(),
-                    uid: 1000,
-                    gid: 100,
+                    groups: vec![100, 44],
+                    ..fake_user("alice", 1000, 100)
                 },
             ],
             euid: 0,
@@ -186,13 +200,9 @@ impl FakeOs {
         self.state().procs.get(&pid).copied()
     }
 
-    /// Adds a user.
+    /// Adds a user (home `/home/NAME`, shell `/bin/sh`, only its primary group).
     pub fn add_user(&self, name: &str, uid: u32, gid: u32) {
-        self.state().users.push(User {
-            name: name.into(),
-            uid,
-            gid,
-        });
+        self.state().users.push(fake_user(name, uid, gid));
     }
 
     /// The agent runs as `uid`.
@@ -316,8 +326,8 @@ impl Os for FakeOs {
         self.record(Call::Euid).euid
     }
 
-    fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
-        drop(self.record(Call::CreateDir(path.to_path_buf())));
+    fn create_dir_all(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+        drop(self.record(Call::CreateDir(path.to_path_buf(), owner)));
         Ok(())
     }
 }

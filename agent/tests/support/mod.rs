@@ -35,8 +35,20 @@ impl TestAgent {
         a
     }
 
-    /// Writes the config and the dirs; the agent is not started yet.
+    /// Like [`TestAgent::start`], but with `allow_root` at its default (off).
+    pub fn start_without_root(tag: &str, extra: &str) -> TestAgent {
+        let mut a = Self::write(tag, extra, "");
+        a.launch();
+        a
+    }
+
+    /// Writes the config and the dirs; the agent is not started yet. The tests run
+    /// as root, so the agent allows root work (`allow_root = true`).
     pub fn prepare(tag: &str, extra: &str) -> TestAgent {
+        Self::write(tag, extra, "allow_root = true\n")
+    }
+
+    fn write(tag: &str, extra: &str, root: &str) -> TestAgent {
         let dir = std::env::temp_dir().join(format!("allot-e2e-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -48,7 +60,7 @@ impl TestAgent {
         std::fs::write(
             &config,
             format!(
-                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nterm_grace = \"2s\"\ndefault_grace = \"2s\"\n{extra}\n[health]\nsource = \"fake:8\"\ninterval_s = 1\nkmsg = {:?}\n",
+                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nterm_grace = \"2s\"\ndefault_grace = \"2s\"\n{root}{extra}\n[health]\nsource = \"fake:8\"\ninterval_s = 1\nkmsg = {:?}\n",
                 socket,
                 dir.join("state"),
                 kmsg

@@ -1,6 +1,6 @@
 //! What allot's end-to-end tests share (the agent's, allotd's and the CLI's): finding
 //! the workspace's other binaries, waiting for state changes in other processes, free
-//! loopback ports, and reading a command's JSON. Test code: it panics with the reason
+//! loopback ports, reading a command's JSON, and the unprivileged test users. Test code: it panics with the reason
 //! rather than returning errors.
 
 #![allow(clippy::unwrap_used)]
@@ -85,4 +85,42 @@ pub fn current_user() -> String {
         .output()
         .expect("id runs");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The uid and primary gid of test user `name` (`allot-test-a`, `allot-test-b`: made
+/// by `.ci/run`); `None`, with a skip line, where it is missing, so a developer's
+/// machine without them still passes. On CI (`CI=true`) a missing user is a failure:
+/// the tests it guards must not pass by being skipped.
+pub fn test_user(name: &str) -> Option<(u32, u32)> {
+    let id = |flag: &str| -> Option<u32> {
+        let out = Command::new("id").args([flag, name]).output().ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    };
+    match (id("-u"), id("-g")) {
+        (Some(uid), Some(gid)) => Some((uid, gid)),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("test user {name:?} is missing; create it: see .ci/run")
+        }
+        _ => {
+            eprintln!("skipped: test user {name:?} is missing (create it as .ci/run does)");
+            None
+        }
+    }
+}
+
+/// The id of group `name`, if it exists (`getent group`).
+pub fn group_id(name: &str) -> Option<u32> {
+    let out = Command::new("getent").args(["group", name]).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .split(':')
+        .nth(2)?
+        .parse()
+        .ok()
 }

@@ -24,7 +24,7 @@ fn adopting_records_the_identity_without_launching() {
         .os
         .calls()
         .iter()
-        .any(|c| matches!(c, Call::CreateDir(d) if *d == ckpt)));
+        .any(|c| matches!(c, Call::CreateDir(d, None) if *d == ckpt)));
     // Its exit is seen by polling.
     assert_eq!(t.h.next_wakeup(t.now()), Some(t.now() + ADOPTED_POLL_MS));
 }

@@ -9,6 +9,7 @@ mod ladder;
 mod restart;
 mod revoke;
 mod start;
+mod users;
 
 use super::*;
 use crate::lease::LeaseState;
@@ -67,7 +68,8 @@ pub(super) fn uuid(i: u32) -> String {
     format!("GPU-{i}")
 }
 
-/// The settings the tests run under.
+/// The settings the tests run under: the defaults, except that root may run work
+/// (most tests start as root, as allotd's uplink does; `start.rs` tests the rule).
 pub(super) fn settings(dir: &Path) -> Settings {
     Settings {
         default_grace_s: 30,
@@ -76,6 +78,9 @@ pub(super) fn settings(dir: &Path) -> Settings {
         warning_signal: Signal::SIGUSR2,
         default_hook: String::new(),
         state_dir: dir.to_path_buf(),
+        min_uid: 1000,
+        allow_root: true,
+        hook_hosts: Vec::new(),
     }
 }
 

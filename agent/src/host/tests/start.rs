@@ -2,6 +2,16 @@
 
 use super::*;
 use crate::os::fake::Call;
+use allot_checkpoint_hooks::{Identity, RunAs};
+
+/// Alice as the fake knows her: uid 1000, group 100, also in group 44.
+fn alice() -> RunAs {
+    RunAs::User(Identity {
+        uid: 1000,
+        gid: 100,
+        groups: vec![100, 44],
+    })
+}
 
 #[test]
 fn start_launches_on_the_lowest_free_gpus_with_the_lease_on_disk() {
@@ -27,7 +37,7 @@ fn start_launches_on_the_lowest_free_gpus_with_the_lease_on_disk() {
     assert_eq!(launches[0].gpus, l.gpus);
     assert_eq!(launches[0].checkpoint_dir, dir.join("checkpoint"));
     assert_eq!(launches[0].log_dir, dir);
-    assert_eq!((launches[0].uid, launches[0].gid), (None, None));
+    assert_eq!(launches[0].run_as, RunAs::Agent);
 
     let stored = t.stored("L-1").expect("on disk");
     assert_eq!((stored.pid, stored.state), (l.pid, LeaseState::Running));
@@ -158,7 +168,7 @@ fn root_starts_work_as_another_user() {
     });
     assert_eq!(l.user, "alice");
     let launch = &t.os.launches()[0];
-    assert_eq!((launch.uid, launch.gid), (Some(1000), Some(100)));
+    assert_eq!(launch.run_as, alice());
 }
 
 #[test]
@@ -168,8 +178,8 @@ fn a_user_runs_as_themself_and_only_root_as_another() {
     let (l, _) = t.h.start(spec(1, 0), ALICE, now).expect("starts");
     assert_eq!(l.user, "alice");
     assert_eq!(
-        t.os.launches().last().map(|l| (l.uid, l.gid)),
-        Some((Some(1000), Some(100)))
+        t.os.launches().last().map(|l| l.run_as.clone()),
+        Some(alice())
     );
     let as_root = StartSpec {
         user: "root".into(),
@@ -185,15 +195,22 @@ fn a_user_runs_as_themself_and_only_root_as_another() {
         ..spec(1, 0)
     };
     assert_eq!(invalid(t.h.start(nobody, ROOT, now)), "user");
-    // A caller without a passwd entry runs as its uid and gid.
+    // A caller without a passwd entry runs as its uid and gid, with no login
+    // environment to give it.
     let (l, _) =
         t.h.start(spec(1, 0), Caller { uid: 2000, gid: 7 }, now)
             .expect("starts");
     assert_eq!(l.user, "2000");
+    let last = t.os.launches().pop().expect("launched");
     assert_eq!(
-        t.os.launches().last().map(|l| (l.uid, l.gid)),
-        Some((Some(2000), Some(7)))
+        last.run_as,
+        RunAs::User(Identity {
+            uid: 2000,
+            gid: 7,
+            groups: vec![7]
+        })
     );
+    assert!(last.env.iter().all(|(k, _)| k != "HOME"), "{:?}", last.env);
 }
 
 #[test]
@@ -203,8 +220,8 @@ fn an_agent_that_is_not_root_runs_work_only_as_itself() {
     let now = t.now();
     t.h.start(spec(1, 0), ALICE, now).expect("its own user");
     assert_eq!(
-        t.os.launches().last().map(|l| (l.uid, l.gid)),
-        Some((None, None)),
+        t.os.launches().last().map(|l| l.run_as.clone()),
+        Some(RunAs::Agent),
         "no identity switch"
     );
     let m = refusal(t.h.start(spec(1, 0), ROOT, now));
