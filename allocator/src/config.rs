@@ -233,7 +233,7 @@ mod tests {
         assert!(e.message.contains("\"zz\"") && e.line == 2, "{e}");
         let e =
             ServerConfig::parse("[[group]]\nname = \"a\"\nweight = -2\n", "a.toml").unwrap_err();
-        assert!(e.message.contains("positive"), "{e}");
+        assert!(e.message.contains("weights are numbers from"), "{e}");
         let e = ServerConfig::parse(
             "[server]\nlisten = \"nowhere\"\n[[group]]\nname = \"a\"\nweight = 1\n",
             "a.toml",
