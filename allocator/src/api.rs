@@ -283,6 +283,7 @@ impl Api {
 }
 
 fn parse_id(s: &str) -> Result<u64, Status> {
+    crate::limits::id("id", s)?;
     s.trim().parse().map_err(|_| {
         Status::invalid_argument(format!(
             "id: {s:?} is not a workload id (a number, as `allot queue` shows)"
@@ -298,6 +299,7 @@ fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
             "required; `allot share` lists the projects".into(),
         );
     }
+    crate::limits::spec(s)?;
     // Sizes beyond any host are refused here (capped input); the core names what
     // this cluster can hold, in the same "field = value: fix" form.
     if s.gpus_per_node > MAX_GPUS {
@@ -412,6 +414,7 @@ impl pb::workloads_server::Workloads for Api {
         req: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
         let r = req.into_inner();
+        crate::limits::list(&r)?;
         let c = self.0.core();
         if !r.project.is_empty()
             && !c
@@ -486,6 +489,7 @@ impl pb::org_server::Org for Api {
         req: Request<pb::SetWeightRequest>,
     ) -> Result<Response<pb::Group>, Status> {
         let r = req.into_inner();
+        crate::limits::group("name", &r.name)?;
         if !allot_fairshare::tree::weight_ok(r.weight) {
             return Err(Status::invalid_argument(format!(
                 "weight: {} is out of range; give a number from {} to {}",
@@ -525,6 +529,8 @@ impl pb::nodes_server::Nodes for Api {
         req: Request<pb::NodeDrainRequest>,
     ) -> Result<Response<pb::Node>, Status> {
         let r = req.into_inner();
+        crate::limits::node("name", &r.name)?;
+        crate::limits::reason("reason", &r.reason)?;
         if !self.0.core().alloc.nodes().contains_key(&r.name) {
             return Err(Status::not_found(format!(
                 "name: no node {:?}; `allot nodes` lists them",
@@ -599,6 +605,7 @@ fn check_register(r: &pb::Register) -> Result<(NodeSpec, Vec<String>), Status> {
             "a host registers 1 to 64 GPUs (the agent has no GPU inventory yet?)",
         );
     }
+    crate::limits::register(r)?;
     let mut gpus = r.gpus.clone();
     gpus.sort_by_key(|g| g.index);
     Ok((
@@ -695,6 +702,10 @@ impl Api {
 
     /// A health report (see `Input::Health`); the GPU list is kept for views.
     fn on_health(&self, node: &str, h: pb::HealthReport) {
+        if let Err(e) = crate::limits::health(&h) {
+            tracing::warn!(node, error = %e, "health report refused");
+            return;
+        }
         match self.0.core().alloc.node_mut(node) {
             Some(n) => n.gpus = h.gpus.clone(),
             None => return,
@@ -774,12 +785,18 @@ pub async fn grpc(
     listener: tokio::net::TcpListener,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Bigger messages are refused (OUT_OF_RANGE) before they are buffered whole.
+    let max = allot_common::fields::MAX_MESSAGE;
     let api = Api(server);
     tonic::transport::Server::builder()
-        .add_service(pb::workloads_server::WorkloadsServer::new(api.clone()))
-        .add_service(pb::org_server::OrgServer::new(api.clone()))
-        .add_service(pb::nodes_server::NodesServer::new(api.clone()))
-        .add_service(pb::agent_stream_server::AgentStreamServer::new(api))
+        .add_service(
+            pb::workloads_server::WorkloadsServer::new(api.clone()).max_decoding_message_size(max),
+        )
+        .add_service(pb::org_server::OrgServer::new(api.clone()).max_decoding_message_size(max))
+        .add_service(pb::nodes_server::NodesServer::new(api.clone()).max_decoding_message_size(max))
+        .add_service(
+            pb::agent_stream_server::AgentStreamServer::new(api).max_decoding_message_size(max),
+        )
         .serve_with_incoming_shutdown(accept_nodelay(listener), stop)
         .await?;
     Ok(())

@@ -5,6 +5,7 @@
 mod api;
 mod config;
 mod dev;
+mod limits;
 mod loadtest;
 mod metrics;
 mod serve;
