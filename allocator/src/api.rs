@@ -449,17 +449,31 @@ impl pb::workloads_server::Workloads for Api {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let id = parse_id(&req.into_inner().id)?;
         let first = self.workload_view(id)?;
+        let conns = &self.0.conns;
+        let slot = conns.watch_slot().ok_or_else(|| {
+            Status::resource_exhausted(format!(
+                "watch: {} streams are open, this allotd's most (server.max_watch_streams); end some `allot watch`, or poll with `allot status`",
+                conns.max_watch()
+            ))
+        })?;
         let api = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         tokio::spawn(async move {
+            // Held while the task runs: the count is of streams still served.
+            let _slot = slot;
             let mut last = first;
             if tx.send(Ok(last.clone())).await.is_err() {
                 return;
             }
             // Changes are rare and cheap to compare; a poll keeps the state machine
-            // free of subscriber bookkeeping.
+            // free of subscriber bookkeeping. A client that goes away drops the
+            // receiver: that ends the task at once, not at the next change (which an
+            // unchanged workload never has).
             while last.end_unix == 0 {
-                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                tokio::select! {
+                    () = tx.closed() => return,
+                    () = tokio::time::sleep(std::time::Duration::from_millis(250)) => {}
+                }
                 let Ok(w) = api.workload_view(id) else { return };
                 if w != last {
                     last = w;
@@ -785,10 +799,19 @@ pub async fn grpc(
     listener: tokio::net::TcpListener,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let conns = server.conns.clone();
+    let streams = server.cfg.server.max_streams_per_connection;
     // Bigger messages are refused (OUT_OF_RANGE) before they are buffered whole.
     let max = allot_common::fields::MAX_MESSAGE;
     let api = Api(server);
     tonic::transport::Server::builder()
+        // Pings find a peer that vanished; a live client's answers also keep its
+        // quiet streams (a Watch of an unchanged workload) clear of idle_timeout.
+        .http2_keepalive_interval(Some(conns.keepalive_interval()))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+        .max_concurrent_streams(streams)
+        .concurrency_limit_per_connection(streams as usize)
+        .http2_max_header_list_size(64 * 1024)
         .add_service(
             pb::workloads_server::WorkloadsServer::new(api.clone()).max_decoding_message_size(max),
         )
@@ -797,23 +820,16 @@ pub async fn grpc(
         .add_service(
             pb::agent_stream_server::AgentStreamServer::new(api).max_decoding_message_size(max),
         )
-        .serve_with_incoming_shutdown(accept_nodelay(listener), stop)
+        .serve_with_incoming_shutdown(accept_nodelay(listener, conns), stop)
         .await?;
     Ok(())
 }
 
-/// Accepted connections with Nagle's algorithm off: tonic ignores its `tcp_nodelay`
-/// with an incoming stream, and a small request would otherwise wait for the
-/// peer's delayed ACK (tens of milliseconds per CLI command).
+/// Accepted connections under the connection caps, with Nagle's algorithm off and
+/// TCP keepalive on, closed when idle (see [`crate::conns::Incoming`]).
 fn accept_nodelay(
     listener: tokio::net::TcpListener,
-) -> impl Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
-        let conn = conn?;
-        if let Err(e) = conn.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set");
-        }
-        Ok(conn)
-    })
+    conns: Arc<crate::conns::Conns>,
+) -> crate::conns::Incoming {
+    crate::conns::Incoming::new(listener, conns)
 }

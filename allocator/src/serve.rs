@@ -83,6 +83,8 @@ pub struct Server {
     /// process's own uptime without its agent (the journal's last-seen times are
     /// from before a restart, when the agents could not reach us).
     started: Time,
+    /// Open connections and Watch streams, and their caps.
+    pub conns: Arc<crate::conns::Conns>,
 }
 
 impl Server {
@@ -106,6 +108,7 @@ impl Server {
             ms = t0.elapsed().as_millis() as u64,
             "state rebuilt from the journal"
         );
+        let conns = Arc::new(crate::conns::Conns::new(&cfg.server));
         Ok(Arc::new(Server {
             core: Mutex::new(Core {
                 alloc,
@@ -118,6 +121,7 @@ impl Server {
             next_wakeup: Mutex::new(None),
             session_seq: std::sync::atomic::AtomicU64::new(1),
             started: now(),
+            conns,
         }))
     }
 
