@@ -5,6 +5,10 @@
 
 use crate::host::{Caller, GpuView, Host, HostError, StartSpec};
 use crate::lease::{LeaseRecord, LeaseState};
+use allot_common::fields::{
+    check_argv, check_len, check_optional_name, check_text, FieldError, MAX_HOOK, MAX_NAME,
+    MAX_REASON,
+};
 use allot_health::verdict::{GpuState, HostVerdict};
 use allot_proto::v1 as pb;
 use allot_proto::v1::agent_local_server::AgentLocal;
@@ -108,6 +112,20 @@ fn status(e: HostError) -> Status {
         HostError::Launch(_) => Status::invalid_argument(e.to_string()),
         HostError::Store(_) => Status::internal(e.to_string()),
     }
+}
+
+/// A refused field on the wire, in the `field: why; fix` form.
+fn invalid(e: FieldError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+/// The caps allotd puts on a submission, on a local start: the same functions, so
+/// the host takes nothing allotd would refuse.
+fn check_start(r: &pb::StartLeaseRequest) -> Result<(), FieldError> {
+    check_argv("argv", &r.argv)?;
+    check_optional_name("user", &r.user, MAX_NAME)?;
+    check_optional_name("workload_id", &r.workload_id, MAX_NAME)?;
+    check_text("checkpoint_hook", &r.checkpoint_hook, MAX_HOOK)
 }
 
 fn secs(ms: i64) -> i64 {
@@ -291,6 +309,7 @@ impl AgentLocal for LocalApi {
     ) -> Result<Response<pb::Lease>, Status> {
         let c = self.may_change(&req, "starting a lease")?;
         let r = req.into_inner();
+        check_start(&r).map_err(invalid)?;
         let spec = StartSpec {
             gpus: r.gpus,
             min_runtime_s: r.min_runtime_s,
@@ -323,6 +342,7 @@ impl AgentLocal for LocalApi {
     ) -> Result<Response<pb::Lease>, Status> {
         let c = self.may_change(&req, "revoking a lease")?;
         let r = req.into_inner();
+        check_len("lease_id", &r.lease_id, MAX_NAME).map_err(invalid)?;
         let l = self
             .0
             .host()
@@ -343,6 +363,7 @@ impl AgentLocal for LocalApi {
     ) -> Result<Response<pb::DrainResponse>, Status> {
         let c = self.may_change(&req, "draining")?;
         let r = req.into_inner();
+        check_text("reason", &r.reason, MAX_REASON).map_err(invalid)?;
         let resp = {
             let mut h = self.0.host();
             h.drain(&r.reason, r.now, &user_name(c.uid), crate::host::now_ms())
@@ -374,6 +395,7 @@ impl AgentLocal for LocalApi {
     ) -> Result<Response<pb::Gpu>, Status> {
         let c = self.may_change(&req, "clearing a GPU")?;
         let r = req.into_inner();
+        check_text("reason", &r.reason, MAX_REASON).map_err(invalid)?;
         if r.reason.trim().is_empty() {
             return Err(Status::invalid_argument(
                 "reason: say what was done (reset, repair), e.g. --reason \"nvidia-smi -r after XID 79\"",
@@ -440,5 +462,44 @@ impl AgentLocal for LocalApi {
             })
             .collect();
         Ok(Response::new(pb::EventsResponse { events }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_local_start_takes_allotds_caps() {
+        let ok = pb::StartLeaseRequest {
+            argv: vec!["sh".into(), "-c".into(), "sleep 1".into()],
+            user: "ana".into(),
+            workload_id: "W-1".into(),
+            checkpoint_hook: "signal:USR1".into(),
+            ..Default::default()
+        };
+        assert_eq!(check_start(&ok), Ok(()));
+        assert_eq!(check_start(&pb::StartLeaseRequest::default()), Ok(()));
+        let refused = |r: pb::StartLeaseRequest| check_start(&r).expect_err("refused").to_string();
+        let m = refused(pb::StartLeaseRequest {
+            user: "ana\nroot".into(),
+            ..ok.clone()
+        });
+        assert!(m.starts_with("user: ") && m.contains("U+000A"), "{m}");
+        let m = refused(pb::StartLeaseRequest {
+            argv: vec!["x".into(); 2000],
+            ..ok.clone()
+        });
+        assert!(m.starts_with("argv: 2000 arguments"), "{m}");
+        let m = refused(pb::StartLeaseRequest {
+            argv: vec!["a\0b".into()],
+            ..ok.clone()
+        });
+        assert!(m.starts_with("argv[0]: ") && m.contains("NUL"), "{m}");
+        let m = refused(pb::StartLeaseRequest {
+            checkpoint_hook: "h".repeat(MAX_HOOK + 1),
+            ..ok
+        });
+        assert!(m.starts_with("checkpoint_hook: "), "{m}");
     }
 }

@@ -264,7 +264,11 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(AgentLocalServer::new(LocalApi(shared.clone())))
+            // Bigger messages are refused (OUT_OF_RANGE) before they are buffered.
+            .add_service(
+                AgentLocalServer::new(LocalApi(shared.clone()))
+                    .max_decoding_message_size(allot_common::fields::MAX_MESSAGE),
+            )
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::UnixListenerStream::new(listener),
                 async {

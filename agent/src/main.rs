@@ -126,6 +126,11 @@ fn main() -> std::process::ExitCode {
         eprintln!("allot-agent: {e}");
         return std::process::ExitCode::from(2);
     }
+    // Each workload's output and each local client is a descriptor.
+    match allot_common::rlimit::raise_nofile() {
+        Ok(n) => tracing::info!(nofile = n, "descriptor limit"),
+        Err(e) => tracing::warn!(error = %e, "descriptor limit not raised"),
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -323,20 +323,9 @@ pub fn who_of<T>(server: &Server, req: &Request<T>) -> Result<Who, Status> {
     Ok(Who::Anonymous)
 }
 
-/// A name as identities and credentials carry it: 1 to 128 bytes of letters,
-/// digits and `._@-`.
+/// A name as identities and credentials carry it (the safe set, capped).
 pub(crate) fn safe_name(field: &str, s: &str) -> Result<(), Status> {
-    if s.is_empty()
-        || s.len() > 128
-        || !s
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._@-".contains(&b))
-    {
-        return Err(Status::invalid_argument(format!(
-            "{field}: {s:?} is not a name; use 1 to 128 letters, digits, '.', '_', '@' or '-'"
-        )));
-    }
-    Ok(())
+    crate::limits::node(field, s)
 }
 
 impl Api {
@@ -383,6 +372,7 @@ impl Api {
 }
 
 fn parse_id(s: &str) -> Result<u64, Status> {
+    crate::limits::id("id", s)?;
     s.trim().parse().map_err(|_| {
         Status::invalid_argument(format!(
             "id: {s:?} is not a workload id (a number, as `allot queue` shows)"
@@ -398,6 +388,7 @@ fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
             "required; `allot share` lists the projects".into(),
         );
     }
+    crate::limits::spec(s)?;
     // Sizes beyond any host are refused here (capped input); the core names what
     // this cluster can hold, in the same "field = value: fix" form.
     if s.gpus_per_node > MAX_GPUS {
@@ -459,6 +450,7 @@ impl pb::workloads_server::Workloads for Api {
         if s.user.is_empty() {
             s.user = who.user().unwrap_or_default().to_string();
         }
+        check_spec(&s)?;
         self.check(
             &who,
             Ask::Submit {
@@ -466,7 +458,6 @@ impl pb::workloads_server::Workloads for Api {
                 user: &s.user,
             },
         )?;
-        check_spec(&s)?;
         let input = Input::Submit {
             spec: WorkloadSpec {
                 project: s.project.clone(),
@@ -529,6 +520,7 @@ impl pb::workloads_server::Workloads for Api {
     ) -> Result<Response<pb::ListResponse>, Status> {
         let who = self.allow(&req, Ask::Read)?;
         let r = req.into_inner();
+        crate::limits::list(&r)?;
         let c = self.0.core();
         if !r.project.is_empty()
             && !c
@@ -566,17 +558,31 @@ impl pb::workloads_server::Workloads for Api {
         let id = parse_id(&req.get_ref().id)?;
         self.allow(&req, Ask::See(id))?;
         let first = self.workload_view(id)?;
+        let conns = &self.0.conns;
+        let slot = conns.watch_slot().ok_or_else(|| {
+            Status::resource_exhausted(format!(
+                "watch: {} streams are open, this allotd's most (server.max_watch_streams); end some `allot watch`, or poll with `allot status`",
+                conns.max_watch()
+            ))
+        })?;
         let api = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         tokio::spawn(async move {
+            // Held while the task runs: the count is of streams still served.
+            let _slot = slot;
             let mut last = first;
             if tx.send(Ok(last.clone())).await.is_err() {
                 return;
             }
             // Changes are rare and cheap to compare; a poll keeps the state machine
-            // free of subscriber bookkeeping.
+            // free of subscriber bookkeeping. A client that goes away drops the
+            // receiver: that ends the task at once, not at the next change (which an
+            // unchanged workload never has).
             while last.end_unix == 0 {
-                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                tokio::select! {
+                    () = tx.closed() => return,
+                    () = tokio::time::sleep(std::time::Duration::from_millis(250)) => {}
+                }
                 let Ok(w) = api.workload_view(id) else { return };
                 if w != last {
                     last = w;
@@ -608,6 +614,7 @@ impl pb::org_server::Org for Api {
     ) -> Result<Response<pb::Group>, Status> {
         let who = self.allow(&req, Ask::SetWeight(&req.get_ref().name))?;
         let r = req.into_inner();
+        crate::limits::group("name", &r.name)?;
         if !allot_fairshare::tree::weight_ok(r.weight) {
             return Err(Status::invalid_argument(format!(
                 "weight: {} is out of range; give a number from {} to {}",
@@ -650,6 +657,8 @@ impl pb::nodes_server::Nodes for Api {
     ) -> Result<Response<pb::Node>, Status> {
         let who = self.allow(&req, Ask::Drain)?;
         let r = req.into_inner();
+        crate::limits::node("name", &r.name)?;
+        crate::limits::reason("reason", &r.reason)?;
         if !self.0.core().alloc.nodes().contains_key(&r.name) {
             return Err(Status::not_found(format!(
                 "name: no node {:?}; `allot nodes` lists them",
@@ -724,6 +733,7 @@ fn check_register(r: &pb::Register) -> Result<(NodeSpec, Vec<String>), Status> {
             "a host registers 1 to 64 GPUs (the agent has no GPU inventory yet?)",
         );
     }
+    crate::limits::register(r)?;
     let mut gpus = r.gpus.clone();
     gpus.sort_by_key(|g| g.index);
     Ok((
@@ -820,6 +830,10 @@ impl Api {
 
     /// A health report (see `Input::Health`); the GPU list is kept for views.
     fn on_health(&self, node: &str, h: pb::HealthReport) {
+        if let Err(e) = crate::limits::health(&h) {
+            tracing::warn!(node, error = %e, "health report refused");
+            return;
+        }
         match self.0.core().alloc.node_mut(node) {
             Some(n) => n.gpus = h.gpus.clone(),
             None => return,
@@ -924,6 +938,10 @@ pub async fn grpc(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let conns = server.conns.clone();
+    let streams = server.cfg.server.max_streams_per_connection;
+    // Bigger messages are refused (OUT_OF_RANGE) before they are buffered whole.
+    let max = allot_common::fields::MAX_MESSAGE;
     let mut builder = tonic::transport::Server::builder();
     if !server.cfg.tls.plaintext_loopback {
         let pki = &server.pki;
@@ -936,13 +954,27 @@ pub async fn grpc(
     }
     let api = Api(server);
     builder
-        .add_service(pb::workloads_server::WorkloadsServer::new(api.clone()))
-        .add_service(pb::org_server::OrgServer::new(api.clone()))
-        .add_service(pb::nodes_server::NodesServer::new(api.clone()))
-        .add_service(pb::enrollment_server::EnrollmentServer::new(api.clone()))
-        .add_service(pb::admin_server::AdminServer::new(api.clone()))
-        .add_service(pb::agent_stream_server::AgentStreamServer::new(api))
-        .serve_with_incoming_shutdown(accept_nodelay(listener), stop)
+        // Pings find a peer that vanished; a live client's answers also keep its
+        // quiet streams (a Watch of an unchanged workload) clear of idle_timeout.
+        .http2_keepalive_interval(Some(conns.keepalive_interval()))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+        .max_concurrent_streams(streams)
+        .concurrency_limit_per_connection(streams as usize)
+        .http2_max_header_list_size(64 * 1024)
+        .add_service(
+            pb::workloads_server::WorkloadsServer::new(api.clone()).max_decoding_message_size(max),
+        )
+        .add_service(pb::org_server::OrgServer::new(api.clone()).max_decoding_message_size(max))
+        .add_service(pb::nodes_server::NodesServer::new(api.clone()).max_decoding_message_size(max))
+        .add_service(
+            pb::enrollment_server::EnrollmentServer::new(api.clone())
+                .max_decoding_message_size(max),
+        )
+        .add_service(pb::admin_server::AdminServer::new(api.clone()).max_decoding_message_size(max))
+        .add_service(
+            pb::agent_stream_server::AgentStreamServer::new(api).max_decoding_message_size(max),
+        )
+        .serve_with_incoming_shutdown(accept_nodelay(listener, conns), stop)
         .await?;
     Ok(())
 }
@@ -973,18 +1005,11 @@ pub async fn admin_socket(
     Ok(())
 }
 
-/// Accepted connections with Nagle's algorithm off: tonic ignores its `tcp_nodelay`
-/// with an incoming stream, and a small request would otherwise wait for the
-/// peer's delayed ACK (tens of milliseconds per CLI command).
+/// Accepted connections under the connection caps, with Nagle's algorithm off and
+/// TCP keepalive on, closed when idle (see [`crate::conns::Incoming`]).
 fn accept_nodelay(
     listener: tokio::net::TcpListener,
-) -> impl Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
-        let conn = conn?;
-        if let Err(e) = conn.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set");
-        }
-        Ok(conn)
-    })
+    conns: Arc<crate::conns::Conns>,
+) -> crate::conns::Incoming {
+    crate::conns::Incoming::new(listener, conns)
 }

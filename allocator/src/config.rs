@@ -24,6 +24,22 @@ pub struct ServerSection {
     /// The scheduling pass also runs this often when nothing happens.
     #[serde(deserialize_with = "de_duration")]
     pub schedule_interval: u64,
+    /// Most open gRPC connections in all; one more is closed at once. Lowered to the
+    /// descriptor limit less a reserve for the journal and agents' files.
+    pub max_connections: usize,
+    /// Most open gRPC connections from one IP address; below `max_connections`, so
+    /// one peer that fills its share leaves room for every other (the CLI on the
+    /// allotd host shares 127.0.0.1 with anything local).
+    pub max_connections_per_peer: usize,
+    /// A connection whose peer sends nothing this long is closed. Live clients
+    /// answer allotd's HTTP/2 pings well within it, so a quiet stream stays open;
+    /// what closes is a socket that never speaks (or stopped answering).
+    #[serde(deserialize_with = "de_duration")]
+    pub idle_timeout: u64,
+    /// Most concurrent requests (HTTP/2 streams) on one connection.
+    pub max_streams_per_connection: u32,
+    /// Most open `Watch` streams in all; one more is refused with RESOURCE_EXHAUSTED.
+    pub max_watch_streams: usize,
 }
 
 impl Default for ServerSection {
@@ -34,6 +50,11 @@ impl Default for ServerSection {
             state_dir: "/var/lib/allot/allotd".into(),
             lost_grace: 120,
             schedule_interval: 10,
+            max_connections: 4096,
+            max_connections_per_peer: 256,
+            idle_timeout: 300,
+            max_streams_per_connection: 128,
+            max_watch_streams: 10_000,
         }
     }
 }
@@ -223,6 +244,36 @@ impl ServerConfig {
                 ),
             ));
         }
+        let sv = &r.server;
+        if sv.max_connections_per_peer == 0 || sv.max_connections_per_peer >= sv.max_connections {
+            return Err(err(
+                "server.max_connections_per_peer",
+                format!(
+                    "{} with max_connections = {}: give at least 1 and less than max_connections, so one peer cannot take every connection (e.g. 256 of 4096)",
+                    sv.max_connections_per_peer, sv.max_connections
+                ),
+            ));
+        }
+        if sv.idle_timeout < 10 {
+            return Err(err(
+                "server.idle_timeout",
+                format!(
+                    "{}s: too short for a client to answer allotd's pings; give 10s or more, e.g. \"5m\"",
+                    sv.idle_timeout
+                ),
+            ));
+        }
+        for (field, v) in [
+            (
+                "server.max_streams_per_connection",
+                sv.max_streams_per_connection as usize,
+            ),
+            ("server.max_watch_streams", sv.max_watch_streams),
+        ] {
+            if v == 0 {
+                return Err(err(field, "0: give at least 1".into()));
+            }
+        }
         if group.is_empty() {
             return Err(err(
                 "group",
@@ -329,6 +380,11 @@ mod tests {
         assert_eq!(c.groups.len(), 4);
         assert_eq!(c.server.lost_grace, 120);
         assert_eq!(c.breaker.window, 300);
+        assert_eq!(
+            (c.server.max_connections, c.server.max_connections_per_peer),
+            (4096, 256)
+        );
+        assert_eq!(c.server.idle_timeout, 300);
     }
 
     #[test]
@@ -366,6 +422,22 @@ mod tests {
         assert_eq!((e.field.as_str(), e.line), ("server.listen", 2), "{e}");
         let e = ServerConfig::parse("[server]\nlost_grace = \"soon\"\n", "a.toml").unwrap_err();
         assert_eq!(e.field, "server.lost_grace", "{e}");
+        let e = ServerConfig::parse(
+            "[server]\nmax_connections = 100\nmax_connections_per_peer = 100\n",
+            "a.toml",
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.line),
+            ("server.max_connections_per_peer", 3),
+            "{e}"
+        );
+        let e = ServerConfig::parse("[server]\nidle_timeout = \"1s\"\n", "a.toml").unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.line),
+            ("server.idle_timeout", 2),
+            "{e}"
+        );
         let e = ServerConfig::parse("", "a.toml").unwrap_err();
         assert!(e.message.contains("allotd init"), "{e}");
     }

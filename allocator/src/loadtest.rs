@@ -167,6 +167,15 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     cfg.server.metrics_listen = metrics.clone();
     cfg.server.state_dir = dir.join("allotd");
     cfg.server.schedule_interval = 5;
+    // Every simulated agent is on 127.0.0.1, multiplexed as asked: the caps that
+    // keep one peer from hurting the rest would measure themselves instead.
+    let links = a.agents.div_ceil(a.streams_per_connection.max(1)) as usize;
+    cfg.server.max_connections = cfg.server.max_connections.max(links + 64);
+    cfg.server.max_connections_per_peer = cfg.server.max_connections - 1;
+    cfg.server.max_streams_per_connection = cfg
+        .server
+        .max_streams_per_connection
+        .max(a.streams_per_connection.saturating_add(8));
     let reopen_cfg = cfg.clone();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(crate::serve::serve(cfg, async {

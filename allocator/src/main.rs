@@ -6,7 +6,9 @@ mod admin;
 mod admin_cmd;
 mod api;
 mod config;
+mod conns;
 mod dev;
+mod limits;
 mod loadtest;
 mod metrics;
 mod pki;
@@ -85,6 +87,11 @@ then: allotd serve --config {}",
 fn main() -> std::process::ExitCode {
     allot_common::logging::init("warn");
     let cli = Cli::parse();
+    // Every connection is a descriptor: 1,024 is not enough to serve a cluster.
+    match allot_common::rlimit::raise_nofile() {
+        Ok(n) => tracing::info!(nofile = n, "descriptor limit"),
+        Err(e) => tracing::warn!(error = %e, "descriptor limit not raised"),
+    }
     let result = match cli.command {
         Command::Simulate(a) => simulate::run(a),
         Command::Init { path } => init(&path),

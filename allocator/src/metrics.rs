@@ -1,6 +1,7 @@
 //! `/metrics` in Prometheus text on its own port: queue and running GPUs per
 //! project, served ratio per tree node, queue waits per class, revocations by
-//! reason, drains, the breaker, scheduling-cycle time, connected agents.
+//! reason, drains, the breaker, scheduling-cycle time, connected agents, open
+//! connections and Watch streams.
 
 use crate::serve::{now, Server};
 use crate::state::WAIT_BUCKETS;
@@ -90,6 +91,11 @@ pub fn render(server: &Server) -> String {
     let _ = writeln!(o, "# HELP allot_schedule_cycle_seconds Scheduling pass duration.\n# TYPE allot_schedule_cycle_seconds summary\nallot_schedule_cycle_seconds_sum {:.6}\nallot_schedule_cycle_seconds_count {}", stats.seconds, stats.passes);
     let _ = writeln!(o, "# HELP allot_schedule_last_cycle_seconds The last pass.\n# TYPE allot_schedule_last_cycle_seconds gauge\nallot_schedule_last_cycle_seconds {:.6}", stats.last);
     let _ = writeln!(o, "# HELP allot_agents_connected Agents with an open stream.\n# TYPE allot_agents_connected gauge\nallot_agents_connected {connected}");
+    let conns = &server.conns;
+    let _ = writeln!(o, "# HELP allotd_connections Open gRPC connections (CLI, agents, anyone).\n# TYPE allotd_connections gauge\nallotd_connections {}", conns.open());
+    let _ = writeln!(o, "# HELP allotd_connections_refused_total Connections closed at accept: over server.max_connections_per_peer or server.max_connections.\n# TYPE allotd_connections_refused_total counter\nallotd_connections_refused_total {}", conns.refused());
+    let _ = writeln!(o, "# HELP allotd_connections_idle_closed_total Connections closed after server.idle_timeout without a byte from the peer.\n# TYPE allotd_connections_idle_closed_total counter\nallotd_connections_idle_closed_total {}", conns.idle_closed());
+    let _ = writeln!(o, "# HELP allotd_watch_streams Open Watch streams.\n# TYPE allotd_watch_streams gauge\nallotd_watch_streams {}", conns.watch_streams());
     let pending = a.core.pending_len();
     let _ = writeln!(o, "# HELP allot_pending_workloads Workloads waiting.\n# TYPE allot_pending_workloads gauge\nallot_pending_workloads {pending}");
     o

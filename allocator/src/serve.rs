@@ -85,6 +85,8 @@ pub struct Server {
     /// process's own uptime without its agent (the journal's last-seen times are
     /// from before a restart, when the agents could not reach us).
     started: Time,
+    /// Open connections and Watch streams, and their caps.
+    pub conns: Arc<crate::conns::Conns>,
 }
 
 impl Server {
@@ -109,6 +111,7 @@ impl Server {
             ms = t0.elapsed().as_millis() as u64,
             "state rebuilt from the journal"
         );
+        let conns = Arc::new(crate::conns::Conns::new(&cfg.server));
         Ok(Arc::new(Server {
             core: Mutex::new(Core {
                 alloc,
@@ -122,6 +125,7 @@ impl Server {
             session_seq: std::sync::atomic::AtomicU64::new(1),
             pki,
             started: now(),
+            conns,
         }))
     }
 
