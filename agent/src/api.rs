@@ -47,7 +47,8 @@ impl Shared {
 /// The service.
 pub struct LocalApi(pub Arc<Shared>);
 
-fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
+/// Who is calling on the unix socket (its peer credentials).
+pub fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
     req.extensions()
         .get::<tonic::transport::server::UdsConnectInfo>()
         .and_then(|i| i.peer_cred)

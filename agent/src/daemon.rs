@@ -9,6 +9,7 @@ use crate::os::{RealOs, Reaper};
 use crate::store::Store;
 use allot_health::verdict::{GpuSample, Verdict};
 use allot_health_sources::service::HealthMonitor;
+use allot_proto::v1 as pb;
 use allot_proto::v1::agent_local_server::AgentLocalServer;
 use anyhow::{bail, Context};
 use std::os::unix::fs::PermissionsExt;
@@ -262,11 +263,28 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         }
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let vouch = Arc::new(crate::vouch::Vouch::new(
+        &cfg.agent.allocator,
+        cfg.agent.state_dir.clone(),
+    ));
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             // Bigger messages are refused (OUT_OF_RANGE) before they are buffered.
             .add_service(
                 AgentLocalServer::new(LocalApi(shared.clone()))
+                    .max_decoding_message_size(allot_common::fields::MAX_MESSAGE),
+            )
+            // The user commands, forwarded to allotd vouching for the caller.
+            .add_service(
+                pb::workloads_server::WorkloadsServer::from_arc(vouch.clone())
+                    .max_decoding_message_size(allot_common::fields::MAX_MESSAGE),
+            )
+            .add_service(
+                pb::org_server::OrgServer::from_arc(vouch.clone())
+                    .max_decoding_message_size(allot_common::fields::MAX_MESSAGE),
+            )
+            .add_service(
+                pb::nodes_server::NodesServer::from_arc(vouch)
                     .max_decoding_message_size(allot_common::fields::MAX_MESSAGE),
             )
             .serve_with_incoming_shutdown(

@@ -16,3 +16,4 @@ pub mod os;
 pub mod process;
 pub mod store;
 pub mod uplink;
+pub mod vouch;

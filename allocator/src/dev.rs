@@ -77,8 +77,9 @@ fn write_env(
         .with_context(|| format!("chmod 600 {}", path.display()))
 }
 
-/// The user running `allotd dev`: the admin of its allotd.
-fn current_user() -> String {
+/// The user running this process: the admin of the allotd that `dev` and
+/// `loadtest` start.
+pub fn current_user() -> String {
     let uid = nix::unistd::geteuid();
     match nix::unistd::User::from_uid(uid) {
         Ok(Some(u)) => u.name,

@@ -1,6 +1,6 @@
-//! `allotd loadtest`: many simulated agents in one process over real gRPC (their
-//! streams multiplexed over a few HTTP/2 connections, as a fleet behind a proxy
-//! would be), each registering 8 GPUs, reporting health every few seconds and
+//! `allotd loadtest`: many simulated agents in one process over real gRPC, each
+//! enrolled as a real host is (a one-time token, its own key and certificate, its
+//! own mutual-TLS connection), each registering 8 GPUs, reporting health every few seconds and
 //! running the leases it is given for a while; plus a steady rate of submissions.
 //! Prints submit latency percentiles and checks that every acknowledged submission
 //! is stored: listed by allotd and present in its journal.
@@ -36,9 +36,29 @@ pub struct Args {
     /// Mean runtime of a simulated job, seconds.
     #[arg(long, default_value_t = 60)]
     pub job_secs: u64,
-    /// Agent streams per HTTP/2 connection.
-    #[arg(long, default_value_t = 64)]
-    pub streams_per_connection: u32,
+}
+
+/// An endpoint to allotd over TLS, as a host (`me`: certificate and key) or not.
+fn tls(url: &str, ca: &str, me: Option<(&str, &str)>) -> anyhow::Result<Endpoint> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let mut t = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("127.0.0.1");
+    if let Some((cert, key)) = me {
+        t = t.identity(Identity::from_pem(cert, key));
+    }
+    Ok(Endpoint::from_shared(url.to_string())?.tls_config(t)?)
+}
+
+/// Sends the load test's token.
+#[derive(Clone)]
+struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        r.metadata_mut().insert("authorization", self.0.clone());
+        Ok(r)
+    }
 }
 
 fn dur(s: &str) -> Result<u64, String> {
@@ -167,41 +187,77 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     cfg.server.metrics_listen = metrics.clone();
     cfg.server.state_dir = dir.join("allotd");
     cfg.server.schedule_interval = 5;
-    // Every simulated agent is on 127.0.0.1, multiplexed as asked: the caps that
-    // keep one peer from hurting the rest would measure themselves instead.
-    let links = a.agents.div_ceil(a.streams_per_connection.max(1)) as usize;
-    cfg.server.max_connections = cfg.server.max_connections.max(links + 64);
+    // Every simulated agent is on 127.0.0.1: the cap that keeps one peer from
+    // hurting the rest would measure itself instead.
+    cfg.server.max_connections = cfg.server.max_connections.max(a.agents as usize + 64);
     cfg.server.max_connections_per_peer = cfg.server.max_connections - 1;
-    cfg.server.max_streams_per_connection = cfg
-        .server
-        .max_streams_per_connection
-        .max(a.streams_per_connection.saturating_add(8));
+    let me = crate::dev::current_user();
+    cfg.roles.admins = vec![me.clone()];
     let reopen_cfg = cfg.clone();
+    let admin_socket = crate::serve::admin_socket_path(&cfg.server.state_dir);
+    let ca_path = cfg.pki_dir().join("ca.pem");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(crate::serve::serve(cfg, async {
         let _ = stop_rx.await;
     }));
-    let url = format!("http://{addr}");
-    let mut ch = None;
+    let url = format!("https://{addr}");
+    let mut admin = None;
     for _ in 0..100 {
-        if let Ok(c) = Endpoint::from_shared(url.clone())?.connect().await {
-            ch = Some(c);
+        if let Ok(c) = crate::admin_cmd::client_at(&admin_socket).await {
+            admin = Some(c);
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let submit_ch = ch.context("allotd did not come up")?;
-    // The fleet.
+    let mut admin = admin.context("allotd did not come up")?;
+    let ca = std::fs::read_to_string(&ca_path).context("the cluster CA")?;
+    let token = admin
+        .create_token(pb::CreateTokenRequest {
+            user: me,
+            ttl_s: 86_400,
+            note: "loadtest".into(),
+        })
+        .await?
+        .into_inner()
+        .token;
+    let submit_ch = tonic::service::interceptor::InterceptedService::new(
+        tls(&url, &ca, None)?.connect().await?,
+        Bearer(format!("Bearer {token}").parse()?),
+    );
+    // The fleet: each host enrolled, on its own connection.
     let ended = Arc::new(AtomicU64::new(0));
-    let conns = a.agents.div_ceil(a.streams_per_connection.max(1));
+    let t_enroll = Instant::now();
     let mut channels = Vec::new();
-    for _ in 0..conns {
-        channels.push(Endpoint::from_shared(url.clone())?.connect().await?);
-    }
-    let t0 = Instant::now();
     for h in 0..a.agents {
-        let ch = channels[(h / a.streams_per_connection.max(1)) as usize].clone();
-        tokio::spawn(agent(ch, h, a.clone(), ended.clone()));
+        let name = format!("load-{h:05}");
+        let offer = admin
+            .enroll_node(pb::EnrollNodeRequest {
+                node: name.clone(),
+                ttl_s: 0,
+            })
+            .await?
+            .into_inner();
+        let (key, csr_pem) = allot_auth::pki::node_request(&name)?;
+        let cert =
+            pb::enrollment_client::EnrollmentClient::new(tls(&url, &ca, None)?.connect().await?)
+                .enroll(pb::EnrollRequest {
+                    token: offer.token,
+                    csr_pem,
+                })
+                .await?
+                .into_inner()
+                .cert_pem;
+        channels.push(tls(&url, &ca, Some((&cert, &key)))?.connect().await?);
+    }
+    let conns = channels.len();
+    println!(
+        "{} agents enrolled in {:.1}s",
+        a.agents,
+        t_enroll.elapsed().as_secs_f64()
+    );
+    let t0 = Instant::now();
+    for (h, ch) in channels.into_iter().enumerate() {
+        tokio::spawn(agent(ch, h as u32, a.clone(), ended.clone()));
     }
     let mut nodes = pb::nodes_client::NodesClient::new(submit_ch.clone());
     loop {

@@ -59,14 +59,40 @@ fn descriptors_for(n: u64) {
 
 /// A channel to allotd, from `from` when given (another loopback address is
 /// another peer).
-async fn channel(addr: &str, from: Option<IpAddr>) -> Channel {
-    Endpoint::from_shared(format!("http://{addr}"))
+/// allotd's TLS, the caller's token.
+async fn channel(c: &Cluster, from: Option<IpAddr>) -> Authed {
+    use tonic::transport::{Certificate, ClientTlsConfig};
+    let ca = std::fs::read_to_string(c.ca()).expect("CA");
+    let ch = Endpoint::from_shared(format!("https://{}", c.addr))
         .expect("endpoint")
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca))
+                .domain_name("127.0.0.1"),
+        )
+        .expect("tls")
         .local_address(from)
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .expect("connect")
+        .expect("connect");
+    let bearer: tonic::metadata::MetadataValue<_> =
+        format!("Bearer {}", c.token).parse().expect("token");
+    tonic::service::interceptor::InterceptedService::new(ch, Token(bearer))
+}
+
+/// A channel that sends the test user's token.
+type Authed = tonic::service::interceptor::InterceptedService<Channel, Token>;
+
+/// Adds the token to each request.
+#[derive(Clone)]
+struct Token(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Token {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        r.metadata_mut().insert("authorization", self.0.clone());
+        Ok(r)
+    }
 }
 
 /// `n` plain TCP connections that never say a word.
@@ -83,9 +109,9 @@ async fn open_idle(addr: &str, n: usize) -> Vec<tokio::net::TcpStream> {
 }
 
 /// How long a new client takes from connecting to its List's answer.
-async fn time_list(addr: &str, from: Option<IpAddr>) -> Duration {
+async fn time_list(c: &Cluster, from: Option<IpAddr>) -> Duration {
     let t0 = Instant::now();
-    let mut w = pb::workloads_client::WorkloadsClient::new(channel(addr, from).await);
+    let mut w = pb::workloads_client::WorkloadsClient::new(channel(c, from).await);
     w.list(pb::ListRequest::default()).await.expect("list");
     t0.elapsed()
 }
@@ -93,7 +119,7 @@ async fn time_list(addr: &str, from: Option<IpAddr>) -> Duration {
 fn spec() -> pb::WorkloadSpec {
     pb::WorkloadSpec {
         project: "demo-a".into(),
-        user: "ana".into(),
+        user: String::new(),
         gpus_per_node: 1,
         argv: vec!["sh".into(), "-c".into(), "true".into()],
         ..Default::default()
@@ -105,7 +131,7 @@ fn oversized_and_unsafe_fields_are_refused_naming_the_field() {
     let c = Cluster::start("limits-fields", TWO_PROJECTS, 1, 2);
     let rt = runtime();
     rt.block_on(async {
-        let ch = channel(&c.addr, None).await;
+        let ch = channel(&c, None).await;
         let mut w = pb::workloads_client::WorkloadsClient::new(ch.clone());
         let mut submit = async |s: pb::WorkloadSpec| {
             w.submit(pb::SubmitRequest { spec: Some(s) })
@@ -242,7 +268,7 @@ fn two_thousand_idle_connections_do_not_delay_a_new_client() {
     wait_metric(&c, "allotd_connections", 2000, LONG);
     let mut worst = Duration::ZERO;
     for _ in 0..5 {
-        worst = worst.max(rt.block_on(time_list(&c.addr, None)));
+        worst = worst.max(rt.block_on(time_list(&c, None)));
     }
     eprintln!("with 2,000 idle connections held: a new client's List took at most {worst:?}");
     assert!(
@@ -284,7 +310,7 @@ fn a_peer_over_its_share_is_closed_at_once_and_other_peers_are_served() {
     // While the 256 stay open, another address (127.0.0.2: another host, as far
     // as allotd can tell) is served at once.
     let other: IpAddr = [127, 0, 0, 2].into();
-    let took = rt.block_on(time_list(&c.addr, Some(other)));
+    let took = rt.block_on(time_list(&c, Some(other)));
     eprintln!(
         "one peer at its share of 256 (1,744 more refused): another peer's List took {took:?}"
     );
@@ -327,7 +353,7 @@ fn abandoned_watch_streams_are_freed() {
             let mut channels = Vec::new();
             let mut tasks = tokio::task::JoinSet::new();
             for _ in 0..10 {
-                let ch = channel(&c.addr, None).await;
+                let ch = channel(&c, None).await;
                 for _ in 0..100 {
                     let mut w = pb::workloads_client::WorkloadsClient::new(ch.clone());
                     let id = id.clone();
@@ -379,7 +405,7 @@ fn abandoned_watch_streams_are_freed() {
     assert_eq!(c.status(&id)["state"], "running");
     // The cap has room again.
     rt.block_on(async {
-        let mut w = pb::workloads_client::WorkloadsClient::new(channel(&c.addr, None).await);
+        let mut w = pb::workloads_client::WorkloadsClient::new(channel(&c, None).await);
         let mut s = w
             .watch(pb::WatchRequest { id: id.clone() })
             .await

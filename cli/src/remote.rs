@@ -383,6 +383,21 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 /// A connection to allotd with the caller's token, connected at once so that an
 /// unreachable server is reported by address before anything else happens.
 async fn channel(server: &str) -> Result<Conn, Failure> {
+    // Without a token, the local agent vouches for the caller (as MUNGE does).
+    if crate::connect::token().map_err(Failure::Connect)?.is_none() {
+        let socket = std::env::var_os("ALLOT_SOCKET")
+            .filter(|s| !s.is_empty())
+            .map_or_else(
+                || std::path::PathBuf::from(crate::local::DEFAULT_SOCKET),
+                std::path::PathBuf::from,
+            );
+        if socket.exists() {
+            let ch = allot_proto::uds::connect(&socket)
+                .await
+                .map_err(|e| Failure::Connect(e.to_string()))?;
+            return crate::connect::authed(ch).map_err(Failure::Connect);
+        }
+    }
     let fail = |why: String| {
         Failure::Connect(format!(
             "cannot reach allotd at {server}: {why}; is it running? (set --server or ALLOT_SERVER)"

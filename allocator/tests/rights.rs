@@ -1,0 +1,720 @@
+//! Who may do what, over real TLS to a real allotd with real agents (issue 11): one
+//! table of every RPC × every kind of caller, each cell allowed or refused with the
+//! code and the words that name the missing right. An RPC of the proto missing from
+//! the table fails the test. Beside it: a node cannot report another node's lease,
+//! a revoked node is cut off, and expired, revoked or forged tokens are refused.
+
+mod support;
+
+use allot_proto::v1 as pb;
+use std::time::Duration;
+use support::{wait_for, Cluster};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::Code;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// Two teams: alice may charge team-a's project, bob team-b's, carol manages
+/// team-b, olga operates, the test user administers.
+fn org() -> String {
+    format!(
+        "[[group]]\nname = \"team-a\"\nweight = 1\nmembers = [\"alice\"]\n[[group]]\nname = \"p-a\"\nparent = \"team-a\"\nweight = 1\n[[group]]\nname = \"team-b\"\nweight = 1\nmembers = [\"bob\"]\nmanagers = [\"carol\"]\n[[group]]\nname = \"p-b\"\nparent = \"team-b\"\nweight = 1\n[roles]\noperators = [\"olga\"]\nadmins = [{:?}]\n",
+        allot_test_support::current_user()
+    )
+}
+
+/// The kinds of caller.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Caller {
+    Anonymous,
+    User,
+    OtherUser,
+    OtherManager,
+    Operator,
+    Admin,
+    Node,
+    OtherNode,
+    RevokedNode,
+}
+
+const CALLERS: [Caller; 9] = [
+    Caller::Anonymous,
+    Caller::User,
+    Caller::OtherUser,
+    Caller::OtherManager,
+    Caller::Operator,
+    Caller::Admin,
+    Caller::Node,
+    Caller::OtherNode,
+    Caller::RevokedNode,
+];
+
+/// What a cell expects.
+#[derive(Debug, Clone, Copy)]
+enum Want {
+    Ok,
+    /// Refused with this code, the message containing these words.
+    No(Code, &'static str),
+}
+
+use Want::{No, Ok as Yes};
+
+const ANON: Want = No(Code::Unauthenticated, "authentication required");
+const NOT_ADMIN: Want = No(Code::PermissionDenied, "needs the admin role");
+const NODE_ONLY: Want = No(Code::PermissionDenied, "may only hold its agent session");
+const REVOKED: Want = No(Code::PermissionDenied, "was revoked");
+const NOT_NODE: Want = No(Code::PermissionDenied, "is not a node");
+
+/// The table: for each RPC, the answer for each caller in [`CALLERS`] order.
+fn table() -> Vec<(&'static str, [Want; 9])> {
+    let user_read = [ANON, Yes, Yes, Yes, Yes, Yes, NODE_ONLY, NODE_ONLY, REVOKED];
+    let see_alices = [
+        ANON,
+        Yes,
+        No(Code::PermissionDenied, "only its owner"),
+        No(Code::PermissionDenied, "only its owner"),
+        Yes,
+        Yes,
+        NODE_ONLY,
+        NODE_ONLY,
+        REVOKED,
+    ];
+    let admin_only = [
+        ANON, NOT_ADMIN, NOT_ADMIN, NOT_ADMIN, NOT_ADMIN, Yes, NODE_ONLY, NODE_ONLY, REVOKED,
+    ];
+    vec![
+        (
+            "Workloads.Submit",
+            [
+                ANON,
+                Yes,
+                No(Code::PermissionDenied, "may not charge \"p-a\""),
+                No(Code::PermissionDenied, "may not charge \"p-a\""),
+                No(Code::PermissionDenied, "may not charge \"p-a\""),
+                Yes,
+                NODE_ONLY,
+                NODE_ONLY,
+                REVOKED,
+            ],
+        ),
+        (
+            "Workloads.Cancel",
+            [
+                ANON,
+                Yes,
+                No(Code::PermissionDenied, "only its owner"),
+                No(Code::PermissionDenied, "only its owner"),
+                No(Code::PermissionDenied, "only its owner"),
+                Yes,
+                NODE_ONLY,
+                NODE_ONLY,
+                REVOKED,
+            ],
+        ),
+        ("Workloads.Get", see_alices),
+        ("Workloads.List", user_read),
+        ("Workloads.Watch", see_alices),
+        ("Org.GetTree", user_read),
+        (
+            "Org.SetWeight",
+            [
+                ANON,
+                No(Code::PermissionDenied, "manager of a group above it"),
+                No(Code::PermissionDenied, "manager of a group above it"),
+                Yes,
+                No(Code::PermissionDenied, "manager of a group above it"),
+                Yes,
+                NODE_ONLY,
+                NODE_ONLY,
+                REVOKED,
+            ],
+        ),
+        ("Nodes.List", user_read),
+        (
+            "Nodes.Drain",
+            [
+                ANON,
+                No(Code::PermissionDenied, "needs the operator role"),
+                No(Code::PermissionDenied, "needs the operator role"),
+                No(Code::PermissionDenied, "needs the operator role"),
+                Yes,
+                Yes,
+                NODE_ONLY,
+                NODE_ONLY,
+                REVOKED,
+            ],
+        ),
+        (
+            "AgentStream.Session",
+            [
+                ANON,
+                NOT_NODE,
+                NOT_NODE,
+                NOT_NODE,
+                NOT_NODE,
+                NOT_NODE,
+                Yes,
+                No(Code::PermissionDenied, "may not act as node"),
+                REVOKED,
+            ],
+        ),
+        // The one-time token is the credential, whoever carries it.
+        ("Enrollment.Enroll", [Yes; 9]),
+        (
+            "Enrollment.Renew",
+            [
+                No(Code::PermissionDenied, "is not a node"),
+                NOT_NODE,
+                NOT_NODE,
+                NOT_NODE,
+                NOT_NODE,
+                NOT_NODE,
+                Yes,
+                Yes,
+                REVOKED,
+            ],
+        ),
+        ("Admin.CreateToken", admin_only),
+        ("Admin.ListTokens", admin_only),
+        ("Admin.RevokeToken", admin_only),
+        ("Admin.EnrollNode", admin_only),
+        ("Admin.RevokeNode", admin_only),
+        ("Admin.ListNodeCredentials", admin_only),
+    ]
+}
+
+/// Every RPC the proto offers over the network (the agent's local API is not
+/// allotd's).
+fn rpcs_in_proto() -> Vec<String> {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/allot/v1/allot.proto"),
+    )
+    .expect("proto");
+    let mut out = Vec::new();
+    let mut service = String::new();
+    for line in text.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("service ") {
+            service = rest.trim_end_matches('{').trim().to_string();
+        } else if let Some(rest) = line.strip_prefix("rpc ") {
+            if service != "AgentLocal" {
+                let name = rest.split('(').next().unwrap_or("").trim();
+                out.push(format!("{service}.{name}"));
+            }
+        }
+    }
+    out
+}
+
+/// Adds a token, if the caller has one.
+#[derive(Clone)]
+struct Token(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Token {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(t) = &self.0 {
+            r.metadata_mut().insert("authorization", t.clone());
+        }
+        Ok(r)
+    }
+}
+
+type Conn = InterceptedService<Channel, Token>;
+
+/// The running cluster and each caller's connection.
+struct World {
+    c: Cluster,
+    tokens: std::collections::HashMap<&'static str, String>,
+}
+
+impl World {
+    fn token(&self, name: &str) -> String {
+        self.tokens[name].clone()
+    }
+
+    async fn conn(&self, who: Caller) -> Conn {
+        let (node, token) = match who {
+            Caller::Anonymous => (None, None),
+            Caller::User => (None, Some(self.token("alice"))),
+            Caller::OtherUser => (None, Some(self.token("bob"))),
+            Caller::OtherManager => (None, Some(self.token("carol"))),
+            Caller::Operator => (None, Some(self.token("olga"))),
+            Caller::Admin => (None, Some(self.c.token.clone())),
+            Caller::Node => (Some(0), None),
+            Caller::OtherNode => (Some(1), None),
+            Caller::RevokedNode => (Some(2), None),
+        };
+        let t = token.map(|t| format!("Bearer {t}").parse().expect("token"));
+        InterceptedService::new(self.c.channel(node).await, Token(t))
+    }
+
+    /// A workload of alice's, pending or running (what Cancel, Get and Watch
+    /// touch).
+    async fn alices_workload(&self) -> String {
+        let mut w = pb::workloads_client::WorkloadsClient::new(self.conn(Caller::User).await);
+        w.submit(submit_p_a())
+            .await
+            .expect("alice submits")
+            .into_inner()
+            .id
+    }
+
+    /// One call of `rpc` as `who`.
+    async fn call(&self, rpc: &str, who: Caller) -> Result<(), tonic::Status> {
+        let conn = self.conn(who).await;
+        let mut w = pb::workloads_client::WorkloadsClient::new(conn.clone());
+        let mut org = pb::org_client::OrgClient::new(conn.clone());
+        let mut nodes = pb::nodes_client::NodesClient::new(conn.clone());
+        let mut admin = pb::admin_client::AdminClient::new(conn.clone());
+        let mut enroll = pb::enrollment_client::EnrollmentClient::new(conn.clone());
+        match rpc {
+            "Workloads.Submit" => w.submit(submit_p_a()).await.map(drop),
+            "Workloads.Cancel" => {
+                let id = self.alices_workload().await;
+                w.cancel(pb::CancelRequest { id }).await.map(drop)
+            }
+            "Workloads.Get" => {
+                let id = self.alices_workload().await;
+                w.get(pb::GetRequest { id }).await.map(drop)
+            }
+            "Workloads.List" => w.list(pb::ListRequest::default()).await.map(drop),
+            "Workloads.Watch" => {
+                let id = self.alices_workload().await;
+                let mut s = w.watch(pb::WatchRequest { id }).await?.into_inner();
+                s.message().await.map(drop)
+            }
+            "Org.GetTree" => org.get_tree(pb::GetTreeRequest {}).await.map(drop),
+            "Org.SetWeight" => org
+                .set_weight(pb::SetWeightRequest {
+                    name: "p-b".into(),
+                    weight: 1.0,
+                })
+                .await
+                .map(drop),
+            "Nodes.List" => nodes.list(pb::ListNodesRequest {}).await.map(drop),
+            "Nodes.Drain" => {
+                let r = nodes
+                    .drain(pb::NodeDrainRequest {
+                        name: Cluster::node_name(0),
+                        reason: "rights table".into(),
+                        now: false,
+                        undrain: false,
+                    })
+                    .await
+                    .map(drop);
+                if r.is_ok() {
+                    // Lifted again, by whoever could drain.
+                    nodes
+                        .drain(pb::NodeDrainRequest {
+                            name: Cluster::node_name(0),
+                            undrain: true,
+                            ..Default::default()
+                        })
+                        .await
+                        .expect("undrain");
+                }
+                r
+            }
+            "AgentStream.Session" => {
+                let mut s = pb::agent_stream_client::AgentStreamClient::new(conn);
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                tx.send(register_as_node_0()).expect("queue");
+                // The stream stays open while `tx` lives: ended at once after the
+                // answer, so the real agent takes its session back.
+                let r = s
+                    .session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+                    .await
+                    .map(drop);
+                drop(tx);
+                r
+            }
+            "Enrollment.Enroll" => {
+                let name = format!("spare-{}", next());
+                let token = self.c.allotd(&["nodes", "enroll", &name]);
+                assert!(token.status.success());
+                let (_key, csr_pem) = allot_auth::pki::node_request(&name).expect("csr");
+                enroll
+                    .enroll(pb::EnrollRequest {
+                        token: String::from_utf8_lossy(&token.stdout).trim().to_string(),
+                        csr_pem,
+                    })
+                    .await
+                    .map(drop)
+            }
+            "Enrollment.Renew" => {
+                let (_key, csr_pem) = allot_auth::pki::node_request("x").expect("csr");
+                enroll.renew(pb::RenewRequest { csr_pem }).await.map(drop)
+            }
+            "Admin.CreateToken" => admin
+                .create_token(pb::CreateTokenRequest {
+                    user: "dave".into(),
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+            "Admin.ListTokens" => admin.list_tokens(pb::ListTokensRequest {}).await.map(drop),
+            "Admin.RevokeToken" => {
+                let out = self.c.allotd(&["tokens", "create", "--user", "throwaway"]);
+                assert!(out.status.success());
+                let listed = self.c.allotd(&["tokens", "list"]);
+                let text = String::from_utf8_lossy(&listed.stdout).to_string();
+                let id = text
+                    .lines()
+                    .filter(|l| l.contains("throwaway") && !l.contains("revoked"))
+                    .filter_map(|l| l.split_whitespace().next())
+                    .last()
+                    .expect("the throwaway token listed")
+                    .to_string();
+                admin
+                    .revoke_token(pb::RevokeTokenRequest { id })
+                    .await
+                    .map(drop)
+            }
+            "Admin.EnrollNode" => admin
+                .enroll_node(pb::EnrollNodeRequest {
+                    node: format!("offered-{}", next()),
+                    ttl_s: 0,
+                })
+                .await
+                .map(drop),
+            "Admin.RevokeNode" => {
+                let name = format!("doomed-{}", next());
+                assert!(self.c.allotd(&["nodes", "enroll", &name]).status.success());
+                admin
+                    .revoke_node(pb::RevokeNodeRequest { node: name })
+                    .await
+                    .map(drop)
+            }
+            "Admin.ListNodeCredentials" => admin
+                .list_node_credentials(pb::ListNodeCredentialsRequest {})
+                .await
+                .map(drop),
+            other => panic!("{other}: an RPC without a call in this test; add it"),
+        }
+    }
+}
+
+fn next() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+}
+
+fn submit_p_a() -> pb::SubmitRequest {
+    pb::SubmitRequest {
+        spec: Some(pb::WorkloadSpec {
+            project: "p-a".into(),
+            gpus_per_node: 1,
+            // Bigger than any node: it waits, so cancels and watches find it.
+            nodes: 8,
+            argv: vec!["true".into()],
+            ..Default::default()
+        }),
+    }
+}
+
+fn register_as_node_0() -> pb::AgentMessage {
+    pb::AgentMessage {
+        body: Some(pb::agent_message::Body::Register(pb::Register {
+            host: Cluster::node_name(0),
+            gpus: vec![pb::Gpu {
+                index: 0,
+                uuid: "GPU-rights-0".into(),
+                ..Default::default()
+            }],
+            protocol: 2,
+            ..Default::default()
+        })),
+    }
+}
+
+fn world(tag: &str) -> World {
+    let c = Cluster::start(tag, &org(), 3, 1);
+    let mut tokens = std::collections::HashMap::new();
+    for name in ["alice", "bob", "carol", "olga"] {
+        let out = c.allotd(&["tokens", "create", "--user", name]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokens.insert(
+            name,
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        );
+    }
+    // Node 2 is revoked: its agent is cut off and its certificate refused.
+    let out = c.allotd(&["nodes", "revoke", &Cluster::node_name(2)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    World { c, tokens }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn every_rpc_for_every_caller_is_allowed_or_refused_naming_the_right() {
+    let table = table();
+    let mut in_table: Vec<String> = table.iter().map(|(r, _)| r.to_string()).collect();
+    let mut in_proto = rpcs_in_proto();
+    in_table.sort();
+    in_proto.sort();
+    assert_eq!(
+        in_proto, in_table,
+        "every RPC of the proto has a row in the rights table"
+    );
+    let w = world("rights-table");
+    let rt = runtime();
+    let mut wrong = Vec::new();
+    for (rpc, row) in &table {
+        for (who, want) in CALLERS.iter().zip(row) {
+            let got = rt.block_on(w.call(rpc, *who));
+            let ok = match (want, &got) {
+                (Want::Ok, Ok(())) => true,
+                (Want::No(code, words), Err(s)) => s.code() == *code && s.message().contains(words),
+                _ => false,
+            };
+            if !ok {
+                wrong.push(format!(
+                    "{rpc} as {who:?}: wanted {want:?}, got {:?}",
+                    got.map_err(|s| (s.code(), s.message().to_string()))
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // Seeing is filtered too: bob's list holds none of alice's work, the operator's
+    // all of it.
+    rt.block_on(async {
+        for (who, sees_alice) in [(Caller::OtherUser, false), (Caller::Operator, true)] {
+            let list = pb::workloads_client::WorkloadsClient::new(w.conn(who).await)
+                .list(pb::ListRequest::default())
+                .await
+                .expect("list")
+                .into_inner()
+                .workloads;
+            let any_alice = list
+                .iter()
+                .any(|x| x.spec.as_ref().is_some_and(|s| s.user == "alice"));
+            assert_eq!(any_alice, sees_alice, "{who:?}: {list:?}");
+        }
+    });
+}
+
+#[test]
+fn a_user_cannot_submit_as_another_or_as_root_and_the_audit_names_who() {
+    let w = world("rights-user");
+    let rt = runtime();
+    rt.block_on(async {
+        let mut c = pb::workloads_client::WorkloadsClient::new(w.conn(Caller::User).await);
+        for other in ["bob", "root"] {
+            let mut r = submit_p_a();
+            if let Some(s) = r.spec.as_mut() {
+                s.user = other.into();
+            }
+            let e = c.submit(r).await.expect_err("refused");
+            assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+            assert!(e.message().contains("only as themself"), "{e:?}");
+        }
+        // Her own work runs as her; the cancel is recorded with its author.
+        let id = c.submit(submit_p_a()).await.expect("own").into_inner().id;
+        c.cancel(pb::CancelRequest { id: id.clone() })
+            .await
+            .expect("cancel");
+        let got = c
+            .get(pb::GetRequest { id })
+            .await
+            .expect("get")
+            .into_inner();
+        assert_eq!(got.spec.expect("spec").user, "alice");
+        assert!(
+            got.history
+                .iter()
+                .any(|h| h.ends_with("cancelled by alice")),
+            "{:?}",
+            got.history
+        );
+    });
+}
+
+#[test]
+fn a_node_cannot_end_another_nodes_lease_and_a_revoked_node_is_cut_off() {
+    let w = world("rights-node");
+    // Node 2 was revoked: its agent is disconnected and stays so.
+    wait_for("the revoked node to be disconnected", LONG, || {
+        (w.c.node_view(2)["connected"] == false).then_some(())
+    });
+    // A lease on some node; another node reports it ended.
+    let id =
+        w.c.submit(&["--project", "p-a", "--gpus", "1"], "sleep 600");
+    let running = w.c.wait_state(&id, "running", LONG);
+    let (_, on) = Cluster::node_of(&running);
+    let other = if on == 0 { 1 } else { 0 };
+    let lease = running["lease_ids"][0].as_str().expect("lease").to_string();
+    let rt = runtime();
+    rt.block_on(async {
+        let mut s = pb::agent_stream_client::AgentStreamClient::new(w.c.channel(Some(other)).await);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut reg = register_as_node_0();
+        if let Some(pb::agent_message::Body::Register(r)) = reg.body.as_mut() {
+            r.host = Cluster::node_name(other);
+            r.gpus[0].uuid = format!("GPU-other-{other}");
+        }
+        tx.send(reg).expect("queue");
+        tx.send(pb::AgentMessage {
+            body: Some(pb::agent_message::Body::LeaseStatus(pb::LeaseStatus {
+                lease: Some(pb::Lease {
+                    id: lease.clone(),
+                    state: pb::LeaseState::Ended as i32,
+                    end: pb::LeaseEnd::Exited as i32,
+                    exit_code: Some(1),
+                    end_reason: "exited".into(),
+                    ..Default::default()
+                }),
+            })),
+        })
+        .expect("queue");
+        let _session = s
+            .session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+            .await
+            .expect("the other node's own session");
+        // Give allotd the message, then end the session by dropping `tx`.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        drop(tx);
+    });
+    // Still running where it runs; the other agent takes its session back.
+    let w2 = w.c.status(&id);
+    assert_eq!(w2["state"], "running", "{w2}");
+    w.c.wait_connected(2);
+}
+
+#[test]
+fn expired_revoked_and_forged_tokens_are_refused() {
+    let w = world("rights-token");
+    let rt = runtime();
+    let list = |token: &str| {
+        let t: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().expect("t");
+        rt.block_on(async {
+            let conn = InterceptedService::new(w.c.channel(None).await, Token(Some(t)));
+            pb::workloads_client::WorkloadsClient::new(conn)
+                .list(pb::ListRequest::default())
+                .await
+                .map(drop)
+        })
+    };
+    // Forged: the right shape, not one of allotd's.
+    let forged = allot_auth::new_secret("allot").expect("random");
+    let e = list(&forged).expect_err("forged");
+    assert_eq!(e.code(), Code::Unauthenticated);
+    assert!(e.message().contains("not a token of this allotd"), "{e:?}");
+    // Revoked.
+    let out = w.c.allotd(&["tokens", "create", "--user", "erin"]);
+    let erin = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    list(&erin).expect("a fresh token works");
+    let listed = String::from_utf8_lossy(&w.c.allotd(&["tokens", "list"]).stdout).to_string();
+    let id = listed
+        .lines()
+        .find(|l| l.contains("erin"))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("listed")
+        .to_string();
+    assert!(w.c.allotd(&["tokens", "revoke", &id]).status.success());
+    let e = list(&erin).expect_err("revoked");
+    assert!(e.message().contains("was revoked"), "{e:?}");
+    // Expired: a token for one second, refused once the second has passed.
+    let out =
+        w.c.allotd(&["tokens", "create", "--user", "finn", "--expires", "1s"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let finn = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let e = wait_for("the token to expire", Duration::from_secs(10), || {
+        list(&finn).err()
+    });
+    assert_eq!(e.code(), Code::Unauthenticated);
+    assert!(e.message().contains("expired"), "{e:?}");
+    // An enrollment token is spent by its use.
+    let out = w.c.allotd(&["nodes", "enroll", "once"]);
+    let once = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let enroll = |token: &str| {
+        let (_k, csr_pem) = allot_auth::pki::node_request("once").expect("csr");
+        rt.block_on(async {
+            pb::enrollment_client::EnrollmentClient::new(w.c.channel(None).await)
+                .enroll(pb::EnrollRequest {
+                    token: token.into(),
+                    csr_pem,
+                })
+                .await
+                .map(|r| r.into_inner())
+        })
+    };
+    let got = enroll(&once).expect("first use");
+    assert_eq!(got.node, "once");
+    let e = enroll(&once).expect_err("second use");
+    assert!(e.message().contains("already used"), "{e:?}");
+}
+
+#[test]
+fn an_agent_vouches_for_its_local_user_and_allotd_believes_only_nodes() {
+    let w = world("rights-vouch");
+    let me = allot_test_support::current_user();
+    // No token: the CLI goes through node 0's agent, which names the caller.
+    let socket = w.c.node_dir(0).join("agent.sock");
+    let allot = |args: &[&str]| {
+        std::process::Command::new(support::sibling("allot", "allot-cli"))
+            .args(args)
+            .env_remove("ALLOT_TOKEN")
+            .env_remove("ALLOT_SERVER")
+            .env("HOME", w.c.dir.join("no-home"))
+            .env("ALLOT_SOCKET", &socket)
+            .output()
+            .expect("allot runs")
+    };
+    let out = allot(&[
+        "submit",
+        "--project",
+        "p-a",
+        "--nodes",
+        "8",
+        "--json",
+        "--",
+        "true",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = allot_test_support::json_of(&["submit"], &out)["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let got = allot_test_support::json_of(&["status"], &allot(&["status", &id, "--json"]));
+    assert_eq!(got["user"], me.as_str(), "{got}");
+    // A token user cannot borrow the vouching header: only a node's word counts.
+    let rt = runtime();
+    rt.block_on(async {
+        let conn = w.conn(Caller::User).await;
+        let mut r = tonic::Request::new(pb::ListRequest::default());
+        r.metadata_mut()
+            .insert("x-allot-user", me.parse().expect("name"));
+        let mut c = pb::workloads_client::WorkloadsClient::new(conn);
+        let seen = c.list(r).await.expect("list").into_inner().workloads;
+        // alice (the token) sees none of the admin's work despite the header.
+        assert!(
+            seen.iter()
+                .all(|x| x.spec.as_ref().is_some_and(|s| s.user == "alice")),
+            "{seen:?}"
+        );
+    });
+}
