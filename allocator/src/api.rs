@@ -446,6 +446,8 @@ impl pb::workloads_server::Workloads for Api {
             .into_inner()
             .spec
             .ok_or_else(|| Status::invalid_argument("spec: missing"))?;
+        // Who asks is settled before what they ask is read.
+        self.check(&who, Ask::Read)?;
         // The work runs as whoever is proven to ask; a different name is refused.
         if s.user.is_empty() {
             s.user = who.user().unwrap_or_default().to_string();

@@ -69,9 +69,15 @@ fn the_env_file_works_from_anywhere_and_sigterm_stops_everything() {
     let env = dir.join("env");
     let text = wait_for("STATE_DIR/env", LONG, || std::fs::read_to_string(&env).ok());
     assert!(
-        text.contains(&format!("ALLOT_SERVER=http://{addr}")),
+        text.contains(&format!("ALLOT_SERVER=https://{addr}"))
+            && text.contains("ALLOT_CA=")
+            && text.contains("ALLOT_TOKEN=allot_"),
         "{text}"
     );
+    // It holds the token: for its owner only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&env).expect("env").permissions().mode();
+    assert_eq!(mode & 0o077, 0, "env file mode {mode:o}");
     // Sourced from another directory, the CLI finds the cluster and the agent.
     let out = wait_for("the node to connect through the env file", LONG, || {
         let out = Command::new("sh")

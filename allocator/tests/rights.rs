@@ -404,8 +404,9 @@ fn submit_p_a() -> pb::SubmitRequest {
         spec: Some(pb::WorkloadSpec {
             project: "p-a".into(),
             gpus_per_node: 1,
-            // Bigger than any node: it waits, so cancels and watches find it.
-            nodes: 8,
+            // A gang of every node while node 1 is drained: it waits, so cancels and
+            // watches find it.
+            nodes: 3,
             argv: vec!["true".into()],
             ..Default::default()
         }),
@@ -442,7 +443,20 @@ fn world(tag: &str) -> World {
             String::from_utf8_lossy(&out.stdout).trim().to_string(),
         );
     }
-    // Node 2 is revoked: its agent is cut off and its certificate refused.
+    // Node 1 is drained (gangs of three wait), node 2 is revoked: its agent is cut
+    // off and its certificate refused.
+    let out = c.allot(&[
+        "nodes",
+        "drain",
+        &Cluster::node_name(1),
+        "--reason",
+        "rights",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = c.allotd(&["nodes", "revoke", &Cluster::node_name(2)]);
     assert!(
         out.status.success(),
@@ -685,7 +699,7 @@ fn an_agent_vouches_for_its_local_user_and_allotd_believes_only_nodes() {
         "--project",
         "p-a",
         "--nodes",
-        "8",
+        "3",
         "--json",
         "--",
         "true",
