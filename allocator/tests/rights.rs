@@ -360,9 +360,9 @@ impl World {
                 let text = String::from_utf8_lossy(&listed.stdout).to_string();
                 let id = text
                     .lines()
+                    .rev()
                     .filter(|l| l.contains("throwaway") && !l.contains("revoked"))
-                    .filter_map(|l| l.split_whitespace().next())
-                    .last()
+                    .find_map(|l| l.split_whitespace().next())
                     .expect("the throwaway token listed")
                     .to_string();
                 admin
