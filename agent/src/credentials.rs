@@ -226,3 +226,55 @@ pub fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     }
     cur.to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn creds(not_after: u64) -> Credentials {
+        Credentials {
+            ca_pem: String::new(),
+            cert_pem: String::new(),
+            key_pem: String::new(),
+            info: CertInfo {
+                common_name: "node-1".into(),
+                not_after,
+                fingerprint: String::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn renewal_is_due_once_two_thirds_of_the_life_have_passed() {
+        let life = allot_auth::pki::NODE_DAYS * 86_400;
+        let issued = 1_800_000_000;
+        let c = creds(issued + life);
+        assert!(!c.renewal_due(issued));
+        assert!(!c.renewal_due(issued + life * 2 / 3 - 1));
+        assert!(c.renewal_due(issued + life * 2 / 3));
+        assert!(c.renewal_due(issued + life + 1));
+    }
+
+    #[test]
+    fn plain_http_reaches_a_loopback_allotd_only() {
+        let ca = allot_auth::Ca::create("t", 1_800_000_000).expect("CA");
+        assert!(endpoint("http://127.0.0.1:7070", &ca.cert_pem, None).is_ok());
+        assert!(endpoint("http://[::1]:7070", &ca.cert_pem, None).is_ok());
+        let e = endpoint("http://allotd.example:7070", &ca.cert_pem, None)
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("use https://"), "{e}");
+        assert!(endpoint("https://allotd.example:7070", &ca.cert_pem, None).is_ok());
+        assert!(endpoint("ftp://x:1", &ca.cert_pem, None).is_err());
+        assert_eq!(with_scheme("allotd:7070"), "https://allotd:7070");
+    }
+
+    #[test]
+    fn a_host_that_never_enrolled_is_told_how() {
+        let dir = std::env::temp_dir().join(format!("allot-creds-{}", std::process::id()));
+        let e = Credentials::load(&dir)
+            .expect_err("not enrolled")
+            .to_string();
+        assert!(e.contains("allot-agent enroll"), "{e}");
+    }
+}
