@@ -6,8 +6,6 @@
 
 use allot_auth::CertInfo;
 use allot_proto::v1 as pb;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
@@ -68,17 +66,8 @@ pub fn dir(state_dir: &Path) -> PathBuf {
 }
 
 fn write(path: &Path, text: &str, secret: bool) -> Result<(), CredError> {
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(if secret { 0o600 } else { 0o644 })
-        .open(&tmp)
-        .map_err(io(&tmp))?;
-    f.write_all(text.as_bytes()).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+    allot_common::files::write_atomic(path, text, if secret { 0o600 } else { 0o644 })
+        .map_err(io(path))
 }
 
 fn read(path: &Path) -> Result<String, CredError> {
@@ -146,21 +135,12 @@ pub fn endpoint(addr: &str, ca_pem: &str, me: Option<&Credentials>) -> Result<En
             }
             e.tls_config(tls).map_err(|e| bad(&e.to_string()))
         }
-        Some("http") if is_loopback(&host) => Ok(e),
+        Some("http") if allot_common::net::is_loopback_host(&host) => Ok(e),
         Some("http") => Err(bad(
             "plain http is for a loopback allotd only; use https://",
         )),
         _ => Err(bad("use https://HOST:PORT")),
     }
-}
-
-fn is_loopback(host: &str) -> bool {
-    host == "localhost"
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The address as the agent uses it: a scheme added when missing (https).

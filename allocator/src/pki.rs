@@ -7,8 +7,7 @@
 use crate::config::ServerConfig;
 use allot_auth::{Ca, CertInfo};
 use anyhow::Context;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// What TLS needs, loaded.
@@ -36,17 +35,8 @@ const RENEW_BEFORE: u64 = 30 * 86_400;
 /// Writes `text` to `path` readable by its owner only (keys), or world-readable
 /// (certificates), atomically.
 fn write_file(path: &Path, text: &str, secret: bool) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(if secret { 0o600 } else { 0o644 })
-        .open(&tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+    allot_common::files::write_atomic(path, text, if secret { 0o600 } else { 0o644 })
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn read(path: &Path) -> anyhow::Result<String> {

@@ -78,16 +78,6 @@ fn ca() -> Result<String, String> {
     ))
 }
 
-/// Whether `host` (from a URL) is a loopback address.
-pub fn is_loopback(host: &str) -> bool {
-    host == "localhost"
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
 /// The endpoint for `server` (already checked by `parse_server`): TLS for
 /// `https://`, plain for a loopback `http://`.
 pub fn endpoint(server: &str) -> Result<Endpoint, String> {

@@ -272,7 +272,7 @@ pub(crate) fn parse_server(s: &str) -> Result<String, String> {
     let ok = !host.is_empty()
         && match parsed.as_ref().and_then(|u| u.scheme_str()) {
             Some("https") => true,
-            Some("http") => crate::connect::is_loopback(host),
+            Some("http") => allot_common::net::is_loopback_host(host),
             _ => false,
         }
         && Endpoint::from_shared(uri.clone()).is_ok();

@@ -3,15 +3,18 @@
 //! Map: [`config_error`] (a config error that names file, line and field, with the
 //! line from the TOML parser's own spans) · [`stats`] (percentiles) · [`systemd`]
 //! (`sd_notify(3)` and the watchdog period) · [`fields`] (caps on request fields, safe
-//! names) · `rlimit` (the descriptor limit, feature `rlimit`) · `sqlite` (opening a state database,
+//! names) · [`net`] (loopback hosts) · `files` (atomic writes with a mode, feature `files`) · `rlimit` (the descriptor limit, feature `rlimit`) · `sqlite` (opening a state database,
 //! feature `sqlite`) · `logging` (the daemons' tracing set-up, feature `logging`).
 //! Nothing here decides policy; the fair-share core and the health policy stay in
 //! their own crates.
 
 pub mod config_error;
 pub mod fields;
+#[cfg(feature = "files")]
+pub mod files;
 #[cfg(feature = "logging")]
 pub mod logging;
+pub mod net;
 #[cfg(feature = "rlimit")]
 pub mod rlimit;
 #[cfg(feature = "sqlite")]
