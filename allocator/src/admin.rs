@@ -195,6 +195,7 @@ impl pb::admin_server::Admin for Api {
     ) -> Result<Response<pb::TokenInfo>, Status> {
         let who = self.allow(&req, Ask::Admin)?;
         let id = req.into_inner().id;
+        crate::api::safe_name("id", &id)?;
         if !self.0.core().alloc.creds.tokens.contains_key(&id) {
             return Err(Status::not_found(format!(
                 "id: no token {id:?}; `allotd tokens list` shows them"
@@ -242,6 +243,7 @@ impl pb::admin_server::Admin for Api {
     ) -> Result<Response<pb::NodeCredentials>, Status> {
         let who = self.allow(&req, Ask::Admin)?;
         let node = req.into_inner().node;
+        crate::api::safe_name("node", &node)?;
         if !self.0.core().alloc.creds.nodes.contains_key(&node) {
             return Err(Status::not_found(format!(
                 "node: {node:?} was never enrolled; `allotd nodes list` shows them"

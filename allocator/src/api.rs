@@ -614,9 +614,12 @@ impl pb::org_server::Org for Api {
         &self,
         req: Request<pb::SetWeightRequest>,
     ) -> Result<Response<pb::Group>, Status> {
-        let who = self.allow(&req, Ask::SetWeight(&req.get_ref().name))?;
+        let who = self.who(&req)?;
+        // Who asks is settled first; the name is checked before a refusal echoes it.
+        self.check(&who, Ask::Read)?;
+        crate::limits::group("name", &req.get_ref().name)?;
+        self.check(&who, Ask::SetWeight(&req.get_ref().name))?;
         let r = req.into_inner();
-        crate::limits::group("name", &r.name)?;
         if !allot_fairshare::tree::weight_ok(r.weight) {
             return Err(Status::invalid_argument(format!(
                 "weight: {} is out of range; give a number from {} to {}",
