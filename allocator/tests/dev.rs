@@ -54,6 +54,21 @@ fn a_busy_port_fails_before_any_agent_starts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `allotd dev`, stopped (with its agents) if the test ends before it does.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = self.0.wait();
+        }
+    }
+}
+
 #[test]
 fn the_env_file_works_from_anywhere_and_sigterm_stops_everything() {
     let port = {
@@ -62,10 +77,12 @@ fn the_env_file_works_from_anywhere_and_sigterm_stops_everything() {
     };
     let addr = format!("127.0.0.1:{port}");
     let dir = temp("env");
-    let mut child = dev(&dir, &addr)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("allotd dev starts");
+    let mut child = Running(
+        dev(&dir, &addr)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("allotd dev starts"),
+    );
     let env = dir.join("env");
     let text = wait_for("STATE_DIR/env", LONG, || std::fs::read_to_string(&env).ok());
     assert!(
@@ -104,12 +121,12 @@ fn the_env_file_works_from_anywhere_and_sigterm_stops_everything() {
     // SIGTERM to allotd dev alone stops it and its agent, and frees the ports.
     let t0 = Instant::now();
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::unistd::Pid::from_raw(child.0.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .expect("signal");
     let status = wait_for("allotd dev to exit", LONG, || {
-        child.try_wait().ok().flatten()
+        child.0.try_wait().ok().flatten()
     });
     assert!(status.success(), "{status}");
     assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
