@@ -596,12 +596,34 @@ fn a_node_cannot_end_another_nodes_lease_and_a_revoked_node_is_cut_off() {
             })),
         })
         .expect("queue");
+        // Then a health report with a drain of its own: allotd takes a session's
+        // messages in order, so once the drain shows, the lease report was read.
+        tx.send(pb::AgentMessage {
+            body: Some(pb::agent_message::Body::Health(pb::HealthReport {
+                verdict: pb::HostVerdict::Ok as i32,
+                drains: vec![pb::DrainInfo {
+                    by: "local-operator".into(),
+                    author: "marker".into(),
+                    reason: "after the lease report".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })),
+        })
+        .expect("queue");
         let _session = s
             .session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
             .await
             .expect("the other node's own session");
-        // Give allotd the message, then end the session by dropping `tx`.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let read = || {
+            let v = w.c.node_view(other);
+            v["drains"]
+                .as_array()?
+                .iter()
+                .any(|d| d["author"] == "marker")
+                .then_some(())
+        };
+        tokio::task::block_in_place(|| wait_for("the marker drain", LONG, read));
         drop(tx);
     });
     // Still running where it runs; the other agent takes its session back.
