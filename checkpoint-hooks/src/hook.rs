@@ -80,10 +80,10 @@ pub fn url_host(url: &str) -> Option<String> {
 pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
     let unbracket = |h: &str| h.trim_start_matches('[').trim_end_matches(']').to_string();
     let host = unbracket(host);
-    let ip = host.parse::<IpAddr>().ok();
-    if host.eq_ignore_ascii_case("localhost") || ip.is_some_and(|a| a.is_loopback()) {
+    if allot_common::net::is_loopback_host(&host) {
         return true;
     }
+    let ip = host.parse::<IpAddr>().ok();
     allowed
         .iter()
         .map(|a| unbracket(a))
