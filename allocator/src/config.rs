@@ -40,6 +40,10 @@ pub struct ServerSection {
     pub max_streams_per_connection: u32,
     /// Most open `Watch` streams in all; one more is refused with RESOURCE_EXHAUSTED.
     pub max_watch_streams: usize,
+    /// A snapshot of the state is taken after this many journal entries (and at
+    /// start-up and stop); the journal below it is compacted away, so start-up
+    /// reads one snapshot and at most this many entries.
+    pub snapshot_every: u64,
 }
 
 impl Default for ServerSection {
@@ -55,6 +59,7 @@ impl Default for ServerSection {
             idle_timeout: 300,
             max_streams_per_connection: 128,
             max_watch_streams: 10_000,
+            snapshot_every: 10_000,
         }
     }
 }

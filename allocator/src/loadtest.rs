@@ -6,7 +6,7 @@
 //! is stored: listed by allotd and present in its journal.
 
 use crate::config::{ServerConfig, EXAMPLE};
-use crate::state::{lease_from_wire, Input};
+use crate::state::lease_from_wire;
 use crate::store::{Sqlite, Store};
 use allot_proto::v1 as pb;
 use anyhow::Context;
@@ -390,24 +390,25 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     );
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
-    // Durable, not just listed: the journal holds every acknowledged submission.
-    let entries = Sqlite::open(&dir.join("allotd"))?.replay()?;
-    let journaled = entries
-        .iter()
-        .filter(|(_, _, i)| matches!(i, Input::Submit { .. }))
-        .count();
-    println!(
-        "journal: {journaled} submissions on disk for {} acknowledged",
-        acked.len()
-    );
-    // What a restart after this run costs: the whole journal through the core.
+    // Durable, not just listed: the state on disk (the last snapshot and the
+    // journal after it) holds every acknowledged submission.
+    let loaded = Sqlite::open(&dir.join("allotd"))?.load()?;
+    let tail = loaded.tail.len();
     let t = Instant::now();
-    let entries = entries.len();
     let reopened = crate::serve::Server::open(reopen_cfg)?;
-    let rebuilt = reopened.core().alloc.workloads().len();
+    let opened = t.elapsed().as_secs_f64();
+    let on_disk: std::collections::BTreeSet<String> = reopened
+        .core()
+        .alloc
+        .workloads()
+        .keys()
+        .map(|id| id.to_string())
+        .collect();
+    let journaled = acked.iter().filter(|id| on_disk.contains(*id)).count();
     println!(
-        "restart: {entries} journal entries replayed in {:.2}s, {rebuilt} workloads rebuilt",
-        t.elapsed().as_secs_f64()
+        "restart: state read in {opened:.2}s (a snapshot{} and {tail} journal entries after it), {journaled} of {} acknowledged submissions there",
+        if loaded.snapshot.is_some() { "" } else { " none" },
+        acked.len()
     );
     let _ = std::fs::remove_dir_all(&dir);
     anyhow::ensure!(

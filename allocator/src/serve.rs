@@ -28,9 +28,26 @@ pub struct Core {
     /// State.
     pub alloc: Allocator,
     store: Box<dyn Store>,
+    /// Journal entries written since the last snapshot.
+    since_snapshot: u64,
 }
 
 impl Core {
+    /// Writes a snapshot of the state as of the last journal entry.
+    fn snapshot(&mut self, at: Time) -> anyhow::Result<()> {
+        let t = Instant::now();
+        let body = serde_json::to_string(&self.alloc.snapshot()).context("encoding a snapshot")?;
+        let seq = self.store.snapshot(at, &body)?;
+        self.since_snapshot = 0;
+        tracing::info!(
+            seq,
+            bytes = body.len(),
+            ms = t.elapsed().as_millis() as u64,
+            "snapshot taken; the journal below it compacted"
+        );
+        Ok(())
+    }
+
     /// The audit log's lines about a workload.
     pub fn audit_of(
         &self,
@@ -90,32 +107,21 @@ pub struct Server {
 }
 
 impl Server {
-    /// Opens the store, replays the journal, and returns the service.
+    /// Opens the store, loads the last snapshot and applies the journal after it,
+    /// takes a snapshot of the result (so the next start reads no tail, and a
+    /// journal an earlier release wrote is compacted), and returns the service.
     pub fn open(cfg: ServerConfig) -> anyhow::Result<Arc<Server>> {
         let store = Sqlite::open(&cfg.server.state_dir)?;
         let pki = crate::pki::ensure(&cfg, "allot", now())?;
-        let mut alloc = Allocator::new(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let entries = store.replay()?;
         let t0 = Instant::now();
-        alloc.explaining = false;
-        for (seq, at, input) in &entries {
-            if let Err(e) = alloc.apply(*at, input) {
-                // The config changed under the journal (a project removed …): say so.
-                tracing::warn!(seq, error = %e, "journal entry no longer applies; skipped");
-            }
-        }
-        alloc.explaining = true;
-        alloc.explain(now());
-        tracing::info!(
-            entries = entries.len(),
-            ms = t0.elapsed().as_millis() as u64,
-            "state rebuilt from the journal"
-        );
+        let (alloc, tail) = load(&cfg, &store)?;
+        let loaded_ms = t0.elapsed().as_millis() as u64;
         let conns = Arc::new(crate::conns::Conns::new(&cfg.server));
-        Ok(Arc::new(Server {
+        let server = Arc::new(Server {
             core: Mutex::new(Core {
                 alloc,
                 store: Box::new(store),
+                since_snapshot: tail,
             }),
             cfg,
             sessions: Mutex::new(HashMap::new()),
@@ -126,7 +132,22 @@ impl Server {
             pki,
             started: now(),
             conns,
-        }))
+        });
+        if tail > 0 {
+            server.snapshot()?;
+        }
+        tracing::info!(
+            tail,
+            ms = loaded_ms,
+            "state loaded from the last snapshot and the journal after it"
+        );
+        Ok(server)
+    }
+
+    /// Writes a snapshot of the state now, compacting the journal below it.
+    pub fn snapshot(&self) -> anyhow::Result<()> {
+        let mut c = self.core();
+        c.snapshot(now())
     }
 
     /// Locks the state (a panic elsewhere must not wedge the service).
@@ -180,13 +201,24 @@ impl Server {
                     Out::Send { .. } => None,
                 })
                 .collect();
-            if let Err(e) = c.store.commit(at, a.changed.then_some(&input), &audit) {
+            let entry = a.changed.then(|| a.record.as_ref().unwrap_or(&input));
+            if let Err(e) = c.store.commit(at, entry, &audit) {
                 // Memory now holds what the disk does not: stop, the journal wins.
                 tracing::error!(error = %e, "cannot journal an accepted input; stopping");
                 eprintln!("allotd: {e}");
                 std::process::exit(70);
             }
             drop(audit);
+            if entry.is_some() {
+                c.since_snapshot += 1;
+                if c.since_snapshot >= self.cfg.server.snapshot_every.max(1) {
+                    if let Err(e) = c.snapshot(at) {
+                        // The journal still holds everything: a snapshot is an
+                        // optimisation of start-up, never the only copy.
+                        tracing::error!(error = %e, "snapshot not taken; the journal keeps growing");
+                    }
+                }
+            }
             a
         };
         if matches!(input, Input::Schedule) {
@@ -352,6 +384,34 @@ impl Server {
     }
 }
 
+/// The state the store holds: the last snapshot restored under `cfg`, then the
+/// journal after it applied (decisions as recorded; a pass only for entries older
+/// releases wrote). Returns it with the number of journal entries applied.
+pub fn load(cfg: &ServerConfig, store: &dyn Store) -> anyhow::Result<(Allocator, u64)> {
+    let loaded = store.load()?;
+    let mut alloc = match &loaded.snapshot {
+        Some((seq, at, body)) => {
+            let snap: crate::state::Snapshot = serde_json::from_str(body).with_context(|| {
+                format!("the snapshot at journal position {seq} does not read: `allotd state check` says more; `allotd state import` restores an export")
+            })?;
+            Allocator::restore(cfg, &snap, *at).with_context(|| {
+                format!("the snapshot at journal position {seq} does not fit this config")
+            })?
+        }
+        None => Allocator::new(cfg).map_err(|e| anyhow::anyhow!("{e}"))?,
+    };
+    alloc.explaining = false;
+    for (seq, at, input) in &loaded.tail {
+        if let Err(e) = alloc.apply(*at, input) {
+            // The config changed under the journal (a project removed …): say so.
+            tracing::warn!(seq, error = %e, "journal entry no longer applies; skipped");
+        }
+    }
+    alloc.explaining = true;
+    alloc.explain(now());
+    Ok((alloc, loaded.tail.len() as u64))
+}
+
 /// allotd's ports, bound before anything else starts, so a busy port fails at once.
 pub struct Bound {
     /// gRPC.
@@ -463,6 +523,11 @@ pub async fn serve_bound(
         }
     };
     looper.abort();
+    let _ = looper.await;
+    // The next start (of this release or a later one) reads this and no tail.
+    if let Err(e) = server.snapshot() {
+        tracing::error!(error = %e, "no snapshot at stop; the next start applies the journal");
+    }
     let _ = admin_stop_tx.send(());
     admin.abort();
     let _ = admin.await;
@@ -470,7 +535,6 @@ pub async fn serve_bound(
         m.abort();
         let _ = m.await;
     }
-    let _ = looper.await;
     r
 }
 

@@ -1,12 +1,15 @@
-//! Durable state behind a trait (the journal and the audit log), with SQLite as its one backend.
+//! Durable state behind a trait (snapshots, the journal and the audit log), with
+//! SQLite as its one backend.
 //!
-//! The journal of accepted inputs *is* the state: replaying it through the
-//! deterministic core rebuilds workloads, leases and the usage window exactly. The
-//! audit log (every decision with its reason) sits beside it for people.
+//! The last snapshot plus the journal after it *is* the state: a snapshot holds
+//! the facts at one journal position, the journal every accepted input since (and
+//! the decisions of each pass, not the pass). Taking a snapshot deletes the journal
+//! below it in the same transaction. The audit log (every decision with its reason)
+//! sits beside them for people.
 
 use crate::state::Input;
 use allot_fairshare::Time;
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 use std::path::{Path, PathBuf};
 
 pub use allot_common::sqlite::StoreError;
@@ -21,10 +24,22 @@ pub trait Store: Send {
         input: Option<&Input>,
         audit: &[(u64, u64, &str)],
     ) -> Result<(), StoreError>;
-    /// Every input in order.
-    fn replay(&self) -> Result<Vec<(u64, Time, Input)>, StoreError>;
+    /// The last snapshot, if any, and every journal entry after it, in order.
+    fn load(&self) -> Result<Loaded, StoreError>;
+    /// Writes a snapshot of the state as of the last journal entry and deletes the
+    /// journal and snapshots below it, in one transaction; returns its position.
+    fn snapshot(&mut self, at: Time, body: &str) -> Result<u64, StoreError>;
     /// The audit lines of one workload (0: all), oldest first, at most `limit`.
     fn audit_of(&self, workload: u64, limit: usize) -> Result<Vec<(Time, String)>, StoreError>;
+}
+
+/// What start-up reads.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The last snapshot: the journal position it includes, when, and its JSON.
+    pub snapshot: Option<(u64, Time, String)>,
+    /// Journal entries after it: position, time, input.
+    pub tail: Vec<(u64, Time, Input)>,
 }
 
 /// SQLite in WAL mode, `synchronous=FULL`: one file, `allotd.db`.
@@ -42,7 +57,9 @@ impl Sqlite {
             "CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, input TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS audit (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL,
                  workload INTEGER NOT NULL, lease INTEGER NOT NULL, text TEXT NOT NULL);
-             CREATE INDEX IF NOT EXISTS audit_workload ON audit(workload);",
+             CREATE INDEX IF NOT EXISTS audit_workload ON audit(workload);
+             CREATE TABLE IF NOT EXISTS snapshot (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL,
+                 version INTEGER NOT NULL, body TEXT NOT NULL);",
         )?;
         Ok(Sqlite { conn, path })
     }
@@ -96,13 +113,30 @@ impl Store for Sqlite {
         tx.commit().map_err(fail("committing"))
     }
 
-    fn replay(&self) -> Result<Vec<(u64, Time, Input)>, StoreError> {
+    fn load(&self) -> Result<Loaded, StoreError> {
+        let read = |e| StoreError::new(&self.path, "reading the last snapshot", e);
+        let snapshot = self
+            .conn
+            .query_row(
+                "SELECT seq, at, body FROM snapshot ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?.unsigned_abs(),
+                        r.get::<_, i64>(1)?.unsigned_abs(),
+                        r.get::<_, String>(2)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(read)?;
+        let after = snapshot.as_ref().map_or(0, |s| secs(s.0));
         let mut st = self
             .conn
-            .prepare("SELECT seq, at, input FROM journal ORDER BY seq")
+            .prepare("SELECT seq, at, input FROM journal WHERE seq > ?1 ORDER BY seq")
             .map_err(|e| StoreError::new(&self.path, "reading the journal", e))?;
         let rows = st
-            .query_map([], |r| {
+            .query_map([after], |r| {
                 Ok((
                     r.get::<_, i64>(0)?,
                     r.get::<_, i64>(1)?,
@@ -110,15 +144,52 @@ impl Store for Sqlite {
                 ))
             })
             .map_err(|e| StoreError::new(&self.path, "reading the journal", e))?;
-        let mut out = Vec::new();
+        let mut tail = Vec::new();
         for row in rows {
             let (seq, at, body) =
                 row.map_err(|e| StoreError::new(&self.path, "reading the journal", e))?;
-            let input = Input::decode(&body)
-                .map_err(|e| StoreError::new(&self.path, "decoding a journal entry", e))?;
-            out.push((seq.unsigned_abs(), at.unsigned_abs(), input));
+            let input = Input::decode(&body).map_err(|e| StoreError {
+                path: self.path.display().to_string(),
+                what: "decoding a journal entry",
+                source: format!(
+                    "entry {seq}: {e}; `allotd state check` lists every entry that does not read"
+                )
+                .into(),
+            })?;
+            tail.push((seq.unsigned_abs(), at.unsigned_abs(), input));
         }
-        Ok(out)
+        Ok(Loaded { snapshot, tail })
+    }
+
+    fn snapshot(&mut self, at: Time, body: &str) -> Result<u64, StoreError> {
+        let path = self.path.clone();
+        let fail = |what: &'static str| {
+            let path = path.clone();
+            move |e: rusqlite::Error| StoreError::new(&path, what, e)
+        };
+        let tx = self
+            .conn
+            .transaction()
+            .map_err(fail("starting a transaction"))?;
+        // The journal's last position, also once compaction left it empty.
+        let seq: i64 = tx
+            .query_row(
+                "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'journal'), 0)",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(fail("reading the journal position"))?;
+        tx.execute(
+            "INSERT OR REPLACE INTO snapshot (seq, at, version, body) VALUES (?1, ?2, ?3, ?4)",
+            params![seq, secs(at), crate::state::SNAPSHOT_VERSION, body],
+        )
+        .map_err(fail("writing a snapshot"))?;
+        tx.execute("DELETE FROM snapshot WHERE seq < ?1", [seq])
+            .map_err(fail("dropping older snapshots"))?;
+        tx.execute("DELETE FROM journal WHERE seq <= ?1", [seq])
+            .map_err(fail("compacting the journal"))?;
+        tx.commit().map_err(fail("committing a snapshot"))?;
+        Ok(seq.unsigned_abs())
     }
 
     fn audit_of(&self, workload: u64, limit: usize) -> Result<Vec<(Time, String)>, StoreError> {

@@ -2,10 +2,10 @@
 
 use crate::time::{format_duration, Time};
 use crate::workload::{LeaseId, NodeGpus, RevokeWhy, WorkloadId};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One thing for the shell to carry out.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "action")]
 pub enum Action {
     /// Start a lease now.
@@ -51,7 +51,7 @@ pub enum Action {
 }
 
 /// Why a lease starts.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "kind")]
 pub enum StartWhy {
     /// Ranked `rank` in this pass and fitted on free GPUs; its project's served ratio.

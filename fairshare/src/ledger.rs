@@ -58,15 +58,18 @@ impl UsageModel {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 struct Point {
     t: Time,
     cum: [u64; CHANNELS],
     rate: [u64; CHANNELS],
 }
 
-#[derive(Debug, Clone, Default)]
-struct ProjectLedger {
+/// One project's usage record: what a snapshot keeps of the ledger (opaque
+/// outside it; serde defaults so a record of an earlier release reads).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProjectLedger {
     points: VecDeque<Point>,
     decayed: [f64; CHANNELS],
     decayed_at: Time,
@@ -151,6 +154,18 @@ impl Ledger {
             UsageModel::HalfLife { secs } => {
                 decay(p.decayed, p.rate, now - p.decayed_at.min(now), secs)
             }
+        }
+    }
+
+    /// `g`'s record, for a snapshot.
+    pub fn project(&self, g: GroupId) -> &ProjectLedger {
+        &self.projects[g.idx()]
+    }
+
+    /// Puts back `g`'s record from a snapshot.
+    pub fn restore(&mut self, g: GroupId, record: ProjectLedger) {
+        if let Some(p) = self.projects.get_mut(g.idx()) {
+            *p = record;
         }
     }
 

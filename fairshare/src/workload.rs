@@ -115,7 +115,7 @@ pub struct Workload {
 }
 
 /// Why a lease is being taken back.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "kind")]
 pub enum RevokeWhy {
     /// Preempted so that a better-ranked workload can run.
@@ -158,7 +158,7 @@ pub struct Revocation {
 }
 
 /// GPUs on one node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeGpus {
     /// The node.
     pub node: NodeId,

@@ -146,15 +146,27 @@ impl Allocator {
             } => a.changed = self.health(at, node, *verdict, gpus, reasons, drains, &mut a)?,
             Input::RecheckHeld { node } => a.changed = self.recheck_held(at, node, &mut a)?,
             Input::Schedule => {
-                let claims_before = self.core.claims().len();
                 let d = self.core.schedule(at);
-                a.changed = !d.actions.is_empty() || self.core.claims().len() != claims_before;
+                // Claims and reservations are plans the next pass makes again: only
+                // decisions are facts to keep.
+                a.changed = !d.actions.is_empty();
                 a.next_wakeup = d.next_wakeup;
+                if a.changed {
+                    a.record = Some(Input::Decided {
+                        actions: d.actions.clone(),
+                    });
+                }
                 for act in d.actions {
                     self.act(at, act, &mut a);
                 }
                 if self.explaining {
                     self.explain(at);
+                }
+            }
+            Input::Decided { actions } => {
+                self.core.replay(at, actions)?;
+                for act in actions {
+                    self.act(at, act.clone(), &mut a);
                 }
             }
         }

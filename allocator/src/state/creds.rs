@@ -3,10 +3,12 @@
 //! later) knows them; only hashes and fingerprints are kept, never a secret.
 
 use allot_fairshare::Time;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// A user token.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TokenRec {
     /// Its id (`t1`, `t2` …): what `allotd tokens list|revoke` name.
     pub id: String,
@@ -27,7 +29,8 @@ pub struct TokenRec {
 }
 
 /// A node's credentials.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct NodeCred {
     /// An enrollment token not used yet: its hash and expiry.
     pub offer: Option<(String, Time)>,
@@ -41,7 +44,8 @@ pub struct NodeCred {
 }
 
 /// Every credential allotd issued.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Creds {
     /// User tokens by id.
     pub tokens: BTreeMap<String, TokenRec>,

@@ -1,7 +1,7 @@
 //! What the journal holds: every accepted [`Input`], and how entries written by
 //! earlier releases are read ([`Input::decode`], [`drain_kind`]).
 
-use allot_fairshare::{LeaseEnd, NodeSpec, NodeState, WorkloadSpec};
+use allot_fairshare::{Action, LeaseEnd, NodeSpec, NodeState, WorkloadSpec};
 use allot_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
@@ -161,8 +161,16 @@ pub enum Input {
         /// The admin.
         by: String,
     },
-    /// A scheduling pass.
+    /// A scheduling pass. Journals since 0.5 keep what it decided instead
+    /// ([`Input::Decided`]); older ones hold this and replay runs the pass.
     Schedule,
+    /// What a scheduling pass decided: starts with their lease ids and places,
+    /// revocations, withdrawals (the facts agents act on). Replayed as is, without
+    /// the policy, so an upgrade that changes a rule never moves a running lease.
+    Decided {
+        /// The core's actions, in order.
+        actions: Vec<Action>,
+    },
     /// An agent (re)registered: its node is added if new and back from lost if it
     /// was, its own drain recorded, and the leases and drains both sides hold are
     /// reconciled (journals before 0.3 hold `add-node`, `node-state` and

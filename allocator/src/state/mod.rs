@@ -12,7 +12,9 @@
 //! - `audit.rs` — the sentences people read;
 //! - `out.rs` — what the service shell carries out;
 //! - `access.rs` — who may do what ([`Allocator::authorize`]), credentials applied;
-//! - `creds.rs` — tokens and node certificates issued (hashes and fingerprints).
+//! - `creds.rs` — tokens and node certificates issued (hashes and fingerprints);
+//! - `snapshot.rs` — the state as facts, and back: what start-up loads before the
+//!   journal's tail.
 
 mod access;
 mod apply;
@@ -21,6 +23,7 @@ mod creds;
 mod hosts;
 mod input;
 mod out;
+mod snapshot;
 #[cfg(test)]
 mod tests;
 
@@ -31,6 +34,7 @@ pub use input::{
     end_from_agent, end_from_agent_text, GpuCondition, GpuSeen, HostDrain, Input, Verdict,
 };
 pub use out::{lease_from_wire, lease_wire, Applied, Command, Level, Out, StartLease};
+pub use snapshot::{Snapshot, SNAPSHOT_VERSION};
 
 use crate::config::{BreakerSection, ServerConfig};
 use allot_fairshare::{
@@ -38,6 +42,7 @@ use allot_fairshare::{
     WorkloadState,
 };
 use allot_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
 /// A node as the allocator knows it.
@@ -70,7 +75,7 @@ pub struct NodeRec {
 }
 
 /// One drain of a node.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DrainRec {
     /// `Draining` or `DrainNow` (or `Down` for a lost node).
     pub state: NodeState,
@@ -92,41 +97,54 @@ fn effective(drains: &BTreeMap<String, DrainRec>) -> NodeState {
         .unwrap_or(NodeState::Ready)
 }
 
-/// A workload as the service shows it.
-#[derive(Debug, Clone)]
+/// A workload as the service shows it (kept in snapshots: serde defaults, so an
+/// older snapshot reads).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkRec {
     /// Id.
     pub id: u64,
     /// Request.
     pub spec: WorkloadSpec,
     /// Command.
+    #[serde(default)]
     pub argv: Vec<String>,
     /// Checkpoint hook.
+    #[serde(default)]
     pub hook: String,
     /// Submitted, Unix s.
+    #[serde(default)]
     pub submit: Time,
     /// State.
     pub state: WorkloadState,
     /// Current or last run's start.
+    #[serde(default)]
     pub start: Time,
     /// End once final.
+    #[serde(default)]
     pub end: Time,
     /// How the last run ended.
+    #[serde(default)]
     pub end_reason: String,
     /// Every lease it held.
+    #[serde(default)]
     pub leases: Vec<u64>,
     /// Nodes of the current run.
+    #[serde(default)]
     pub nodes: Vec<String>,
     /// Preemptions.
+    #[serde(default)]
     pub preemptions: u32,
     /// Current run funded.
+    #[serde(default)]
     pub funded: bool,
     /// Why it waits.
+    #[serde(default)]
     pub explanation: String,
 }
 
-/// Counters for `/metrics` (rebuilt by replay like everything else).
-#[derive(Debug, Clone, Default)]
+/// Counters for `/metrics` (kept in snapshots, rebuilt by replay like everything else).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Counters {
     /// Revocations by reason kind.
     pub revocations: BTreeMap<String, u64>,
@@ -144,7 +162,8 @@ pub const WAIT_BUCKETS: [u64; 9] = [
 ];
 
 /// Submit-to-start waits of one class: cumulative bucket counts, sum and count.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct WaitHistogram {
     /// Waits at or under each of [`WAIT_BUCKETS`].
     pub buckets: [u64; WAIT_BUCKETS.len()],

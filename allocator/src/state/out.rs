@@ -123,6 +123,10 @@ pub struct Applied {
     pub changed: bool,
     /// After a pass: when the core next needs one.
     pub next_wakeup: Option<Time>,
+    /// What the journal keeps instead of the input, when `changed`: a pass keeps
+    /// the decisions it made ([`Input::Decided`](super::Input::Decided)), so replay
+    /// never runs the policy again.
+    pub record: Option<super::Input>,
 }
 
 impl Applied {

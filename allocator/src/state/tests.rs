@@ -546,7 +546,7 @@ fn run_journaled(a: &mut Allocator, inputs: &[(Time, Input)]) -> Vec<(Time, Inpu
     for (t, i) in inputs {
         if let Ok(ap) = a.apply(*t, i) {
             if ap.changed {
-                journal.push((*t, i.clone()));
+                journal.push((*t, ap.record.unwrap_or_else(|| i.clone())));
             }
         }
     }
@@ -668,4 +668,158 @@ fn agents_name_the_end_by_enum_and_0_1_agents_by_text() {
     assert_eq!(end_from_agent_text("vanished", None), LeaseEnd::NodeLost);
     assert_eq!(end_from_agent_text("refused", None), LeaseEnd::Refused);
     assert_eq!(end_from_agent_text("exploded", Some(0)), LeaseEnd::Failed);
+}
+
+/// A day of work on four nodes: funded and free work, a gang, ends, a drain, a
+/// health report and a weight change.
+fn busy_day() -> Vec<(Time, Input)> {
+    let mut inputs: Vec<(Time, Input)> = (0..4)
+        .map(|i| (0, registration(i, Vec::new(), Vec::new())))
+        .collect();
+    let gang = |nodes| Input::Submit {
+        spec: WorkloadSpec {
+            project: "demo-b".into(),
+            user: "u".into(),
+            class: "batch".into(),
+            gpus_per_node: 2,
+            nodes,
+            cpu_per_node: 0,
+            mem_per_node_gb: 0,
+            min_runtime: 3_600,
+            time_limit: None,
+            resumable: false,
+            priority: 0,
+            no_requeue: false,
+        },
+        argv: vec!["x".into()],
+        hook: String::new(),
+    };
+    for k in 0..8u64 {
+        let t = 1 + k * 600;
+        inputs.push((t, batch(if k % 2 == 0 { "demo-a" } else { "demo-b" })));
+        inputs.push((t, gang(1 + (k % 2) as u32)));
+        inputs.push((t, Input::Schedule));
+    }
+    inputs.push((
+        5_000,
+        Input::LeaseEnded {
+            lease: 1,
+            end: LeaseEnd::Completed,
+            reason: "done".into(),
+            node: String::new(),
+        },
+    ));
+    inputs.push((
+        5_001,
+        Input::NodeState {
+            node: "n1".into(),
+            state: NodeState::Draining,
+            reason: "rack maintenance".into(),
+            by: "cluster-operator".into(),
+            author: "ops".into(),
+        },
+    ));
+    inputs.push((5_002, report(2, Verdict::Drain, None)));
+    inputs.push((
+        5_003,
+        Input::SetWeight {
+            group: "demo-b".into(),
+            weight: 3.0,
+            by: "boss".into(),
+        },
+    ));
+    inputs.push((5_004, Input::Schedule));
+    inputs.push((9_000, Input::Schedule));
+    inputs
+}
+
+type WorkView = (u64, WorkloadState, Vec<u64>, Vec<String>, u32, String);
+
+fn work_views(a: &Allocator) -> Vec<WorkView> {
+    a.workloads()
+        .values()
+        .map(|w| {
+            (
+                w.id,
+                w.state,
+                w.leases.clone(),
+                w.nodes.clone(),
+                w.preemptions,
+                w.end_reason.clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_snapshot_at_any_point_plus_the_tail_is_the_live_state() {
+    let inputs = busy_day();
+    let mut live = allocator(0);
+    let journal = run_journaled(&mut live, &inputs);
+    assert!(
+        journal
+            .iter()
+            .any(|(_, i)| matches!(i, Input::Decided { .. })),
+        "passes are journaled as their decisions"
+    );
+    assert!(!journal.iter().any(|(_, i)| matches!(i, Input::Schedule)));
+    assert!(
+        live.core.leases().any(|l| l.revoke.is_some()),
+        "a drain revokes"
+    );
+    assert!(live.core.leases().count() >= 3, "work runs");
+    let cfg = ServerConfig::parse(EXAMPLE, "example").expect("example");
+    for cut in 0..=journal.len() {
+        let mut head = allocator(0);
+        for (t, i) in &journal[..cut] {
+            head.apply(*t, i).expect("applies");
+        }
+        // Through the snapshot's own encoding, as allotd reopens it.
+        let text = serde_json::to_string(&head.snapshot()).expect("encodes");
+        let snap: Snapshot = serde_json::from_str(&text).expect("decodes");
+        let mut back = Allocator::restore(&cfg, &snap, 9_000).expect("restores");
+        for (t, i) in &journal[cut..] {
+            back.apply(*t, i).expect("the tail applies");
+        }
+        assert_eq!(work_views(&back), work_views(&live), "cut at {cut}");
+        assert_eq!(node_views(&back), node_views(&live), "cut at {cut}");
+        for n in live.nodes().keys() {
+            assert_eq!(back.leases_on(n), live.leases_on(n), "cut at {cut}, {n}");
+        }
+        assert_eq!(back.core.facts().leases, live.core.facts().leases);
+        assert_eq!(back.core.facts().usage, live.core.facts().usage);
+        assert_eq!(back.counters.drains, live.counters.drains);
+    }
+}
+
+#[test]
+fn a_changed_policy_constant_moves_no_lease_of_the_journal() {
+    let inputs = busy_day();
+    let mut live = allocator(0);
+    let journal = run_journaled(&mut live, &inputs);
+    // The next release preempts differently and ages faster: the journal's
+    // decisions still stand as they were made.
+    let mut cfg = ServerConfig::parse(EXAMPLE, "example").expect("example");
+    cfg.policy.cooldown = 1;
+    cfg.policy.aging_per_hour = 1_000;
+    let mut upgraded = Allocator::new(&cfg).expect("allocator");
+    for (t, i) in &journal {
+        upgraded.apply(*t, i).expect("applies");
+    }
+    assert_eq!(work_views(&upgraded), work_views(&live));
+    assert_eq!(upgraded.core.facts().leases, live.core.facts().leases);
+}
+
+#[test]
+fn a_snapshot_of_a_later_layout_is_refused_naming_the_version() {
+    let cfg = ServerConfig::parse(EXAMPLE, "example").expect("example");
+    let snap = Snapshot {
+        version: SNAPSHOT_VERSION + 1,
+        ..Snapshot::default()
+    };
+    let e = Allocator::restore(&cfg, &snap, 0).err().expect("refused");
+    assert!(
+        e.to_string().contains("newer than this allotd reads"),
+        "{e}"
+    );
 }

@@ -113,7 +113,7 @@ impl Scheduler {
         Ok(())
     }
 
-    fn enqueue(&mut self, w: &Workload) {
+    pub(super) fn enqueue(&mut self, w: &Workload) {
         self.queues[w.project.idx()].insert(Shape::of(&w.spec), w.spec.priority, w.submit, w.id);
         self.st.pending += 1;
         if w.spec.nodes > 1 && w.spec.min_runtime > 0 {

@@ -13,6 +13,7 @@
 
 mod baseline;
 mod bookkeeping;
+mod facts;
 mod inputs;
 mod pass;
 mod placement;
@@ -33,6 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub use baseline::Baseline;
 use bookkeeping::protection;
+pub use facts::{Facts, LeaseFacts, NodeFacts, WorkloadFacts};
 use pass::Pass;
 
 /// How a lease ended, as the shell saw it (journaled by allotd by these names).
