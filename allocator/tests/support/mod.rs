@@ -18,6 +18,11 @@ pub fn sibling(bin: &str, package: &str) -> PathBuf {
     allot_test_support::sibling(env!("CARGO_BIN_EXE_allotd"), bin, package)
 }
 
+/// Whether `addr` (`HOST:PORT`) can be bound now.
+pub fn port_free(addr: &str) -> bool {
+    std::net::TcpListener::bind(addr).is_ok()
+}
+
 /// The running cluster.
 pub struct Cluster {
     pub dir: PathBuf,
@@ -355,6 +360,37 @@ impl Cluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// SIGTERM to allotd; waits for it to exit (at most 30 s): how long it took,
+    /// and its exit status.
+    pub fn term_server(&mut self) -> (Duration, std::process::ExitStatus) {
+        let mut c = self.server.take().expect("allotd runs");
+        let t = std::time::Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("SIGTERM sent");
+        let status = wait_for("allotd to exit on SIGTERM", Duration::from_secs(30), || {
+            c.try_wait().ok().flatten()
+        });
+        (t.elapsed(), status)
+    }
+
+    /// Every live lease the agents hold, with its process: (node index, lease id) → pid.
+    pub fn agent_pids(&self) -> std::collections::BTreeMap<(usize, String), i64> {
+        let mut out = std::collections::BTreeMap::new();
+        for i in 0..self.agents.len() {
+            let v = self.agent_json(i, &["leases", "--json"]);
+            for l in v.as_array().into_iter().flatten() {
+                if l["state"] != "ended" {
+                    let id = l["id"].as_str().unwrap_or_default().to_string();
+                    out.insert((i, id), l["pid"].as_i64().unwrap_or(0));
+                }
+            }
+        }
+        out
     }
 
     /// kill -9 agent `i`.

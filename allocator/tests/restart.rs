@@ -1,0 +1,167 @@
+//! allotd restarts (kill -9, SIGTERM) with work of every kind running and an
+//! operator's drain in force: nothing running is touched, no workload gets a second
+//! lease, the drain holds; SIGTERM returns every port within seconds.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+use support::{port_free, Cluster};
+
+const LONG: Duration = Duration::from_secs(60);
+
+const TWO_PROJECTS: &str =
+    "[[group]]\nname = \"demo-a\"\nweight = 1\n[[group]]\nname = \"demo-b\"\nweight = 1\n";
+
+/// What must not change across a restart: each workload's state, leases and nodes.
+fn views(c: &Cluster, ids: &[String]) -> BTreeMap<String, (String, String, String)> {
+    ids.iter()
+        .map(|id| {
+            let w = c.status(id);
+            (
+                id.clone(),
+                (
+                    w["state"].to_string(),
+                    w["lease_ids"].to_string(),
+                    w["node_names"].to_string(),
+                ),
+            )
+        })
+        .collect()
+}
+
+fn drains(c: &Cluster) -> Vec<(String, String, String)> {
+    let nodes = c.json(&["nodes", "--json"]);
+    nodes
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .flat_map(|n| {
+            n["drains"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| {
+                    (
+                        n["name"].as_str().unwrap_or_default().to_string(),
+                        d["by"].as_str().unwrap_or_default().to_string(),
+                        d["reason"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// After a restart: the agents are back, two passes have run, and every workload
+/// still has its one lease and its process.
+fn unchanged(
+    c: &Cluster,
+    ids: &[String],
+    before: &BTreeMap<String, (String, String, String)>,
+    pids: &BTreeMap<(usize, String), i64>,
+    drained: &[(String, String, String)],
+    how: &str,
+) {
+    c.wait_connected(4);
+    let passes = c.passes();
+    c.wait_passes(passes + 2);
+    assert_eq!(&views(c, ids), before, "after {how}");
+    for id in ids {
+        let leases = c.status(id)["lease_ids"].as_array().map_or(0, Vec::len);
+        assert_eq!(leases, 1, "workload {id} holds one lease after {how}");
+    }
+    assert_eq!(&c.agent_pids(), pids, "the same processes after {how}");
+    for pid in pids.values() {
+        assert!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), None).is_ok(),
+            "pid {pid} lives after {how}"
+        );
+    }
+    assert_eq!(drains(c), drained, "the operator's drain holds after {how}");
+}
+
+#[test]
+fn restarts_touch_no_running_work_and_sigterm_frees_the_ports_in_seconds() {
+    let mut c = Cluster::start_with("restart-all", "lost_grace = \"5m\"", TWO_PROJECTS, 4, 2);
+    let gang = c.submit(
+        &[
+            "--project",
+            "demo-b",
+            "--gpus",
+            "2",
+            "--nodes",
+            "2",
+            "--min-runtime",
+            "1h",
+        ],
+        "sleep 600",
+    );
+    c.wait_state(&gang, "running", LONG);
+    let funded = c.submit(
+        &[
+            "--project",
+            "demo-a",
+            "--gpus",
+            "2",
+            "--min-runtime",
+            "1h",
+            "--resumable",
+        ],
+        "sleep 600",
+    );
+    c.wait_state(&funded, "running", LONG);
+    let fixed = c.submit(
+        &["--project", "demo-a", "--gpus", "1", "--min-runtime", "1h"],
+        "sleep 600",
+    );
+    c.wait_state(&fixed, "running", LONG);
+    let free = c.submit(
+        &["--project", "demo-b", "--gpus", "1", "--resumable"],
+        "sleep 600",
+    );
+    let f = c.wait_state(&free, "running", LONG);
+    assert_eq!(f["funded"], false, "{f}");
+    let ids = vec![gang, funded.clone(), fixed, free];
+    // The operator drains the funded job's node: its lease runs on to the lapse.
+    let node = c.status(&funded)["node_names"][0]
+        .as_str()
+        .expect("node")
+        .to_string();
+    let n = c.json(&[
+        "nodes",
+        "drain",
+        &node,
+        "--reason",
+        "rack maintenance",
+        "--json",
+    ]);
+    assert_eq!(n["state"], "draining", "{n}");
+    let before = views(&c, &ids);
+    let pids = c.agent_pids();
+    assert_eq!(
+        pids.len(),
+        5,
+        "four workloads, the gang on two hosts: {pids:?}"
+    );
+    let drained = drains(&c);
+    assert_eq!(drained.len(), 1, "{drained:?}");
+
+    c.kill9_server();
+    c.start_server();
+    unchanged(&c, &ids, &before, &pids, &drained, "kill -9");
+
+    let (took, status) = c.term_server();
+    assert!(
+        status.success(),
+        "allotd exits cleanly on SIGTERM: {status}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "SIGTERM with 4 agents connected took {took:?}"
+    );
+    assert!(port_free(&c.addr), "the gRPC port is free at once");
+    assert!(port_free(&c.metrics), "the metrics port is free at once");
+    c.start_server();
+    unchanged(&c, &ids, &before, &pids, &drained, "SIGTERM");
+}
