@@ -1,6 +1,6 @@
 //! `allotd`: the allot fair-share allocator: the service (`serve`), a whole local
-//! cluster on fake GPUs (`dev`), an example config (`init`), and the policy
-//! simulator (`simulate`).
+//! cluster on fake GPUs (`dev`), an example config (`init`), the policy
+//! simulator (`simulate`), and the state file's tools (`state`).
 
 mod admin;
 mod admin_cmd;
@@ -15,6 +15,7 @@ mod pki;
 mod serve;
 mod simulate;
 mod state;
+mod state_cmd;
 mod store;
 mod svg;
 
@@ -57,6 +58,9 @@ enum Command {
     /// Node enrollment and revocation (through the running allotd's admin socket).
     #[command(subcommand)]
     Nodes(admin_cmd::Nodes),
+    /// The state file: check, export, import; and a start-up bench.
+    #[command(subcommand)]
+    State(state_cmd::StateCmd),
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -107,6 +111,7 @@ fn main() -> std::process::ExitCode {
         Command::Loadtest(a) => runtime().and_then(|rt| rt.block_on(loadtest::run(a))),
         Command::Tokens(t) => runtime().and_then(|rt| rt.block_on(admin_cmd::tokens(t))),
         Command::Nodes(n) => runtime().and_then(|rt| rt.block_on(admin_cmd::nodes(n))),
+        Command::State(s) => state_cmd::run(s),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

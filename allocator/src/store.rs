@@ -69,6 +69,65 @@ fn secs(t: Time) -> i64 {
     i64::try_from(t).unwrap_or(i64::MAX)
 }
 
+impl Sqlite {
+    /// Appends many entries in one transaction (the start-up bench writes its
+    /// journal so).
+    pub fn append(&mut self, entries: &[(Time, Input)]) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let fail = |e| StoreError::new(&path, "appending to the journal", e);
+        let tx = self.conn.transaction().map_err(fail)?;
+        for (at, input) in entries {
+            let body = serde_json::to_string(input)
+                .map_err(|e| StoreError::new(&path, "encoding an input", e))?;
+            tx.execute(
+                "INSERT INTO journal (at, input) VALUES (?1, ?2)",
+                params![secs(*at), body],
+            )
+            .map_err(fail)?;
+        }
+        tx.commit().map_err(fail)
+    }
+
+    /// What SQLite's own check finds wrong with the file (empty when nothing).
+    pub fn integrity(&self) -> Result<Vec<String>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare("PRAGMA integrity_check")
+            .map_err(|e| StoreError::new(&self.path, "checking integrity", e))?;
+        let rows = st
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(|e| StoreError::new(&self.path, "checking integrity", e))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let line = r.map_err(|e| StoreError::new(&self.path, "checking integrity", e))?;
+            if line != "ok" {
+                out.push(format!("sqlite: {line}"));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Journal entries that do not decode: position and why.
+    pub fn unreadable_entries(&self) -> Result<Vec<(u64, String)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT seq, input FROM journal ORDER BY seq")
+            .map_err(|e| StoreError::new(&self.path, "reading the journal", e))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+            .map_err(|e| StoreError::new(&self.path, "reading the journal", e))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (seq, body) =
+                r.map_err(|e| StoreError::new(&self.path, "reading the journal", e))?;
+            if let Err(e) = Input::decode(&body) {
+                out.push((seq.unsigned_abs(), e.to_string()));
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl Store for Sqlite {
     fn commit(
         &mut self,

@@ -165,3 +165,70 @@ fn restarts_touch_no_running_work_and_sigterm_frees_the_ports_in_seconds() {
     c.start_server();
     unchanged(&c, &ids, &before, &pids, &drained, "SIGTERM");
 }
+
+/// `allotd state …` with the given args and this cluster's config.
+fn state(c: &Cluster, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_allotd"))
+        .arg("state")
+        .args(args)
+        .arg("--config")
+        .arg(&c.config)
+        .output()
+        .expect("allotd runs")
+}
+
+#[test]
+fn an_export_imported_over_the_state_brings_every_workload_back() {
+    let mut c = Cluster::start("state-io", TWO_PROJECTS, 1, 2);
+    let run = c.submit(
+        &["--project", "demo-a", "--gpus", "2", "--min-runtime", "1h"],
+        "sleep 600",
+    );
+    c.wait_state(&run, "running", LONG);
+    let wait = c.submit(&["--project", "demo-b", "--gpus", "2"], "sleep 600");
+    let ids = vec![run, wait];
+    let before = views(&c, &ids);
+    let export = c.dir.join("export.json");
+    // Beside a running allotd: check and export read; import is refused.
+    let out = state(&c, &["export", "--out", export.to_str().expect("utf-8")]);
+    assert!(out.status.success(), "{out:?}");
+    let out = state(&c, &["check"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success() && text.contains("state ok"), "{out:?}");
+    assert!(text.contains("2 workloads (1 running)"), "{text}");
+    let out = state(&c, &["import", export.to_str().expect("utf-8")]);
+    assert!(!out.status.success(), "import beside a running allotd");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("stop it first"),
+        "{out:?}"
+    );
+    let (_, status) = c.term_server();
+    assert!(status.success());
+    // Work goes on meanwhile; the import replaces what allotd would have read.
+    let out = state(&c, &["import", export.to_str().expect("utf-8")]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        std::fs::read_dir(c.dir.join("allotd"))
+            .expect("state dir")
+            .filter_map(Result::ok)
+            .any(|e| e
+                .file_name()
+                .to_string_lossy()
+                .starts_with("allotd.db.replaced-")),
+        "the replaced file is kept aside"
+    );
+    c.start_server();
+    assert_eq!(views(&c, &ids), before);
+    // An export that is not one is refused naming the file, and nothing moves.
+    std::fs::write(&export, "{\"core\": 7}").expect("write");
+    let (_, status) = c.term_server();
+    assert!(status.success());
+    let out = state(&c, &["import", export.to_str().expect("utf-8")]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success() && err.contains("export.json"),
+        "{err}"
+    );
+    c.start_server();
+    assert_eq!(views(&c, &ids), before);
+}

@@ -16,6 +16,9 @@ use std::collections::{BTreeMap, VecDeque};
 /// The snapshot layout this release writes; it reads this and every earlier one.
 pub const SNAPSHOT_VERSION: u32 = 1;
 
+/// Where one lease runs: each node with the GPU UUIDs there.
+pub type LeaseHosts = Vec<(String, Vec<String>)>;
+
 /// What allotd's state is, as facts.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -29,7 +32,7 @@ pub struct Snapshot {
     /// Workloads as the service shows them, finished ones included.
     pub work: Vec<WorkRec>,
     /// Where each live lease runs: node and GPU UUIDs there.
-    pub lease_hosts: Vec<(u64, Vec<(String, Vec<String>)>)>,
+    pub lease_hosts: Vec<(u64, LeaseHosts)>,
     /// Counters for `/metrics`.
     pub counters: Counters,
     /// Recent automatic drains, for the circuit breaker.

@@ -817,7 +817,9 @@ fn a_snapshot_of_a_later_layout_is_refused_naming_the_version() {
         version: SNAPSHOT_VERSION + 1,
         ..Snapshot::default()
     };
-    let e = Allocator::restore(&cfg, &snap, 0).err().expect("refused");
+    let Err(e) = Allocator::restore(&cfg, &snap, 0) else {
+        panic!("a later layout was taken");
+    };
     assert!(
         e.to_string().contains("newer than this allotd reads"),
         "{e}"

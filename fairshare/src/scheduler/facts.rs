@@ -512,9 +512,7 @@ mod tests {
             weight: 1.0,
         }])
         .expect("tree");
-        let e = Scheduler::from_facts(s.config().clone(), tree, &f)
-            .err()
-            .expect("refused");
+        let e = Scheduler::from_facts(s.config().clone(), tree, &f).expect_err("refused");
         assert!(e.to_string().contains("\"b\""), "{e}");
     }
 }
