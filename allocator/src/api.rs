@@ -502,8 +502,22 @@ impl pb::workloads_server::Workloads for Api {
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::Workload>, Status> {
         let id = parse_id(&req.get_ref().id)?;
-        self.allow(&req, Ask::See(id))?;
-        let mut w = self.workload_view(id)?;
+        let who = self.allow(&req, Ask::See(id))?;
+        let mut w = match self.workload_view(id) {
+            Err(e) if e.code() == tonic::Code::NotFound => {
+                // Ended long enough ago to have left memory: its record on disk.
+                let c = self.0.core();
+                let rec = c
+                    .retired(id)
+                    .map_err(|e| Status::internal(format!("{e:#}")))?
+                    .ok_or(e)?;
+                c.alloc
+                    .authorize_on(&who, Ask::See(id), &rec)
+                    .map_err(denied_status)?;
+                workload_pb(&rec)
+            }
+            r => r?,
+        };
         // Why it started where it did, why it was revoked: the audit log's lines.
         w.history = self
             .0

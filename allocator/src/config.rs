@@ -44,6 +44,11 @@ pub struct ServerSection {
     /// start-up and stop); the journal below it is compacted away, so start-up
     /// reads one snapshot and at most this many entries.
     pub snapshot_every: u64,
+    /// Finished workloads stay in memory (`allot queue --all`) this long after
+    /// their end; then the next snapshot moves them to the state file's retired
+    /// records, where `allot status ID` still finds them.
+    #[serde(deserialize_with = "de_duration")]
+    pub keep_finished: u64,
 }
 
 impl Default for ServerSection {
@@ -60,6 +65,7 @@ impl Default for ServerSection {
             max_streams_per_connection: 128,
             max_watch_streams: 10_000,
             snapshot_every: 10_000,
+            keep_finished: 86_400,
         }
     }
 }

@@ -33,15 +33,45 @@ pub struct Core {
 }
 
 impl Core {
-    /// Writes a snapshot of the state as of the last journal entry.
-    fn snapshot(&mut self, at: Time) -> anyhow::Result<()> {
+    /// A retired workload's record.
+    pub fn retired(&self, id: u64) -> anyhow::Result<Option<crate::state::WorkRec>> {
+        match self.store.retired(id)? {
+            Some(body) => Ok(Some(serde_json::from_str(&body).with_context(|| {
+                format!("the retired record of workload {id} does not read")
+            })?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes a snapshot of the state as of the last journal entry, retiring the
+    /// workloads that ended more than `keep_finished` ago.
+    fn snapshot(&mut self, at: Time, keep_finished: u64) -> anyhow::Result<()> {
         let t = Instant::now();
-        let body = serde_json::to_string(&self.alloc.snapshot()).context("encoding a snapshot")?;
-        let seq = self.store.snapshot(at, &body)?;
+        let retired = self.alloc.retire(at.saturating_sub(keep_finished));
+        let written = serde_json::to_string(&self.alloc.snapshot())
+            .context("encoding a snapshot")
+            .and_then(|body| {
+                let recs = retired
+                    .iter()
+                    .map(|w| Ok((w.id, serde_json::to_string(w)?)))
+                    .collect::<serde_json::Result<Vec<_>>>()
+                    .context("encoding a retired workload")?;
+                let seq = self.store.snapshot(at, &body, &recs)?;
+                Ok((seq, body.len()))
+            });
+        let (seq, bytes) = match written {
+            Ok(x) => x,
+            Err(e) => {
+                // Not on disk: they stay in memory, and in the journal.
+                self.alloc.unretire(retired);
+                return Err(e);
+            }
+        };
         self.since_snapshot = 0;
         tracing::info!(
             seq,
-            bytes = body.len(),
+            bytes,
+            retired = retired.len(),
             ms = t.elapsed().as_millis() as u64,
             "snapshot taken; the journal below it compacted"
         );
@@ -147,7 +177,7 @@ impl Server {
     /// Writes a snapshot of the state now, compacting the journal below it.
     pub fn snapshot(&self) -> anyhow::Result<()> {
         let mut c = self.core();
-        c.snapshot(now())
+        c.snapshot(now(), self.cfg.server.keep_finished)
     }
 
     /// Locks the state (a panic elsewhere must not wedge the service).
@@ -212,7 +242,7 @@ impl Server {
             if entry.is_some() {
                 c.since_snapshot += 1;
                 if c.since_snapshot >= self.cfg.server.snapshot_every.max(1) {
-                    if let Err(e) = c.snapshot(at) {
+                    if let Err(e) = c.snapshot(at, self.cfg.server.keep_finished) {
                         // The journal still holds everything: a snapshot is an
                         // optimisation of start-up, never the only copy.
                         tracing::error!(error = %e, "snapshot not taken; the journal keeps growing");

@@ -142,7 +142,7 @@ fn import(cfg: &ServerConfig, file: &Path) -> anyhow::Result<()> {
         }
     }
     let mut store = Sqlite::open(dir)?;
-    store.snapshot(now(), &text)?;
+    store.snapshot(now(), &text, &[])?;
     println!(
         "{} made from {}: {} workloads, {} live leases; the file it replaced (if any) is {aside}",
         db.display(),
@@ -161,7 +161,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let mut cfg = ServerConfig::parse(crate::config::EXAMPLE, "example")?;
     cfg.server.state_dir = dir.clone();
-    let every = cfg.server.snapshot_every;
+    let (every, keep) = (cfg.server.snapshot_every, cfg.server.keep_finished);
     let mut store = Sqlite::open(&dir)?;
     let mut a = Allocator::new(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
     a.explaining = false;
@@ -171,13 +171,18 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let mut batch: Vec<(u64, Input)> = Vec::new();
     let flush = |store: &mut Sqlite,
-                 a: Option<(&Allocator, u64)>,
+                 a: Option<(&mut Allocator, u64)>,
                  batch: &mut Vec<(u64, Input)>|
      -> anyhow::Result<()> {
         store.append(batch)?;
         batch.clear();
         if let Some((a, at)) = a {
-            store.snapshot(at, &serde_json::to_string(&a.snapshot())?)?;
+            let retired: Vec<(u64, String)> = a
+                .retire(at.saturating_sub(keep))
+                .iter()
+                .map(|w| Ok((w.id, serde_json::to_string(w)?)))
+                .collect::<serde_json::Result<_>>()?;
+            store.snapshot(at, &serde_json::to_string(&a.snapshot())?, &retired)?;
         }
         Ok(())
     };
@@ -251,7 +256,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
             }
         }
         if since >= every {
-            flush(&mut store, Some((&a, t)), &mut batch)?;
+            flush(&mut store, Some((&mut a, t)), &mut batch)?;
             since = 0;
         } else if batch.len() >= 1_000 {
             flush(&mut store, None, &mut batch)?;

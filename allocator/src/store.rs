@@ -26,9 +26,17 @@ pub trait Store: Send {
     ) -> Result<(), StoreError>;
     /// The last snapshot, if any, and every journal entry after it, in order.
     fn load(&self) -> Result<Loaded, StoreError>;
-    /// Writes a snapshot of the state as of the last journal entry and deletes the
-    /// journal and snapshots below it, in one transaction; returns its position.
-    fn snapshot(&mut self, at: Time, body: &str) -> Result<u64, StoreError>;
+    /// Writes a snapshot of the state as of the last journal entry, with the
+    /// records of workloads retired from memory (id, JSON), and deletes the journal
+    /// and snapshots below it, in one transaction; returns its position.
+    fn snapshot(
+        &mut self,
+        at: Time,
+        body: &str,
+        retired: &[(u64, String)],
+    ) -> Result<u64, StoreError>;
+    /// A retired workload's record (JSON).
+    fn retired(&self, id: u64) -> Result<Option<String>, StoreError>;
     /// The audit lines of one workload (0: all), oldest first, at most `limit`.
     fn audit_of(&self, workload: u64, limit: usize) -> Result<Vec<(Time, String)>, StoreError>;
 }
@@ -59,7 +67,8 @@ impl Sqlite {
                  workload INTEGER NOT NULL, lease INTEGER NOT NULL, text TEXT NOT NULL);
              CREATE INDEX IF NOT EXISTS audit_workload ON audit(workload);
              CREATE TABLE IF NOT EXISTS snapshot (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL,
-                 version INTEGER NOT NULL, body TEXT NOT NULL);",
+                 version INTEGER NOT NULL, body TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS retired (id INTEGER PRIMARY KEY, at INTEGER NOT NULL, body TEXT NOT NULL);",
         )?;
         Ok(Sqlite { conn, path })
     }
@@ -220,7 +229,21 @@ impl Store for Sqlite {
         Ok(Loaded { snapshot, tail })
     }
 
-    fn snapshot(&mut self, at: Time, body: &str) -> Result<u64, StoreError> {
+    fn retired(&self, id: u64) -> Result<Option<String>, StoreError> {
+        self.conn
+            .query_row("SELECT body FROM retired WHERE id = ?1", [secs(id)], |r| {
+                r.get::<_, String>(0)
+            })
+            .optional()
+            .map_err(|e| StoreError::new(&self.path, "reading a retired workload", e))
+    }
+
+    fn snapshot(
+        &mut self,
+        at: Time,
+        body: &str,
+        retired: &[(u64, String)],
+    ) -> Result<u64, StoreError> {
         let path = self.path.clone();
         let fail = |what: &'static str| {
             let path = path.clone();
@@ -238,6 +261,13 @@ impl Store for Sqlite {
                 |r| r.get(0),
             )
             .map_err(fail("reading the journal position"))?;
+        for (id, rec) in retired {
+            tx.execute(
+                "INSERT OR REPLACE INTO retired (id, at, body) VALUES (?1, ?2, ?3)",
+                params![secs(*id), secs(at), rec],
+            )
+            .map_err(fail("writing a retired workload"))?;
+        }
         tx.execute(
             "INSERT OR REPLACE INTO snapshot (seq, at, version, body) VALUES (?1, ?2, ?3, ?4)",
             params![seq, secs(at), crate::state::SNAPSHOT_VERSION, body],

@@ -232,3 +232,43 @@ fn an_export_imported_over_the_state_brings_every_workload_back() {
     c.start_server();
     assert_eq!(views(&c, &ids), before);
 }
+
+#[test]
+fn finished_work_retires_from_memory_yet_status_still_finds_it_for_its_owner_only() {
+    let mut c = Cluster::start_with("retire", "keep_finished = \"1s\"", TWO_PROJECTS, 1, 2);
+    let done = c.submit(&["--project", "demo-a", "--gpus", "1"], "true");
+    c.wait_state(&done, "completed", LONG);
+    let live = c.submit(&["--project", "demo-a", "--gpus", "1"], "sleep 600");
+    c.wait_state(&live, "running", LONG);
+    let history = c.status(&done)["history"].clone();
+    // The snapshot taken at stop retires what ended more than a second ago.
+    std::thread::sleep(Duration::from_millis(2_100));
+    let (_, status) = c.term_server();
+    assert!(status.success());
+    c.start_server();
+    let all = c.json(&["queue", "--all", "--json"]);
+    let listed: Vec<&str> = all
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|w| w["id"].as_str())
+        .collect();
+    assert_eq!(listed, vec![live.as_str()], "only live work is in memory");
+    let w = c.status(&done);
+    assert_eq!(w["state"], "completed", "{w}");
+    assert_eq!(w["history"], history, "its audit lines are kept");
+    // Rights hold for a retired workload too.
+    let out = c.allotd(&["tokens", "create", "--user", "mallory"]);
+    assert!(out.status.success(), "{out:?}");
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let out = std::process::Command::new(support::sibling("allot", "allot-cli"))
+        .args(["status", &done])
+        .env("ALLOT_SERVER", format!("https://{}", c.addr))
+        .env("ALLOT_TOKEN", token)
+        .env("ALLOT_CA", c.ca())
+        .output()
+        .expect("allot runs");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "mallory sees another's work");
+    assert!(err.contains("may not see workload"), "{err}");
+}

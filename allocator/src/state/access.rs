@@ -170,6 +170,33 @@ impl Allocator {
         })
     }
 
+    /// Decides `ask` (`See` or `Cancel`) on workload `w`, held in memory or read
+    /// back from the retired records.
+    pub fn authorize_on(&self, who: &Who, ask: Ask<'_>, w: &super::WorkRec) -> Result<(), Denied> {
+        if *who == Who::Anonymous || matches!(who, Who::Node(_)) {
+            return self.authorize(who, Ask::Read);
+        }
+        if self.access.admin(who) {
+            return Ok(());
+        }
+        let me = who.name();
+        let id = w.id;
+        let u = who.user().unwrap_or_default();
+        let owner_or_manager = w.spec.user == u || self.manages(u, &w.spec.project, true);
+        let see = matches!(ask, Ask::See(_));
+        if owner_or_manager || (see && self.access.operator(who)) {
+            Ok(())
+        } else {
+            Err(denied(format!(
+                "id: {me} may not {} workload {id} of {}: only its owner, a manager of {} or a group above it{}, or an admin may",
+                if see { "see" } else { "cancel" },
+                w.spec.user,
+                w.spec.project,
+                if see { ", an operator" } else { "" }
+            )))
+        }
+    }
+
     /// Whether `who` may see workload `id`'s details (owner, a manager above its
     /// project, an operator).
     pub fn sees(&self, who: &Who, id: u64) -> bool {
@@ -234,26 +261,12 @@ impl Allocator {
                     )))
                 }
             }
-            Ask::See(id) | Ask::Cancel(id) => {
-                let Some(w) = self.work.get(&id) else {
-                    // Unknown ids are the handler's NOT_FOUND.
-                    return Ok(());
-                };
-                let u = who.user().unwrap_or_default();
-                let owner_or_manager = w.spec.user == u || self.manages(u, &w.spec.project, true);
-                let see = matches!(ask, Ask::See(_));
-                if owner_or_manager || (see && self.access.operator(who)) {
-                    Ok(())
-                } else {
-                    Err(denied(format!(
-                        "id: {me} may not {} workload {id} of {}: only its owner, a manager of {} or a group above it{}, or an admin may",
-                        if see { "see" } else { "cancel" },
-                        w.spec.user,
-                        w.spec.project,
-                        if see { ", an operator" } else { "" }
-                    )))
-                }
-            }
+            Ask::See(id) | Ask::Cancel(id) => match self.work.get(&id) {
+                Some(w) => self.authorize_on(who, ask, w),
+                // Unknown ids are the handler's NOT_FOUND (or a retired workload's
+                // record, which it checks with `authorize_on`).
+                None => Ok(()),
+            },
             Ask::SetWeight(group) => {
                 let u = who.user().unwrap_or_default();
                 if self.manages(u, group, false) {

@@ -81,6 +81,31 @@ pub enum RestoreError {
 }
 
 impl Allocator {
+    /// Takes out the workloads that ended at or before `before`: they leave memory and
+    /// snapshots for the state file's retired records (`allot status` still reads
+    /// them), so memory and start-up stay bounded however long allotd runs.
+    pub fn retire(&mut self, before: Time) -> Vec<WorkRec> {
+        let ids: Vec<u64> = self
+            .work
+            .values()
+            .filter(|w| w.state.is_final() && w.end <= before)
+            .map(|w| w.id)
+            .collect();
+        if ids.is_empty() {
+            return Vec::new();
+        }
+        // The core needs no finished workload: it decides over live ones only.
+        self.core.forget_finished();
+        ids.iter().filter_map(|id| self.work.remove(id)).collect()
+    }
+
+    /// Puts back retired workloads whose records could not be written.
+    pub fn unretire(&mut self, recs: Vec<WorkRec>) {
+        for w in recs {
+            self.work.insert(w.id, w);
+        }
+    }
+
     /// This state as facts, for a snapshot or an export.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {

@@ -825,3 +825,28 @@ fn a_snapshot_of_a_later_layout_is_refused_naming_the_version() {
         "{e}"
     );
 }
+
+#[test]
+fn retiring_takes_out_only_work_that_ended_before_the_cut() {
+    let inputs = busy_day();
+    let mut a = allocator(0);
+    run_journaled(&mut a, &inputs);
+    let ended: Vec<(u64, Time)> = a
+        .workloads()
+        .values()
+        .filter(|w| w.state.is_final())
+        .map(|w| (w.id, w.end))
+        .collect();
+    assert!(!ended.is_empty());
+    let live = a.workloads().len() - ended.len();
+    let cut = ended.iter().map(|e| e.1).max().unwrap_or(0);
+    let gone = a.retire(cut);
+    assert!(gone.iter().all(|w| w.state.is_final() && w.end <= cut));
+    assert_eq!(gone.len(), ended.len(), "all ended by the cut");
+    assert_eq!(a.workloads().len(), live + ended.len() - gone.len());
+    let snap = a.snapshot();
+    assert!(snap.work.iter().all(|w| !gone.iter().any(|g| g.id == w.id)));
+    assert!(snap.core.workloads.iter().all(|w| !w.state.is_final()));
+    a.unretire(gone);
+    assert_eq!(a.workloads().len(), live + ended.len());
+}
