@@ -1,5 +1,5 @@
-//! `allotd state check|export|import|bench`: the operator's tools for allotd's
-//! state file, run beside (check, export) or instead of (import) `allotd serve`.
+//! `allotd state check|export|import|drop|bench`: the operator's tools for allotd's
+//! state file, run beside (check, export) or instead of (import, drop) `allotd serve`.
 //! Export is the JSON of a snapshot; import makes a state file holding only that
 //! snapshot, the damaged or replaced file kept aside.
 
@@ -32,6 +32,15 @@ pub enum StateCmd {
         common: Common,
         /// The export to read.
         file: PathBuf,
+    },
+    /// Move one journal entry that does not read (as `check` names it) out of the
+    /// journal, into the file's `dropped` table; allotd stopped. What it held is
+    /// lost to the state (its audit lines stay): the way past a damaged entry.
+    Drop {
+        #[command(flatten)]
+        common: Common,
+        /// The entry's position, as `check` or the start-up error names it.
+        seq: u64,
     },
     /// Start-up time: a journal of N entries (a fleet's submissions, passes, ends
     /// and drains), snapshotted as `allotd serve` does, then loaded.
@@ -70,6 +79,18 @@ pub fn run(cmd: StateCmd) -> anyhow::Result<()> {
             Ok(())
         }
         StateCmd::Import { common, file } => import(&ServerConfig::load(&common.config)?, &file),
+        StateCmd::Drop { common, seq } => {
+            let cfg = ServerConfig::load(&common.config)?;
+            stopped(&cfg)?;
+            let mut store = Sqlite::open(&cfg.server.state_dir)?;
+            anyhow::ensure!(
+                store.drop_entry(seq)?,
+                "no journal entry {seq} in {}: `allotd state check` names the ones that do not read",
+                cfg.server.state_dir.join("allotd.db").display()
+            );
+            println!("journal entry {seq} moved to the dropped table; `allotd state check` next");
+            Ok(())
+        }
         StateCmd::Bench { entries, nodes } => bench(entries, nodes),
     }
 }
@@ -109,7 +130,7 @@ fn check(cfg: &ServerConfig) -> anyhow::Result<()> {
         println!("problem: {p}");
     }
     anyhow::bail!(
-        "{} problem(s) in {}: restore the file from a backup, or `allotd state import EXPORT.json` an export",
+        "{} problem(s) in {}: restore the file from a backup, `allotd state import EXPORT.json` an export, or `allotd state drop SEQ` a journal entry that does not read",
         problems.len(),
         path.display()
     )
@@ -124,13 +145,7 @@ fn import(cfg: &ServerConfig, file: &Path) -> anyhow::Result<()> {
     Allocator::restore(cfg, &snap, now())
         .with_context(|| format!("{} does not fit this config", file.display()))?;
     let dir = &cfg.server.state_dir;
-    let socket = crate::serve::admin_socket_path(dir);
-    if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-        anyhow::bail!(
-            "an allotd answers on {}: stop it first (systemctl stop allotd)",
-            socket.display()
-        );
-    }
+    stopped(cfg)?;
     let db = dir.join("allotd.db");
     let aside = format!("allotd.db.replaced-{}", now());
     for suffix in ["", "-wal", "-shm"] {
@@ -150,6 +165,18 @@ fn import(cfg: &ServerConfig, file: &Path) -> anyhow::Result<()> {
         snap.work.len(),
         snap.core.leases.len()
     );
+    Ok(())
+}
+
+/// Refuses while an allotd serves this state dir (it is the file's one writer).
+fn stopped(cfg: &ServerConfig) -> anyhow::Result<()> {
+    let socket = crate::serve::admin_socket_path(&cfg.server.state_dir);
+    if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+        anyhow::bail!(
+            "an allotd answers on {}: stop it first (systemctl stop allotd)",
+            socket.display()
+        );
+    }
     Ok(())
 }
 

@@ -116,6 +116,30 @@ impl Sqlite {
         Ok(out)
     }
 
+    /// Moves journal entry `seq` out of the journal into the `dropped` table (kept
+    /// for the record): the way past an entry that does not read. Returns whether
+    /// there was one.
+    pub fn drop_entry(&mut self, seq: u64) -> Result<bool, StoreError> {
+        let path = self.path.clone();
+        let fail = |e| StoreError::new(&path, "dropping a journal entry", e);
+        let tx = self.conn.transaction().map_err(fail)?;
+        tx.execute(
+            "CREATE TABLE IF NOT EXISTS dropped (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL, input TEXT NOT NULL)",
+            [],
+        )
+        .map_err(fail)?;
+        tx.execute(
+            "INSERT OR REPLACE INTO dropped SELECT seq, at, input FROM journal WHERE seq = ?1",
+            [secs(seq)],
+        )
+        .map_err(fail)?;
+        let n = tx
+            .execute("DELETE FROM journal WHERE seq = ?1", [secs(seq)])
+            .map_err(fail)?;
+        tx.commit().map_err(fail)?;
+        Ok(n > 0)
+    }
+
     /// Journal entries that do not decode: position and why.
     pub fn unreadable_entries(&self) -> Result<Vec<(u64, String)>, StoreError> {
         let mut st = self

@@ -272,3 +272,56 @@ fn finished_work_retires_from_memory_yet_status_still_finds_it_for_its_owner_onl
     assert!(!out.status.success(), "mallory sees another's work");
     assert!(err.contains("may not see workload"), "{err}");
 }
+
+#[test]
+fn a_journal_entry_that_does_not_read_is_named_and_can_be_dropped() {
+    let mut c = Cluster::start("bad-entry", TWO_PROJECTS, 1, 2);
+    let (_, status) = c.term_server();
+    assert!(status.success());
+    // Two submissions after the stop's snapshot, as a crash would leave them; the
+    // first is damaged on disk.
+    let db = rusqlite::Connection::open(c.dir.join("allotd/allotd.db")).expect("db");
+    for body in [
+        "{\"kind\":\"submit\",\"spec\":{\"project\":",
+        "{\"kind\":\"set-weight\",\"group\":\"demo-a\",\"weight\":5.0}",
+    ] {
+        db.execute(
+            "INSERT INTO journal (at, input) VALUES (strftime('%s','now'), ?1)",
+            [body],
+        )
+        .expect("insert");
+    }
+    let seq: i64 = db
+        .query_row("SELECT min(seq) FROM journal", [], |r| r.get(0))
+        .expect("seq");
+    drop(db);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_allotd"))
+        .args(["serve", "--config"])
+        .arg(&c.config)
+        .output()
+        .expect("allotd runs");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "allotd started on a damaged entry");
+    assert!(
+        err.contains("allotd.db") && err.contains(&format!("entry {seq}")),
+        "{err}"
+    );
+    let out = state(&c, &["check"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("journal entry {seq} does not read")),
+        "{text}"
+    );
+    let out = state(&c, &["drop", &seq.to_string()]);
+    assert!(out.status.success(), "{out:?}");
+    c.start_server();
+    // The entry after it applied: nothing else was lost.
+    let tree = c.json(&["share", "--json"]);
+    let a = tree["groups"]
+        .as_array()
+        .and_then(|g| g.iter().find(|g| g["name"] == "demo-a"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(a["weight"], 5.0, "{tree}");
+}
