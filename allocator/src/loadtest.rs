@@ -210,7 +210,6 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut admin = admin.context("allotd did not come up")?;
-    let ca = std::fs::read_to_string(&ca_path).context("the cluster CA")?;
     let token = admin
         .create_token(pb::CreateTokenRequest {
             user: me,
@@ -220,6 +219,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         .await?
         .into_inner()
         .token;
+    // Read once allotd answers: its state (and the CA) is open by then.
+    let ca = std::fs::read_to_string(&ca_path).context("the cluster CA")?;
     let submit_ch = tonic::service::interceptor::InterceptedService::new(
         tls(&url, &ca, None)?.connect().await?,
         Bearer(format!("Bearer {token}").parse()?),
