@@ -39,10 +39,12 @@ impl Sqlite {
         let (conn, path) = allot_common::sqlite::open(
             dir,
             "allotd.db",
-            "CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, input TEXT NOT NULL);
+            // Migrations, in order (index + 1 = schema version); only ever appended.
+            &["CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, input TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS audit (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL,
                  workload INTEGER NOT NULL, lease INTEGER NOT NULL, text TEXT NOT NULL);
-             CREATE INDEX IF NOT EXISTS audit_workload ON audit(workload);",
+             CREATE INDEX IF NOT EXISTS audit_workload ON audit(workload);"],
+            Some("run `allotd state import FILE` with an export"),
         )?;
         Ok(Sqlite { conn, path })
     }
