@@ -227,6 +227,13 @@ pub fn open(
     })?;
     let refuse = |damage: Damage| -> StoreError {
         let file_there = !matches!(damage, Damage::Missing | Damage::WalWithoutDatabase);
+        let keep = match &damage {
+            Damage::OtherDatabase { .. } => format!(
+                "; to keep this file as the state, remove {} alone",
+                marker_file.display()
+            ),
+            _ => String::new(),
+        };
         let fresh = match (&marker, file_there) {
             (Some(_), true) => format!(
                 "move {} and its -wal and -shm files aside and remove {}",
@@ -244,7 +251,7 @@ pub fn open(
             ),
             (None, true) => format!("move {} and its -wal and -shm files aside", path.display()),
             (None, false) => format!("move {}-wal aside", path.display()),
-        };
+        } + &keep;
         let since = marker
             .as_ref()
             .map(|m| {

@@ -291,6 +291,18 @@ fn another_database_in_place_of_the_one_made_is_refused() {
         matches!(damage(&e), Damage::OtherDatabase { id } if id.len() == 32),
         "{e}"
     );
+    let marker = marker_path(&d, "x.db");
+    assert!(
+        e.to_string().ends_with(&format!(
+            "to keep this file as the state, remove {} alone",
+            marker.display()
+        )),
+        "{e}"
+    );
+    // Kept on purpose: the marker removed, the file is taken and known from now on.
+    std::fs::remove_file(&marker).expect("rm marker");
+    drop(open(&d, "x.db", &[V1], None).expect("taken"));
+    drop(open(&d, "x.db", &[V1], None).expect("and again"));
     let _ = std::fs::remove_dir_all(&d);
     let _ = std::fs::remove_dir_all(&o);
 }
