@@ -34,8 +34,10 @@ impl LeaseState {
     }
 }
 
-/// One rung of the ladder that ended the lease, and how long it took.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One rung of the ladder that ended the lease, and how long it took (a field an
+/// older row lacks reads as its default).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct StepRecord {
     /// `checkpoint`, `term`, `kill`, `exited`.
     pub rung: String,

@@ -27,6 +27,40 @@ pub struct Event {
     pub message: String,
 }
 
+/// A live lease's row that cannot be decoded: the agent does not start without it.
+#[derive(Debug, thiserror::Error)]
+#[error("lease {id:?} cannot be decoded ({error}); the agent will not start without it, since its GPUs would go to another lease while its workload may still run. Restore {path} from a backup or repair the row's JSON (sqlite3 {path} \"SELECT body FROM leases WHERE id = '{id}'\"); if its workload is gone, mark it ended: sqlite3 {path} \"UPDATE leases SET live = 0 WHERE id = '{id}'\"")]
+pub struct UnreadableLease {
+    /// The lease id (the row's key).
+    pub id: String,
+    /// The database.
+    pub path: String,
+    /// Why it cannot be decoded.
+    pub error: String,
+}
+
+/// A setting that cannot be decoded.
+#[derive(Debug, thiserror::Error)]
+#[error("setting {key:?} cannot be decoded ({error}); the agent will not start without it. Restore {path} from a backup or repair it (sqlite3 {path} \"SELECT value FROM settings WHERE key = '{key}'\"), or remove it to forget it: sqlite3 {path} \"DELETE FROM settings WHERE key = '{key}'\"")]
+pub struct UnreadableSetting {
+    /// The key.
+    pub key: String,
+    /// The database.
+    pub path: String,
+    /// Why it cannot be decoded.
+    pub error: String,
+}
+
+/// The schema, in order (index + 1 = the `user_version` it brings `agent.db` to);
+/// only ever appended. 1 is the schema of 0.1, which had no version.
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS leases (id TEXT PRIMARY KEY, live INTEGER NOT NULL, body TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL,
+         kind TEXT NOT NULL, lease TEXT NOT NULL, gpu TEXT NOT NULL, message TEXT NOT NULL);
+     CREATE INDEX IF NOT EXISTS events_at ON events(at_ms);
+     CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+];
+
 /// Events older than this are pruned when the agent starts.
 const EVENT_RETENTION_MS: i64 = 30 * 86_400_000;
 
@@ -39,15 +73,7 @@ pub struct Store {
 impl Store {
     /// Opens (creating if needed) `agent.db` under `dir`.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        let (conn, path) = allot_common::sqlite::open(
-            dir,
-            "agent.db",
-            "CREATE TABLE IF NOT EXISTS leases (id TEXT PRIMARY KEY, live INTEGER NOT NULL, body TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL,
-                 kind TEXT NOT NULL, lease TEXT NOT NULL, gpu TEXT NOT NULL, message TEXT NOT NULL);
-             CREATE INDEX IF NOT EXISTS events_at ON events(at_ms);
-             CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
-        )?;
+        let (conn, path) = allot_common::sqlite::open(dir, "agent.db", MIGRATIONS, None)?;
         Ok(Store { conn, path })
     }
 
@@ -66,28 +92,73 @@ impl Store {
     }
 
     /// Every lease, live ones and the last `ended` ended ones (newest first).
+    ///
+    /// A live lease whose row cannot be decoded is an error naming it: forgetting it
+    /// would hand its GPUs to the next lease while its workload still runs. An ended
+    /// one is only history and is skipped, logged.
     pub fn leases(&self, ended: usize) -> Result<Vec<LeaseRecord>, StoreError> {
         let mut st = self
             .conn
             .prepare(
-                "SELECT body FROM leases WHERE live = 1
+                "SELECT id, live, body FROM leases WHERE live = 1
                  UNION ALL
-                 SELECT body FROM (SELECT body FROM leases WHERE live = 0 ORDER BY rowid DESC LIMIT ?1)",
+                 SELECT id, live, body FROM (SELECT id, live, body FROM leases WHERE live = 0 ORDER BY rowid DESC LIMIT ?1)",
             )
             .map_err(|e| StoreError::new(&self.path, "reading leases", e))?;
         let rows = st
-            .query_map(params![ended as i64], |r| r.get::<_, String>(0))
+            .query_map(params![ended as i64], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, bool>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })
             .map_err(|e| StoreError::new(&self.path, "reading leases", e))?;
         let mut out = Vec::new();
-        for body in rows {
-            let body = body.map_err(|e| StoreError::new(&self.path, "reading leases", e))?;
+        for row in rows {
+            let (id, live, body) =
+                row.map_err(|e| StoreError::new(&self.path, "reading leases", e))?;
             match serde_json::from_str(&body) {
                 Ok(l) => out.push(l),
-                // One unreadable row must not hide the others.
-                Err(e) => tracing::error!(error = %e, "skipping an unreadable lease row"),
+                Err(e) if live => {
+                    return Err(StoreError::new(
+                        &self.path,
+                        "reading a live lease",
+                        UnreadableLease {
+                            id,
+                            path: self.path.display().to_string(),
+                            error: e.to_string(),
+                        },
+                    ))
+                }
+                Err(e) => {
+                    tracing::warn!(lease = %id, error = %e, "skipping an unreadable ended lease row")
+                }
             }
         }
         Ok(out)
+    }
+
+    /// A JSON setting (`None` when unset). One that cannot be decoded is an error
+    /// naming the key: a forgotten drain would let work start on a drained host.
+    pub fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
+        let Some(v) = self.get(key)? else {
+            return Ok(None);
+        };
+        serde_json::from_str(&v).map(Some).map_err(|error| {
+            StoreError::new(
+                &self.path,
+                "reading a setting",
+                UnreadableSetting {
+                    key: key.to_string(),
+                    path: self.path.display().to_string(),
+                    error: error.to_string(),
+                },
+            )
+        })
     }
 
     /// Appends an event.
@@ -166,11 +237,21 @@ impl Store {
 
     /// The next local lease number (durable, so ids are never reused).
     pub fn next_lease_number(&self) -> Result<u64, StoreError> {
-        let n = self
-            .get("lease_counter")?
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-            + 1;
+        let n = match self.get("lease_counter")? {
+            None => 0,
+            // A lost counter would give a new lease an old one's id.
+            Some(v) => v.parse::<u64>().map_err(|e| {
+                StoreError::new(
+                    &self.path,
+                    "reading a setting",
+                    UnreadableSetting {
+                        key: "lease_counter".into(),
+                        path: self.path.display().to_string(),
+                        error: e.to_string(),
+                    },
+                )
+            })?,
+        } + 1;
         self.set("lease_counter", Some(&n.to_string()))?;
         Ok(n)
     }

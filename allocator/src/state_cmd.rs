@@ -156,6 +156,14 @@ fn import(cfg: &ServerConfig, file: &Path) -> anyhow::Result<()> {
                 .with_context(|| format!("moving {} aside", from.display()))?;
         }
     }
+    // The old file is aside: its marker would refuse the new one as "missing".
+    let marker = allot_common::sqlite::marker_path(dir, "allotd.db");
+    match std::fs::remove_file(&marker) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing {}", marker.display()))
+        }
+        _ => {}
+    }
     let mut store = Sqlite::open(dir)?;
     store.snapshot(now(), &text, &[])?;
     println!(

@@ -62,13 +62,18 @@ impl Sqlite {
         let (conn, path) = allot_common::sqlite::open(
             dir,
             "allotd.db",
-            "CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, input TEXT NOT NULL);
+            // Migrations, in order (index + 1 = schema version); only ever appended.
+            &["CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, input TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS audit (seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL,
                  workload INTEGER NOT NULL, lease INTEGER NOT NULL, text TEXT NOT NULL);
-             CREATE INDEX IF NOT EXISTS audit_workload ON audit(workload);
-             CREATE TABLE IF NOT EXISTS snapshot (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL,
+             CREATE INDEX IF NOT EXISTS audit_workload ON audit(workload);",
+              // 2 (0.5): snapshots of the state, workloads retired from memory, and journal
+              // entries an operator dropped (`allotd state drop`).
+              "CREATE TABLE IF NOT EXISTS snapshot (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL,
                  version INTEGER NOT NULL, body TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS retired (id INTEGER PRIMARY KEY, at INTEGER NOT NULL, body TEXT NOT NULL);",
+             CREATE TABLE IF NOT EXISTS retired (id INTEGER PRIMARY KEY, at INTEGER NOT NULL, body TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS dropped (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL, input TEXT NOT NULL);"],
+            Some("run `allotd state import FILE` with an export"),
         )?;
         Ok(Sqlite { conn, path })
     }
@@ -123,11 +128,6 @@ impl Sqlite {
         let path = self.path.clone();
         let fail = |e| StoreError::new(&path, "dropping a journal entry", e);
         let tx = self.conn.transaction().map_err(fail)?;
-        tx.execute(
-            "CREATE TABLE IF NOT EXISTS dropped (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL, input TEXT NOT NULL)",
-            [],
-        )
-        .map_err(fail)?;
         tx.execute(
             "INSERT OR REPLACE INTO dropped SELECT seq, at, input FROM journal WHERE seq = ?1",
             [secs(seq)],

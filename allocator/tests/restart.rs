@@ -219,6 +219,22 @@ fn an_export_imported_over_the_state_brings_every_workload_back() {
     );
     c.start_server();
     assert_eq!(views(&c, &ids), before);
+    // The way back from a damaged file: allotd refuses it, the import restores.
+    let (_, status) = c.term_server();
+    assert!(status.success());
+    std::fs::write(c.dir.join("allotd/allotd.db"), b"").expect("emptied");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_allotd"))
+        .args(["serve", "--config"])
+        .arg(&c.config)
+        .output()
+        .expect("allotd runs");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "allotd started on an empty file");
+    assert!(err.contains("allotd state import"), "{err}");
+    let out = state(&c, &["import", export.to_str().expect("utf-8")]);
+    assert!(out.status.success(), "{out:?}");
+    c.start_server();
+    assert_eq!(views(&c, &ids), before);
     // An export that is not one is refused naming the file, and nothing moves.
     std::fs::write(&export, "{\"core\": 7}").expect("write");
     let (_, status) = c.term_server();

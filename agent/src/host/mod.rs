@@ -63,8 +63,10 @@ pub enum HostError {
     Launch(#[from] crate::process::LaunchError),
 }
 
-/// A drain and who asked for it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A drain and who asked for it (stored as JSON in `agent.db`'s settings; a field
+/// an older row lacks reads as its default).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Drain {
     /// Why.
     pub reason: String,
@@ -74,12 +76,10 @@ pub struct Drain {
     /// before 0.2 say `operator`, see [`Drain::migrate`]).
     pub by: String,
     /// Who: a user, `allotd`, or the health monitor.
-    #[serde(default)]
     pub author: String,
     /// Since, Unix ms.
     pub at_ms: i64,
     /// A health drain that waits for allotd's circuit breaker (not in force).
-    #[serde(default)]
     pub held: bool,
 }
 

@@ -3,7 +3,7 @@
 //! since the kernel may have given the pid to something else while the agent was
 //! away; ladders cut short by the stop run again.
 
-use super::{Drain, Host, HostError, Settings, CLUSTER, ENDED_SHOWN};
+use super::{Drain, Host, HostError, Settings, CLUSTER, ENDED_SHOWN, LOCAL};
 use crate::lease::LeaseState;
 use crate::os::Os;
 use crate::store::{Store, StoreError};
@@ -20,10 +20,18 @@ impl Host {
         now_ms: i64,
     ) -> Result<Host, HostError> {
         let load = |key: &str| -> Result<Option<Drain>, StoreError> {
-            Ok(store
-                .get(key)?
-                .and_then(|v| serde_json::from_str::<Drain>(&v).ok())
-                .map(Drain::migrate))
+            Ok(store.get_json::<Drain>(key)?.map(|mut d| {
+                if d.by.is_empty() {
+                    // A row without its author kind: the key says whose it is.
+                    d.by = if key == "cluster-drain" {
+                        CLUSTER
+                    } else {
+                        LOCAL
+                    }
+                    .into();
+                }
+                d.migrate()
+            }))
         };
         let mut local_drain = load("drain")?;
         let mut cluster_drain = load("cluster-drain")?;

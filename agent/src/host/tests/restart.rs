@@ -166,3 +166,128 @@ fn local_lease_ids_are_never_reused_across_a_restart() {
     let mut t = t.restart();
     assert_eq!(t.start(spec(1, 0)).id, "L-2");
 }
+
+/// Rewrites a stored row by hand, as an older or newer agent (or damage) left it.
+fn put_raw(dir: &Path, id: &str, live: bool, body: &str) {
+    let conn = rusqlite::Connection::open(dir.join("agent.db")).expect("db");
+    conn.execute(
+        "INSERT INTO leases (id, live, body) VALUES (?1, ?2, ?3)
+         ON CONFLICT(id) DO UPDATE SET live = excluded.live, body = excluded.body",
+        rusqlite::params![id, live, body],
+    )
+    .expect("row");
+}
+
+#[test]
+fn a_live_row_with_an_unknown_field_or_without_optional_ones_is_readopted() {
+    let mut t = T::new();
+    let a = t.start(StartSpec {
+        time_limit_s: Some(600),
+        ..spec(1, 60)
+    });
+    let b = t.start(spec(1, 60));
+    let dir = t.dir.0.clone();
+    // A newer agent's field, and an older agent's row without the later fields.
+    let mut newer = serde_json::to_value(t.stored(&a.id).expect("a")).expect("json");
+    newer["from_a_newer_agent"] = serde_json::json!({"x": 1});
+    put_raw(&dir, &a.id, true, &newer.to_string());
+    let mut older = serde_json::to_value(t.stored(&b.id).expect("b")).expect("json");
+    for field in [
+        "time_limit_s",
+        "not_before_ms",
+        "revoke_cause",
+        "steps",
+        "exit_code",
+        "hook",
+    ] {
+        older.as_object_mut().expect("object").remove(field);
+    }
+    put_raw(&dir, &b.id, true, &older.to_string());
+    let t = t.restart();
+    let (ra, rb) = (t.lease(&a.id), t.lease(&b.id));
+    assert_eq!(
+        (ra.state, ra.proc_id(), ra.time_limit_s),
+        (LeaseState::Running, a.proc_id(), Some(600))
+    );
+    assert_eq!(
+        (rb.state, rb.proc_id(), rb.gpus.clone()),
+        (LeaseState::Running, b.proc_id(), b.gpus.clone())
+    );
+    assert_eq!((rb.time_limit_s, rb.hook.as_str()), (None, ""));
+}
+
+#[test]
+fn a_live_row_that_cannot_be_decoded_stops_the_start_naming_the_lease() {
+    let mut t = T::new();
+    let l = t.start(spec(2, 60));
+    let gone = t.start(spec(1, 0));
+    let now = t.now();
+    t.h.on_exit(&gone.id, Some(0), now);
+    let T { h, os, dir } = t;
+    let s = h.settings.clone();
+    drop(h);
+    put_raw(&dir.0, &l.id, true, "{\"id\": \"L-1\", \"gpus\": [tru");
+    let store = Store::open(&dir.0).expect("store");
+    let e = store.leases(100).expect_err("refused").to_string();
+    assert!(
+        e.starts_with(&format!(
+            "{}: reading a live lease: lease \"{}\" cannot be decoded (",
+            dir.0.join("agent.db").display(),
+            l.id
+        )),
+        "{e}"
+    );
+    assert!(e.contains("the agent will not start without it"), "{e}");
+    assert!(
+        e.contains(&format!("UPDATE leases SET live = 0 WHERE id = '{}'", l.id)),
+        "{e}"
+    );
+    let now = os.now();
+    let r = Host::open(store, s.clone(), Box::new(os.clone()), now);
+    let e = r.err().expect("the host does not open").to_string();
+    assert!(
+        e.contains(&format!("lease \"{}\" cannot be decoded", l.id)),
+        "{e}"
+    );
+    // An ended row that cannot be decoded is only history: skipped.
+    put_raw(
+        &dir.0,
+        &l.id,
+        true,
+        &serde_json::to_string(&l).expect("json"),
+    );
+    put_raw(&dir.0, &gone.id, false, "garbage");
+    let t = T::open(os, dir, s);
+    assert_eq!(t.lease(&l.id).state, LeaseState::Running);
+    assert!(t.h.lease(&gone.id).is_none());
+}
+
+#[test]
+fn a_drain_that_cannot_be_decoded_stops_the_start_naming_it() {
+    let dir = Dir::new();
+    let store = Store::open(&dir.0).expect("store");
+    store
+        .set("cluster-drain", Some("{\"reason\": "))
+        .expect("set");
+    let e = Host::open(store, settings(&dir.0), Box::new(FakeOs::new()), 0)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("setting \"cluster-drain\" cannot be decoded ("),
+        "{e}"
+    );
+    // A drain row with fields missing reads with their defaults, its kind from the key.
+    let store = Store::open(&dir.0).expect("store");
+    store
+        .set("cluster-drain", Some("{\"reason\": \"rack\"}"))
+        .expect("set");
+    drop(store);
+    let s = settings(&dir.0);
+    let t = T::open(FakeOs::new(), dir, s);
+    let d = t.h.drains().first().cloned().cloned().expect("drained");
+    assert_eq!(
+        (d.by.as_str(), d.reason.as_str(), d.now),
+        (CLUSTER, "rack", false)
+    );
+}
