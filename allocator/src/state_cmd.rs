@@ -42,8 +42,9 @@ pub enum StateCmd {
         /// The entry's position, as `check` or the start-up error names it.
         seq: u64,
     },
-    /// Start-up time: a journal of N entries (a fleet's submissions, passes, ends
-    /// and drains), snapshotted as `allotd serve` does, then loaded.
+    /// Start-up time: a journal of N entries (a fleet in a steady state: a
+    /// submission a second, as many ends, a pass every 4 s), snapshotted and
+    /// retired as `allotd serve` does, then loaded.
     Bench {
         /// Journal entries written.
         #[arg(long, default_value_t = 100_000)]
@@ -270,11 +271,12 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
             argv: vec!["train.py".into()],
             hook: String::new(),
         }];
-        if k.is_multiple_of(8) {
+        if k.is_multiple_of(4) {
             step.push(Input::Schedule);
         }
-        // Work ends about as fast as it arrives: the oldest live lease ends.
-        if k.is_multiple_of(2) {
+        // A steady state once the fleet is busy: work ends as fast as it arrives
+        // (the oldest live lease).
+        if a.core.pending_len() > 100 {
             if let Some(l) = a.core.leases().next().map(|l| l.id.0) {
                 step.push(Input::LeaseEnded {
                     lease: l,
