@@ -22,6 +22,52 @@ use crate::workload::{Lease, LeaseId, NodeGpus, RevokeWhy, WorkloadId};
 /// costs the same at 100 nodes and at 10,000.
 const PLAN_SCAN_NODES: usize = 64;
 
+/// What one pass learnt about emptying each node for a gang: the number of funded
+/// leases on it and the work they would lose, or `None` when some lease there may not
+/// be taken (protected, or already being revoked); kept with the node's stamp, so it
+/// holds until the node changes. The first gang plan of a pass reads every wholly
+/// clearable node's leases once; later ones read only nodes that changed since.
+#[derive(Default)]
+pub(crate) struct WholeKeys {
+    /// Per node: its stamp when read, and what was read.
+    keys: Vec<Option<(u64, WholeKey)>>,
+}
+
+/// Funded leases on a node and the work they would lose, if all may be taken.
+type WholeKey = Option<(u32, u64)>;
+
+impl WholeKeys {
+    fn get<V: View>(&mut self, st: &V, node: NodeId, now: Time) -> WholeKey {
+        let c = st.cluster();
+        if self.keys.len() < c.len() {
+            self.keys.resize(c.len(), None);
+        }
+        let stamp = c.stamp(node);
+        if let Some((at, key)) = self.keys[node.idx()] {
+            if at == stamp {
+                return key;
+            }
+        }
+        let n = c.node(node);
+        let mut key = Some((0u32, 0u64));
+        for &lid in st.node_leases(node) {
+            let Some(l) = st.lease(lid) else {
+                continue;
+            };
+            if l.revoke.is_some() || on(l, node) & n.soft == 0 {
+                key = None;
+                break;
+            }
+            if let Some((funded, cost)) = key.as_mut() {
+                *funded += u32::from(l.funded);
+                *cost += u64::from(l.gpus) * now.saturating_sub(l.start);
+            }
+        }
+        self.keys[node.idx()] = Some((stamp, key));
+        key
+    }
+}
+
 /// One lease to revoke, and why.
 pub(crate) struct Victim {
     pub lease: LeaseId,
@@ -194,23 +240,50 @@ impl<V: View> Planner<'_, V> {
     }
 
     /// Gangs: the `k` cheapest nodes of one cluster that preemption can empty.
-    fn gang(&self) -> Option<Plan> {
+    ///
+    /// A whole-node plan's (funded victims, cost) is known from the node's leases
+    /// alone (`WholeKeys`), so nodes are planned in that order and only until `k`
+    /// plans hold: the same `k` nodes a plan of every node then sorted would pick.
+    fn gang(&self, keys: &mut WholeKeys) -> Option<Plan> {
         let (s, c) = (self.s, self.st.cluster());
         let mut best: Option<(u32, u64, Vec<NodePlan>)> = None;
         for set in c.wholly_clearable() {
             if (set.len() as u32) < s.nodes {
                 continue;
             }
-            let mut plans: Vec<NodePlan> = set
-                .iter()
-                .filter_map(|&i| self.node(NodeId(i), true))
-                .filter(|np| c.node(np.node).spec.gpus >= s.gpus)
-                .collect();
+            let mut order: std::collections::BinaryHeap<std::cmp::Reverse<(u32, u64, NodeId)>> =
+                set.iter()
+                    .map(|&i| NodeId(i))
+                    .filter(|&id| {
+                        // What `node` refuses whatever the leases, and too small nodes.
+                        let n = c.node(id);
+                        n.state == NodeState::Ready
+                            && (n.healthy & n.all()).count_ones() >= s.gpus
+                            && n.offers(s.gpus)
+                            && n.spec.gpus >= s.gpus
+                    })
+                    .filter_map(|id| {
+                        keys.get(self.st, id, self.now)
+                            .map(|(funded, cost)| std::cmp::Reverse((funded, cost, id)))
+                    })
+                    .collect();
+            if (order.len() as u32) < s.nodes {
+                continue;
+            }
+            let mut plans: Vec<NodePlan> = Vec::with_capacity(s.nodes as usize);
+            while let Some(std::cmp::Reverse((funded, cost, id))) = order.pop() {
+                let Some(np) = self.node(id, true) else {
+                    continue;
+                };
+                debug_assert_eq!((np.funded, np.cost), (funded, cost));
+                plans.push(np);
+                if plans.len() == s.nodes as usize {
+                    break;
+                }
+            }
             if (plans.len() as u32) < s.nodes {
                 continue;
             }
-            plans.sort_by_key(|np| (np.funded, np.cost, np.node));
-            plans.truncate(s.nodes as usize);
             let funded: u32 = plans.iter().map(|x| x.funded).sum();
             let cost: u64 = plans.iter().map(|x| x.cost).sum();
             if best.as_ref().is_none_or(|b| (funded, cost) < (b.0, b.1)) {
@@ -271,9 +344,11 @@ fn on(l: &Lease, node: NodeId) -> u64 {
         .map_or(0, |x| x.gpus)
 }
 
-/// Plans a preemption for workload `by` of `shape` in project `p`, or None.
+/// Plans a preemption for workload `by` of `shape` in project `p`, or None; `keys`
+/// is the pass's knowledge of whole nodes (see [`WholeKeys`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn plan<V: View>(
+    keys: &mut WholeKeys,
     st: &V,
     tree: &OrgTree,
     r: &Ratios,
@@ -302,7 +377,7 @@ pub(crate) fn plan<V: View>(
     if s.nodes == 1 {
         planner.single()
     } else {
-        planner.gang()
+        planner.gang(keys)
     }
 }
 
