@@ -22,49 +22,80 @@ use crate::workload::{Lease, LeaseId, NodeGpus, RevokeWhy, WorkloadId};
 /// costs the same at 100 nodes and at 10,000.
 const PLAN_SCAN_NODES: usize = 64;
 
-/// What one pass learnt about emptying each node for a gang: the number of funded
-/// leases on it and the work they would lose, or `None` when some lease there may not
-/// be taken (protected, or already being revoked); kept with the node's stamp, so it
-/// holds until the node changes. The first gang plan of a pass reads every wholly
-/// clearable node's leases once; later ones read only nodes that changed since.
-#[derive(Default)]
+/// What gang plans learnt about emptying each node: the funded leases on it and the
+/// work they would lose, or `None` when some lease there may not be taken (protected,
+/// or already being revoked); kept with the node's stamp, so it holds until the node
+/// changes (the core keeps it from pass to pass). A gang plan reads the leases only of
+/// nodes that changed since, so its cost follows the churn, not the cluster's size.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct WholeKeys {
     /// Per node: its stamp when read, and what was read.
     keys: Vec<Option<(u64, WholeKey)>>,
 }
 
-/// Funded leases on a node and the work they would lose, if all may be taken.
-type WholeKey = Option<(u32, u64)>;
+/// Funded leases on a node, and the sums that give the work they would lose at any
+/// `now` no earlier than the latest start: GPUs, GPUs × start, the latest start.
+type WholeKey = Option<(u32, u64, u128, Time)>;
 
 impl WholeKeys {
-    fn get<V: View>(&mut self, st: &V, node: NodeId, now: Time) -> WholeKey {
+    /// Funded victims and their cost if `node` is emptied at `now`, or `None`.
+    fn get<V: View>(&mut self, st: &V, node: NodeId, now: Time) -> Option<(u32, u64)> {
         let c = st.cluster();
         if self.keys.len() < c.len() {
             self.keys.resize(c.len(), None);
         }
         let stamp = c.stamp(node);
-        if let Some((at, key)) = self.keys[node.idx()] {
-            if at == stamp {
-                return key;
+        let key = match self.keys[node.idx()] {
+            Some((at, key)) if at == stamp => key,
+            _ => {
+                let key = Self::read(st, node);
+                self.keys[node.idx()] = Some((stamp, key));
+                key
             }
+        };
+        let (funded, gpus, gpu_starts, latest) = key?;
+        if latest > now {
+            // Not seen in practice (leases start at the core's clock); read afresh.
+            return Self::read_at(st, node, now);
         }
-        let n = c.node(node);
-        let mut key = Some((0u32, 0u64));
+        Some((
+            funded,
+            (u128::from(now) * u128::from(gpus) - gpu_starts) as u64,
+        ))
+    }
+
+    fn read<V: View>(st: &V, node: NodeId) -> WholeKey {
+        let soft = st.cluster().node(node).soft;
+        let (mut funded, mut gpus, mut gpu_starts, mut latest) = (0u32, 0u64, 0u128, 0);
         for &lid in st.node_leases(node) {
             let Some(l) = st.lease(lid) else {
                 continue;
             };
-            if l.revoke.is_some() || on(l, node) & n.soft == 0 {
-                key = None;
-                break;
+            if l.revoke.is_some() || on(l, node) & soft == 0 {
+                return None;
             }
-            if let Some((funded, cost)) = key.as_mut() {
-                *funded += u32::from(l.funded);
-                *cost += u64::from(l.gpus) * now.saturating_sub(l.start);
-            }
+            funded += u32::from(l.funded);
+            gpus += u64::from(l.gpus);
+            gpu_starts += u128::from(l.gpus) * u128::from(l.start);
+            latest = latest.max(l.start);
         }
-        self.keys[node.idx()] = Some((stamp, key));
-        key
+        Some((funded, gpus, gpu_starts, latest))
+    }
+
+    fn read_at<V: View>(st: &V, node: NodeId, now: Time) -> Option<(u32, u64)> {
+        let soft = st.cluster().node(node).soft;
+        let (mut funded, mut cost) = (0u32, 0u64);
+        for &lid in st.node_leases(node) {
+            let Some(l) = st.lease(lid) else {
+                continue;
+            };
+            if l.revoke.is_some() || on(l, node) & soft == 0 {
+                return None;
+            }
+            funded += u32::from(l.funded);
+            cost += u64::from(l.gpus) * now.saturating_sub(l.start);
+        }
+        Some((funded, cost))
     }
 }
 

@@ -170,6 +170,8 @@ struct State {
     /// Funded preemptions within the cooldown, as (when, requester side, victim side)
     /// at the level where their paths diverge.
     recent: Vec<(Time, GroupId, GroupId)>,
+    /// What gang preemption plans learnt about emptying nodes, until each changes.
+    whole_keys: crate::preempt::WholeKeys,
 }
 
 impl Scheduler {
@@ -197,6 +199,7 @@ impl Scheduler {
                 protect_forever: false,
                 last_now: 0,
                 recent: Vec::new(),
+                whole_keys: Default::default(),
             },
             baseline: None,
             queues: vec![ProjectQueue::default(); n],
@@ -395,7 +398,9 @@ impl Scheduler {
 
         let aging = self.aging();
         let mut pass = Pass::new(&self.cfg, &self.tree, &self.st, now, self.baseline.as_ref());
+        pass.whole_keys = std::mem::take(&mut self.st.whole_keys);
         pass.run(&self.queues, &mut self.st, &mut r, aging, &mut d);
+        self.st.whole_keys = std::mem::take(&mut pass.whole_keys);
         let more = pass.cut_short;
         for id in std::mem::take(&mut self.st.dequeue) {
             self.dequeue(id);

@@ -41,8 +41,9 @@ pub(super) struct Pass<'c> {
     /// The most GPUs free on one reserved node whose reservation has not started:
     /// the largest single-node workload backfill could still place.
     backfill_cap: u32,
-    /// What gang plans learnt about emptying nodes, until each node changes.
-    whole_keys: crate::preempt::WholeKeys,
+    /// What gang plans learnt about emptying nodes, until each node changes (the
+    /// scheduler's, lent for the pass).
+    pub(super) whole_keys: crate::preempt::WholeKeys,
 }
 
 /// What a round of the pass could still do besides starting on free GPUs.
