@@ -221,6 +221,8 @@ fn deep(nodes: usize, pending: usize, passes: usize) {
         d.examined,
         d.actions.len()
     );
+    let mut digest = Digest::default();
+    digest.add(&d);
     let mut times = Vec::with_capacity(passes);
     let (mut examined, mut most, mut actions) = (0u64, 0u32, 0usize);
     for _ in 0..passes {
@@ -234,6 +236,7 @@ fn deep(nodes: usize, pending: usize, passes: usize) {
         let d = s.schedule(now);
         times.push(t.elapsed().as_secs_f64() * 1e3);
         started = note(&d, &mut revoked);
+        digest.add(&d);
         examined += u64::from(d.examined);
         most = most.max(d.examined);
         actions += d.actions.len();
@@ -248,6 +251,28 @@ fn deep(nodes: usize, pending: usize, passes: usize) {
         actions as f64 / passes as f64,
         s.pending_len()
     );
+    println!(
+        "  decisions digest {:016x} (equal digests: the same decisions, byte for byte)",
+        digest.0
+    );
+}
+
+/// FNV-1a over every pass's decisions as JSON: compares two builds of the core.
+struct Digest(u64);
+
+impl Default for Digest {
+    fn default() -> Self {
+        Digest(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Digest {
+    fn add(&mut self, d: &allot_fairshare::Decisions) {
+        let json = serde_json::to_vec(d).expect("decisions serialize");
+        for b in json {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
 }
 
 fn main() {
