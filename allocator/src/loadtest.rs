@@ -36,9 +36,9 @@ pub struct Args {
     /// Mean runtime of a simulated job, seconds.
     #[arg(long, default_value_t = 60)]
     pub job_secs: u64,
-    /// Workloads submitted before the fleet registers (64 at a time, not timed), so
-    /// that the timed submissions meet a deep queue: with more than the fleet can
-    /// run, the rest stays pending.
+    /// Workloads submitted once the fleet has registered and before the timed load
+    /// (64 at a time, not timed), so that the timed submissions meet a deep queue:
+    /// with more than the fleet can run, the rest stays pending.
     #[arg(long, default_value_t = 0)]
     pub prefill: u64,
 }
@@ -280,6 +280,33 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         a.agents,
         t_enroll.elapsed().as_secs_f64()
     );
+    let t0 = Instant::now();
+    for (h, ch) in channels.into_iter().enumerate() {
+        tokio::spawn(agent(ch, h as u32, a.clone(), ended.clone()));
+    }
+    let mut nodes = pb::nodes_client::NodesClient::new(submit_ch.clone());
+    loop {
+        let n = nodes
+            .list(pb::ListNodesRequest {})
+            .await?
+            .into_inner()
+            .nodes;
+        if n.iter().filter(|n| n.connected).count() as u32 >= a.agents {
+            break;
+        }
+        anyhow::ensure!(
+            t0.elapsed() < Duration::from_secs(120),
+            "only {} of {} agents registered",
+            n.len(),
+            a.agents
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "{} agents registered in {:.1}s over {conns} connections",
+        a.agents,
+        t0.elapsed().as_secs_f64()
+    );
     if a.prefill > 0 {
         let t = Instant::now();
         let workers: Vec<_> = (0..64u64)
@@ -309,33 +336,6 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             t.elapsed().as_secs_f64()
         );
     }
-    let t0 = Instant::now();
-    for (h, ch) in channels.into_iter().enumerate() {
-        tokio::spawn(agent(ch, h as u32, a.clone(), ended.clone()));
-    }
-    let mut nodes = pb::nodes_client::NodesClient::new(submit_ch.clone());
-    loop {
-        let n = nodes
-            .list(pb::ListNodesRequest {})
-            .await?
-            .into_inner()
-            .nodes;
-        if n.iter().filter(|n| n.connected).count() as u32 >= a.agents {
-            break;
-        }
-        anyhow::ensure!(
-            t0.elapsed() < Duration::from_secs(120),
-            "only {} of {} agents registered",
-            n.len(),
-            a.agents
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    println!(
-        "{} agents registered in {:.1}s over {conns} connections",
-        a.agents,
-        t0.elapsed().as_secs_f64()
-    );
     // The submissions.
     let lat = Arc::new(Mutex::new(Vec::<f64>::new()));
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));

@@ -16,7 +16,9 @@
 //!    clock moves 30 s and as many workloads are submitted as started last pass, so the
 //!    queue stays deep and every pass has room to fill. Reported: the first pass after
 //!    the queue filled, then median, p99 and max of the churn passes, and how many
-//!    pending workloads each pass examined (`Decisions::examined`: mean and most).
+//!    pending workloads each pass examined (`Decisions::examined`: mean and most),
+//!    a digest of all the decisions (to compare builds of the core), and what
+//!    explaining every pending workload costs against explaining one.
 //! 3. The built-in `ai2` month (1,024 GPUs, 30 days, ~63k workloads), one policy run.
 
 use allot_fairshare::time::HOUR;
@@ -254,6 +256,21 @@ fn deep(nodes: usize, pending: usize, passes: usize) {
     println!(
         "  decisions digest {:016x} (equal digests: the same decisions, byte for byte)",
         digest.0
+    );
+    // What a shell pays to explain every pending workload (allotd does after each
+    // pass), against one workload's explanation.
+    let t = Instant::now();
+    let all = s.explain(now);
+    let whole = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    for e in all.iter().step_by(all.len() / 1000 + 1) {
+        s.explain_workload(now, e.workload);
+    }
+    let one = t.elapsed().as_secs_f64() * 1e3 / (all.len() / (all.len() / 1000 + 1)) as f64;
+    println!(
+        "  explain: every pending workload ({}) {whole:.1} ms; one workload {:.3} ms",
+        all.len(),
+        one
     );
 }
 
