@@ -36,6 +36,31 @@ pub struct Args {
     /// Mean runtime of a simulated job, seconds.
     #[arg(long, default_value_t = 60)]
     pub job_secs: u64,
+    /// Workloads submitted once the fleet has registered and before the timed load
+    /// (64 at a time, not timed), so that the timed submissions meet a deep queue:
+    /// with more than the fleet can run, the rest stays pending.
+    #[arg(long, default_value_t = 0)]
+    pub prefill: u64,
+}
+
+/// The `n`th workload of the load: 1–8 GPUs, two projects, a third of it unfunded.
+fn load_spec(n: u64) -> pb::WorkloadSpec {
+    pb::WorkloadSpec {
+        project: if n.is_multiple_of(4) {
+            "demo-b"
+        } else {
+            "demo-a"
+        }
+        .into(),
+        user: "load".into(),
+        class: "batch".into(),
+        gpus_per_node: 1 + (n % 8) as u32,
+        nodes: 1,
+        min_runtime_s: if n.is_multiple_of(3) { 0 } else { 600 },
+        resumable: true,
+        argv: vec!["train".into()],
+        ..Default::default()
+    }
 }
 
 /// An endpoint to allotd over TLS, as a host (`me`: certificate and key) or not.
@@ -283,6 +308,35 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         a.agents,
         t0.elapsed().as_secs_f64()
     );
+    if a.prefill > 0 {
+        let t = Instant::now();
+        let workers: Vec<_> = (0..64u64)
+            .map(|k| {
+                let ch = submit_ch.clone();
+                let n = a.prefill;
+                tokio::spawn(async move {
+                    let mut c = pb::workloads_client::WorkloadsClient::new(ch);
+                    let mut i = k;
+                    while i < n {
+                        c.submit(pb::SubmitRequest {
+                            spec: Some(load_spec(i)),
+                        })
+                        .await?;
+                        i += 64;
+                    }
+                    Ok::<_, tonic::Status>(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.await?.context("a prefill submission was refused")?;
+        }
+        println!(
+            "{} workloads prefilled in {:.1}s",
+            a.prefill,
+            t.elapsed().as_secs_f64()
+        );
+    }
     // The submissions.
     let lat = Arc::new(Mutex::new(Vec::<f64>::new()));
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -298,26 +352,11 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         sent += 1;
         let mut c = pb::workloads_client::WorkloadsClient::new(submit_ch.clone());
         let (lat, acked, errors) = (lat.clone(), acked.clone(), errors.clone());
-        let project = if sent.is_multiple_of(4) {
-            "demo-b"
-        } else {
-            "demo-a"
-        };
         tasks.push(tokio::spawn(async move {
             let t = Instant::now();
             let r = c
                 .submit(pb::SubmitRequest {
-                    spec: Some(pb::WorkloadSpec {
-                        project: project.into(),
-                        user: "load".into(),
-                        class: "batch".into(),
-                        gpus_per_node: 1 + (sent % 8) as u32,
-                        nodes: 1,
-                        min_runtime_s: if sent.is_multiple_of(3) { 0 } else { 600 },
-                        resumable: true,
-                        argv: vec!["train".into()],
-                        ..Default::default()
-                    }),
+                    spec: Some(load_spec(sent)),
                 })
                 .await;
             let ms = t.elapsed().as_secs_f64() * 1000.0;
@@ -343,7 +382,9 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let mut l = lat.lock().unwrap_or_else(|e| e.into_inner()).clone();
     l.sort_by(f64::total_cmp);
     let acked: Vec<String> = acked.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut wl = pb::workloads_client::WorkloadsClient::new(submit_ch.clone());
+    // With a deep queue the list is tens of megabytes.
+    let mut wl = pb::workloads_client::WorkloadsClient::new(submit_ch.clone())
+        .max_decoding_message_size(usize::MAX);
     let listed = wl
         .list(pb::ListRequest::default())
         .await?
@@ -352,6 +393,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let listed_ids: std::collections::BTreeSet<String> =
         listed.iter().map(|w| w.id.clone()).collect();
     let missing = acked.iter().filter(|id| !listed_ids.contains(*id)).count();
+    let pending = listed
+        .iter()
+        .filter(|w| w.state == pb::WorkloadState::Pending as i32)
+        .count();
     let running = listed
         .iter()
         .filter(|w| w.state == pb::WorkloadState::Running as i32)
@@ -381,9 +426,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         l.last().copied().unwrap_or(0.0)
     );
     println!(
-        "allotd: {} workloads listed ({} running), {} acknowledged ones missing; {} leases ended by agents; {:.0} passes, mean {:.1} ms",
+        "allotd: {} workloads listed ({} running, {} pending), {} acknowledged ones missing; {} leases ended by agents; {:.0} passes, mean {:.1} ms",
         listed.len(),
         running,
+        pending,
         missing,
         ended.load(Ordering::Relaxed),
         passes,

@@ -167,6 +167,19 @@ pub fn lowest_bits(from: GpuMask, n: u32) -> GpuMask {
     out
 }
 
+/// What a node is, as far as fitting goes: its cluster and size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeKind {
+    /// Index into `Cluster::cluster_names`.
+    pub cluster: u16,
+    /// GPUs.
+    pub gpus: u32,
+    /// CPU cores.
+    pub cpu: u32,
+    /// Memory in GB.
+    pub memory_gb: u32,
+}
+
 /// Why a node list was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClusterError {
@@ -193,6 +206,13 @@ pub struct Cluster {
     whole_free: Vec<BTreeSet<u32>>,
     by_clearable: Vec<BTreeSet<u32>>,
     whole_clearable: Vec<BTreeSet<u32>>,
+    /// Nodes counted by (cluster, GPUs, CPU, memory): what a submission's fit check
+    /// reads, so that it costs the same at 100 nodes and at 10,000.
+    kinds: std::collections::BTreeMap<NodeKind, u32>,
+    /// Per node, when it last changed (`changes` at the time): lets a pass keep what
+    /// it learnt about a node until the node changes.
+    stamps: Vec<u64>,
+    changes: u64,
     free_total: u64,
     total_gpus: u64,
     total_cpu: u64,
@@ -210,6 +230,9 @@ impl Cluster {
             whole_free: Vec::new(),
             by_clearable: vec![BTreeSet::new()],
             whole_clearable: Vec::new(),
+            kinds: std::collections::BTreeMap::new(),
+            stamps: Vec::with_capacity(specs.len()),
+            changes: 0,
             free_total: 0,
             total_gpus: 0,
             total_cpu: 0,
@@ -251,6 +274,15 @@ impl Cluster {
         self.total_cpu += u64::from(spec.cpu);
         self.total_mem += u64::from(spec.memory_gb);
         let all = mask_of(spec.gpus);
+        *self
+            .kinds
+            .entry(NodeKind {
+                cluster,
+                gpus: spec.gpus,
+                cpu: spec.cpu,
+                memory_gb: spec.memory_gb,
+            })
+            .or_default() += 1;
         self.by_name
             .insert(spec.name.clone(), self.nodes.len() as u32);
         self.nodes.push(Node {
@@ -268,6 +300,8 @@ impl Cluster {
             refused_from: u32::MAX,
         });
         let i = self.nodes.len() - 1;
+        self.changes += 1;
+        self.stamps.push(self.changes);
         self.index(i);
         Ok(NodeId(i as u32))
     }
@@ -311,7 +345,15 @@ impl Cluster {
         self.unindex(id.idx());
         let r = f(&mut self.nodes[id.idx()]);
         self.index(id.idx());
+        self.changes += 1;
+        self.stamps[id.idx()] = self.changes;
         r
+    }
+
+    /// When `id` last changed through [`Cluster::update`] (or joined): equal stamps
+    /// mean the node, its leases' GPUs and its claims are as they were.
+    pub fn stamp(&self, id: NodeId) -> u64 {
+        self.stamps[id.idx()]
     }
 
     /// A node.
@@ -340,6 +382,11 @@ impl Cluster {
     /// Looks a node up by host name (linear; for shells and tests, not the hot path).
     pub fn find(&self, name: &str) -> Option<NodeId> {
         self.by_name.get(name).map(|i| NodeId(*i))
+    }
+
+    /// Nodes grouped by what they are (cluster and size), with how many of each.
+    pub fn kinds(&self) -> impl Iterator<Item = (&NodeKind, u32)> {
+        self.kinds.iter().map(|(k, n)| (k, *n))
     }
 
     /// Cluster names, indexed by `Node::cluster`.

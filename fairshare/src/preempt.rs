@@ -22,6 +22,83 @@ use crate::workload::{Lease, LeaseId, NodeGpus, RevokeWhy, WorkloadId};
 /// costs the same at 100 nodes and at 10,000.
 const PLAN_SCAN_NODES: usize = 64;
 
+/// What gang plans learnt about emptying each node: the funded leases on it and the
+/// work they would lose, or `None` when some lease there may not be taken (protected,
+/// or already being revoked); kept with the node's stamp, so it holds until the node
+/// changes (the core keeps it from pass to pass). A gang plan reads the leases only of
+/// nodes that changed since, so its cost follows the churn, not the cluster's size.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WholeKeys {
+    /// Per node: its stamp when read, and what was read.
+    keys: Vec<Option<(u64, WholeKey)>>,
+}
+
+/// Funded leases on a node, and the sums that give the work they would lose at any
+/// `now` no earlier than the latest start: GPUs, GPUs × start, the latest start.
+type WholeKey = Option<(u32, u64, u128, Time)>;
+
+impl WholeKeys {
+    /// Funded victims and their cost if `node` is emptied at `now`, or `None`.
+    fn get<V: View>(&mut self, st: &V, node: NodeId, now: Time) -> Option<(u32, u64)> {
+        let c = st.cluster();
+        if self.keys.len() < c.len() {
+            self.keys.resize(c.len(), None);
+        }
+        let stamp = c.stamp(node);
+        let key = match self.keys[node.idx()] {
+            Some((at, key)) if at == stamp => key,
+            _ => {
+                let key = Self::read(st, node);
+                self.keys[node.idx()] = Some((stamp, key));
+                key
+            }
+        };
+        let (funded, gpus, gpu_starts, latest) = key?;
+        if latest > now {
+            // Not seen in practice (leases start at the core's clock); read afresh.
+            return Self::read_at(st, node, now);
+        }
+        Some((
+            funded,
+            (u128::from(now) * u128::from(gpus) - gpu_starts) as u64,
+        ))
+    }
+
+    fn read<V: View>(st: &V, node: NodeId) -> WholeKey {
+        let soft = st.cluster().node(node).soft;
+        let (mut funded, mut gpus, mut gpu_starts, mut latest) = (0u32, 0u64, 0u128, 0);
+        for &lid in st.node_leases(node) {
+            let Some(l) = st.lease(lid) else {
+                continue;
+            };
+            if l.revoke.is_some() || on(l, node) & soft == 0 {
+                return None;
+            }
+            funded += u32::from(l.funded);
+            gpus += u64::from(l.gpus);
+            gpu_starts += u128::from(l.gpus) * u128::from(l.start);
+            latest = latest.max(l.start);
+        }
+        Some((funded, gpus, gpu_starts, latest))
+    }
+
+    fn read_at<V: View>(st: &V, node: NodeId, now: Time) -> Option<(u32, u64)> {
+        let soft = st.cluster().node(node).soft;
+        let (mut funded, mut cost) = (0u32, 0u64);
+        for &lid in st.node_leases(node) {
+            let Some(l) = st.lease(lid) else {
+                continue;
+            };
+            if l.revoke.is_some() || on(l, node) & soft == 0 {
+                return None;
+            }
+            funded += u32::from(l.funded);
+            cost += u64::from(l.gpus) * now.saturating_sub(l.start);
+        }
+        Some((funded, cost))
+    }
+}
+
 /// One lease to revoke, and why.
 pub(crate) struct Victim {
     pub lease: LeaseId,
@@ -194,23 +271,50 @@ impl<V: View> Planner<'_, V> {
     }
 
     /// Gangs: the `k` cheapest nodes of one cluster that preemption can empty.
-    fn gang(&self) -> Option<Plan> {
+    ///
+    /// A whole-node plan's (funded victims, cost) is known from the node's leases
+    /// alone (`WholeKeys`), so nodes are planned in that order and only until `k`
+    /// plans hold: the same `k` nodes a plan of every node then sorted would pick.
+    fn gang(&self, keys: &mut WholeKeys) -> Option<Plan> {
         let (s, c) = (self.s, self.st.cluster());
         let mut best: Option<(u32, u64, Vec<NodePlan>)> = None;
         for set in c.wholly_clearable() {
             if (set.len() as u32) < s.nodes {
                 continue;
             }
-            let mut plans: Vec<NodePlan> = set
-                .iter()
-                .filter_map(|&i| self.node(NodeId(i), true))
-                .filter(|np| c.node(np.node).spec.gpus >= s.gpus)
-                .collect();
+            let mut order: std::collections::BinaryHeap<std::cmp::Reverse<(u32, u64, NodeId)>> =
+                set.iter()
+                    .map(|&i| NodeId(i))
+                    .filter(|&id| {
+                        // What `node` refuses whatever the leases, and too small nodes.
+                        let n = c.node(id);
+                        n.state == NodeState::Ready
+                            && (n.healthy & n.all()).count_ones() >= s.gpus
+                            && n.offers(s.gpus)
+                            && n.spec.gpus >= s.gpus
+                    })
+                    .filter_map(|id| {
+                        keys.get(self.st, id, self.now)
+                            .map(|(funded, cost)| std::cmp::Reverse((funded, cost, id)))
+                    })
+                    .collect();
+            if (order.len() as u32) < s.nodes {
+                continue;
+            }
+            let mut plans: Vec<NodePlan> = Vec::with_capacity(s.nodes as usize);
+            while let Some(std::cmp::Reverse((funded, cost, id))) = order.pop() {
+                let Some(np) = self.node(id, true) else {
+                    continue;
+                };
+                debug_assert_eq!((np.funded, np.cost), (funded, cost));
+                plans.push(np);
+                if plans.len() == s.nodes as usize {
+                    break;
+                }
+            }
             if (plans.len() as u32) < s.nodes {
                 continue;
             }
-            plans.sort_by_key(|np| (np.funded, np.cost, np.node));
-            plans.truncate(s.nodes as usize);
             let funded: u32 = plans.iter().map(|x| x.funded).sum();
             let cost: u64 = plans.iter().map(|x| x.cost).sum();
             if best.as_ref().is_none_or(|b| (funded, cost) < (b.0, b.1)) {
@@ -271,9 +375,11 @@ fn on(l: &Lease, node: NodeId) -> u64 {
         .map_or(0, |x| x.gpus)
 }
 
-/// Plans a preemption for workload `by` of `shape` in project `p`, or None.
+/// Plans a preemption for workload `by` of `shape` in project `p`, or None; `keys`
+/// is the pass's knowledge of whole nodes (see [`WholeKeys`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn plan<V: View>(
+    keys: &mut WholeKeys,
     st: &V,
     tree: &OrgTree,
     r: &Ratios,
@@ -302,7 +408,7 @@ pub(crate) fn plan<V: View>(
     if s.nodes == 1 {
         planner.single()
     } else {
-        planner.gang()
+        planner.gang(keys)
     }
 }
 

@@ -8,6 +8,7 @@
 
 use crate::time::Time;
 use crate::workload::{WorkloadId, WorkloadSpec};
+use std::cmp::Reverse;
 use std::collections::btree_set;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
@@ -48,24 +49,39 @@ impl Shape {
 type Level = BTreeSet<(Time, WorkloadId)>;
 
 /// One project's pending work.
+///
+/// Besides the levels, each priority keeps the first (oldest) workload of every shape
+/// in submit order (`heads`): inside one priority the best workload is simply the
+/// oldest, so a cursor merges one stream per priority and opens a shape's level only
+/// when it takes that shape's first workload. Building a cursor costs the number of
+/// priorities, and each step a logarithm, however many workloads and shapes wait.
 #[derive(Debug, Clone, Default)]
 pub struct ProjectQueue {
     by_shape: BTreeMap<Shape, BTreeMap<i32, Level>>,
+    heads: BTreeMap<i32, BTreeSet<(Time, WorkloadId, Shape)>>,
     len: usize,
 }
 
 impl ProjectQueue {
     /// Adds a workload.
     pub fn insert(&mut self, shape: Shape, priority: i32, submit: Time, id: WorkloadId) {
-        if self
+        let level = self
             .by_shape
             .entry(shape)
             .or_default()
             .entry(priority)
-            .or_default()
-            .insert((submit, id))
-        {
-            self.len += 1;
+            .or_default();
+        let head = level.first().copied();
+        if !level.insert((submit, id)) {
+            return;
+        }
+        self.len += 1;
+        if head.is_none_or(|h| (submit, id) < h) {
+            let heads = self.heads.entry(priority).or_default();
+            if let Some((t, old)) = head {
+                heads.remove(&(t, old, shape));
+            }
+            heads.insert((submit, id, shape));
         }
     }
 
@@ -77,7 +93,19 @@ impl ProjectQueue {
         let Some(level) = levels.get_mut(&priority) else {
             return false;
         };
+        let was_head = level.first() == Some(&(submit, id));
         let removed = level.remove(&(submit, id));
+        if was_head {
+            if let Some(heads) = self.heads.get_mut(&priority) {
+                heads.remove(&(submit, id, shape));
+                if let Some(&(t, next)) = level.first() {
+                    heads.insert((t, next, shape));
+                }
+                if heads.is_empty() {
+                    self.heads.remove(&priority);
+                }
+            }
+        }
         if level.is_empty() {
             levels.remove(&priority);
         }
@@ -111,21 +139,23 @@ impl ProjectQueue {
     /// A cursor yielding this project's work best first as of `now`.
     pub fn cursor(&self, now: Time, aging: Aging) -> Cursor<'_> {
         let mut c = Cursor {
+            queue: self,
+            streams: Vec::with_capacity(self.heads.len()),
             subs: Vec::new(),
-            heap: BinaryHeap::new(),
+            heap: BinaryHeap::with_capacity(self.heads.len()),
             now,
             aging,
         };
-        for (shape, levels) in &self.by_shape {
-            for (&prio, level) in levels {
-                let idx = c.subs.len();
-                c.subs.push(Sub {
-                    shape: *shape,
-                    prio,
-                    iter: level.iter(),
-                });
-                c.advance(idx);
-            }
+        for (&prio, heads) in &self.heads {
+            let mut firsts = heads.iter();
+            let first = firsts.next();
+            c.streams.push(Stream {
+                prio,
+                firsts,
+                first,
+                later: BinaryHeap::new(),
+            });
+            c.offer(c.streams.len() - 1);
         }
         c
     }
@@ -150,10 +180,32 @@ impl Aging {
     }
 }
 
+/// The rest of one shape's level, opened when its first workload was taken.
 struct Sub<'a> {
     shape: Shape,
+    iter: btree_set::Range<'a, (Time, WorkloadId)>,
+}
+
+/// One priority's work in submit order: the shapes' first workloads not yet reached
+/// (`first`, then `firsts`), and the next workload of each shape already taken from
+/// (`later`: submit, id, index into `Cursor::subs`).
+struct Stream<'a> {
     prio: i32,
-    iter: btree_set::Iter<'a, (Time, WorkloadId)>,
+    firsts: btree_set::Iter<'a, (Time, WorkloadId, Shape)>,
+    first: Option<&'a (Time, WorkloadId, Shape)>,
+    later: BinaryHeap<Reverse<(Time, WorkloadId, usize)>>,
+}
+
+impl Stream<'_> {
+    /// The oldest workload left in this priority.
+    fn best(&self) -> Option<(Time, WorkloadId)> {
+        let a = self.first.map(|&(t, id, _)| (t, id));
+        let b = self.later.peek().map(|Reverse((t, id, _))| (*t, *id));
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 #[derive(PartialEq, Eq)]
@@ -161,7 +213,7 @@ struct Head {
     eff: i64,
     submit: Time,
     id: WorkloadId,
-    sub: usize,
+    stream: usize,
 }
 
 impl Ord for Head {
@@ -182,22 +234,26 @@ impl PartialOrd for Head {
 
 /// Walks one project's queue in order, skipping shapes the caller has given up on.
 pub struct Cursor<'a> {
+    queue: &'a ProjectQueue,
+    streams: Vec<Stream<'a>>,
     subs: Vec<Sub<'a>>,
+    /// Each stream's best, at most one entry per stream.
     heap: BinaryHeap<Head>,
     now: Time,
     aging: Aging,
 }
 
 impl Cursor<'_> {
-    fn advance(&mut self, idx: usize) {
-        let s = &mut self.subs[idx];
-        if let Some(&(submit, id)) = s.iter.next() {
+    /// Puts stream `idx`'s best (if any) in the heap.
+    fn offer(&mut self, idx: usize) {
+        let s = &self.streams[idx];
+        if let Some((submit, id)) = s.best() {
             let eff = self.aging.effective(s.prio, submit, self.now);
             self.heap.push(Head {
                 eff,
                 submit,
                 id,
-                sub: idx,
+                stream: idx,
             });
         }
     }
@@ -210,12 +266,42 @@ impl Cursor<'_> {
     /// The next workload whose shape `dead` does not reject.
     pub fn next(&mut self, dead: impl Fn(&Shape) -> bool) -> Option<(WorkloadId, Shape)> {
         while let Some(h) = self.heap.pop() {
-            let shape = self.subs[h.sub].shape;
-            if dead(&shape) {
-                continue; // drop the whole level: nothing of this shape can start
+            let s = &mut self.streams[h.stream];
+            // Take the stream's best, which `h` is, from wherever it waits.
+            let from_first = s
+                .first
+                .is_some_and(|&(t, id, _)| (t, id) == (h.submit, h.id));
+            let (shape, sub) = if from_first {
+                let shape = s.first.map(|x| x.2).expect("checked");
+                s.first = s.firsts.next();
+                (shape, None)
+            } else {
+                let Some(Reverse((_, _, sub))) = s.later.pop() else {
+                    continue;
+                };
+                (self.subs[sub].shape, Some(sub))
+            };
+            let prio = s.prio;
+            // A dead shape is dropped whole: nothing of it can start.
+            let alive = !dead(&shape);
+            if alive {
+                let sub = sub.unwrap_or_else(|| {
+                    let level = &self.queue.by_shape[&shape][&prio];
+                    let iter = level.range((
+                        std::ops::Bound::Excluded((h.submit, h.id)),
+                        std::ops::Bound::Unbounded,
+                    ));
+                    self.subs.push(Sub { shape, iter });
+                    self.subs.len() - 1
+                });
+                if let Some(&(t, id)) = self.subs[sub].iter.next() {
+                    self.streams[h.stream].later.push(Reverse((t, id, sub)));
+                }
             }
-            self.advance(h.sub);
-            return Some((h.id, shape));
+            self.offer(h.stream);
+            if alive {
+                return Some((h.id, shape));
+            }
         }
         None
     }
@@ -268,5 +354,55 @@ mod tests {
         assert!(q.remove(shape(1), 0, 0, WorkloadId(1)));
         assert!(!q.remove(shape(1), 0, 0, WorkloadId(1)));
         assert_eq!(q.len(), 3);
+    }
+
+    #[test]
+    fn cursor_matches_a_full_sort_after_inserts_and_removes() {
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut rand = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut q = ProjectQueue::default();
+        let mut all = Vec::new();
+        for i in 0..3_000u64 {
+            let (sh, prio, submit) = (
+                shape(1 + rand(4) as u32),
+                [0, 5, 10][rand(3) as usize],
+                rand(40) * 1_800,
+            );
+            q.insert(sh, prio, submit, WorkloadId(i));
+            all.push((sh, prio, submit, WorkloadId(i)));
+            if rand(3) == 0 {
+                let k = rand(all.len() as u64) as usize;
+                let (sh, prio, submit, id) = all.swap_remove(k);
+                assert!(q.remove(sh, prio, submit, id));
+            }
+        }
+        assert_eq!(q.len(), all.len());
+        let aging = Aging {
+            per_hour: 1,
+            cap: 8,
+        };
+        let now = 40 * 1_800;
+        let mut want: Vec<_> = all
+            .iter()
+            .map(|&(sh, prio, submit, id)| (-aging.effective(prio, submit, now), submit, id, sh))
+            .collect();
+        want.sort_by_key(|w| (w.0, w.1, w.2));
+        let mut c = q.cursor(now, aging);
+        let got: Vec<_> = std::iter::from_fn(|| c.next(|_| false).map(|x| x.0)).collect();
+        assert_eq!(got, want.iter().map(|w| w.2).collect::<Vec<_>>());
+        // Dead shapes are passed over, the rest keeps its order.
+        let mut c = q.cursor(now, aging);
+        let got: Vec<_> = std::iter::from_fn(|| c.next(|s| s.gpus % 2 == 0).map(|x| x.0)).collect();
+        let alive: Vec<_> = want
+            .iter()
+            .filter(|w| w.3.gpus % 2 == 1)
+            .map(|w| w.2)
+            .collect();
+        assert_eq!(got, alive);
     }
 }

@@ -7,10 +7,24 @@
 //!    clones the state, then times `schedule(now)` alone. Reported: median and p90 of
 //!    the pass that follows 20,000 new submissions (it plans preemptions), and of a
 //!    steady pass with nothing new.
-//! 2. The built-in `ai2` month (1,024 GPUs, 30 days, ~63k workloads), one policy run.
+//! 2. Deep queues with churn, at 1,024 nodes × 8 GPUs with 100,000 pending and at
+//!    10,000 nodes × 8 GPUs with 200,000 pending: the cluster is filled with mixed
+//!    shapes (1–8 GPUs, gangs of 2–4 whole nodes, funded and unfunded, 45 projects,
+//!    three priority levels, some with time limits), then the queue is filled with the
+//!    same mix, so nearly every pending workload could start somewhere once room
+//!    frees. Before each timed pass 1% of the leases end (and revoked ones go), the
+//!    clock moves 30 s and as many workloads are submitted as started last pass, so the
+//!    queue stays deep and every pass has room to fill. Reported: the first pass after
+//!    the queue filled, then median, p99 and max of the churn passes, and how many
+//!    pending workloads each pass examined (`Decisions::examined`: mean and most),
+//!    a digest of all the decisions (to compare builds of the core), and what
+//!    explaining every pending workload costs against explaining one.
+//! 3. The built-in `ai2` month (1,024 GPUs, 30 days, ~63k workloads), one policy run.
 
 use allot_fairshare::time::HOUR;
-use allot_fairshare::{NodeSpec, OrgTree, Scheduler, WorkloadSpec};
+use allot_fairshare::{
+    Action, LeaseEnd, LeaseId, NodeSpec, OrgTree, Scheduler, Time, WorkloadSpec,
+};
 use allot_sim::{self as sim, rng::Rng, scenario::AI2, PolicyKind, Scenario, SimOptions};
 use std::time::Instant;
 
@@ -90,7 +104,213 @@ fn time_pass(base: &Scheduler, now: u64, samples: usize) -> (Vec<f64>, u32, usiz
     (out, examined, actions)
 }
 
+/// A workload of the churn mix: mostly single-node work of 1–8 GPUs, some gangs.
+fn mixed_spec(rng: &mut Rng, projects: &[String]) -> WorkloadSpec {
+    let gang = rng.unit() < 0.05;
+    let (gpus, nodes) = if gang {
+        (8, [2, 3, 4][rng.pick(&[0.5, 0.3, 0.2])])
+    } else {
+        ([1, 2, 4, 8][rng.pick(&[0.4, 0.3, 0.2, 0.1])], 1)
+    };
+    let funded = rng.unit() < 0.5;
+    WorkloadSpec {
+        project: projects[rng.pick(&vec![1.0; projects.len()])].clone(),
+        user: "bench".into(),
+        class: "bench".into(),
+        gpus_per_node: gpus,
+        nodes,
+        cpu_per_node: gpus * 12,
+        mem_per_node_gb: gpus * 200,
+        min_runtime: if funded {
+            [HOUR, 4 * HOUR, 8 * HOUR][rng.pick(&[0.3, 0.4, 0.3])]
+        } else {
+            0
+        },
+        time_limit: [None, Some(2 * HOUR), Some(24 * HOUR)][rng.pick(&[0.6, 0.2, 0.2])],
+        resumable: true,
+        priority: [0, 5, 10][rng.pick(&[0.6, 0.3, 0.1])],
+        no_requeue: false,
+    }
+}
+
+/// A full cluster of `nodes` × 8 GPUs running the churn mix, with `pending` more of it
+/// queued at the returned time.
+fn deep_state(nodes: usize, pending: usize) -> (Scheduler, Time, Rng, Vec<String>) {
+    let sc = Scenario::parse(AI2, "ai2").expect("ai2 parses");
+    let tree = OrgTree::new(&sc.tree_specs(&[]).expect("tree")).expect("tree");
+    let projects: Vec<String> = tree
+        .projects()
+        .iter()
+        .map(|p| tree.group(*p).name.clone())
+        .collect();
+    let specs: Vec<NodeSpec> = (0..nodes)
+        .map(|i| NodeSpec {
+            name: format!("n{i:05}"),
+            cluster: "big".into(),
+            gpus: 8,
+            cpu: 112,
+            memory_gb: 2048,
+        })
+        .collect();
+    let mut s = Scheduler::new(sc.policy.clone(), tree, specs).expect("scheduler");
+    let mut rng = Rng::new(7);
+    // Fill over 20 hours: each hour a twentieth of the GPUs' worth of work arrives.
+    let per_hour = nodes * 8 / 20 / 3;
+    for k in 0..20u64 {
+        for _ in 0..per_hour {
+            let spec = mixed_spec(&mut rng, &projects);
+            s.submit(k * HOUR, spec).expect("fits");
+        }
+        s.schedule(k * HOUR);
+    }
+    let now = 20 * HOUR;
+    while s.pending_len() < pending {
+        let spec = mixed_spec(&mut rng, &projects);
+        s.submit(now, spec).expect("fits");
+    }
+    (s, now, rng, projects)
+}
+
+/// Ends 1% of the leases (and every revoked one that came due), as a shell would.
+fn churn(s: &mut Scheduler, now: Time, rng: &mut Rng, revoked: &mut Vec<(Time, LeaseId)>) {
+    let due: Vec<LeaseId> = revoked.iter().filter(|r| r.0 <= now).map(|r| r.1).collect();
+    revoked.retain(|r| r.0 > now);
+    for lid in due {
+        let _ = s.lease_ended(now, lid, LeaseEnd::Revoked);
+    }
+    let ids: Vec<LeaseId> = s
+        .leases()
+        .filter(|l| l.revoke.is_none())
+        .map(|l| l.id)
+        .collect();
+    let ends = ids.len() / 100;
+    for _ in 0..ends {
+        let lid = ids[(rng.next_u64() % ids.len() as u64) as usize];
+        let _ = s.lease_ended(now, lid, LeaseEnd::Completed);
+    }
+}
+
+/// Times `passes` churn passes at `nodes` × 8 GPUs with `pending` queued.
+fn deep(nodes: usize, pending: usize, passes: usize) {
+    let t0 = Instant::now();
+    let (mut s, mut now, mut rng, projects) = deep_state(nodes, pending);
+    println!(
+        "deep queue: {nodes} nodes x 8 GPUs, {} running leases, {} pending (built in {:.1} s)",
+        s.leases().count(),
+        s.pending_len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let mut revoked: Vec<(Time, LeaseId)> = Vec::new();
+    let note = |d: &allot_fairshare::Decisions, revoked: &mut Vec<(Time, LeaseId)>| {
+        let mut starts = 0;
+        for a in &d.actions {
+            match a {
+                Action::Start { .. } => starts += 1,
+                Action::Revoke {
+                    lease, not_before, ..
+                } => revoked.push((*not_before, *lease)),
+                _ => {}
+            }
+        }
+        starts
+    };
+    let t = Instant::now();
+    let d = s.schedule(now);
+    let first = t.elapsed().as_secs_f64() * 1e3;
+    let mut started = note(&d, &mut revoked);
+    println!(
+        "  first pass after the queue filled: {first:.2} ms ({} examined, {} actions)",
+        d.examined,
+        d.actions.len()
+    );
+    let mut digest = Digest::default();
+    digest.add(&d);
+    let mut times = Vec::with_capacity(passes);
+    let (mut examined, mut most, mut actions) = (0u64, 0u32, 0usize);
+    for _ in 0..passes {
+        now += 30;
+        churn(&mut s, now, &mut rng, &mut revoked);
+        for _ in 0..started {
+            let spec = mixed_spec(&mut rng, &projects);
+            s.submit(now, spec).expect("fits");
+        }
+        let t = Instant::now();
+        let d = s.schedule(now);
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        started = note(&d, &mut revoked);
+        digest.add(&d);
+        examined += u64::from(d.examined);
+        most = most.max(d.examined);
+        actions += d.actions.len();
+    }
+    let max = times.iter().copied().fold(0.0, f64::max);
+    println!(
+        "  {passes} churn passes (1% of leases end before each): median {:.2} ms, p99 {:.2} ms, max {max:.2} ms; \
+         examined {:.0} per pass on average, at most {most}; {:.0} actions per pass; {} pending at the end",
+        percentile(&mut times, 0.5),
+        percentile(&mut times, 0.99),
+        examined as f64 / passes as f64,
+        actions as f64 / passes as f64,
+        s.pending_len()
+    );
+    println!(
+        "  decisions digest {:016x} (equal digests: the same decisions, byte for byte)",
+        digest.0
+    );
+    // What a shell pays to explain every pending workload (allotd does after each
+    // pass), against one workload's explanation.
+    let t = Instant::now();
+    let all = s.explain(now);
+    let whole = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    for e in all.iter().step_by(all.len() / 1000 + 1) {
+        s.explain_workload(now, e.workload);
+    }
+    let one = t.elapsed().as_secs_f64() * 1e3 / (all.len() / (all.len() / 1000 + 1)) as f64;
+    println!(
+        "  explain: every pending workload ({}) {whole:.1} ms; one workload {:.3} ms",
+        all.len(),
+        one
+    );
+}
+
+/// FNV-1a over every pass's decisions as JSON: compares two builds of the core.
+struct Digest(u64);
+
+impl Default for Digest {
+    fn default() -> Self {
+        Digest(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Digest {
+    fn add(&mut self, d: &allot_fairshare::Decisions) {
+        let json = serde_json::to_vec(d).expect("decisions serialize");
+        for b in json {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
 fn main() {
+    let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let want = |name: &str| only.as_deref().is_none_or(|o| name.contains(o));
+    if want("deep-1k") {
+        deep(1024, 100_000, 200);
+    }
+    if want("deep-10k") {
+        deep(10_000, 200_000, 100);
+    }
+    if want("cycle") {
+        cycle();
+    }
+    if want("ai2") {
+        ai2();
+    }
+}
+
+/// The pass at 20,000 pending (figure 1).
+fn cycle() {
     let (s, now) = big_state();
     println!(
         "cycle: 1024 nodes x 8 GPUs, {} running leases, {} pending",
@@ -115,6 +335,10 @@ fn main() {
         examined,
         actions
     );
+}
+
+/// The ai2 month under both policies (figure 3).
+fn ai2() {
     let sc = Scenario::parse(AI2, "ai2").expect("ai2 parses");
     for policy in [PolicyKind::FairShare, PolicyKind::Priority] {
         let jobs = sc.generate(sc.seed);

@@ -48,8 +48,10 @@ impl Scheduler {
                 });
             }
         }
+        // Over node kinds (cluster and size, with counts), not nodes: the same answer
+        // as a scan of every node, at a cost that does not grow with the cluster.
         let c = &self.st.cluster;
-        let max_gpus = c.nodes().map(|(_, n)| n.spec.gpus).max().unwrap_or(0);
+        let max_gpus = c.kinds().map(|(k, _)| k.gpus).max().unwrap_or(0);
         if spec.gpus_per_node == 0 || spec.gpus_per_node > max_gpus {
             return Err(CoreError::Impossible {
                 field: "gpus_per_node",
@@ -61,11 +63,11 @@ impl Scheduler {
         }
         // Name the resource no single node can hold, with the largest that has it.
         let with_gpus = || {
-            c.nodes()
-                .map(|(_, n)| n)
-                .filter(|n| n.spec.gpus >= spec.gpus_per_node)
+            c.kinds()
+                .map(|(k, _)| k)
+                .filter(|k| k.gpus >= spec.gpus_per_node)
         };
-        let max_cpu = with_gpus().map(|n| n.spec.cpu).max().unwrap_or(0);
+        let max_cpu = with_gpus().map(|k| k.cpu).max().unwrap_or(0);
         if spec.cpu_per_node > max_cpu {
             return Err(CoreError::Impossible {
                 field: "cpu_per_node",
@@ -77,8 +79,8 @@ impl Scheduler {
             });
         }
         let max_mem = with_gpus()
-            .filter(|n| n.spec.cpu >= spec.cpu_per_node)
-            .map(|n| n.spec.memory_gb)
+            .filter(|k| k.cpu >= spec.cpu_per_node)
+            .map(|k| k.memory_gb)
             .max()
             .unwrap_or(0);
         if spec.mem_per_node_gb > max_mem {
@@ -91,12 +93,12 @@ impl Scheduler {
             });
         }
         let mut per_cluster = vec![0u64; c.cluster_names().len()];
-        for (_, n) in c.nodes() {
-            if n.spec.gpus >= spec.gpus_per_node
-                && n.spec.cpu >= spec.cpu_per_node
-                && n.spec.memory_gb >= spec.mem_per_node_gb
+        for (k, count) in c.kinds() {
+            if k.gpus >= spec.gpus_per_node
+                && k.cpu >= spec.cpu_per_node
+                && k.memory_gb >= spec.mem_per_node_gb
             {
-                per_cluster[n.cluster as usize] += 1;
+                per_cluster[k.cluster as usize] += u64::from(count);
             }
         }
         let most = per_cluster.into_iter().max().unwrap_or(0);

@@ -172,6 +172,8 @@ struct State {
     /// Funded preemptions within the cooldown, as (when, requester side, victim side)
     /// at the level where their paths diverge.
     recent: Vec<(Time, GroupId, GroupId)>,
+    /// What gang preemption plans learnt about emptying nodes, until each changes.
+    whole_keys: crate::preempt::WholeKeys,
 }
 
 impl Scheduler {
@@ -199,6 +201,7 @@ impl Scheduler {
                 protect_forever: false,
                 last_now: 0,
                 recent: Vec::new(),
+                whole_keys: Default::default(),
             },
             baseline: None,
             queues: vec![ProjectQueue::default(); n],
@@ -299,11 +302,41 @@ impl Scheduler {
         self.st.budget_spent(&self.tree, project, now)
     }
 
-    /// Every pending workload with its reasons, best-ranked project first.
+    /// Every pending workload with its reasons, best-ranked project first. Costs the
+    /// whole queue (a rendered line per workload): for one workload, or a page of
+    /// them, ask [`Scheduler::explain_workload`].
     pub fn explain(&self, now: Time) -> Vec<Explanation> {
-        let r = self.ratios_at(now);
+        let ctx = self.explain_context(now);
         let mut projects: Vec<GroupId> = self.tree.projects().to_vec();
-        projects.sort_by(|a, b| r.ratio(*a).total_cmp(&r.ratio(*b)).then(a.cmp(b)));
+        projects.sort_by(|a, b| ctx.0.ratio(*a).total_cmp(&ctx.0.ratio(*b)).then(a.cmp(b)));
+        let mut out = Vec::new();
+        for p in projects {
+            let mut cur = self.queues[p.idx()].cursor(now, self.aging());
+            while let Some((id, _)) = cur.next(|_| false) {
+                if let Some(w) = self.st.workloads.get(&id) {
+                    out.push(self.explanation(now, &ctx, w));
+                }
+            }
+        }
+        out
+    }
+
+    /// Why one pending workload waits: the line [`Scheduler::explain`] gives it, at
+    /// the cost of one workload (and the ratios), whatever the length of the queue.
+    /// `None` unless it is pending.
+    pub fn explain_workload(&self, now: Time, id: WorkloadId) -> Option<Explanation> {
+        let w = self
+            .st
+            .workloads
+            .get(&id)
+            .filter(|w| w.state == WorkloadState::Pending)?;
+        let ctx = self.explain_context(now);
+        Some(self.explanation(now, &ctx, w))
+    }
+
+    /// What every explanation at `now` shares: ratios, protected leases and the
+    /// first lapse.
+    fn explain_context(&self, now: Time) -> (Ratios, u32, Option<Time>) {
         let next_lapse = self
             .st
             .protected
@@ -311,34 +344,34 @@ impl Scheduler {
             .next()
             .map(|x| x.0);
         let protected = self.st.protected.range((now + 1, LeaseId(0))..).count() as u32;
-        let mut out = Vec::new();
-        for p in projects {
-            let team = self.tree.team_of(p);
-            let mut cur = self.queues[p.idx()].cursor(now, self.aging());
-            while let Some((id, _)) = cur.next(|_| false) {
-                let Some(w) = self.st.workloads.get(&id) else {
-                    continue;
-                };
-                let blocked = w
-                    .blocked
-                    .clone()
-                    .unwrap_or_else(|| self.st.present_obstacle(w));
-                let mut e = Explanation {
-                    workload: id,
-                    project: self.tree.group(p).name.clone(),
-                    project_ratio: r.ratio(p),
-                    team: self.tree.group(team).name.clone(),
-                    team_ratio: r.ratio(team),
-                    text: String::new(),
-                    blocked,
-                    protected_leases: protected,
-                    next_lapse,
-                };
-                e.text = e.render(now);
-                out.push(e);
-            }
-        }
-        out
+        (self.ratios_at(now), protected, next_lapse)
+    }
+
+    fn explanation(
+        &self,
+        now: Time,
+        (r, protected, next_lapse): &(Ratios, u32, Option<Time>),
+        w: &Workload,
+    ) -> Explanation {
+        let p = w.project;
+        let team = self.tree.team_of(p);
+        let blocked = w
+            .blocked
+            .clone()
+            .unwrap_or_else(|| self.st.present_obstacle(w));
+        let mut e = Explanation {
+            workload: w.id,
+            project: self.tree.group(p).name.clone(),
+            project_ratio: r.ratio(p),
+            team: self.tree.group(team).name.clone(),
+            team_ratio: r.ratio(team),
+            text: String::new(),
+            blocked,
+            protected_leases: *protected,
+            next_lapse: *next_lapse,
+        };
+        e.text = e.render(now);
+        e
     }
 
     /// Time never runs backwards inside the core: an earlier `now` is taken as the
@@ -397,7 +430,9 @@ impl Scheduler {
 
         let aging = self.aging();
         let mut pass = Pass::new(&self.cfg, &self.tree, &self.st, now, self.baseline.as_ref());
+        pass.whole_keys = std::mem::take(&mut self.st.whole_keys);
         pass.run(&self.queues, &mut self.st, &mut r, aging, &mut d);
+        self.st.whole_keys = std::mem::take(&mut pass.whole_keys);
         let more = pass.cut_short;
         for id in std::mem::take(&mut self.st.dequeue) {
             self.dequeue(id);

@@ -41,6 +41,9 @@ pub(super) struct Pass<'c> {
     /// The most GPUs free on one reserved node whose reservation has not started:
     /// the largest single-node workload backfill could still place.
     backfill_cap: u32,
+    /// What gang plans learnt about emptying nodes, until each node changes (the
+    /// scheduler's, lent for the pass).
+    pub(super) whole_keys: crate::preempt::WholeKeys,
 }
 
 /// What a round of the pass could still do besides starting on free GPUs.
@@ -115,6 +118,7 @@ impl<'c> Pass<'c> {
             cut_short: false,
             reservations,
             backfill_cap: backfill_capacity(st, now),
+            whole_keys: Default::default(),
         }
     }
 
@@ -485,8 +489,17 @@ impl<'c> Pass<'c> {
             return Preempt::NotTried;
         }
         self.plans_left -= 1;
-        let Some(plan) = crate::preempt::plan(st, self.tree, r, self.cfg, self.now, id, p, &shape)
-        else {
+        let Some(plan) = crate::preempt::plan(
+            &mut self.whole_keys,
+            st,
+            self.tree,
+            r,
+            self.cfg,
+            self.now,
+            id,
+            p,
+            &shape,
+        ) else {
             self.preempt_dead.insert((p, shape));
             return Preempt::NothingPreemptible;
         };
