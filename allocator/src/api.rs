@@ -51,8 +51,8 @@ fn secs(t: u64) -> i64 {
     i64::try_from(t).unwrap_or(i64::MAX)
 }
 
-/// The wire form of a workload.
-pub fn workload_pb(w: &WorkRec) -> pb::Workload {
+/// The wire form of a workload, with why it waits (`Allocator::explanation`).
+pub fn workload_pb(w: &WorkRec, explanation: String) -> pb::Workload {
     pb::Workload {
         id: w.id.to_string(),
         spec: Some(pb::WorkloadSpec {
@@ -73,7 +73,7 @@ pub fn workload_pb(w: &WorkRec) -> pb::Workload {
         }),
         state: state_pb(w.state) as i32,
         submit_unix: secs(w.submit),
-        explanation: w.explanation.clone(),
+        explanation,
         lease_ids: w.leases.iter().map(|l| lease_wire(*l)).collect(),
         nodes: w.nodes.clone(),
         preemptions: w.preemptions,
@@ -359,12 +359,11 @@ impl Api {
     }
 
     fn workload_view(&self, id: u64) -> Result<pb::Workload, Status> {
-        self.0
-            .core()
-            .alloc
+        let c = self.0.core();
+        c.alloc
             .workloads()
             .get(&id)
-            .map(workload_pb)
+            .map(|w| workload_pb(w, c.alloc.explanation(now(), id)))
             .ok_or_else(|| {
                 Status::not_found(format!("no workload {id}; `allot queue --all` lists them"))
             })
@@ -514,7 +513,7 @@ impl pb::workloads_server::Workloads for Api {
                 c.alloc
                     .authorize_on(&who, Ask::See(id), &rec)
                     .map_err(denied_status)?;
-                workload_pb(&rec)
+                workload_pb(&rec, String::new())
             }
             r => r?,
         };
@@ -537,6 +536,7 @@ impl pb::workloads_server::Workloads for Api {
         let who = self.allow(&req, Ask::Read)?;
         let r = req.into_inner();
         crate::limits::list(&r)?;
+        let at = now();
         let c = self.0.core();
         if !r.project.is_empty()
             && !c
@@ -560,7 +560,7 @@ impl pb::workloads_server::Workloads for Api {
             .filter(|w| r.state == 0 || state_pb(w.state) as i32 == r.state)
             // Only what this caller may see: their own, their subtree's, or all.
             .filter(|w| c.alloc.sees(&who, w.id))
-            .map(workload_pb)
+            .map(|w| workload_pb(w, c.alloc.explanation(at, w.id)))
             .collect();
         Ok(Response::new(pb::ListResponse { workloads }))
     }

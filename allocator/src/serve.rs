@@ -430,15 +430,12 @@ pub fn load(cfg: &ServerConfig, store: &dyn Store) -> anyhow::Result<(Allocator,
         }
         None => Allocator::new(cfg).map_err(|e| anyhow::anyhow!("{e}"))?,
     };
-    alloc.explaining = false;
     for (seq, at, input) in &loaded.tail {
         if let Err(e) = alloc.apply(*at, input) {
             // The config changed under the journal (a project removed …): say so.
             tracing::warn!(seq, error = %e, "journal entry no longer applies; skipped");
         }
     }
-    alloc.explaining = true;
-    alloc.explain(now());
     Ok((alloc, loaded.tail.len() as u64))
 }
 

@@ -200,7 +200,6 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
     let (every, keep) = (cfg.server.snapshot_every, cfg.server.keep_finished);
     let mut store = Sqlite::open(&dir)?;
     let mut a = Allocator::new(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
-    a.explaining = false;
     let projects = ["demo-a", "demo-b"];
     let mut written = 0u64;
     let mut since = 0u64;

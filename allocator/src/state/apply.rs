@@ -34,7 +34,6 @@ impl Allocator {
                         nodes: Vec::new(),
                         preemptions: 0,
                         funded: false,
-                        explanation: String::new(),
                     },
                 );
                 a.id = Some(id.0);
@@ -159,9 +158,6 @@ impl Allocator {
                 for act in d.actions {
                     self.act(at, act, &mut a);
                 }
-                if self.explaining {
-                    self.explain(at);
-                }
             }
             Input::Decided { actions } => {
                 self.core.replay(at, actions)?;
@@ -173,13 +169,13 @@ impl Allocator {
         Ok(a)
     }
 
-    /// Refreshes why each pending workload waits (the core renders the text).
-    pub fn explain(&mut self, at: Time) {
-        for e in self.core.explain(at) {
-            if let Some(w) = self.work.get_mut(&e.workload.0) {
-                w.explanation = e.text;
-            }
-        }
+    /// Why workload `id` waits, if it does, as of `at` (the core renders the text
+    /// of one workload on read: no pass explains the whole queue).
+    pub fn explanation(&self, at: Time, id: u64) -> String {
+        self.core
+            .explain_workload(at, WorkloadId(id))
+            .map(|e| e.text)
+            .unwrap_or_default()
     }
 
     fn act(&mut self, at: Time, act: Action, a: &mut Applied) {
@@ -216,7 +212,6 @@ impl Allocator {
                 w.funded = funded;
                 w.leases.push(lease.0);
                 w.nodes = hosts.iter().map(|(n, _)| n.clone()).collect();
-                w.explanation.clear();
                 // A new run: how the last one ended stays in the history.
                 w.end_reason.clear();
                 self.counters

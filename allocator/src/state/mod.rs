@@ -137,9 +137,6 @@ pub struct WorkRec {
     /// Current run funded.
     #[serde(default)]
     pub funded: bool,
-    /// Why it waits.
-    #[serde(default)]
-    pub explanation: String,
 }
 
 /// Counters for `/metrics` (kept in snapshots, rebuilt by replay like everything else).
@@ -200,9 +197,6 @@ pub struct Allocator {
     auto_drains: VecDeque<(Time, String)>,
     /// The breaker's settings.
     breaker: BreakerSection,
-    /// Passes refresh the explanations; off while replaying the journal, where only
-    /// the last pass's would survive (see `Server::open`).
-    pub explaining: bool,
     /// Tokens and node credentials issued.
     pub creds: Creds,
     /// Roles from the config.
@@ -222,7 +216,6 @@ impl Allocator {
             counters: Counters::default(),
             auto_drains: VecDeque::new(),
             breaker: cfg.breaker.clone(),
-            explaining: true,
             creds: Creds::default(),
             access: Access::new(cfg.roles.clone(), cfg.access.clone()),
         })

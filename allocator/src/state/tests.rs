@@ -850,3 +850,27 @@ fn retiring_takes_out_only_work_that_ended_before_the_cut() {
     a.unretire(gone);
     assert_eq!(a.workloads().len(), live + ended.len());
 }
+
+#[test]
+fn why_work_waits_is_rendered_on_read_for_pending_work_only() {
+    let inputs = busy_day();
+    let mut a = allocator(0);
+    run_journaled(&mut a, &inputs);
+    let pending: Vec<u64> = a
+        .workloads()
+        .values()
+        .filter(|w| w.state == WorkloadState::Pending)
+        .map(|w| w.id)
+        .collect();
+    assert!(!pending.is_empty());
+    for id in pending {
+        assert!(!a.explanation(9_000, id).is_empty(), "workload {id}");
+    }
+    let running = a
+        .workloads()
+        .values()
+        .find(|w| w.state == WorkloadState::Running)
+        .map(|w| w.id)
+        .expect("running work");
+    assert_eq!(a.explanation(9_000, running), "");
+}
