@@ -282,9 +282,11 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         t_enroll.elapsed().as_secs_f64()
     );
     let t0 = Instant::now();
-    for (h, ch) in channels.into_iter().enumerate() {
-        tokio::spawn(agent(ch, h as u32, a.clone(), ended.clone()));
-    }
+    let fleet: Vec<_> = channels
+        .into_iter()
+        .enumerate()
+        .map(|(h, ch)| tokio::spawn(agent(ch, h as u32, a.clone(), ended.clone())))
+        .collect();
     let mut nodes = pb::nodes_client::NodesClient::new(submit_ch.clone());
     loop {
         let n = nodes
@@ -435,8 +437,18 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         passes,
         if passes > 0.0 { pass_s / passes * 1000.0 } else { 0.0 }
     );
+    let t_stop = Instant::now();
     let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    // Stopping ends the streams and writes a snapshot: wait for it, then say how long.
+    let _ = tokio::time::timeout(Duration::from_secs(120), server).await;
+    println!(
+        "stop: allotd stopped in {:.2}s with the fleet connected (streams ended, a snapshot written)",
+        t_stop.elapsed().as_secs_f64()
+    );
+    // The fleet goes too, so nothing writes to the state while it is read again.
+    for f in &fleet {
+        f.abort();
+    }
     // Durable, not just listed: the state on disk (the last snapshot and the
     // journal after it) holds every acknowledged submission.
     let loaded = Sqlite::open(&dir.join("allotd"))?.load()?;

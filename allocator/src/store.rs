@@ -273,9 +273,12 @@ impl Store for Sqlite {
             let path = path.clone();
             move |e: rusqlite::Error| StoreError::new(&path, what, e)
         };
+        // Immediate: the position read below must still be the last when the
+        // snapshot is written (a deferred read that turns into a write fails at
+        // once, without waiting, if another writer came between).
         let tx = self
             .conn
-            .transaction()
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(fail("starting a transaction"))?;
         // The journal's last position, also once compaction left it empty.
         let seq: i64 = tx
