@@ -31,12 +31,15 @@ pub struct NodeSpec {
     /// Host name, unique.
     pub name: String,
     /// The cluster it belongs to; gangs never span clusters.
+    #[serde(default)]
     pub cluster: String,
     /// Number of GPUs (1..=64).
     pub gpus: u32,
     /// CPU cores.
+    #[serde(default)]
     pub cpu: u32,
     /// Memory in GB.
+    #[serde(default)]
     pub memory_gb: u32,
 }
 

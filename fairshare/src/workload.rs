@@ -21,23 +21,30 @@ pub struct WorkloadSpec {
     /// Who submitted it.
     pub user: String,
     /// Free-text class label: `debug`, `training`, `interactive`, `batch` …
+    #[serde(default)]
     pub class: String,
     /// GPUs on each node.
     pub gpus_per_node: u32,
     /// Nodes; more than one makes a gang that starts all at once on whole nodes.
     pub nodes: u32,
     /// CPU cores on each node.
+    #[serde(default)]
     pub cpu_per_node: u32,
     /// Memory on each node, GB.
+    #[serde(default)]
     pub mem_per_node_gb: u32,
     /// Protected time after start; 0 means unfunded, always preemptible.
+    #[serde(default)]
     pub min_runtime: Secs,
     /// Hard limit on one run, if any.
+    #[serde(default)]
     pub time_limit: Option<Secs>,
     /// Whether it can checkpoint and resume (resume from its checkpoint when requeued;
     /// work that cannot resume restarts from the beginning).
+    #[serde(default)]
     pub resumable: bool,
     /// Order inside its project (higher first), before aging.
+    #[serde(default)]
     pub priority: i32,
     /// End as preempted instead of waiting again when preempted or its node is lost
     /// (the user asked for no requeue; Slurm's `--no-requeue`).

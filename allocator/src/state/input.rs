@@ -36,6 +36,7 @@ pub enum Input {
         /// What the core needs.
         spec: NodeSpec,
         /// GPU UUIDs by index.
+        #[serde(default)]
         gpu_uuids: Vec<String>,
     },
     /// A user submitted work.
@@ -43,8 +44,10 @@ pub enum Input {
         /// The request.
         spec: WorkloadSpec,
         /// The command.
+        #[serde(default)]
         argv: Vec<String>,
         /// Checkpoint hook spec.
+        #[serde(default)]
         hook: String,
     },
     /// A user cancelled work.
@@ -62,6 +65,7 @@ pub enum Input {
         /// How.
         end: LeaseEnd,
         /// The agent's words.
+        #[serde(default)]
         reason: String,
         /// The node that reported it (a refusal marks that node only); empty in
         /// journals before 0.2 and for ends allotd decides itself.
@@ -75,6 +79,7 @@ pub enum Input {
         /// New state.
         state: NodeState,
         /// Why.
+        #[serde(default)]
         reason: String,
         /// The drain's author kind: `cluster-operator` (journals before 0.2 say
         /// `operator`), `local-operator` (reported by the agent), `health`, `lost`;
@@ -121,6 +126,7 @@ pub enum Input {
         /// Expiry, Unix s.
         expires: u64,
         /// The admin.
+        #[serde(default)]
         by: String,
         /// The admin's note.
         #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -131,6 +137,7 @@ pub enum Input {
         /// Its id.
         id: String,
         /// The admin.
+        #[serde(default)]
         by: String,
     },
     /// An admin offered a node enrollment: a one-time token (hash kept).
@@ -142,6 +149,7 @@ pub enum Input {
         /// Expiry, Unix s.
         expires: u64,
         /// The admin.
+        #[serde(default)]
         by: String,
     },
     /// A node got a certificate (by enrolling, which uses up its token, or by
@@ -159,6 +167,7 @@ pub enum Input {
         /// The node.
         node: String,
         /// The admin.
+        #[serde(default)]
         by: String,
     },
     /// A scheduling pass. Journals since 0.5 keep what it decided instead
@@ -179,6 +188,7 @@ pub enum Input {
         /// What the core needs.
         spec: NodeSpec,
         /// GPU UUIDs by index.
+        #[serde(default)]
         gpu_uuids: Vec<String>,
         /// Its GPUs as it sees them.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]

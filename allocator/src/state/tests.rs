@@ -874,3 +874,28 @@ fn why_work_waits_is_rendered_on_read_for_pending_work_only() {
         .expect("running work");
     assert_eq!(a.explanation(9_000, running), "");
 }
+
+#[test]
+fn journal_entries_read_with_only_their_identifying_fields() {
+    let submit =
+        r#"{"kind":"submit","spec":{"project":"demo-a","user":"u","gpus_per_node":1,"nodes":1}}"#;
+    let Ok(Input::Submit { spec, argv, hook }) = Input::decode(submit) else {
+        panic!("a minimal submission reads");
+    };
+    assert_eq!(
+        (spec.min_runtime, spec.priority, spec.class.as_str()),
+        (0, 0, "")
+    );
+    assert!(argv.is_empty() && hook.is_empty());
+    for text in [
+        r#"{"kind":"lease-ended","lease":3,"end":"completed"}"#,
+        r#"{"kind":"node-state","node":"n0","state":"draining","by":"cluster-operator"}"#,
+        r#"{"kind":"register","spec":{"name":"n9","gpus":8}}"#,
+        r#"{"kind":"token-revoked","id":"t-1"}"#,
+    ] {
+        assert!(Input::decode(text).is_ok(), "{text}");
+    }
+    // What identifies an entry is still required, and named when missing.
+    let e = Input::decode(r#"{"kind":"lease-ended","end":"completed"}"#).expect_err("no lease");
+    assert!(e.to_string().contains("lease"), "{e}");
+}

@@ -45,6 +45,32 @@ proptest! {
         prop_assert_eq!(a.sch.explain(a.now), b.sch.explain(b.now));
     }
 
+    /// Property 5b: a snapshot's facts rebuild the same scheduler: the same facts,
+    /// queue length, demand, and GPU and host bits on every node (what the next
+    /// pass decides from, claims aside: those are plans made afresh).
+    #[test]
+    fn facts_rebuild_the_same_scheduler((setup, ops) in any_case()) {
+        let r = run(&setup, &ops);
+        let f = r.sch.facts();
+        let back = allot_fairshare::Scheduler::from_facts(
+            r.sch.config().clone(),
+            r.sch.tree().clone(),
+            &f,
+        );
+        prop_assert!(back.is_ok(), "{:?}", back.err());
+        let back = back.expect("checked");
+        prop_assert_eq!(back.facts(), f);
+        prop_assert_eq!(back.pending_len(), r.sch.pending_len());
+        prop_assert_eq!(back.demand(), r.sch.demand());
+        for (id, n) in r.sch.cluster().nodes() {
+            let m = back.cluster().node(id);
+            prop_assert_eq!(
+                (n.used, n.healthy, n.state, n.cpu_used, n.mem_used),
+                (m.used, m.healthy, m.state, m.cpu_used, m.mem_used)
+            );
+        }
+    }
+
     /// Property 6, conservation: every accepted workload stays known; pending +
     /// running + ended = submitted; pending_len, leases and demand agree with the
     /// workloads; each state is the one its history implies; final states stay final.
