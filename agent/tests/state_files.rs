@@ -6,46 +6,20 @@
 
 mod support;
 
-use allot_test_support::wait_for;
-use std::path::Path;
+use allot_test_support::{checkpoint_sqlite, run_until_exit};
 use std::process::Command;
-use std::time::Duration;
 use support::TestAgent;
 
-/// Runs the agent on `a`'s config and waits for it to exit (a start that does not
-/// exit is the failure: it is killed and the test fails); its status and stderr.
+/// Runs the agent on `a`'s config until it exits (it must refuse to start);
+/// its status and stderr.
 fn agent_until_exit(a: &TestAgent) -> (std::process::ExitStatus, String) {
-    let log = a.dir.join("refused.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_allot-agent"))
-        .arg("--config")
-        .arg(&a.config)
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("agent starts");
-    let status = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for(
-            "the agent to refuse and exit",
-            Duration::from_secs(30),
-            || child.try_wait().expect("wait"),
-        )
-    }));
-    let status = status.unwrap_or_else(|p| {
-        let _ = child.kill();
-        let _ = child.wait();
-        std::panic::resume_unwind(p)
-    });
-    (status, std::fs::read_to_string(&log).unwrap_or_default())
-}
-
-/// Folds the write-ahead log into the file, as a clean stop would.
-fn checkpoint(db: &Path) {
-    let conn = rusqlite::Connection::open(db).expect("db");
-    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
-        .expect("checkpoint");
-    drop(conn);
-    for side in ["-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{side}", db.display()));
-    }
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot-agent"));
+    cmd.args(["--config"]).arg(&a.config);
+    run_until_exit(
+        "the agent to refuse and exit",
+        &mut cmd,
+        &a.dir.join("refused.log"),
+    )
 }
 
 #[test]
@@ -59,7 +33,7 @@ fn the_agent_refuses_an_empty_truncated_or_deleted_state_file_and_keeps_its_leas
     let wal = state.join("agent.db-wal");
     let marker = state.join("agent.db.created");
     assert!(marker.exists(), "the first start left the marker");
-    checkpoint(&db);
+    checkpoint_sqlite(&db);
     let backup = std::fs::read(&db).expect("backup");
     assert!(backup.len() >= 2 * 4096, "{}", backup.len());
 

@@ -5,45 +5,22 @@
 
 mod support;
 
-use std::path::Path;
+use allot_test_support::{checkpoint_sqlite, run_until_exit};
 use std::process::Command;
-use std::time::Duration;
-use support::{wait_for, Cluster};
+use support::Cluster;
 
 const GROUPS: &str = "[[group]]\nname = \"demo-a\"\nweight = 1\n";
 
-/// Runs `allotd serve` on `c`'s config and waits for it to exit (a start that does
-/// not exit is the failure: it is killed and the test fails); its status and stderr.
+/// Runs allotd on `c`'s config until it exits (it must refuse to start);
+/// its status and stderr.
 fn serve_until_exit(c: &Cluster) -> (std::process::ExitStatus, String) {
-    let log = c.dir.join("refused.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_allotd"))
-        .args(["serve", "--config"])
-        .arg(&c.config)
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("allotd starts");
-    let status = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for("allotd to refuse and exit", Duration::from_secs(30), || {
-            child.try_wait().expect("wait")
-        })
-    }));
-    let status = status.unwrap_or_else(|p| {
-        let _ = child.kill();
-        let _ = child.wait();
-        std::panic::resume_unwind(p)
-    });
-    (status, std::fs::read_to_string(&log).unwrap_or_default())
-}
-
-/// Folds the write-ahead log into the file, as a clean stop would.
-fn checkpoint(db: &Path) {
-    let conn = rusqlite::Connection::open(db).expect("db");
-    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
-        .expect("checkpoint");
-    drop(conn);
-    for side in ["-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{side}", db.display()));
-    }
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allotd"));
+    cmd.args(["serve", "--config"]).arg(&c.config);
+    run_until_exit(
+        "allotd to refuse and exit",
+        &mut cmd,
+        &c.dir.join("refused.log"),
+    )
 }
 
 #[test]
@@ -55,7 +32,7 @@ fn allotd_refuses_an_empty_truncated_or_deleted_state_file_once_it_has_run() {
     let db = state.join("allotd.db");
     let marker = state.join("allotd.db.created");
     assert!(marker.exists(), "the first start left the marker");
-    checkpoint(&db);
+    checkpoint_sqlite(&db);
     let backup = std::fs::read(&db).expect("backup");
     assert!(backup.len() >= 2 * 4096, "{}", backup.len());
 

@@ -124,3 +124,40 @@ pub fn group_id(name: &str) -> Option<u32> {
         .parse()
         .ok()
 }
+
+/// Spawns `cmd` with stderr to `log` and waits for it to exit (a daemon that does
+/// not exit within 30 s is the failure: it is killed and the test fails); its
+/// status and stderr. For daemons that must refuse to start.
+pub fn run_until_exit(
+    what: &str,
+    cmd: &mut std::process::Command,
+    log: &Path,
+) -> (std::process::ExitStatus, String) {
+    let mut child = cmd
+        .stderr(std::fs::File::create(log).expect("log"))
+        .spawn()
+        .expect("starts");
+    let status = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(what, Duration::from_secs(30), || {
+            child.try_wait().expect("wait")
+        })
+    }));
+    let status = status.unwrap_or_else(|p| {
+        let _ = child.kill();
+        let _ = child.wait();
+        std::panic::resume_unwind(p)
+    });
+    (status, std::fs::read_to_string(log).unwrap_or_default())
+}
+
+/// Folds a SQLite database's write-ahead log into the file and removes the `-wal`
+/// and `-shm` beside it, as a clean stop would.
+pub fn checkpoint_sqlite(db: &Path) {
+    let conn = rusqlite::Connection::open(db).expect("db");
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .expect("checkpoint");
+    drop(conn);
+    for side in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{side}", db.display()));
+    }
+}
