@@ -47,31 +47,13 @@ impl Core {
     /// workloads that ended more than `keep_finished` ago.
     fn snapshot(&mut self, at: Time, keep_finished: u64) -> anyhow::Result<()> {
         let t = Instant::now();
-        let retired = self.alloc.retire(at.saturating_sub(keep_finished));
-        let written = serde_json::to_string(&self.alloc.snapshot())
-            .context("encoding a snapshot")
-            .and_then(|body| {
-                let recs = retired
-                    .iter()
-                    .map(|w| Ok((w.id, serde_json::to_string(w)?)))
-                    .collect::<serde_json::Result<Vec<_>>>()
-                    .context("encoding a retired workload")?;
-                let seq = self.store.snapshot(at, &body, &recs)?;
-                Ok((seq, body.len()))
-            });
-        let (seq, bytes) = match written {
-            Ok(x) => x,
-            Err(e) => {
-                // Not on disk: they stay in memory, and in the journal.
-                self.alloc.unretire(retired);
-                return Err(e);
-            }
-        };
+        let (seq, bytes, retired) =
+            write_snapshot(&mut self.alloc, self.store.as_mut(), at, keep_finished)?;
         self.since_snapshot = 0;
         tracing::info!(
             seq,
             bytes,
-            retired = retired.len(),
+            retired,
             ms = t.elapsed().as_millis() as u64,
             "snapshot taken; the journal below it compacted"
         );
@@ -410,6 +392,37 @@ impl Server {
             if watchdog.is_some() {
                 allot_common::systemd::notify("WATCHDOG=1");
             }
+        }
+    }
+}
+
+/// Writes `alloc` as a snapshot at `at` into `store`, moving the workloads that
+/// ended more than `keep_finished` ago to the retired records; returns the journal
+/// position, the snapshot's size and how many retired. Should the write fail, the
+/// retired workloads stay in memory (and the journal keeps everything).
+pub fn write_snapshot(
+    alloc: &mut Allocator,
+    store: &mut dyn Store,
+    at: Time,
+    keep_finished: u64,
+) -> anyhow::Result<(u64, usize, usize)> {
+    let retired = alloc.retire(at.saturating_sub(keep_finished));
+    let written = serde_json::to_string(&alloc.snapshot())
+        .context("encoding a snapshot")
+        .and_then(|body| {
+            let recs = retired
+                .iter()
+                .map(|w| Ok((w.id, serde_json::to_string(w)?)))
+                .collect::<serde_json::Result<Vec<_>>>()
+                .context("encoding a retired workload")?;
+            let seq = store.snapshot(at, &body, &recs)?;
+            Ok((seq, body.len()))
+        });
+    match written {
+        Ok((seq, bytes)) => Ok((seq, bytes, retired.len())),
+        Err(e) => {
+            alloc.unretire(retired);
+            Err(e)
         }
     }
 }

@@ -212,12 +212,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
         store.append(batch)?;
         batch.clear();
         if let Some((a, at)) = a {
-            let retired: Vec<(u64, String)> = a
-                .retire(at.saturating_sub(keep))
-                .iter()
-                .map(|w| Ok((w.id, serde_json::to_string(w)?)))
-                .collect::<serde_json::Result<_>>()?;
-            store.snapshot(at, &serde_json::to_string(&a.snapshot())?, &retired)?;
+            crate::serve::write_snapshot(a, store, at, keep)?;
         }
         Ok(())
     };
