@@ -126,7 +126,8 @@ fn check_start(r: &pb::StartLeaseRequest) -> Result<(), FieldError> {
     check_argv("argv", &r.argv)?;
     check_optional_name("user", &r.user, MAX_NAME)?;
     check_optional_name("workload_id", &r.workload_id, MAX_NAME)?;
-    check_text("checkpoint_hook", &r.checkpoint_hook, MAX_HOOK)
+    check_text("checkpoint_hook", &r.checkpoint_hook, MAX_HOOK)?;
+    allot_common::fields::check_cwd("cwd", &r.cwd)
 }
 
 fn secs(ms: i64) -> i64 {
@@ -321,9 +322,11 @@ impl AgentLocal for LocalApi {
             adopt_pid: (r.adopt_pid > 0).then(|| i32::try_from(r.adopt_pid).unwrap_or(i32::MAX)),
             user: r.user,
             workload_id: r.workload_id,
-            env: Vec::new(),
-            lease_id: String::new(),
-            gpu_uuids: Vec::new(),
+            // A local lease starts where its caller is (`allot lease start` sends
+            // its directory) with a clean environment: the login variables and
+            // the default PATH, no variables of the agent's.
+            cwd: r.cwd,
+            ..StartSpec::default()
         };
         let (l, reaper) = self
             .0

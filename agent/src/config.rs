@@ -56,6 +56,11 @@ pub struct AgentSection {
     /// ::1, localhost); a lease whose hook points elsewhere is refused, so that a
     /// submission cannot make the agent call into the network (reloadable).
     pub hook_hosts: Vec<String>,
+    /// Where the cluster reaches this host (an IP address or a host name), sent to
+    /// allotd at registration: a gang's `MASTER_ADDR` when this host is its rank 0.
+    /// Empty: the local IP address of the agent's connection to allotd (restart to
+    /// change).
+    pub advertise_addr: String,
 }
 
 impl Default for AgentSection {
@@ -76,6 +81,7 @@ impl Default for AgentSection {
             min_uid: 1000,
             allow_root: false,
             hook_hosts: Vec::new(),
+            advertise_addr: String::new(),
         }
     }
 }
@@ -143,6 +149,18 @@ impl AgentConfig {
                 format!("{h:?} is not a host name or address; give e.g. \"ckpt.example.com\" or \"10.0.0.5\", without scheme or port"),
             ));
         }
+        if !a.advertise_addr.is_empty()
+            && (a.advertise_addr.len() > allot_common::fields::MAX_NAME
+                || !a
+                    .advertise_addr
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_')))
+        {
+            return Err(err(
+                "agent.advertise_addr",
+                format!("{:?} is not an address or host name; give e.g. \"10.0.0.5\" or \"node-1.cluster.example\", without scheme or port, or leave it empty", a.advertise_addr),
+            ));
+        }
         if !a.default_checkpoint.is_empty() {
             let hook = a
                 .default_checkpoint
@@ -186,7 +204,7 @@ impl AgentConfig {
         if a.state_dir != b.state_dir {
             v.push("agent.state_dir");
         }
-        if a.host != b.host || a.cluster != b.cluster {
+        if a.host != b.host || a.cluster != b.cluster || a.advertise_addr != b.advertise_addr {
             v.push("agent.host/cluster");
         }
         if self.health != new.health {

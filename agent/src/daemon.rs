@@ -302,6 +302,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
             cfg.agent.allocator.clone(),
             cfg.agent.cluster.clone(),
             cfg.agent.state_dir.clone(),
+            cfg.agent.advertise_addr.clone(),
         ));
     }
     tracing::info!(socket = %cfg.agent.socket.display(), state_dir = %cfg.agent.state_dir.display(), source = %cfg.health.source, "allot-agent ready");

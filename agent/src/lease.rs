@@ -102,6 +102,16 @@ pub struct LeaseRecord {
     pub ended_ms: i64,
     /// The ladder's steps.
     pub steps: Vec<StepRecord>,
+    /// Where it started (absolute); empty: the agent's own directory.
+    pub cwd: String,
+    /// Which run of its workload (from 1; 0 for local leases and older rows).
+    pub run: u32,
+    /// This host's rank in its gang (from 0).
+    pub rank: u32,
+    /// Stdout file pattern (`%j`, `%r`, `%n`); empty: the agent's default.
+    pub output: String,
+    /// Stderr file pattern; empty: the agent's default.
+    pub error: String,
 }
 
 impl LeaseRecord {

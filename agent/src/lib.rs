@@ -17,3 +17,4 @@ pub mod process;
 pub mod store;
 pub mod uplink;
 pub mod vouch;
+pub mod workdir;

@@ -7,7 +7,7 @@
 //! tests); the daemon gives it [`RealOs`], which is what the host did inline before.
 
 use crate::process::{Launch, LaunchError, ProcId};
-use allot_checkpoint_hooks::Identity;
+use allot_checkpoint_hooks::{Identity, RunAs};
 use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
 
@@ -110,6 +110,9 @@ pub trait Os: Send + Sync {
     /// Makes a directory and its parents; the directory itself, if this made it, is
     /// given to `owner` (uid, gid).
     fn create_dir_all(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()>;
+    /// Whether work can start in `dir` as `who`: it exists, is a directory, and
+    /// `who` may enter it; otherwise why not (see `workdir::check`).
+    fn work_dir(&self, dir: &Path, who: &RunAs) -> Result<(), String>;
 
     /// True if `p` still names the same live process (not a recycled pid).
     fn is_same(&self, p: ProcId) -> bool {
@@ -218,6 +221,10 @@ impl Os for RealOs {
 
     fn create_dir_all(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
         crate::process::create_dir_owned(path, owner)
+    }
+
+    fn work_dir(&self, dir: &Path, who: &RunAs) -> Result<(), String> {
+        crate::workdir::check(dir, who)
     }
 }
 

@@ -31,9 +31,11 @@ pub struct Launch {
     /// Whom it runs as: the agent's own user, or (the agent being root) another
     /// user's uid, gid and groups; the checkpoint dir, if made here, is theirs.
     pub run_as: RunAs,
-    /// More environment: the user's `HOME`, `USER`, `LOGNAME`, `SHELL`, then the
-    /// request's (later entries win).
+    /// The whole environment, but for the GPU and lease variables added here (later
+    /// entries win): nothing of the agent's own leaks in.
     pub env: Vec<(String, String)>,
+    /// Where it starts; `None`: the agent's own directory.
+    pub cwd: Option<PathBuf>,
 }
 
 /// A process, as pid plus start time (clock ticks since boot).
@@ -147,7 +149,11 @@ pub fn launch(l: &Launch) -> Result<(Child, ProcId), LaunchError> {
     make_dir(l, &l.checkpoint_dir, owner)?;
     make_dir(l, &l.log_dir, None)?;
     let gpus = l.gpus.join(",");
+    if let Some(dir) = &l.cwd {
+        cmd.current_dir(dir);
+    }
     cmd.args(args)
+        .env_clear()
         .envs(l.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .env("CUDA_VISIBLE_DEVICES", &gpus)
         .env("NVIDIA_VISIBLE_DEVICES", &gpus)

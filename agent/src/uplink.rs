@@ -41,7 +41,7 @@ pub fn health(sh: &Shared) -> pb::AgentMessage {
     }
 }
 
-fn register(sh: &Shared, cluster: &str) -> pb::AgentMessage {
+fn register(sh: &Shared, cluster: &str, advertise_addr: &str) -> pb::AgentMessage {
     let (cpu, mem) = (sh.host_size.0, sh.host_size.1 / (1 << 30));
     let h = sh.host();
     pb::AgentMessage {
@@ -60,6 +60,7 @@ fn register(sh: &Shared, cluster: &str) -> pb::AgentMessage {
                 .collect(),
             drains: drains_pb(&h),
             protocol: PROTOCOL,
+            advertise_addr: advertise_addr.to_string(),
         })),
     }
 }
@@ -123,6 +124,12 @@ fn on_command(sh: &Shared, m: pb::AllocatorMessage) {
                 user: c.user,
                 workload_id: l.workload_id.clone(),
                 env: c.env.into_iter().collect(),
+                job_env: c.job_env.into_iter().map(|e| (e.name, e.value)).collect(),
+                cwd: c.cwd,
+                run: c.run,
+                rank: c.rank,
+                output: c.output,
+                error: c.error,
                 lease_id: l.id.clone(),
                 gpu_uuids: l.gpu_uuids.clone(),
             };
@@ -220,12 +227,33 @@ async fn channel(
     Ok(ch)
 }
 
+/// The local IP address this host uses to reach `uri` (allotd): what the cluster can
+/// reach it by, when `[agent] advertise_addr` does not say. A UDP socket "connected"
+/// to allotd's address makes the kernel pick the route and source address; nothing
+/// is sent.
+async fn local_ip_towards(uri: &str) -> Option<String> {
+    let parsed = uri.parse::<tonic::transport::Uri>().ok()?;
+    let host = parsed.host()?.trim_start_matches('[').trim_end_matches(']');
+    let port = parsed.port_u16().unwrap_or(7070);
+    let peer = tokio::net::lookup_host((host, port)).await.ok()?.next()?;
+    let bind = if peer.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let sock = tokio::net::UdpSocket::bind(bind).await.ok()?;
+    sock.connect(peer).await.ok()?;
+    Some(sock.local_addr().ok()?.ip().to_string())
+}
+
 async fn session(
     sh: &Arc<Shared>,
     addr: &str,
     cluster: &str,
     state_dir: &Path,
+    advertise: &str,
 ) -> Result<(), String> {
+    let advertise = if advertise.is_empty() {
+        local_ip_towards(addr).await.unwrap_or_default()
+    } else {
+        advertise.to_string()
+    };
     let mut client =
         pb::agent_stream_client::AgentStreamClient::new(channel(sh, addr, state_dir).await?);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -234,7 +262,7 @@ async fn session(
     *sh.uplink.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx.clone());
     // Older changes are in the snapshot that follows.
     sh.host().take_changes();
-    let _ = tx.send(register(sh, cluster));
+    let _ = tx.send(register(sh, cluster, &advertise));
     let _ = tx.send(health(sh));
     // Ended leases the allocator may not have heard of while the stream was down.
     let ended: Vec<LeaseRecord> = sh
@@ -271,13 +299,20 @@ async fn session(
     r
 }
 
-/// Keeps a session to the allocator up for as long as the agent runs.
-pub async fn run(sh: Arc<Shared>, addr: String, cluster: String, state_dir: PathBuf) {
+/// Keeps a session to the allocator up for as long as the agent runs; `advertise`
+/// is `[agent] advertise_addr` (empty: found per session, see `local_ip_towards`).
+pub async fn run(
+    sh: Arc<Shared>,
+    addr: String,
+    cluster: String,
+    state_dir: PathBuf,
+    advertise: String,
+) {
     let addr = crate::credentials::with_scheme(&addr);
     let mut wait = BACKOFF.0;
     loop {
         let t0 = std::time::Instant::now();
-        match session(&sh, &addr, &cluster, &state_dir).await {
+        match session(&sh, &addr, &cluster, &state_dir, &advertise).await {
             Ok(()) => {
                 tracing::warn!(allocator = %addr, "allocator closed the stream; reconnecting")
             }

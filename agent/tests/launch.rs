@@ -16,8 +16,47 @@ fn launch_spec(tag: &str, script: &str) -> Launch {
         checkpoint_dir: dir.join("ckpt"),
         log_dir: dir.join("logs"),
         run_as: RunAs::Agent,
-        env: vec![("EXTRA".into(), "1".into())],
+        env: vec![
+            ("EXTRA".into(), "1".into()),
+            ("PATH".into(), "/usr/bin:/bin".into()),
+        ],
+        cwd: None,
     }
+}
+
+#[test]
+fn the_environment_is_whole_and_the_work_starts_in_its_directory() {
+    let mut l = launch_spec("cwd", "pwd; env | sort");
+    let dir = l.log_dir.parent().expect("test dir").join("work dir");
+    std::fs::create_dir_all(&dir).expect("work dir");
+    l.cwd = Some(dir.clone());
+    let (mut child, _) = launch(&l).expect("starts");
+    assert!(child.wait().expect("exits").success());
+    let out = std::fs::read_to_string(l.log_dir.join("L-cwd.out")).expect("stdout log");
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some(dir.to_str().expect("utf-8")), "{out}");
+    let names: Vec<&str> = lines.filter_map(|v| v.split('=').next()).collect();
+    // The given variables, the lease's own, and what sh sets itself: nothing of
+    // this test process's environment (HOME, CARGO_*, …).
+    for n in &names {
+        assert!(
+            [
+                "EXTRA",
+                "PATH",
+                "CUDA_VISIBLE_DEVICES",
+                "NVIDIA_VISIBLE_DEVICES",
+                "ALLOT_LEASE_ID",
+                "ALLOT_CHECKPOINT_DIR",
+                "PWD",
+                "SHLVL",
+                "_",
+                "OLDPWD",
+            ]
+            .contains(n),
+            "{n} leaked into the workload: {out}"
+        );
+    }
+    assert!(names.contains(&"EXTRA") && names.contains(&"ALLOT_LEASE_ID"), "{out}");
 }
 
 #[test]

@@ -6,7 +6,8 @@
 use crate::serve::{now, Server};
 use crate::state::{
     end_from_agent, end_from_agent_text, lease_from_wire, lease_wire, state_name, Ask, Command,
-    Denied, GpuCondition, GpuSeen, HostDrain, Input, NodeRec, Out, Verdict, Who, WorkRec,
+    Denied, GpuCondition, GpuSeen, HostDrain, Input, NodeRec, Out, StartLease, Verdict, Who,
+    WorkRec,
 };
 use allot_fairshare::{CoreError, NodeSpec, NodeState, WorkloadSpec, WorkloadState};
 use allot_proto::v1 as pb;
@@ -70,6 +71,12 @@ pub fn workload_pb(w: &WorkRec, explanation: String) -> pb::Workload {
             argv: w.argv.clone(),
             checkpoint_hook: w.hook.clone(),
             no_requeue: w.spec.no_requeue,
+            cwd: w.cwd.clone(),
+            // Kept and sent to the hosts that run it, shown to no one: an
+            // environment may hold secrets.
+            env: Vec::new(),
+            output: w.output.clone(),
+            error: w.error.clone(),
         }),
         state: state_pb(w.state) as i32,
         submit_unix: secs(w.submit),
@@ -83,6 +90,39 @@ pub fn workload_pb(w: &WorkRec, explanation: String) -> pb::Workload {
         end_reason: w.end_reason.clone(),
         history: Vec::new(),
     }
+}
+
+/// allot's variables for one part of a lease (they win over the submitted
+/// environment and the user's login variables on the host): who the work is, where
+/// the gang's parts are, and the names `torchrun` reads, so a bare `torchrun
+/// train.py` finds its rendezvous. `WORLD_SIZE` counts GPU processes (nodes × GPUs
+/// per node), `ALLOT_NNODES` nodes.
+pub fn allot_env(s: &StartLease) -> Vec<(String, String)> {
+    let nnodes = s.nodes.len().max(1).to_string();
+    let rank = s.rank.to_string();
+    let per_node = s.gpus_per_node.to_string();
+    let world = (s.nodes.len().max(1) as u64 * u64::from(s.gpus_per_node)).to_string();
+    let mut v: Vec<(&str, String)> = vec![
+        ("ALLOT_WORKLOAD_ID", s.workload.to_string()),
+        ("ALLOT_PROJECT", s.project.clone()),
+        ("ALLOT_RUN", s.run.to_string()),
+        ("ALLOT_NODE_RANK", rank.clone()),
+        ("ALLOT_NNODES", nnodes.clone()),
+        ("ALLOT_NODELIST", s.nodes.join(",")),
+        ("ALLOT_GPUS_PER_NODE", per_node.clone()),
+        ("MASTER_ADDR", s.master_addr.clone()),
+        ("WORLD_SIZE", world),
+        ("NODE_RANK", rank.clone()),
+        ("PET_NNODES", nnodes),
+        ("PET_NODE_RANK", rank),
+        ("PET_NPROC_PER_NODE", per_node),
+        ("PET_MASTER_ADDR", s.master_addr.clone()),
+    ];
+    if s.master_port != 0 {
+        v.push(("MASTER_PORT", s.master_port.to_string()));
+        v.push(("PET_MASTER_PORT", s.master_port.to_string()));
+    }
+    v.into_iter().map(|(k, val)| (k.to_string(), val)).collect()
 }
 
 /// The wire form of a command for an agent.
@@ -119,12 +159,20 @@ pub fn command_pb(cmd: &Command) -> pb::AllocatorMessage {
             }),
             argv: s.argv.clone(),
             user: s.user.clone(),
-            env: [
-                ("ALLOT_WORKLOAD_ID".to_string(), s.workload.to_string()),
-                ("ALLOT_PROJECT".to_string(), s.project.clone()),
-            ]
-            .into_iter()
-            .collect(),
+            env: allot_env(s).into_iter().collect(),
+            job_env: s
+                .env
+                .iter()
+                .map(|(name, value)| pb::EnvVar {
+                    name: name.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            cwd: s.cwd.clone(),
+            run: s.run,
+            rank: s.rank,
+            output: s.output.clone(),
+            error: s.error.clone(),
         }),
         Command::Revoke {
             lease,
@@ -480,6 +528,10 @@ impl pb::workloads_server::Workloads for Api {
             },
             argv: s.argv.clone(),
             hook: s.checkpoint_hook.clone(),
+            cwd: s.cwd.clone(),
+            env: s.env.iter().map(|e| (e.name.clone(), e.value.clone())).collect(),
+            output: s.output.clone(),
+            error: s.error.clone(),
         };
         let a = self.0.commit(input).map_err(core_status)?;
         Ok(Response::new(pb::SubmitResponse {
@@ -789,6 +841,7 @@ impl Api {
                     .filter_map(|l| lease_from_wire(&l.id))
                     .collect(),
                 drains: r.drains.iter().map(host_drain).collect(),
+                addr: r.advertise_addr.clone(),
             })
             .map_err(core_status)?;
         if let Some(n) = self.0.core().alloc.node_mut(&name) {
@@ -829,11 +882,19 @@ impl Api {
                     pb::LeaseEnd::Unspecified => end_from_agent_text(&l.end_reason, l.exit_code),
                     e => end_from_agent(e, l.exit_code),
                 };
+                // A process killed by a signal has no exit status; say so where it
+                // matters (the part that "exited" did not exit by itself).
+                let how = match (l.end(), l.exit_code) {
+                    (pb::LeaseEnd::Exited, None) => format!("{} (killed by a signal)", l.end_reason),
+                    _ => l.end_reason.clone(),
+                };
                 match self.0.commit(Input::LeaseEnded {
                     lease,
                     end,
-                    reason: format!("{} on {node}: {}", l.end_reason, l.ended_by),
+                    reason: format!("{how} on {node}: {}", l.ended_by),
                     node: node.to_string(),
+                    exit_code: l.exit_code,
+                    part: true,
                 }) {
                     Ok(_) | Err(CoreError::UnknownLease(_)) => {}
                     Err(e) => tracing::warn!(node, error = %e, "lease status not applied"),

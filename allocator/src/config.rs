@@ -49,6 +49,51 @@ pub struct ServerSection {
     /// records, where `allot status ID` still finds them.
     #[serde(deserialize_with = "de_duration")]
     pub keep_finished: u64,
+    /// Where a lease's rendezvous port (`MASTER_PORT`) is chosen: `"LOW-HIGH"`,
+    /// inclusive, unprivileged ports. Each lease gets one no other live lease with
+    /// rank 0 on the same host holds.
+    #[serde(deserialize_with = "de_port_range")]
+    pub master_ports: PortRange,
+}
+
+/// An inclusive range of TCP ports (`[server] master_ports`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRange {
+    /// First port.
+    pub low: u16,
+    /// Last port (at least `low`).
+    pub high: u16,
+}
+
+impl Default for PortRange {
+    /// torchrun's default port (29500) and the 499 after it.
+    fn default() -> Self {
+        PortRange {
+            low: 29_500,
+            high: 29_999,
+        }
+    }
+}
+
+impl std::str::FromStr for PortRange {
+    type Err = String;
+
+    /// `"LOW-HIGH"` (or one port), within 1024–65535, LOW ≤ HIGH.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let fix = "give a range of unprivileged ports as \"LOW-HIGH\", e.g. \"29500-29999\"";
+        let (lo, hi) = s.split_once('-').unwrap_or((s, s));
+        let port = |p: &str| p.trim().parse::<u16>().ok().filter(|p| *p >= 1024);
+        match (port(lo), port(hi)) {
+            (Some(low), Some(high)) if low <= high => Ok(PortRange { low, high }),
+            (Some(low), Some(high)) => Err(format!("{s:?}: {low} is above {high}; {fix}")),
+            _ => Err(format!("{s:?} is not a port range of 1024 to 65535; {fix}")),
+        }
+    }
+}
+
+fn de_port_range<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PortRange, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse().map_err(serde::de::Error::custom)
 }
 
 impl Default for ServerSection {
@@ -66,6 +111,7 @@ impl Default for ServerSection {
             max_watch_streams: 10_000,
             snapshot_every: 10_000,
             keep_finished: 86_400,
+            master_ports: PortRange::default(),
         }
     }
 }
@@ -396,6 +442,32 @@ mod tests {
             (4096, 256)
         );
         assert_eq!(c.server.idle_timeout, 300);
+        assert_eq!(
+            c.server.master_ports,
+            PortRange {
+                low: 29_500,
+                high: 29_999
+            }
+        );
+    }
+
+    #[test]
+    fn master_ports_are_a_range_of_unprivileged_ports() {
+        let c = ServerConfig::parse(
+            "[server]\nmaster_ports = \"40000-40009\"\n[[group]]\nname = \"p\"\nweight = 1\n",
+            "a.toml",
+        )
+        .expect("valid");
+        assert_eq!((c.server.master_ports.low, c.server.master_ports.high), (40_000, 40_009));
+        for bad in ["80-90", "30000-29000", "x", "29500-70000"] {
+            let e = ServerConfig::parse(
+                &format!("[server]\nmaster_ports = {bad:?}\n[[group]]\nname = \"p\"\nweight = 1\n"),
+                "a.toml",
+            )
+            .expect_err(bad);
+            assert_eq!(e.field, "server.master_ports", "{e}");
+            assert!(e.to_string().contains("29500-29999"), "{e}");
+        }
     }
 
     #[test]

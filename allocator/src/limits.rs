@@ -4,8 +4,8 @@
 //! answers `INVALID_ARGUMENT` in the usual `field: why; fix` form.
 
 use allot_common::fields::{
-    check_argv, check_count, check_len, check_name, check_name_with, check_optional_name,
-    check_text, FieldError, MAX_HOOK, MAX_NAME, MAX_REASON,
+    check_argv, check_count, check_cwd, check_env, check_len, check_name, check_name_with,
+    check_optional_name, check_pattern, check_text, FieldError, MAX_HOOK, MAX_NAME, MAX_REASON,
 };
 use allot_proto::v1 as pb;
 use tonic::Status;
@@ -36,7 +36,15 @@ pub fn spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
     check_name("user", &s.user, MAX_NAME).map_err(status)?;
     check_optional_name("class", &s.class, MAX_NAME).map_err(status)?;
     check_argv("argv", &s.argv).map_err(status)?;
-    check_text("checkpoint_hook", &s.checkpoint_hook, MAX_HOOK).map_err(status)
+    check_text("checkpoint_hook", &s.checkpoint_hook, MAX_HOOK).map_err(status)?;
+    check_cwd("cwd", &s.cwd).map_err(status)?;
+    check_env(
+        "env",
+        s.env.iter().map(|e| (e.name.as_str(), e.value.as_str())),
+    )
+    .map_err(status)?;
+    check_pattern("output", &s.output).map_err(status)?;
+    check_pattern("error", &s.error).map_err(status)
 }
 
 /// A List's filters: names when given (a filter nobody could match is refused
@@ -106,6 +114,10 @@ pub fn register(r: &pb::Register) -> Result<(), Status> {
     let check = || -> Result<(), FieldError> {
         check_name("register.host", &r.host, MAX_NAME)?;
         check_optional_name("register.cluster", &r.cluster, MAX_NAME)?;
+        // An IP address (v4 or v6) or a host name: what MASTER_ADDR is set to.
+        if !r.advertise_addr.is_empty() {
+            check_name_with("register.advertise_addr", &r.advertise_addr, MAX_NAME, ":")?;
+        }
         check_count("register.labels", r.labels.len(), MAX_LABELS, "labels")?;
         for (k, v) in &r.labels {
             check_name_with("register.labels (key)", k, MAX_NAME, "/:")?;
@@ -177,6 +189,34 @@ mod tests {
     }
 
     #[test]
+    fn a_submission_s_place_environment_and_patterns_are_checked() {
+        let var = |n: &str, v: &str| pb::EnvVar {
+            name: n.into(),
+            value: v.into(),
+        };
+        let mut s = spec_ok();
+        s.cwd = "/home/ana/run".into();
+        s.env = vec![var("PATH", "/usr/bin"), var("LANG", "C")];
+        s.output = "train-%j-%n.out".into();
+        assert!(spec(&s).is_ok());
+        let mut b = s.clone();
+        b.cwd = "run".into();
+        assert!(refused(spec(&b)).starts_with("cwd: "));
+        let mut b = s.clone();
+        b.env.push(var("1BAD", "x"));
+        assert!(refused(spec(&b)).starts_with("env[2].name: "));
+        let mut b = s.clone();
+        b.env.push(var("X", "a\0b"));
+        assert!(refused(spec(&b)).starts_with("env[2].value: "));
+        let mut b = s.clone();
+        b.error = "../../etc/cron.d/x".into();
+        assert!(refused(spec(&b)).starts_with("error: "));
+        let mut b = s;
+        b.output = "/var/log/x".into();
+        assert!(refused(spec(&b)).starts_with("output: "));
+    }
+
+    #[test]
     fn ids_reasons_and_names_are_capped() {
         assert!(id("id", "17").is_ok());
         let m = refused(id("id", &"9".repeat(1 << 20)));
@@ -219,6 +259,11 @@ mod tests {
     #[test]
     fn a_registration_is_capped_field_by_field() {
         assert!(register(&register_ok()).is_ok());
+        let mut r = register_ok();
+        r.advertise_addr = "fe80::1".into();
+        assert!(register(&r).is_ok());
+        r.advertise_addr = "10.0.0.1; rm -rf".into();
+        assert!(refused(register(&r)).starts_with("register.advertise_addr: "));
         let mut r = register_ok();
         r.host = "node\n0".into();
         assert!(refused(register(&r)).starts_with("register.host: "));

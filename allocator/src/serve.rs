@@ -363,6 +363,8 @@ impl Server {
                     end: LeaseEnd::NodeLost,
                     reason: format!("node {node} lost"),
                     node: String::new(),
+                    exit_code: None,
+                    part: false,
                 });
             }
         }

@@ -264,6 +264,10 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
             spec,
             argv: vec!["train.py".into()],
             hook: String::new(),
+            cwd: String::new(),
+            env: Vec::new(),
+            output: String::new(),
+            error: String::new(),
         }];
         if k.is_multiple_of(4) {
             step.push(Input::Schedule);
@@ -277,6 +281,8 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
                     end: allot_fairshare::LeaseEnd::Completed,
                     reason: "exited 0".into(),
                     node: String::new(),
+                    exit_code: None,
+                    part: false,
                 });
             }
         }

@@ -401,6 +401,11 @@ async fn dispatch(cmd: Local, socket: PathBuf) -> Result<(), Failure> {
                 user: a.user.unwrap_or_default(),
                 adopt_pid: a.adopt.unwrap_or(0),
                 workload_id: a.workload.unwrap_or_default(),
+                // The work starts here, as a submission does (the agent checks the
+                // user may enter it).
+                cwd: std::env::current_dir()
+                    .map(|d| d.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
             };
             let l = client(&socket).await?.start_lease(req).await?.into_inner();
             if a.json {

@@ -14,6 +14,7 @@ mod connect;
 mod duration;
 mod failure;
 mod health_view;
+mod jobenv;
 mod local;
 mod remote;
 mod size;

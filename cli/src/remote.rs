@@ -88,6 +88,21 @@ pub struct SubmitArgs {
     /// Submit as this user; must be who your token proves [absent: that user].
     #[arg(long, value_name = "NAME")]
     user: Option<String>,
+    /// Which of your environment variables the job gets: ALL, NONE, or VAR[,VAR…]. allotd stores the environment with the workload and sends it to the hosts that run it (ALLOT_TOKEN is never sent): keep secrets out of it.
+    #[arg(long, value_name = "ALL|NONE|VARS", default_value = "ALL")]
+    export: String,
+    /// Set one variable for the job (repeatable; wins over --export).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Where the job starts on every host [default: this directory]; must exist there.
+    #[arg(long, value_name = "DIR")]
+    chdir: Option<std::path::PathBuf>,
+    /// Stdout file name, relative to the host's log directory: %j workload, %r run, %n node rank, %% a % [default: the agent's].
+    #[arg(long, value_name = "PATTERN")]
+    output: Option<String>,
+    /// Stderr file name, as --output [default: the agent's].
+    #[arg(long, value_name = "PATTERN")]
+    error: Option<String>,
     /// Print `{"id": ...}`.
     #[arg(long)]
     json: bool,
@@ -337,6 +352,17 @@ fn validate_submit(a: &SubmitArgs) -> Result<(), Usage> {
     if a.argv.is_empty() {
         return usage("say what the workload runs: a command after `--` (allot submit --project P --gpus 8 -- python train.py)".into());
     }
+    if let Err(m) = crate::jobenv::resolve(&a.export, &a.env, crate::jobenv::own_vars()) {
+        return usage(m);
+    }
+    for (flag, p) in [("--output", &a.output), ("--error", &a.error)] {
+        if let Some(Err(e)) = p
+            .as_deref()
+            .map(|p| allot_common::fields::check_pattern(flag, p))
+        {
+            return usage(format!("{flag} {}: {}", p.as_deref().unwrap_or(""), e.message));
+        }
+    }
     Ok(())
 }
 
@@ -519,6 +545,14 @@ fn cancel_line(w: &Workload) -> String {
 async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
     match cmd {
         Remote::Submit(a) => {
+            let env = crate::jobenv::resolve(&a.export, &a.env, crate::jobenv::own_vars())
+                .map_err(Failure::Refused)?;
+            let here = std::env::current_dir().map_err(|e| {
+                Failure::Refused(format!(
+                    "the current directory cannot be read ({e}); give --chdir DIR"
+                ))
+            })?;
+            let cwd = crate::jobenv::workdir(a.chdir.as_deref(), &here);
             let spec = WorkloadSpec {
                 project: a.project,
                 // allotd runs the work as whoever the token or the agent proves.
@@ -535,6 +569,13 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 argv: a.argv,
                 checkpoint_hook: a.checkpoint.unwrap_or_default(),
                 no_requeue: a.no_requeue,
+                cwd: cwd.to_string_lossy().into_owned(),
+                env: env
+                    .into_iter()
+                    .map(|(name, value)| allot_proto::v1::EnvVar { name, value })
+                    .collect(),
+                output: a.output.unwrap_or_default(),
+                error: a.error.unwrap_or_default(),
             };
             let (project, gpus, nodes) = (spec.project.clone(), spec.gpus_per_node, spec.nodes);
             let id = WorkloadsClient::new(channel(&server).await?)

@@ -209,6 +209,137 @@ pub fn check_argv(field: &str, argv: &[String]) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// Most variables in a submitted environment (`--export ALL` of a login shell holds
+/// 30 to 100).
+pub const MAX_ENV_VARS: usize = 1024;
+/// Most bytes of a submitted environment, names and values together: allotd keeps
+/// it with every pending workload and sends it with every start.
+pub const MAX_ENV: usize = 64 * 1024;
+/// Most bytes of a path (a working directory): Linux's `PATH_MAX`.
+pub const MAX_PATH: usize = 4096;
+/// Most bytes of an output file pattern (`--output`, `--error`).
+pub const MAX_PATTERN: usize = 1024;
+
+/// Whether `name` is a portable environment variable name: a letter or `_`, then
+/// letters, digits and `_` (what a shell can set and read back).
+pub fn is_env_name(name: &str) -> bool {
+    let mut c = name.chars();
+    c.next()
+        .is_some_and(|f| f.is_ascii_alphabetic() || f == '_')
+        && c.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A submitted environment: at most [`MAX_ENV_VARS`] variables and [`MAX_ENV`] bytes
+/// in all, each name portable ([`is_env_name`]) and given once, no value holding a
+/// NUL (which `execve` cannot pass).
+pub fn check_env<'a>(
+    field: &str,
+    vars: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<(), FieldError> {
+    const FIX: &str = "export fewer variables (--export VAR,… or --export NONE with --env KEY=VALUE)";
+    let mut seen = std::collections::BTreeSet::new();
+    let mut total = 0usize;
+    for (i, (name, value)) in vars.into_iter().enumerate() {
+        let f = format!("{field}[{i}]");
+        if i >= MAX_ENV_VARS {
+            return refuse(
+                field,
+                format!("more than {MAX_ENV_VARS} variables: {FIX}"),
+            );
+        }
+        if !is_env_name(name) {
+            return refuse(
+                &format!("{f}.name"),
+                format!(
+                    "{} is not a variable name: use letters, digits and _, not starting with a digit",
+                    shown(name)
+                ),
+            );
+        }
+        if !seen.insert(name) {
+            return refuse(
+                &format!("{f}.name"),
+                format!("{name} is given twice; give each variable once"),
+            );
+        }
+        if let Some(at) = value.find('\0') {
+            return refuse(
+                &format!("{f}.value"),
+                format!("{name}'s value holds a NUL at byte {at}, which no environment can pass; remove it"),
+            );
+        }
+        total += name.len() + value.len() + 2;
+    }
+    if total > MAX_ENV {
+        return refuse(
+            field,
+            format!("{total} bytes in all; the most is {MAX_ENV}: {FIX}"),
+        );
+    }
+    Ok(())
+}
+
+/// A working directory: empty (not given) or an absolute path of at most
+/// [`MAX_PATH`] bytes on one line.
+pub fn check_cwd(field: &str, value: &str) -> Result<(), FieldError> {
+    if value.is_empty() {
+        return Ok(());
+    }
+    check_text(field, value, MAX_PATH)?;
+    if !value.starts_with('/') {
+        return refuse(
+            field,
+            format!(
+                "{} is not absolute; give the directory from / (the CLI makes --chdir absolute)",
+                shown(value)
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// An output file pattern (`--output`, `--error`): empty (the agent's default) or a
+/// relative file name of at most [`MAX_PATTERN`] bytes on one line, with no `..`
+/// component (it names a file under the agent's log directory, never elsewhere),
+/// and `%` only in `%j` (workload), `%r` (run), `%n` (node rank) and `%%`.
+pub fn check_pattern(field: &str, value: &str) -> Result<(), FieldError> {
+    if value.is_empty() {
+        return Ok(());
+    }
+    check_text(field, value, MAX_PATTERN)?;
+    if value.starts_with('/') {
+        return refuse(
+            field,
+            format!(
+                "{} is absolute; give a name relative to the node's log directory, e.g. \"train-%j-%n.out\"",
+                shown(value)
+            ),
+        );
+    }
+    if value.split('/').any(|c| c == "..") {
+        return refuse(
+            field,
+            format!(
+                "{} climbs out with \"..\"; give a name under the node's log directory",
+                shown(value)
+            ),
+        );
+    }
+    let mut chars = value.char_indices();
+    while let Some((i, c)) = chars.next() {
+        if c == '%' && !matches!(chars.next(), Some((_, 'j' | 'r' | 'n' | '%'))) {
+            return refuse(
+                field,
+                format!(
+                    "{} has an unknown % at byte {i}; use %j (workload), %r (run), %n (node rank) or %% (a %)",
+                    shown(value)
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,5 +446,42 @@ mod tests {
         assert_eq!(check_count("register.drains", 16, 16, "drains"), Ok(()));
         let m = message(check_count("register.drains", 17, 16, "drains"));
         assert_eq!(m, "register.drains: 17 drains; the most is 16");
+    }
+
+    #[test]
+    fn environments_are_names_once_without_nul_and_capped() {
+        let ok = [("PATH", "/usr/bin"), ("_X1", ""), ("LANG", "C.UTF-8")];
+        assert_eq!(check_env("env", ok), Ok(()));
+        for bad in ["1X", "A-B", "", "A=B", "BASH_FUNC_f%%"] {
+            let m = message(check_env("env", [("A", "1"), (bad, "v")]));
+            assert!(m.starts_with("env[1].name: "), "{m}");
+        }
+        let m = message(check_env("env", [("A", "1"), ("A", "2")]));
+        assert!(m.contains("twice"), "{m}");
+        let m = message(check_env("env", [("A", "x\0y")]));
+        assert!(m.starts_with("env[0].value: ") && m.contains("NUL"), "{m}");
+        let big = "v".repeat(MAX_ENV);
+        let m = message(check_env("env", [("A", big.as_str())]));
+        assert!(m.starts_with("env: ") && m.contains("--export NONE"), "{m}");
+        let names: Vec<String> = (0..=MAX_ENV_VARS).map(|i| format!("V{i}")).collect();
+        let m = message(check_env("env", names.iter().map(|n| (n.as_str(), ""))));
+        assert!(m.contains("more than 1024"), "{m}");
+    }
+
+    #[test]
+    fn working_directories_are_absolute_and_patterns_relative() {
+        assert_eq!(check_cwd("cwd", ""), Ok(()));
+        assert_eq!(check_cwd("cwd", "/home/ana/run 1"), Ok(()));
+        assert!(message(check_cwd("cwd", "home/ana")).contains("not absolute"));
+        assert!(message(check_cwd("cwd", "/a\nb")).starts_with("cwd: "));
+        assert!(check_cwd("cwd", &format!("/{}", "a".repeat(MAX_PATH))).is_err());
+        for ok in ["", "out-%j-%r-%n.log", "logs/%j.err", "100%%.txt"] {
+            assert_eq!(check_pattern("output", ok), Ok(()), "{ok}");
+        }
+        assert!(message(check_pattern("output", "/tmp/x")).contains("absolute"));
+        assert!(message(check_pattern("output", "a/../../etc")).contains(".."));
+        assert!(message(check_pattern("error", "x-%u")).starts_with("error: "));
+        assert!(message(check_pattern("error", "x-%")).contains("unknown %"));
+        assert!(check_pattern("output", &"a".repeat(MAX_PATTERN + 1)).is_err());
     }
 }

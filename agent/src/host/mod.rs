@@ -32,6 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 pub use crate::os::now_ms;
+pub use start::{job_env, DEFAULT_PATH};
 
 /// Ended leases kept in memory for `allot leases` (all stay in the database).
 const ENDED_SHOWN: usize = 50;
@@ -134,8 +135,22 @@ pub struct StartSpec {
     pub user: String,
     /// Workload id; empty: the lease id.
     pub workload_id: String,
-    /// Extra environment.
+    /// allot's variables (`ALLOT_*`, the gang's, torchrun's): they win over
+    /// everything but the agent's own (`CUDA_VISIBLE_DEVICES`, `ALLOT_LEASE_ID` …).
     pub env: Vec<(String, String)>,
+    /// The submitter's environment: the base of the work's whole environment (the
+    /// user's login variables and allot's win over it).
+    pub job_env: Vec<(String, String)>,
+    /// Where the work starts (absolute); empty: the agent's own directory.
+    pub cwd: String,
+    /// Which run of its workload (from 1; 0 for local leases).
+    pub run: u32,
+    /// This host's rank in the gang (from 0).
+    pub rank: u32,
+    /// Stdout file pattern; empty: the agent's default.
+    pub output: String,
+    /// Stderr file pattern; empty: the agent's default.
+    pub error: String,
     /// The allocator's lease id; empty: a local lease (`L-n`).
     pub lease_id: String,
     /// The allocator's choice of GPUs (UUIDs); empty: the agent picks.

@@ -15,6 +15,39 @@ use allot_proto::v1::LeaseEnd;
 use std::collections::BTreeSet;
 use std::str::FromStr;
 
+/// `PATH` when the submission gives none: the system's directories, as a login
+/// shell's default has them.
+pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// A workload's whole environment (nothing of the agent's own): the submitted
+/// variables, then the user's login `HOME`, `USER`, `LOGNAME`, `SHELL` over them,
+/// [`DEFAULT_PATH`] when no `PATH` was submitted, then allot's variables over
+/// everything. Each name once, in that order of first appearance.
+pub fn job_env(
+    submitted: &[(String, String)],
+    login: &[(String, String)],
+    allot: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut set = |k: &str, v: &str| match out.iter_mut().find(|(n, _)| n == k) {
+        Some(slot) => slot.1 = v.to_string(),
+        None => out.push((k.to_string(), v.to_string())),
+    };
+    for (k, v) in submitted.iter().chain(login) {
+        set(k, v);
+    }
+    if !submitted.iter().any(|(k, _)| k == "PATH") {
+        set("PATH", DEFAULT_PATH);
+    }
+    // allot's own, in name order (they come from a map on the wire).
+    let mut ours: Vec<&(String, String)> = allot.iter().collect();
+    ours.sort();
+    for (k, v) in ours {
+        set(k, v);
+    }
+    out
+}
+
 /// Whom a lease's work runs as, and that user's login environment.
 pub(super) struct RunUser {
     /// The lease's user: a login name, or a uid without one.
@@ -305,6 +338,17 @@ impl Host {
             None => None,
         };
         let who = self.resolve_user(&spec, caller)?;
+        // A directory the host lacks is a fact about the work (it was submitted from
+        // somewhere this host does not share): the start fails, the node is fine.
+        let cwd = (!spec.cwd.is_empty()).then(|| std::path::PathBuf::from(&spec.cwd));
+        if let Some(dir) = cwd.as_deref().filter(|_| adopt.is_none()) {
+            self.os
+                .work_dir(dir, &who.run_as)
+                .map_err(|message| HostError::Invalid {
+                    field: "cwd",
+                    message: format!("{message} on this host (as {})", who.name),
+                })?;
+        }
         let id = if spec.lease_id.is_empty() {
             format!("L-{}", self.store.next_lease_number()?)
         } else {
@@ -330,6 +374,11 @@ impl Host {
             } else {
                 spec.grace_s
             },
+            cwd: spec.cwd.clone(),
+            run: spec.run,
+            rank: spec.rank,
+            output: spec.output.clone(),
+            error: spec.error.clone(),
             ..Default::default()
         };
         self.store.put_lease(&l)?;
@@ -352,8 +401,8 @@ impl Host {
                     checkpoint_dir: dir.join("checkpoint"),
                     log_dir: dir.clone(),
                     run_as: who.run_as.clone(),
-                    // The user's login environment, which the request may override.
-                    env: who.env.iter().chain(&spec.env).cloned().collect(),
+                    env: job_env(&spec.job_env, &who.env, &spec.env),
+                    cwd: cwd.clone(),
                 });
                 match launched {
                     Ok(started) => (Some(started.reaper), started.id),

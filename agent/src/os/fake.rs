@@ -33,6 +33,8 @@ pub enum Call {
     Owner(i32),
     /// The agent's own lineage was asked.
     Lineage,
+    /// A working directory was checked.
+    WorkDir(PathBuf),
 }
 
 /// A process in the fake's table.
@@ -58,6 +60,7 @@ struct State {
     euid: u32,
     lineage: Vec<i32>,
     fail_launch: Option<String>,
+    missing_dirs: Vec<PathBuf>,
     calls: Vec<Call>,
 }
 
@@ -112,6 +115,7 @@ impl FakeOs {
             euid: 0,
             lineage: vec![AGENT_PID, 1],
             fail_launch: None,
+            missing_dirs: Vec::new(),
             calls: Vec::new(),
         })));
         // Init and the agent itself run, owned by root, each leading its group.
@@ -213,6 +217,12 @@ impl FakeOs {
     /// The next launch fails to spawn with `message`.
     pub fn fail_next_launch(&self, message: &str) {
         self.state().fail_launch = Some(message.into());
+    }
+
+    /// `dir` does not exist on this host (every other directory does, and anyone
+    /// may enter it).
+    pub fn remove_dir(&self, dir: &str) {
+        self.state().missing_dirs.push(dir.into());
     }
 
     /// Every call so far, in order.
@@ -329,5 +339,14 @@ impl Os for FakeOs {
     fn create_dir_all(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
         drop(self.record(Call::CreateDir(path.to_path_buf(), owner)));
         Ok(())
+    }
+
+    fn work_dir(&self, dir: &Path, _who: &allot_checkpoint_hooks::RunAs) -> Result<(), String> {
+        let s = self.record(Call::WorkDir(dir.to_path_buf()));
+        if s.missing_dirs.iter().any(|d| d == dir) {
+            Err(format!("{} does not exist", dir.display()))
+        } else {
+            Ok(())
+        }
     }
 }

@@ -3,7 +3,8 @@
 use super::audit::{revoke_text, start_text};
 use super::input::Input;
 use super::out::{lease_wire, Applied, Command};
-use super::{start_command, Allocator, WorkRec};
+use super::{Allocator, RunRec, WorkRec};
+use super::out::Level;
 use allot_fairshare::LeaseEnd;
 use allot_fairshare::{Action, CoreError, LeaseId, Time, WorkloadId, WorkloadState};
 
@@ -16,7 +17,15 @@ impl Allocator {
         };
         match input {
             Input::AddNode { spec, gpu_uuids } => self.add_node(at, spec, gpu_uuids)?,
-            Input::Submit { spec, argv, hook } => {
+            Input::Submit {
+                spec,
+                argv,
+                hook,
+                cwd,
+                env,
+                output,
+                error,
+            } => {
                 let id = self.core.submit(at, spec.clone())?;
                 self.work.insert(
                     id.0,
@@ -34,6 +43,11 @@ impl Allocator {
                         nodes: Vec::new(),
                         preemptions: 0,
                         funded: false,
+                        cwd: cwd.clone(),
+                        env: env.clone(),
+                        output: output.clone(),
+                        error: error.clone(),
+                        runs: Vec::new(),
                     },
                 );
                 a.id = Some(id.0);
@@ -50,46 +64,9 @@ impl Allocator {
                 end,
                 reason,
                 node,
-            } => {
-                let wid = self
-                    .core
-                    .lease(LeaseId(*lease))
-                    .map(|l| l.workload.0)
-                    .ok_or(CoreError::UnknownLease(*lease))?;
-                // A node reports its own leases only: another node's is not its to end.
-                if !node.is_empty()
-                    && !self
-                        .lease_hosts
-                        .get(lease)
-                        .is_some_and(|h| h.iter().any(|(n, _)| n == node))
-                {
-                    return Err(CoreError::UnknownLease(*lease));
-                }
-                match self.nodes.get(node) {
-                    Some(n) if *end == LeaseEnd::Refused => {
-                        self.core.lease_refused(at, LeaseId(*lease), n.id)?
-                    }
-                    _ => self.core.lease_ended(at, LeaseId(*lease), *end)?,
-                };
-                // The other hosts of a gang stop too.
-                for (node, _) in self.lease_hosts.remove(lease).unwrap_or_default() {
-                    a.send(
-                        &node,
-                        Command::Revoke {
-                            lease: *lease,
-                            not_before: at,
-                            why: "another part of the gang ended".into(),
-                        },
-                    );
-                }
-                let how = end.as_str();
-                self.sync(at, wid, how);
-                a.audit(
-                    wid,
-                    *lease,
-                    format!("lease {} ended: {how} ({reason})", lease_wire(*lease)),
-                );
-            }
+                exit_code,
+                part,
+            } => self.lease_ended(at, *lease, *end, reason, node, *exit_code, *part, &mut a)?,
             Input::NodeState {
                 node,
                 state,
@@ -135,7 +112,8 @@ impl Allocator {
                 gpus,
                 running,
                 drains,
-            } => self.register(at, spec, gpu_uuids, gpus, running, drains, &mut a)?,
+                addr,
+            } => self.register(at, spec, gpu_uuids, gpus, running, drains, addr, &mut a)?,
             Input::Health {
                 node,
                 verdict,
@@ -219,9 +197,39 @@ impl Allocator {
                     .entry(w.spec.class.clone())
                     .or_default()
                     .add(at.saturating_sub(w.submit));
+                let wid = w.id;
+                // The rendezvous port, on rank 0's host (the first of the placement):
+                // chosen here, in the state machine, so replay chooses the same.
+                let rank0 = hosts.first().map(|(n, _)| n.clone()).unwrap_or_default();
+                let port = self.pick_port(&rank0, lease.0);
+                if let Some(p) = port {
+                    self.ports
+                        .entry(rank0.clone())
+                        .or_default()
+                        .insert(p, lease.0);
+                } else {
+                    let (lo, hi) = self.master_ports;
+                    let text = format!(
+                        "no rendezvous port free on {rank0}: live leases there hold all of {lo}-{hi}; {} starts without MASTER_PORT (widen [server] master_ports in allotd.toml)",
+                        lease_wire(lease.0)
+                    );
+                    a.notice(Level::Warn, &rank0, text.clone());
+                    a.audit(workload.0, lease.0, text);
+                }
+                let Some(w) = self.work.get_mut(&wid) else {
+                    return;
+                };
+                w.runs.push(RunRec {
+                    lease: lease.0,
+                    nodes: hosts.iter().map(|(n, _)| n.clone()).collect(),
+                    master_port: port.unwrap_or(0),
+                });
                 let w = w.clone();
+                self.lease_hosts.insert(lease.0, hosts.clone());
+                // Every part in one go: a gang's start is one action with all its
+                // hosts, so no part starts before every part is placed.
                 for (node, gpus) in &hosts {
-                    a.send(node, start_command(lease.0, &w, at, gpus.clone()));
+                    a.send(node, self.start_for(lease.0, &w, at, node, gpus.clone()));
                 }
                 a.audit(
                     workload.0,
@@ -234,7 +242,6 @@ impl Allocator {
                         start_text(&why)
                     ),
                 );
-                self.lease_hosts.insert(lease.0, hosts);
             }
             Action::Revoke {
                 lease,
@@ -301,6 +308,107 @@ impl Allocator {
                 );
             }
         }
+    }
+
+    /// A lease (or one part of a gang's lease) ended. A part that completed while
+    /// others run leaves the gang (its host is done) and the lease goes on; any other
+    /// end, or the last part's, ends the lease, and the parts still running are
+    /// revoked with the reason: which part ended and how.
+    #[allow(clippy::too_many_arguments)]
+    fn lease_ended(
+        &mut self,
+        at: Time,
+        lease: u64,
+        end: LeaseEnd,
+        reason: &str,
+        node: &str,
+        exit_code: Option<i32>,
+        part: bool,
+        a: &mut Applied,
+    ) -> Result<(), CoreError> {
+        let wid = self
+            .core
+            .lease(LeaseId(lease))
+            .map(|l| l.workload.0)
+            .ok_or(CoreError::UnknownLease(lease))?;
+        // A node reports its own leases only: another node's is not its to end.
+        let hosts = self.lease_hosts.get(&lease);
+        if !node.is_empty() && !hosts.is_some_and(|h| h.iter().any(|(n, _)| n == node)) {
+            return Err(CoreError::UnknownLease(lease));
+        }
+        let rank = self
+            .work
+            .get(&wid)
+            .and_then(|w| w.runs.iter().rev().find(|r| r.lease == lease))
+            .and_then(|r| r.nodes.iter().position(|n| n == node));
+        let how = end.as_str();
+        let exit = match exit_code {
+            Some(c) => format!(", exit {c}"),
+            None => String::new(),
+        };
+        if part && end == LeaseEnd::Completed && hosts.is_some_and(|h| h.len() > 1) {
+            if let Some(h) = self.lease_hosts.get_mut(&lease) {
+                h.retain(|(n, _)| n != node);
+            }
+            a.audit(
+                wid,
+                lease,
+                format!(
+                    "{} part on {node}{} completed; waiting for the other parts",
+                    lease_wire(lease),
+                    rank.map_or(String::new(), |r| format!(" (rank {r})")),
+                ),
+            );
+            return Ok(());
+        }
+        match self.nodes.get(node) {
+            Some(n) if end == LeaseEnd::Refused => {
+                self.core.lease_refused(at, LeaseId(lease), n.id)?
+            }
+            _ => self.core.lease_ended(at, LeaseId(lease), end)?,
+        };
+        self.release_port(wid, lease);
+        // The other hosts of a gang stop too, told which part ended and how.
+        let why = if node.is_empty() {
+            format!("another part of the gang ended: {how} ({reason})")
+        } else {
+            format!(
+                "part on {node}{} ended: {how}{exit}",
+                rank.map_or(String::new(), |r| format!(" (rank {r})"))
+            )
+        };
+        let others: Vec<String> = self
+            .lease_hosts
+            .remove(&lease)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(n, _)| n)
+            .filter(|n| n != node)
+            .collect();
+        for other in &others {
+            a.send(
+                other,
+                Command::Revoke {
+                    lease,
+                    not_before: at,
+                    why: why.clone(),
+                },
+            );
+        }
+        if !others.is_empty() {
+            a.audit(
+                wid,
+                lease,
+                format!("revoke {} on {}: {why}", lease_wire(lease), others.join(",")),
+            );
+        }
+        self.sync(at, wid, how);
+        a.audit(
+            wid,
+            lease,
+            format!("lease {} ended: {how}{exit} ({reason})", lease_wire(lease)),
+        );
+        Ok(())
     }
 
     /// Copies the core's view of a workload after a change.

@@ -40,6 +40,7 @@ impl Allocator {
                 verdict: Verdict::Ok,
                 seen: Vec::new(),
                 gpus: Vec::new(),
+                addr: String::new(),
             },
         );
         Ok(())
@@ -183,6 +184,7 @@ impl Allocator {
         gpus: &[GpuSeen],
         running: &[u64],
         drains: &[HostDrain],
+        addr: &str,
         a: &mut Applied,
     ) -> Result<(), CoreError> {
         let name = spec.name.as_str();
@@ -203,6 +205,10 @@ impl Allocator {
         self.sync_local_drain(at, name, drains, a);
         if let Some(n) = self.nodes.get_mut(name) {
             n.seen = gpus.to_vec();
+            // An agent that sends no address keeps the last one known.
+            if !addr.is_empty() {
+                n.addr = addr.to_string();
+            }
         }
         let running: BTreeSet<u64> = running.iter().copied().collect();
         let ours: BTreeSet<u64> = self.leases_on(name).into_iter().map(|(l, _)| l).collect();

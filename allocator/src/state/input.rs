@@ -49,6 +49,18 @@ pub enum Input {
         /// Checkpoint hook spec.
         #[serde(default)]
         hook: String,
+        /// Where it starts (absolute; empty in journals before it existed).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        cwd: String,
+        /// The submitted environment, in order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        env: Vec<(String, String)>,
+        /// Stdout file pattern.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        output: String,
+        /// Stderr file pattern.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        error: String,
     },
     /// A user cancelled work.
     Cancel {
@@ -71,6 +83,14 @@ pub enum Input {
         /// journals before 0.2 and for ends allotd decides itself.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         node: String,
+        /// The exit status the host saw, when it saw one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        /// One part's end (the host's own report): a part that completed waits for
+        /// the others of its gang, which go on. False in journals before it existed,
+        /// where any part's end ended the whole lease, and replay keeps that.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        part: bool,
     },
     /// A node's scheduling state changed (operator, health, or lost).
     NodeState {
@@ -199,6 +219,9 @@ pub enum Input {
         /// Its drains in force (and a health drain held).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         drains: Vec<HostDrain>,
+        /// Where the cluster reaches it (empty from agents before it was sent).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        addr: String,
     },
     /// A host's health report: GPU health, its own drain, and a health drain through
     /// the circuit breaker (or held), or lifted once the verdict is ok again.

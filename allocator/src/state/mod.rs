@@ -72,6 +72,9 @@ pub struct NodeRec {
     pub seen: Vec<GpuSeen>,
     /// The agent's GPUs as last reported, for views (not journaled; the API keeps it).
     pub gpus: Vec<pb::Gpu>,
+    /// Where the cluster reaches the host, as its agent registered it (empty from
+    /// agents before it was sent: the node's name is used).
+    pub addr: String,
 }
 
 /// One drain of a node.
@@ -137,6 +140,33 @@ pub struct WorkRec {
     /// Current run funded.
     #[serde(default)]
     pub funded: bool,
+    /// Where the work starts on every host (absolute; empty: the agent's own
+    /// directory, as before it was submitted).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cwd: String,
+    /// The submitted environment, in order (names unique).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<(String, String)>,
+    /// Stdout file pattern (`%j`, `%r`, `%n`); empty: the agent's default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub output: String,
+    /// Stderr file pattern; empty: the agent's default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+    /// Every run (lease) it had, oldest first: run N is `runs[N - 1]`.
+    #[serde(default)]
+    pub runs: Vec<RunRec>,
+}
+
+/// One run of a workload: a lease, where its parts ran and what they were told.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunRec {
+    /// The lease.
+    pub lease: u64,
+    /// Its hosts in rank order (rank 0 first).
+    pub nodes: Vec<String>,
+    /// The rendezvous port on rank 0's host (`MASTER_PORT`); 0 when none was free.
+    pub master_port: u16,
 }
 
 /// Counters for `/metrics` (kept in snapshots, rebuilt by replay like everything else).
@@ -201,6 +231,11 @@ pub struct Allocator {
     pub creds: Creds,
     /// Roles from the config.
     access: Access,
+    /// The configured `MASTER_PORT` range (`[server] master_ports`), inclusive.
+    master_ports: (u16, u16),
+    /// Rendezvous ports held by live leases: rank 0's node → port → lease. Derived
+    /// (from `lease_hosts` and the runs), never journaled.
+    ports: BTreeMap<String, BTreeMap<u16, u64>>,
 }
 
 impl Allocator {
@@ -218,6 +253,8 @@ impl Allocator {
             breaker: cfg.breaker.clone(),
             creds: Creds::default(),
             access: Access::new(cfg.roles.clone(), cfg.access.clone()),
+            master_ports: (cfg.server.master_ports.low, cfg.server.master_ports.high),
+            ports: BTreeMap::new(),
         })
     }
 
@@ -249,7 +286,8 @@ impl Allocator {
             .collect()
     }
 
-    /// The start command for a live lease on `node` (to re-send on reconnect).
+    /// The start command for a live lease on `node` (to re-send on reconnect): the
+    /// same run, rank and rendezvous as the first time.
     fn start_command(&self, lease: u64, node: &str) -> Option<Command> {
         let l = self.core.lease(LeaseId(lease))?;
         let w = self.work.get(&l.workload.0)?;
@@ -260,7 +298,101 @@ impl Allocator {
             .find(|(n, _)| n == node)?
             .1
             .clone();
-        Some(start_command(lease, w, l.start, gpus))
+        Some(self.start_for(lease, w, l.start, node, gpus))
+    }
+
+    /// The start command for one host of a lease. The run, the rank order and the
+    /// port come from the workload's [`RunRec`] (a lease restored from a release
+    /// without runs gets its hosts in placement order and no port).
+    fn start_for(&self, lease: u64, w: &WorkRec, start: Time, node: &str, gpus: Vec<String>) -> Command {
+        let found = w.runs.iter().position(|r| r.lease == lease);
+        let (run, nodes, master_port) = match found {
+            Some(i) => (i + 1, w.runs[i].nodes.clone(), w.runs[i].master_port),
+            None => (
+                w.leases.iter().position(|l| *l == lease).unwrap_or(0) + 1,
+                self.lease_hosts
+                    .get(&lease)
+                    .map(|h| h.iter().map(|(n, _)| n.clone()).collect())
+                    .unwrap_or_else(|| vec![node.to_string()]),
+                0,
+            ),
+        };
+        let rank = nodes.iter().position(|n| n == node).unwrap_or(0);
+        let master_addr = nodes
+            .first()
+            .map(|n| match self.nodes.get(n) {
+                Some(rec) if !rec.addr.is_empty() => rec.addr.clone(),
+                _ => n.clone(),
+            })
+            .unwrap_or_default();
+        Command::Start(Box::new(StartLease {
+            lease,
+            workload: w.id,
+            project: w.spec.project.clone(),
+            user: w.spec.user.clone(),
+            gpu_uuids: gpus,
+            start,
+            min_runtime: w.spec.min_runtime,
+            time_limit: w.spec.time_limit,
+            hook: w.hook.clone(),
+            argv: w.argv.clone(),
+            cwd: w.cwd.clone(),
+            env: w.env.clone(),
+            output: w.output.clone(),
+            error: w.error.clone(),
+            run: u32::try_from(run).unwrap_or(u32::MAX),
+            rank: u32::try_from(rank).unwrap_or(u32::MAX),
+            nodes,
+            gpus_per_node: w.spec.gpus_per_node,
+            master_addr,
+            master_port,
+        }))
+    }
+
+    /// The rendezvous port for a new lease whose rank 0 is on `node`: the first port
+    /// of the configured range, counted from `lease` (so consecutive leases spread
+    /// over the range rather than reuse the port just freed), that no live lease
+    /// with rank 0 on `node` holds. Deterministic in the state, so replay picks the
+    /// same. `None` when every port of the range is held there.
+    pub(super) fn pick_port(&self, node: &str, lease: u64) -> Option<u16> {
+        let (lo, hi) = self.master_ports;
+        let size = u64::from(hi.saturating_sub(lo)) + 1;
+        let held = self.ports.get(node);
+        (0..size)
+            .map(|i| lo + ((lease.wrapping_add(i)) % size) as u16)
+            .find(|p| held.is_none_or(|h| !h.contains_key(p)))
+    }
+
+    /// Rebuilds the held-port index from the live leases and their runs.
+    pub(super) fn index_ports(&mut self) {
+        let mut ports: BTreeMap<String, BTreeMap<u16, u64>> = BTreeMap::new();
+        for w in self.work.values() {
+            for r in &w.runs {
+                if r.master_port != 0 && self.lease_hosts.contains_key(&r.lease) {
+                    if let Some(n) = r.nodes.first() {
+                        ports.entry(n.clone()).or_default().insert(r.master_port, r.lease);
+                    }
+                }
+            }
+        }
+        self.ports = ports;
+    }
+
+    /// A lease of workload `wid` ended: its rendezvous port is free again.
+    pub(super) fn release_port(&mut self, wid: u64, lease: u64) {
+        let rank0 = self
+            .work
+            .get(&wid)
+            .and_then(|w| w.runs.iter().rev().find(|r| r.lease == lease))
+            .and_then(|r| r.nodes.first().cloned());
+        if let Some(node) = rank0 {
+            if let Some(held) = self.ports.get_mut(&node) {
+                held.retain(|_, l| *l != lease);
+                if held.is_empty() {
+                    self.ports.remove(&node);
+                }
+            }
+        }
     }
 
     /// Whether the breaker lets one more automatic drain (of `node`) through at `at`.
@@ -330,20 +462,4 @@ impl Allocator {
             capacity_gpus: u32::try_from(capacity).unwrap_or(u32::MAX),
         }
     }
-}
-
-/// A start command for one host of a lease.
-fn start_command(lease: u64, w: &WorkRec, start: Time, gpus: Vec<String>) -> Command {
-    Command::Start(Box::new(StartLease {
-        lease,
-        workload: w.id,
-        project: w.spec.project.clone(),
-        user: w.spec.user.clone(),
-        gpu_uuids: gpus,
-        start,
-        min_runtime: w.spec.min_runtime,
-        time_limit: w.spec.time_limit,
-        hook: w.hook.clone(),
-        argv: w.argv.clone(),
-    }))
 }

@@ -108,6 +108,26 @@ pub struct StartLease {
     pub hook: String,
     /// The command.
     pub argv: Vec<String>,
+    /// Where it starts (absolute; empty: the agent's own directory).
+    pub cwd: String,
+    /// The submitted environment, in order.
+    pub env: Vec<(String, String)>,
+    /// Stdout file pattern; empty: the agent's default.
+    pub output: String,
+    /// Stderr file pattern; empty: the agent's default.
+    pub error: String,
+    /// Which run of the workload (1-based: its leases in order).
+    pub run: u32,
+    /// This host's rank in the gang (0-based, the order of `nodes`).
+    pub rank: u32,
+    /// Every host of the lease in rank order.
+    pub nodes: Vec<String>,
+    /// GPUs on each host.
+    pub gpus_per_node: u32,
+    /// Rank 0's address as its agent registered it (its name when none was).
+    pub master_addr: String,
+    /// The rendezvous port on rank 0's host; 0: none was free (not sent).
+    pub master_port: u16,
 }
 
 /// What [`Allocator::apply`](super::Allocator::apply) produced.

@@ -57,6 +57,9 @@ pub struct NodeFacts {
     pub verdict: Verdict,
     /// The agent's GPUs as the rules last saw them.
     pub seen: Vec<GpuSeen>,
+    /// Where the cluster reaches it, as its agent registered it.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub addr: String,
 }
 
 /// Why a snapshot could not be taken back into memory.
@@ -122,6 +125,7 @@ impl Allocator {
                     held: n.held.clone(),
                     verdict: n.verdict,
                     seen: n.seen.clone(),
+                    addr: n.addr.clone(),
                 })
                 .collect(),
             work: self.work.values().cloned().collect(),
@@ -172,6 +176,7 @@ impl Allocator {
                     verdict: theirs.verdict,
                     seen: theirs.seen,
                     gpus: Vec::new(),
+                    addr: theirs.addr,
                 },
             );
         }
@@ -180,6 +185,7 @@ impl Allocator {
         a.counters = s.counters.clone();
         a.auto_drains = s.auto_drains.iter().cloned().collect::<VecDeque<_>>();
         a.creds = s.creds.clone();
+        a.index_ports();
         Ok(a)
     }
 }

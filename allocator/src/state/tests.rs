@@ -116,6 +116,10 @@ fn replaying_the_inputs_rebuilds_the_same_state() {
                 spec: spec(if k % 2 == 0 { "demo-a" } else { "demo-b" }, 60 * k),
                 argv: vec!["x".into()],
                 hook: String::new(),
+                cwd: String::new(),
+                env: Vec::new(),
+                output: String::new(),
+                error: String::new(),
             },
         ));
         inputs.push((k, Input::Schedule));
@@ -127,6 +131,8 @@ fn replaying_the_inputs_rebuilds_the_same_state() {
             end: LeaseEnd::Completed,
             reason: "done".into(),
             node: String::new(),
+            exit_code: None,
+            part: false,
         },
     ));
     inputs.push((100, Input::Schedule));
@@ -204,6 +210,7 @@ fn registration(i: u32, running: Vec<u64>, drains: Vec<HostDrain>) -> Input {
         gpus: vec![gpu(0, GpuCondition::Healthy), gpu(1, GpuCondition::Healthy)],
         running,
         drains,
+        addr: String::new(),
     }
 }
 
@@ -432,6 +439,10 @@ fn batch(project: &str) -> Input {
         },
         argv: vec!["x".into()],
         hook: String::new(),
+        cwd: String::new(),
+        env: Vec::new(),
+        output: String::new(),
+        error: String::new(),
     }
 }
 
@@ -455,6 +466,8 @@ fn registration_reconciles_the_leases_both_sides_hold() {
             end: LeaseEnd::Completed,
             reason: "done".into(),
             node: "n0".into(),
+            exit_code: None,
+            part: false,
         },
     )
     .expect("ended");
@@ -693,6 +706,10 @@ fn busy_day() -> Vec<(Time, Input)> {
         },
         argv: vec!["x".into()],
         hook: String::new(),
+        cwd: String::new(),
+        env: Vec::new(),
+        output: String::new(),
+        error: String::new(),
     };
     for k in 0..8u64 {
         let t = 1 + k * 600;
@@ -707,6 +724,8 @@ fn busy_day() -> Vec<(Time, Input)> {
             end: LeaseEnd::Completed,
             reason: "done".into(),
             node: String::new(),
+            exit_code: None,
+            part: false,
         },
     ));
     inputs.push((
@@ -733,7 +752,15 @@ fn busy_day() -> Vec<(Time, Input)> {
     inputs
 }
 
-type WorkView = (u64, WorkloadState, Vec<u64>, Vec<String>, u32, String);
+type WorkView = (
+    u64,
+    WorkloadState,
+    Vec<u64>,
+    Vec<String>,
+    u32,
+    String,
+    Vec<RunRec>,
+);
 
 fn work_views(a: &Allocator) -> Vec<WorkView> {
     a.workloads()
@@ -746,6 +773,7 @@ fn work_views(a: &Allocator) -> Vec<WorkView> {
                 w.nodes.clone(),
                 w.preemptions,
                 w.end_reason.clone(),
+                w.runs.clone(),
             )
         })
         .collect()
@@ -789,7 +817,15 @@ fn a_snapshot_at_any_point_plus_the_tail_is_the_live_state() {
         assert_eq!(back.core.facts().leases, live.core.facts().leases);
         assert_eq!(back.core.facts().usage, live.core.facts().usage);
         assert_eq!(back.counters.drains, live.counters.drains);
+        // The held rendezvous ports are derived again, the same.
+        assert_eq!(back.ports, live.ports, "cut at {cut}");
     }
+    assert!(
+        live.workloads().values().any(|w| w.runs.len() == 1
+            && w.runs[0].nodes.len() == 2
+            && w.runs[0].master_port != 0),
+        "a gang ran with a rendezvous port"
+    );
 }
 
 #[test]
@@ -879,7 +915,9 @@ fn why_work_waits_is_rendered_on_read_for_pending_work_only() {
 fn journal_entries_read_with_only_their_identifying_fields() {
     let submit =
         r#"{"kind":"submit","spec":{"project":"demo-a","user":"u","gpus_per_node":1,"nodes":1}}"#;
-    let Ok(Input::Submit { spec, argv, hook }) = Input::decode(submit) else {
+    let Ok(Input::Submit {
+        spec, argv, hook, ..
+    }) = Input::decode(submit) else {
         panic!("a minimal submission reads");
     };
     assert_eq!(
@@ -898,4 +936,280 @@ fn journal_entries_read_with_only_their_identifying_fields() {
     // What identifies an entry is still required, and named when missing.
     let e = Input::decode(r#"{"kind":"lease-ended","end":"completed"}"#).expect_err("no lease");
     assert!(e.to_string().contains("lease"), "{e}");
+}
+
+// ---------------------------------------------------------------- gangs: ranks, ports, ends
+
+/// An allocator whose `MASTER_PORT` range is `lo..=hi`, with `n` registered nodes
+/// (2 GPUs each) at addresses 10.0.0.I.
+fn with_ports(lo: u16, hi: u16, n: u32) -> Allocator {
+    let mut cfg = ServerConfig::parse(EXAMPLE, "example").expect("example");
+    cfg.server.master_ports = crate::config::PortRange { low: lo, high: hi };
+    let mut a = Allocator::new(&cfg).expect("allocator");
+    for i in 0..n {
+        let Input::Register { spec, gpu_uuids, gpus, .. } = registration(i, Vec::new(), Vec::new()) else {
+            unreachable!("registration() is a Register")
+        };
+        a.apply(
+            0,
+            &Input::Register {
+                spec,
+                gpu_uuids,
+                gpus,
+                running: Vec::new(),
+                drains: Vec::new(),
+                addr: format!("10.0.0.{i}"),
+            },
+        )
+        .expect("registers");
+    }
+    a
+}
+
+fn work(nodes: u32, gpus: u32) -> Input {
+    let Input::Submit { mut spec, .. } = batch("demo-a") else {
+        unreachable!("batch() is a Submit")
+    };
+    spec.nodes = nodes;
+    spec.gpus_per_node = gpus;
+    Input::Submit {
+        spec,
+        argv: vec!["torchrun".into(), "train.py".into()],
+        hook: String::new(),
+        cwd: "/home/u/golf".into(),
+        env: vec![("WANDB_PROJECT".into(), "golf".into())],
+        output: "out-%j-%n".into(),
+        error: String::new(),
+    }
+}
+
+/// Every start sent by one apply, by node.
+fn starts(ap: &Applied) -> Vec<(String, StartLease)> {
+    ap.outs
+        .iter()
+        .filter_map(|o| match o {
+            Out::Send {
+                node,
+                cmd: Command::Start(s),
+            } => Some((node.clone(), (**s).clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn env_of(s: &StartLease) -> BTreeMap<String, String> {
+    crate::api::allot_env(s).into_iter().collect()
+}
+
+#[test]
+fn a_gang_starts_in_one_pass_every_part_knowing_the_whole() {
+    let mut a = with_ports(29_500, 29_999, 2);
+    a.apply(1, &work(2, 2)).expect("submit");
+    let ap = a.apply(2, &Input::Schedule).expect("pass");
+    let st = starts(&ap);
+    // One action, all its hosts: no part is sent before every part is placed.
+    assert_eq!(st.len(), 2, "{st:?}");
+    let (n0, s0) = &st[0];
+    let (n1, s1) = &st[1];
+    assert_ne!(n0, n1);
+    assert_eq!(s0.lease, s1.lease);
+    assert_eq!((s0.rank, s1.rank), (0, 1));
+    assert_eq!(s0.nodes, vec![n0.clone(), n1.clone()]);
+    assert_eq!(s0.nodes, s1.nodes);
+    assert_eq!((s0.run, s1.run), (1, 1));
+    let rank0_addr = format!("10.0.0.{}", n0.trim_start_matches('n'));
+    assert_eq!(s1.master_addr, rank0_addr, "rank 0's registered address");
+    assert_eq!(s0.master_port, s1.master_port);
+    assert!((29_500..=29_999).contains(&s0.master_port));
+    assert_eq!(s0.cwd, "/home/u/golf");
+    assert_eq!(s0.env, vec![("WANDB_PROJECT".to_string(), "golf".to_string())]);
+    assert_eq!(s1.output, "out-%j-%n");
+    let e = env_of(s1);
+    let port = s0.master_port.to_string();
+    for (k, v) in [
+        ("ALLOT_WORKLOAD_ID", "1"),
+        ("ALLOT_RUN", "1"),
+        ("ALLOT_NODE_RANK", "1"),
+        ("NODE_RANK", "1"),
+        ("PET_NODE_RANK", "1"),
+        ("ALLOT_NNODES", "2"),
+        ("PET_NNODES", "2"),
+        ("ALLOT_GPUS_PER_NODE", "2"),
+        ("PET_NPROC_PER_NODE", "2"),
+        ("WORLD_SIZE", "4"),
+        ("MASTER_ADDR", rank0_addr.as_str()),
+        ("PET_MASTER_ADDR", rank0_addr.as_str()),
+        ("MASTER_PORT", port.as_str()),
+        ("PET_MASTER_PORT", port.as_str()),
+    ] {
+        assert_eq!(e.get(k).map(String::as_str), Some(v), "{k}: {e:?}");
+    }
+    assert_eq!(e["ALLOT_NODELIST"], format!("{n0},{n1}"));
+    // The run is kept, and a re-sent start (the host reconnects without it) says
+    // the same.
+    let w = &a.workloads()[&1];
+    assert_eq!(
+        w.runs,
+        vec![RunRec {
+            lease: s0.lease,
+            nodes: s0.nodes.clone(),
+            master_port: s0.master_port
+        }]
+    );
+    let again = a
+        .apply(3, &registration(n1.trim_start_matches('n').parse().expect("index"), Vec::new(), Vec::new()))
+        .expect("re-registers");
+    let resent = starts(&again);
+    assert_eq!(resent.len(), 1);
+    assert_eq!(resent[0].1, *s1);
+}
+
+#[test]
+fn single_node_work_is_rank_0_of_1_on_its_own_address() {
+    let mut a = with_ports(29_500, 29_999, 1);
+    a.apply(1, &work(1, 1)).expect("submit");
+    let st = starts(&a.apply(2, &Input::Schedule).expect("pass"));
+    let e = env_of(&st[0].1);
+    assert_eq!(
+        (e["NODE_RANK"].as_str(), e["ALLOT_NNODES"].as_str(), e["WORLD_SIZE"].as_str()),
+        ("0", "1", "1")
+    );
+    assert_eq!(e["MASTER_ADDR"], "10.0.0.0");
+    assert_eq!(e["ALLOT_NODELIST"], "n0");
+}
+
+#[test]
+fn the_master_port_is_deterministic_and_never_one_a_live_lease_on_rank_0_s_node_holds() {
+    // Counted from the lease id, so consecutive leases spread over the range.
+    let a = with_ports(40_000, 40_009, 1);
+    assert_eq!(a.pick_port("n0", 3), Some(40_003));
+    assert_eq!(a.pick_port("n0", 13), Some(40_003));
+    assert_eq!(a.pick_port("n0", 3), a.pick_port("n0", 3));
+
+    // A range of one port, two single-GPU leases on one node: the second finds it
+    // held and starts without MASTER_PORT, said in the audit and the log.
+    let mut a = with_ports(40_000, 40_000, 1);
+    a.apply(1, &work(1, 1)).expect("submit");
+    a.apply(1, &work(1, 1)).expect("submit");
+    let ap = a.apply(2, &Input::Schedule).expect("pass");
+    let st = starts(&ap);
+    assert_eq!(st.len(), 2);
+    assert_eq!(st[0].1.master_port, 40_000);
+    assert_eq!(st[1].1.master_port, 0, "exhausted: none");
+    let e = env_of(&st[1].1);
+    assert!(!e.contains_key("MASTER_PORT") && !e.contains_key("PET_MASTER_PORT"), "{e:?}");
+    let held = ap.outs.iter().any(|o| matches!(o, Out::Audit { text, .. } if text.contains("no rendezvous port free on n0") && text.contains("master_ports")));
+    assert!(held, "{:?}", ap.outs);
+    assert!(notices(&ap).iter().any(|(l, t)| *l == Level::Warn && t.contains("40000-40000")));
+    // Another node's rank 0 may hold the same port meanwhile.
+    let mut b = with_ports(40_000, 40_000, 2);
+    b.apply(1, &work(1, 2)).expect("submit");
+    b.apply(1, &work(1, 2)).expect("submit");
+    let st = starts(&b.apply(2, &Input::Schedule).expect("pass"));
+    assert_eq!(st.len(), 2);
+    assert_ne!(st[0].0, st[1].0);
+    assert_eq!((st[0].1.master_port, st[1].1.master_port), (40_000, 40_000));
+    // The first lease's end frees its port for the next start on n0.
+    let first = st[0].1.lease;
+    let node = st[0].0.clone();
+    b.apply(
+        3,
+        &Input::LeaseEnded {
+            lease: first,
+            end: LeaseEnd::Completed,
+            reason: "exited".into(),
+            node: node.clone(),
+            exit_code: Some(0),
+            part: true,
+        },
+    )
+    .expect("ended");
+    assert_eq!(b.pick_port(&node, 99), Some(40_000));
+}
+
+#[test]
+fn the_master_port_is_the_same_on_replay() {
+    let inputs: Vec<(Time, Input)> = (1..=6)
+        .flat_map(|k| {
+            let n = 1 + (k % 2) as u32;
+            [(k, work(n, n)), (k, Input::Schedule)]
+        })
+        .collect();
+    let mut live = with_ports(40_000, 40_003, 4);
+    let journal = run_journaled(&mut live, &inputs);
+    let mut again = with_ports(40_000, 40_003, 4);
+    let mut sent = Vec::new();
+    for (t, i) in &journal {
+        sent.extend(starts(&again.apply(*t, i).expect("replays")));
+    }
+    assert_eq!(work_views(&again), work_views(&live));
+    assert_eq!(again.ports, live.ports);
+    assert!(!sent.is_empty() && sent.iter().all(|(_, s)| s.master_port != 0));
+}
+
+#[test]
+fn when_one_part_fails_every_other_part_is_revoked_naming_it() {
+    let mut a = with_ports(29_500, 29_999, 2);
+    a.apply(1, &work(2, 2)).expect("submit");
+    let st = starts(&a.apply(2, &Input::Schedule).expect("pass"));
+    let lease = st[0].1.lease;
+    let (rank0, rank1) = (st[0].0.clone(), st[1].0.clone());
+    let ap = a
+        .apply(
+            3,
+            &Input::LeaseEnded {
+                lease,
+                end: LeaseEnd::Failed,
+                reason: "exited on n1: exited".into(),
+                node: rank1.clone(),
+                exit_code: Some(3),
+                part: true,
+            },
+        )
+        .expect("ended");
+    let why = format!("part on {rank1} (rank 1) ended: failed, exit 3");
+    assert_eq!(
+        sends(&ap, &rank0),
+        vec![Command::Revoke {
+            lease,
+            not_before: 3,
+            why: why.clone()
+        }]
+    );
+    assert!(sends(&ap, &rank1).is_empty(), "the part that ended is not revoked");
+    assert!(ap.outs.iter().any(|o| matches!(o, Out::Audit { text, .. } if text.contains(&why))));
+    assert_eq!(a.workloads()[&1].state, WorkloadState::Failed);
+    assert!(a.leases_on(&rank0).is_empty());
+}
+
+#[test]
+fn a_part_that_completes_waits_for_the_others() {
+    let mut a = with_ports(29_500, 29_999, 2);
+    a.apply(1, &work(2, 2)).expect("submit");
+    let st = starts(&a.apply(2, &Input::Schedule).expect("pass"));
+    let lease = st[0].1.lease;
+    let done = |node: &str| Input::LeaseEnded {
+        lease,
+        end: LeaseEnd::Completed,
+        reason: "exited".into(),
+        node: node.into(),
+        exit_code: Some(0),
+        part: true,
+    };
+    let ap = a.apply(3, &done(&st[1].0)).expect("one part");
+    assert!(ap.outs.iter().all(|o| !matches!(o, Out::Send { .. })), "no revoke: {:?}", ap.outs);
+    assert_eq!(a.workloads()[&1].state, WorkloadState::Running);
+    assert!(a.leases_on(&st[1].0).is_empty() && !a.leases_on(&st[0].0).is_empty());
+    a.apply(4, &done(&st[0].0)).expect("the last part");
+    assert_eq!(a.workloads()[&1].state, WorkloadState::Completed);
+    // Journals from before parts existed end the whole lease at the first report.
+    let mut old = with_ports(29_500, 29_999, 2);
+    old.apply(1, &work(2, 2)).expect("submit");
+    old.apply(2, &Input::Schedule).expect("pass");
+    let Input::LeaseEnded { lease, end, reason, node, exit_code, .. } = done(&st[1].0) else {
+        unreachable!()
+    };
+    old.apply(3, &Input::LeaseEnded { lease, end, reason, node, exit_code, part: false })
+        .expect("ends");
+    assert_eq!(old.workloads()[&1].state, WorkloadState::Completed);
 }

@@ -160,6 +160,9 @@ pub fn workload_json(w: &Workload) -> Value {
         "argv": s.argv,
         "checkpoint_hook": s.checkpoint_hook,
         "no_requeue": s.no_requeue,
+        "cwd": s.cwd,
+        "output": s.output,
+        "error": s.error,
         "state": state_name(w.state()),
         "submit_unix": w.submit_unix,
         "start_unix": w.start_unix,
@@ -312,6 +315,7 @@ pub fn status_text(w: &Workload, now: i64) -> String {
         ("preemptions", w.preemptions.to_string()),
         ("funded", yes_no(w.funded).into()),
         ("command", or_dash(&shell_join(&s.argv))),
+        ("directory", or_dash(&s.cwd)),
     ]);
     let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
     let mut out = String::new();
@@ -707,6 +711,9 @@ mod tests {
             "lease_ids",
             "preemptions",
             "funded",
+            "cwd",
+            "output",
+            "error",
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }

@@ -298,3 +298,99 @@ mod arbitrary_requests {
         }
     }
 }
+
+#[test]
+fn the_work_s_environment_is_submitted_then_login_then_path_then_allot() {
+    let kv = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
+    let submitted = kv(&[
+        ("HOME", "/home/submitter"),
+        ("LANG", "C.UTF-8"),
+        ("ALLOT_NODE_RANK", "7"),
+    ]);
+    let login = kv(&[("HOME", "/home/alice"), ("USER", "alice")]);
+    let allot = kv(&[("ALLOT_NODE_RANK", "1"), ("MASTER_PORT", "29501")]);
+    let env = crate::host::job_env(&submitted, &login, &allot);
+    assert_eq!(
+        env,
+        kv(&[
+            ("HOME", "/home/alice"),
+            ("LANG", "C.UTF-8"),
+            ("ALLOT_NODE_RANK", "1"),
+            ("USER", "alice"),
+            ("PATH", crate::host::DEFAULT_PATH),
+            ("MASTER_PORT", "29501"),
+        ])
+    );
+    // A submitted PATH is kept.
+    let env = crate::host::job_env(&kv(&[("PATH", "/opt/bin")]), &login, &[]);
+    assert!(env.contains(&("PATH".into(), "/opt/bin".into())), "{env:?}");
+}
+
+#[test]
+fn a_start_carries_its_place_run_rank_and_patterns_to_the_launch_and_the_lease() {
+    let mut t = T::new();
+    let s = StartSpec {
+        user: "alice".into(),
+        cwd: "/home/alice/golf".into(),
+        job_env: vec![("WANDB_PROJECT".into(), "golf".into())],
+        env: vec![("ALLOT_RUN".into(), "2".into())],
+        run: 2,
+        rank: 1,
+        output: "out-%j-%n".into(),
+        error: "err-%j".into(),
+        ..spec(1, 0)
+    };
+    let l = t.start(s);
+    assert_eq!(
+        (l.cwd.as_str(), l.run, l.rank, l.output.as_str(), l.error.as_str()),
+        ("/home/alice/golf", 2, 1, "out-%j-%n", "err-%j")
+    );
+    let stored = t.stored(&l.id).expect("on disk");
+    assert_eq!((stored.run, stored.rank, stored.cwd), (2, 1, l.cwd.clone()));
+    let launch = &t.os.launches()[0];
+    assert_eq!(launch.cwd.as_deref(), Some(Path::new("/home/alice/golf")));
+    let get = |k: &str| {
+        launch
+            .env
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(get("WANDB_PROJECT"), Some("golf"));
+    assert_eq!(get("HOME"), Some("/home/alice"));
+    assert_eq!(get("USER"), Some("alice"));
+    assert_eq!(get("PATH"), Some(crate::host::DEFAULT_PATH));
+    assert_eq!(get("ALLOT_RUN"), Some("2"));
+    assert!(t
+        .os
+        .calls()
+        .iter()
+        .any(|c| matches!(c, Call::WorkDir(d) if d == Path::new("/home/alice/golf"))));
+}
+
+#[test]
+fn a_missing_working_directory_fails_the_start_naming_it_and_starts_nothing() {
+    let mut t = T::new();
+    t.os.remove_dir("/scratch/gone");
+    let s = StartSpec {
+        cwd: "/scratch/gone".into(),
+        lease_id: "A-9".into(),
+        ..spec(1, 0)
+    };
+    let e = t.try_start(s).expect_err("refused");
+    // Invalid (a fact about the work: FailedToStart upstream), not Refused (the node).
+    match &e {
+        HostError::Invalid { field, message } => {
+            assert_eq!(*field, "cwd");
+            assert!(
+                message.contains("/scratch/gone does not exist on this host"),
+                "{message}"
+            );
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    assert!(t.os.launches().is_empty());
+    assert!(t.stored("A-9").is_none(), "nothing on disk for a start that never was");
+}
