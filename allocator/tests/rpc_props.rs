@@ -356,11 +356,36 @@ fn spec() -> BoxedStrategy<pb::WorkloadSpec> {
                 f(m, valid_hook(), hook()),
                 any::<bool>(),
             ),
+            (
+                f(m, safe(&["", "/tmp", "/"]), text()),
+                f(
+                    m,
+                    prop_oneof![
+                        Just(Vec::new()),
+                        Just(vec![pb::EnvVar {
+                            name: "A_1".into(),
+                            value: "x y".into()
+                        }])
+                    ],
+                    many(
+                        (text(), text())
+                            .prop_map(|(name, value)| pb::EnvVar { name, value })
+                            .boxed(),
+                        (short(), short())
+                            .prop_map(|(name, value)| pb::EnvVar { name, value })
+                            .boxed(),
+                        2_000,
+                    ),
+                ),
+                f(m, safe(&["", "out-%j-%n.log"]), text()),
+                f(m, safe(&["", "err-%j-%r"]), text()),
+            ),
         )
             .prop_map(
                 |(
                     (project, user, class, gpus_per_node, nodes, cpu_per_node, mem_per_node_gb),
                     (min_runtime_s, time_limit_s, resumable, priority, argv, checkpoint_hook, no_requeue),
+                    (cwd, env, output, error),
                 )| pb::WorkloadSpec {
                     project,
                     user,
@@ -376,6 +401,10 @@ fn spec() -> BoxedStrategy<pb::WorkloadSpec> {
                     argv,
                     checkpoint_hook,
                     no_requeue,
+                    cwd,
+                    env,
+                    output,
+                    error,
                 },
             )
             .boxed()
@@ -420,6 +449,7 @@ fn start_lease() -> BoxedStrategy<pb::StartLeaseRequest> {
                         user,
                         adopt_pid,
                         workload_id,
+                        cwd: String::new(),
                     }
                 },
             )
@@ -746,6 +776,7 @@ fn register() -> BoxedStrategy<pb::Register> {
                         running,
                         drains,
                         protocol,
+                        advertise_addr: String::new(),
                     }
                 },
             )
