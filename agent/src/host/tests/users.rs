@@ -98,10 +98,11 @@ fn work_gets_its_users_groups_and_login_environment() {
     let mut t = T::new();
     let l = t.start(StartSpec {
         user: "alice".into(),
-        env: vec![
+        job_env: vec![
             ("HOME".into(), "/scratch/alice".into()),
             ("WANDB_MODE".into(), "offline".into()),
         ],
+        env: vec![("ALLOT_WORKLOAD_ID".into(), "7".into())],
         ..spec(1, 0)
     });
     let launch = t.os.launches().pop().expect("launched");
@@ -113,17 +114,18 @@ fn work_gets_its_users_groups_and_login_environment() {
             groups: vec![100, 44],
         })
     );
-    // The login environment first, so that the request's own wins (later entries
-    // win in a Command's environment).
+    // The whole environment: the submitted variables, the login's over them (HOME
+    // is the user's on this host), the default PATH, allot's last.
     assert_eq!(
         launch.env,
         [
             ("HOME", "/home/alice"),
+            ("WANDB_MODE", "offline"),
             ("USER", "alice"),
             ("LOGNAME", "alice"),
             ("SHELL", "/bin/sh"),
-            ("HOME", "/scratch/alice"),
-            ("WANDB_MODE", "offline"),
+            ("PATH", crate::host::DEFAULT_PATH),
+            ("ALLOT_WORKLOAD_ID", "7"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()))
     );
