@@ -236,7 +236,11 @@ async fn local_ip_towards(uri: &str) -> Option<String> {
     let host = parsed.host()?.trim_start_matches('[').trim_end_matches(']');
     let port = parsed.port_u16().unwrap_or(7070);
     let peer = tokio::net::lookup_host((host, port)).await.ok()?.next()?;
-    let bind = if peer.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let bind = if peer.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
     let sock = tokio::net::UdpSocket::bind(bind).await.ok()?;
     sock.connect(peer).await.ok()?;
     Some(sock.local_addr().ok()?.ip().to_string())

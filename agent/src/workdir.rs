@@ -52,7 +52,8 @@ pub fn check(dir: &Path, who: &RunAs) -> Result<(), String> {
             let mut steps: Vec<&Path> = dir.ancestors().collect();
             steps.reverse();
             for p in steps {
-                let m = std::fs::metadata(p).map_err(|e| format!("{} cannot be read: {e}", p.display()))?;
+                let m = std::fs::metadata(p)
+                    .map_err(|e| format!("{} cannot be read: {e}", p.display()))?;
                 if !may_enter(id, m.uid(), m.gid(), m.mode()) {
                     return Err(format!(
                         "{shown} cannot be entered by uid {}: {} is mode {:o}, owner {}:{}",

@@ -56,7 +56,10 @@ fn the_environment_is_whole_and_the_work_starts_in_its_directory() {
             "{n} leaked into the workload: {out}"
         );
     }
-    assert!(names.contains(&"EXTRA") && names.contains(&"ALLOT_LEASE_ID"), "{out}");
+    assert!(
+        names.contains(&"EXTRA") && names.contains(&"ALLOT_LEASE_ID"),
+        "{out}"
+    );
 }
 
 #[test]

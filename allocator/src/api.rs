@@ -529,7 +529,11 @@ impl pb::workloads_server::Workloads for Api {
             argv: s.argv.clone(),
             hook: s.checkpoint_hook.clone(),
             cwd: s.cwd.clone(),
-            env: s.env.iter().map(|e| (e.name.clone(), e.value.clone())).collect(),
+            env: s
+                .env
+                .iter()
+                .map(|e| (e.name.clone(), e.value.clone()))
+                .collect(),
             output: s.output.clone(),
             error: s.error.clone(),
         };
@@ -885,7 +889,9 @@ impl Api {
                 // A process killed by a signal has no exit status; say so where it
                 // matters (the part that "exited" did not exit by itself).
                 let how = match (l.end(), l.exit_code) {
-                    (pb::LeaseEnd::Exited, None) => format!("{} (killed by a signal)", l.end_reason),
+                    (pb::LeaseEnd::Exited, None) => {
+                        format!("{} (killed by a signal)", l.end_reason)
+                    }
                     _ => l.end_reason.clone(),
                 };
                 match self.0.commit(Input::LeaseEnded {

@@ -458,7 +458,10 @@ mod tests {
             "a.toml",
         )
         .expect("valid");
-        assert_eq!((c.server.master_ports.low, c.server.master_ports.high), (40_000, 40_009));
+        assert_eq!(
+            (c.server.master_ports.low, c.server.master_ports.high),
+            (40_000, 40_009)
+        );
         for bad in ["80-90", "30000-29000", "x", "29500-70000"] {
             let e = ServerConfig::parse(
                 &format!("[server]\nmaster_ports = {bad:?}\n[[group]]\nname = \"p\"\nweight = 1\n"),

@@ -122,7 +122,11 @@ fn the_environment_and_the_working_directory_arrive_as_submitted() {
     assert_eq!(get("ALLOT_WORKLOAD_ID"), Some(id.as_str()));
     assert_eq!(get("ALLOT_RUN"), Some("1"));
     assert_eq!(
-        (get("ALLOT_NODE_RANK"), get("ALLOT_NNODES"), get("WORLD_SIZE")),
+        (
+            get("ALLOT_NODE_RANK"),
+            get("ALLOT_NNODES"),
+            get("WORLD_SIZE")
+        ),
         (Some("0"), Some("1"), Some("1"))
     );
     let pwd = std::fs::read_to_string(dir.join("pwd.txt")).expect("pwd written");
@@ -139,7 +143,10 @@ fn export_none_gives_a_clean_environment() {
     let dir = workdir(&c, "none");
     let id = submit(
         &c,
-        &[("JOBS_MARK", "must not arrive"), ("PATH", "/opt/submitter/bin:/usr/bin:/bin")],
+        &[
+            ("JOBS_MARK", "must not arrive"),
+            ("PATH", "/opt/submitter/bin:/usr/bin:/bin"),
+        ],
         &[
             "--export",
             "NONE",
@@ -163,7 +170,13 @@ fn export_none_gives_a_clean_environment() {
     assert!(env.contains_key("HOME") && env.contains_key("CUDA_VISIBLE_DEVICES"));
     // Nothing of the agent's own environment (it runs with ALLOT_LOG set) leaks in,
     // nor of the CLI's (ALLOT_SERVER, ALLOT_CA).
-    for k in ["ALLOT_LOG", "ALLOT_SERVER", "ALLOT_CA", "ALLOT_TOKEN", "CARGO_MANIFEST_DIR"] {
+    for k in [
+        "ALLOT_LOG",
+        "ALLOT_SERVER",
+        "ALLOT_CA",
+        "ALLOT_TOKEN",
+        "CARGO_MANIFEST_DIR",
+    ] {
         assert!(!env.contains_key(k), "{k} leaked: {env:?}");
     }
     let allowed = [
@@ -318,8 +331,14 @@ fn a_two_node_gang_finds_itself_and_rendezvous_over_tcp() {
         assert_eq!(get("ALLOT_RUN"), "1");
         assert_eq!(get("ALLOT_WORKLOAD_ID"), id);
         // The agents reach allotd over loopback: that is their address.
-        assert_eq!((get("MASTER_ADDR"), get("PET_MASTER_ADDR")), ("127.0.0.1", "127.0.0.1"));
-        assert_eq!((get("MASTER_PORT"), get("PET_MASTER_PORT")), (range.as_str(), range.as_str()));
+        assert_eq!(
+            (get("MASTER_ADDR"), get("PET_MASTER_ADDR")),
+            ("127.0.0.1", "127.0.0.1")
+        );
+        assert_eq!(
+            (get("MASTER_PORT"), get("PET_MASTER_PORT")),
+            (range.as_str(), range.as_str())
+        );
         // The list is in rank order: this rank's host is at its place in it.
         let list: Vec<&str> = get("ALLOT_NODELIST").split(',').collect();
         assert_eq!(list.len(), 2, "{list:?}");

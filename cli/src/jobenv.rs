@@ -53,9 +53,9 @@ pub fn resolve(
         }
     }
     for s in sets {
-        let (k, v) = s.split_once('=').ok_or_else(|| {
-            format!("--env {s}: give KEY=VALUE (e.g. --env WANDB_MODE=offline)")
-        })?;
+        let (k, v) = s
+            .split_once('=')
+            .ok_or_else(|| format!("--env {s}: give KEY=VALUE (e.g. --env WANDB_MODE=offline)"))?;
         if !is_env_name(k) {
             return Err(format!(
                 "--env {s}: {k:?} is not a variable name; use letters, digits and _, not starting with a digit"
@@ -69,9 +69,8 @@ pub fn resolve(
         env.insert(k.to_string(), v.to_string());
     }
     let env: Vec<(String, String)> = env.into_iter().collect();
-    check_env("env", env.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|e| {
-        format!("--export {export}: {}", e.message)
-    })?;
+    check_env("env", env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(|e| format!("--export {export}: {}", e.message))?;
     Ok(env)
 }
 
@@ -126,10 +125,17 @@ mod tests {
         let env = resolve("NONE", &["A=1".into(), "B=x=y".into()], here()).expect("ok");
         assert_eq!(
             env,
-            vec![("A".to_string(), "1".to_string()), ("B".into(), "x=y".into())]
+            vec![
+                ("A".to_string(), "1".to_string()),
+                ("B".into(), "x=y".into())
+            ]
         );
-        let env = resolve("PATH,WANDB_PROJECT", &["WANDB_PROJECT=swing".into()], here())
-            .expect("ok");
+        let env = resolve(
+            "PATH,WANDB_PROJECT",
+            &["WANDB_PROJECT=swing".into()],
+            here(),
+        )
+        .expect("ok");
         assert_eq!(
             env,
             vec![
@@ -142,25 +148,40 @@ mod tests {
     #[test]
     fn refusals_name_the_flag_and_the_fix() {
         let e = resolve("PATH,NOPE", &[], here()).expect_err("unset");
-        assert!(e.starts_with("--export PATH,NOPE: NOPE is not set") && e.contains("--env NOPE=VALUE"), "{e}");
+        assert!(
+            e.starts_with("--export PATH,NOPE: NOPE is not set") && e.contains("--env NOPE=VALUE"),
+            "{e}"
+        );
         let e = resolve("ALLOT_TOKEN", &[], here()).expect_err("token");
         assert!(e.contains("never sent"), "{e}");
         let e = resolve("ALL", &["ALLOT_TOKEN=x".into()], here()).expect_err("token");
-        assert!(e.starts_with("--env ALLOT_TOKEN=x: ") && e.contains("never sent"), "{e}");
+        assert!(
+            e.starts_with("--env ALLOT_TOKEN=x: ") && e.contains("never sent"),
+            "{e}"
+        );
         let e = resolve("ALL", &["NOEQUALS".into()], here()).expect_err("no =");
         assert!(e.contains("KEY=VALUE"), "{e}");
         let e = resolve("ALL", &["1X=2".into()], here()).expect_err("bad name");
         assert!(e.contains("not a variable name"), "{e}");
         let big = vec![("BIG".to_string(), "x".repeat(70_000))];
         let e = resolve("ALL", &[], big).expect_err("too big");
-        assert!(e.starts_with("--export ALL: ") && e.contains("--export NONE"), "{e}");
+        assert!(
+            e.starts_with("--export ALL: ") && e.contains("--export NONE"),
+            "{e}"
+        );
     }
 
     #[test]
     fn the_working_directory_is_absolute() {
         let here = Path::new("/home/ana/golf");
         assert_eq!(workdir(None, here), here);
-        assert_eq!(workdir(Some(Path::new("runs/1")), here), here.join("runs/1"));
-        assert_eq!(workdir(Some(Path::new("/scratch")), here), Path::new("/scratch"));
+        assert_eq!(
+            workdir(Some(Path::new("runs/1")), here),
+            here.join("runs/1")
+        );
+        assert_eq!(
+            workdir(Some(Path::new("/scratch")), here),
+            Path::new("/scratch")
+        );
     }
 }

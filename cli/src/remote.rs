@@ -253,6 +253,8 @@ pub enum NodesCommand {
 }
 
 /// The commands that talk to allotd.
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(clap::Subcommand, Debug)]
 pub enum Remote {
     /// Queue a workload: the command after `--`, on --nodes × --gpus GPUs.
@@ -360,7 +362,11 @@ fn validate_submit(a: &SubmitArgs) -> Result<(), Usage> {
             .as_deref()
             .map(|p| allot_common::fields::check_pattern(flag, p))
         {
-            return usage(format!("{flag} {}: {}", p.as_deref().unwrap_or(""), e.message));
+            return usage(format!(
+                "{flag} {}: {}",
+                p.as_deref().unwrap_or(""),
+                e.message
+            ));
         }
     }
     Ok(())

@@ -236,16 +236,14 @@ pub fn check_env<'a>(
     field: &str,
     vars: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Result<(), FieldError> {
-    const FIX: &str = "export fewer variables (--export VAR,… or --export NONE with --env KEY=VALUE)";
+    const FIX: &str =
+        "export fewer variables (--export VAR,… or --export NONE with --env KEY=VALUE)";
     let mut seen = std::collections::BTreeSet::new();
     let mut total = 0usize;
     for (i, (name, value)) in vars.into_iter().enumerate() {
         let f = format!("{field}[{i}]");
         if i >= MAX_ENV_VARS {
-            return refuse(
-                field,
-                format!("more than {MAX_ENV_VARS} variables: {FIX}"),
-            );
+            return refuse(field, format!("more than {MAX_ENV_VARS} variables: {FIX}"));
         }
         if !is_env_name(name) {
             return refuse(

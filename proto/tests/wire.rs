@@ -38,6 +38,7 @@ fn agent_registration_round_trips() {
                 ..DrainInfo::default()
             }],
             protocol: 2,
+            advertise_addr: "10.0.0.17".into(),
         })),
     };
     let bytes = msg.encode_to_vec();
@@ -52,6 +53,7 @@ fn agent_registration_round_trips() {
         "optional fields keep presence"
     );
     assert_eq!(r.gpus[0].state(), GpuState::Healthy);
+    assert_eq!(r.advertise_addr, "10.0.0.17");
 }
 
 #[test]

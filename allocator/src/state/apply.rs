@@ -2,9 +2,9 @@
 
 use super::audit::{revoke_text, start_text};
 use super::input::Input;
+use super::out::Level;
 use super::out::{lease_wire, Applied, Command};
 use super::{Allocator, RunRec, WorkRec};
-use super::out::Level;
 use allot_fairshare::LeaseEnd;
 use allot_fairshare::{Action, CoreError, LeaseId, Time, WorkloadId, WorkloadState};
 
@@ -399,7 +399,11 @@ impl Allocator {
             a.audit(
                 wid,
                 lease,
-                format!("revoke {} on {}: {why}", lease_wire(lease), others.join(",")),
+                format!(
+                    "revoke {} on {}: {why}",
+                    lease_wire(lease),
+                    others.join(",")
+                ),
             );
         }
         self.sync(at, wid, how);

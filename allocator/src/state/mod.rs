@@ -304,7 +304,14 @@ impl Allocator {
     /// The start command for one host of a lease. The run, the rank order and the
     /// port come from the workload's [`RunRec`] (a lease restored from a release
     /// without runs gets its hosts in placement order and no port).
-    fn start_for(&self, lease: u64, w: &WorkRec, start: Time, node: &str, gpus: Vec<String>) -> Command {
+    fn start_for(
+        &self,
+        lease: u64,
+        w: &WorkRec,
+        start: Time,
+        node: &str,
+        gpus: Vec<String>,
+    ) -> Command {
         let found = w.runs.iter().position(|r| r.lease == lease);
         let (run, nodes, master_port) = match found {
             Some(i) => (i + 1, w.runs[i].nodes.clone(), w.runs[i].master_port),
@@ -370,7 +377,10 @@ impl Allocator {
             for r in &w.runs {
                 if r.master_port != 0 && self.lease_hosts.contains_key(&r.lease) {
                     if let Some(n) = r.nodes.first() {
-                        ports.entry(n.clone()).or_default().insert(r.master_port, r.lease);
+                        ports
+                            .entry(n.clone())
+                            .or_default()
+                            .insert(r.master_port, r.lease);
                     }
                 }
             }

@@ -821,9 +821,9 @@ fn a_snapshot_at_any_point_plus_the_tail_is_the_live_state() {
         assert_eq!(back.ports, live.ports, "cut at {cut}");
     }
     assert!(
-        live.workloads().values().any(|w| w.runs.len() == 1
-            && w.runs[0].nodes.len() == 2
-            && w.runs[0].master_port != 0),
+        live.workloads()
+            .values()
+            .any(|w| w.runs.len() == 1 && w.runs[0].nodes.len() == 2 && w.runs[0].master_port != 0),
         "a gang ran with a rendezvous port"
     );
 }
@@ -917,7 +917,8 @@ fn journal_entries_read_with_only_their_identifying_fields() {
         r#"{"kind":"submit","spec":{"project":"demo-a","user":"u","gpus_per_node":1,"nodes":1}}"#;
     let Ok(Input::Submit {
         spec, argv, hook, ..
-    }) = Input::decode(submit) else {
+    }) = Input::decode(submit)
+    else {
         panic!("a minimal submission reads");
     };
     assert_eq!(
@@ -947,7 +948,13 @@ fn with_ports(lo: u16, hi: u16, n: u32) -> Allocator {
     cfg.server.master_ports = crate::config::PortRange { low: lo, high: hi };
     let mut a = Allocator::new(&cfg).expect("allocator");
     for i in 0..n {
-        let Input::Register { spec, gpu_uuids, gpus, .. } = registration(i, Vec::new(), Vec::new()) else {
+        let Input::Register {
+            spec,
+            gpu_uuids,
+            gpus,
+            ..
+        } = registration(i, Vec::new(), Vec::new())
+        else {
             unreachable!("registration() is a Register")
         };
         a.apply(
@@ -1022,7 +1029,10 @@ fn a_gang_starts_in_one_pass_every_part_knowing_the_whole() {
     assert_eq!(s0.master_port, s1.master_port);
     assert!((29_500..=29_999).contains(&s0.master_port));
     assert_eq!(s0.cwd, "/home/u/golf");
-    assert_eq!(s0.env, vec![("WANDB_PROJECT".to_string(), "golf".to_string())]);
+    assert_eq!(
+        s0.env,
+        vec![("WANDB_PROJECT".to_string(), "golf".to_string())]
+    );
     assert_eq!(s1.output, "out-%j-%n");
     let e = env_of(s1);
     let port = s0.master_port.to_string();
@@ -1057,7 +1067,14 @@ fn a_gang_starts_in_one_pass_every_part_knowing_the_whole() {
         }]
     );
     let again = a
-        .apply(3, &registration(n1.trim_start_matches('n').parse().expect("index"), Vec::new(), Vec::new()))
+        .apply(
+            3,
+            &registration(
+                n1.trim_start_matches('n').parse().expect("index"),
+                Vec::new(),
+                Vec::new(),
+            ),
+        )
         .expect("re-registers");
     let resent = starts(&again);
     assert_eq!(resent.len(), 1);
@@ -1071,7 +1088,11 @@ fn single_node_work_is_rank_0_of_1_on_its_own_address() {
     let st = starts(&a.apply(2, &Input::Schedule).expect("pass"));
     let e = env_of(&st[0].1);
     assert_eq!(
-        (e["NODE_RANK"].as_str(), e["ALLOT_NNODES"].as_str(), e["WORLD_SIZE"].as_str()),
+        (
+            e["NODE_RANK"].as_str(),
+            e["ALLOT_NNODES"].as_str(),
+            e["WORLD_SIZE"].as_str()
+        ),
         ("0", "1", "1")
     );
     assert_eq!(e["MASTER_ADDR"], "10.0.0.0");
@@ -1097,10 +1118,15 @@ fn the_master_port_is_deterministic_and_never_one_a_live_lease_on_rank_0_s_node_
     assert_eq!(st[0].1.master_port, 40_000);
     assert_eq!(st[1].1.master_port, 0, "exhausted: none");
     let e = env_of(&st[1].1);
-    assert!(!e.contains_key("MASTER_PORT") && !e.contains_key("PET_MASTER_PORT"), "{e:?}");
+    assert!(
+        !e.contains_key("MASTER_PORT") && !e.contains_key("PET_MASTER_PORT"),
+        "{e:?}"
+    );
     let held = ap.outs.iter().any(|o| matches!(o, Out::Audit { text, .. } if text.contains("no rendezvous port free on n0") && text.contains("master_ports")));
     assert!(held, "{:?}", ap.outs);
-    assert!(notices(&ap).iter().any(|(l, t)| *l == Level::Warn && t.contains("40000-40000")));
+    assert!(notices(&ap)
+        .iter()
+        .any(|(l, t)| *l == Level::Warn && t.contains("40000-40000")));
     // Another node's rank 0 may hold the same port meanwhile.
     let mut b = with_ports(40_000, 40_000, 2);
     b.apply(1, &work(1, 2)).expect("submit");
@@ -1176,8 +1202,14 @@ fn when_one_part_fails_every_other_part_is_revoked_naming_it() {
             why: why.clone()
         }]
     );
-    assert!(sends(&ap, &rank1).is_empty(), "the part that ended is not revoked");
-    assert!(ap.outs.iter().any(|o| matches!(o, Out::Audit { text, .. } if text.contains(&why))));
+    assert!(
+        sends(&ap, &rank1).is_empty(),
+        "the part that ended is not revoked"
+    );
+    assert!(ap
+        .outs
+        .iter()
+        .any(|o| matches!(o, Out::Audit { text, .. } if text.contains(&why))));
     assert_eq!(a.workloads()[&1].state, WorkloadState::Failed);
     assert!(a.leases_on(&rank0).is_empty());
 }
@@ -1197,7 +1229,11 @@ fn a_part_that_completes_waits_for_the_others() {
         part: true,
     };
     let ap = a.apply(3, &done(&st[1].0)).expect("one part");
-    assert!(ap.outs.iter().all(|o| !matches!(o, Out::Send { .. })), "no revoke: {:?}", ap.outs);
+    assert!(
+        ap.outs.iter().all(|o| !matches!(o, Out::Send { .. })),
+        "no revoke: {:?}",
+        ap.outs
+    );
     assert_eq!(a.workloads()[&1].state, WorkloadState::Running);
     assert!(a.leases_on(&st[1].0).is_empty() && !a.leases_on(&st[0].0).is_empty());
     a.apply(4, &done(&st[0].0)).expect("the last part");
@@ -1206,10 +1242,28 @@ fn a_part_that_completes_waits_for_the_others() {
     let mut old = with_ports(29_500, 29_999, 2);
     old.apply(1, &work(2, 2)).expect("submit");
     old.apply(2, &Input::Schedule).expect("pass");
-    let Input::LeaseEnded { lease, end, reason, node, exit_code, .. } = done(&st[1].0) else {
+    let Input::LeaseEnded {
+        lease,
+        end,
+        reason,
+        node,
+        exit_code,
+        ..
+    } = done(&st[1].0)
+    else {
         unreachable!()
     };
-    old.apply(3, &Input::LeaseEnded { lease, end, reason, node, exit_code, part: false })
-        .expect("ends");
+    old.apply(
+        3,
+        &Input::LeaseEnded {
+            lease,
+            end,
+            reason,
+            node,
+            exit_code,
+            part: false,
+        },
+    )
+    .expect("ends");
     assert_eq!(old.workloads()[&1].state, WorkloadState::Completed);
 }

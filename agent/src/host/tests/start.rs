@@ -302,7 +302,9 @@ mod arbitrary_requests {
 #[test]
 fn the_work_s_environment_is_submitted_then_login_then_path_then_allot() {
     let kv = |v: &[(&str, &str)]| -> Vec<(String, String)> {
-        v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     };
     let submitted = kv(&[
         ("HOME", "/home/submitter"),
@@ -344,7 +346,13 @@ fn a_start_carries_its_place_run_rank_and_patterns_to_the_launch_and_the_lease()
     };
     let l = t.start(s);
     assert_eq!(
-        (l.cwd.as_str(), l.run, l.rank, l.output.as_str(), l.error.as_str()),
+        (
+            l.cwd.as_str(),
+            l.run,
+            l.rank,
+            l.output.as_str(),
+            l.error.as_str()
+        ),
         ("/home/alice/golf", 2, 1, "out-%j-%n", "err-%j")
     );
     let stored = t.stored(&l.id).expect("on disk");
@@ -392,5 +400,8 @@ fn a_missing_working_directory_fails_the_start_naming_it_and_starts_nothing() {
         other => panic!("expected Invalid, got {other:?}"),
     }
     assert!(t.os.launches().is_empty());
-    assert!(t.stored("A-9").is_none(), "nothing on disk for a start that never was");
+    assert!(
+        t.stored("A-9").is_none(),
+        "nothing on disk for a start that never was"
+    );
 }
