@@ -377,6 +377,12 @@ impl Allocator {
                 rank.map_or(String::new(), |r| format!(" (rank {r})"))
             )
         };
+        self.sync(at, wid, how);
+        a.audit(
+            wid,
+            lease,
+            format!("lease {} ended: {how}{exit} ({reason})", lease_wire(lease)),
+        );
         let others: Vec<String> = self
             .lease_hosts
             .remove(&lease)
@@ -406,12 +412,6 @@ impl Allocator {
                 ),
             );
         }
-        self.sync(at, wid, how);
-        a.audit(
-            wid,
-            lease,
-            format!("lease {} ended: {how}{exit} ({reason})", lease_wire(lease)),
-        );
         Ok(())
     }
 
