@@ -176,6 +176,25 @@ pub fn lease_pb(l: &LeaseRecord) -> pb::Lease {
     }
 }
 
+/// The wire form of a health reason.
+pub fn reason_pb(r: &allot_health::verdict::Reason) -> pb::HealthReason {
+    pb::HealthReason {
+        signal: r.signal.clone(),
+        detail: r.detail.clone(),
+        action: r
+            .action
+            .map(|a| {
+                serde_json::to_value(a)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default(),
+        gpu_only: r.gpu_only,
+        since_unix: i64::try_from(r.since).unwrap_or(0),
+    }
+}
+
 /// The wire form of a GPU.
 pub fn gpu_pb(g: &GpuView) -> pb::Gpu {
     pb::Gpu {
@@ -188,25 +207,7 @@ pub fn gpu_pb(g: &GpuView) -> pb::Gpu {
             GpuState::Degraded => pb::GpuState::Degraded,
             GpuState::Failed => pb::GpuState::Failed,
         } as i32,
-        reasons: g
-            .reasons
-            .iter()
-            .map(|r| pb::HealthReason {
-                signal: r.signal.clone(),
-                detail: r.detail.clone(),
-                action: r
-                    .action
-                    .map(|a| {
-                        serde_json::to_value(a)
-                            .ok()
-                            .and_then(|v| v.as_str().map(str::to_string))
-                            .unwrap_or_default()
-                    })
-                    .unwrap_or_default(),
-                gpu_only: r.gpu_only,
-                since_unix: i64::try_from(r.since).unwrap_or(0),
-            })
-            .collect(),
+        reasons: g.reasons.iter().map(reason_pb).collect(),
         lease_id: g.lease.clone().unwrap_or_default(),
     }
 }

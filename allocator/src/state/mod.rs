@@ -137,6 +137,18 @@ pub struct WorkRec {
     /// Current run funded.
     #[serde(default)]
     pub funded: bool,
+    /// Every run, oldest first: its lease and where it ran (`allot logs --run N`).
+    #[serde(default)]
+    pub runs: Vec<RunRec>,
+}
+
+/// One run of a workload: a lease and its nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRec {
+    /// The run's lease.
+    pub lease: u64,
+    /// Its nodes in rank order (rank 0 first).
+    pub nodes: Vec<String>,
 }
 
 /// Counters for `/metrics` (kept in snapshots, rebuilt by replay like everything else).
