@@ -443,6 +443,39 @@ impl AgentLocal for LocalApi {
         Ok(Response::new(g))
     }
 
+    async fn read_log(&self, req: Request<pb::ReadLog>) -> Result<Response<pb::LogChunk>, Status> {
+        let c = caller(&req)?;
+        let r = req.get_ref().clone();
+        check_len("lease_id", &r.lease_id, MAX_NAME).map_err(invalid)?;
+        let stream = crate::logs::stream_of(r.stream);
+        let src = self.0.host().log_source(&r.lease_id, stream).map_err(status)?;
+        let Some(src) = src else {
+            return Err(Status::not_found(format!(
+                "lease_id: no lease {:?} on this host; `allot leases` lists them",
+                r.lease_id
+            )));
+        };
+        // Output is its user's: the socket's readers see leases, not what they wrote.
+        let owner = nix::unistd::User::from_name(&src.user)
+            .ok()
+            .flatten()
+            .map(|u| u.uid.as_raw())
+            .or_else(|| src.user.parse().ok());
+        if owner != Some(c.uid) {
+            self.may_change(&req, "reading another user's output")?;
+        }
+        let (data, eof, lease_live) =
+            crate::logs::read_source(&r.lease_id, stream, Some(src), r.offset, r.max_bytes)
+                .map_err(Status::failed_precondition)?;
+        Ok(Response::new(pb::LogChunk {
+            request_id: r.request_id,
+            data,
+            eof,
+            lease_live,
+            error: String::new(),
+        }))
+    }
+
     async fn events(
         &self,
         req: Request<pb::EventsRequest>,

@@ -259,5 +259,17 @@ mod tests {
             .expect_err("refused")
             .to_string()
             .starts_with("health.drains: 20"));
+        let h = pb::HealthReport {
+            host_reasons: vec![pb::HealthReason {
+                signal: "disk-low".into(),
+                detail: "x".repeat(2000),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(health(&h)
+            .expect_err("refused")
+            .to_string()
+            .starts_with("health.host_reasons[0].detail: "));
     }
 }

@@ -942,6 +942,7 @@ enum Case {
     Undrain,
     Events(pb::EventsRequest),
     ClearGpu(pb::ClearGpuRequest),
+    ReadLog(pb::ReadLog),
     /// Bytes that may be no message at all, to a method by its path.
     Raw(bool, &'static str, Vec<u8>),
 }
@@ -974,6 +975,7 @@ const AGENT_PATHS: &[&str] = &[
     "/allot.v1.AgentLocal/Undrain",
     "/allot.v1.AgentLocal/Events",
     "/allot.v1.AgentLocal/ClearGpu",
+    "/allot.v1.AgentLocal/ReadLog",
     "/allot.v1.Workloads/Get",
     "/allot.v1.Nodes/Drain",
 ];
@@ -1032,6 +1034,26 @@ fn families() -> Vec<(&'static str, BoxedStrategy<Case>)> {
                 .boxed(),
         ),
         ("AgentLocal.ListLeases", Just(Case::ListLeases).boxed()),
+        (
+            "AgentLocal.ReadLog",
+            (
+                u64s(),
+                either(prop::sample::select(&["L-1", "L-2", "A-1"][..]).prop_map(str::to_string), lease_id()),
+                either(0i32..3, enums()),
+                small_or(0u64..64, u64s()),
+                small_or(0u32..(2 << 20), u32s()),
+            )
+                .prop_map(|(request_id, lease_id, stream, offset, max_bytes)| {
+                    Case::ReadLog(pb::ReadLog {
+                        request_id,
+                        lease_id,
+                        stream,
+                        offset,
+                        max_bytes,
+                    })
+                })
+                .boxed(),
+        ),
         ("AgentLocal.ListGpus", Just(Case::ListGpus).boxed()),
         (
             "AgentLocal (raw bytes)",
@@ -1561,6 +1583,7 @@ impl World {
             Case::Undrain => bounded("Undrain", self.local().undrain(pb::UndrainRequest {})).await,
             Case::Events(r) => bounded("Events", self.local().events(r)).await,
             Case::ClearGpu(r) => bounded("ClearGpu", self.local().clear_gpu(r)).await,
+            Case::ReadLog(r) => bounded("ReadLog", self.local().read_log(r)).await,
             Case::Raw(agent, path, bytes) => {
                 let (channel, who) = if agent {
                     (self.agent.clone(), Caller::ViaAgent)
