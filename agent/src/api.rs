@@ -448,7 +448,11 @@ impl AgentLocal for LocalApi {
         let r = req.get_ref().clone();
         check_len("lease_id", &r.lease_id, MAX_NAME).map_err(invalid)?;
         let stream = crate::logs::stream_of(r.stream);
-        let src = self.0.host().log_source(&r.lease_id, stream).map_err(status)?;
+        let src = self
+            .0
+            .host()
+            .log_source(&r.lease_id, stream)
+            .map_err(status)?;
         let Some(src) = src else {
             return Err(Status::not_found(format!(
                 "lease_id: no lease {:?} on this host; `allot leases` lists them",

@@ -250,7 +250,11 @@ mod tests {
         assert_eq!(c.agent.min_free_bytes, 5_000_000_000);
         assert_eq!(c.agent.disk_check_interval, 60);
         let e = AgentConfig::parse("[agent]\ndisk_check_interval = 0\n", "a.toml").unwrap_err();
-        assert_eq!((e.line, e.field.as_str()), (2, "agent.disk_check_interval"), "{e}");
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (2, "agent.disk_check_interval"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -198,7 +198,13 @@ mod tests {
             err_log: "/logs/7.err".into(),
             ..old
         };
-        assert_eq!(new.log_path(LogStream::Stdout, dir), Path::new("/logs/7.out"));
-        assert_eq!(new.log_path(LogStream::Stderr, dir), Path::new("/logs/7.err"));
+        assert_eq!(
+            new.log_path(LogStream::Stdout, dir),
+            Path::new("/logs/7.out")
+        );
+        assert_eq!(
+            new.log_path(LogStream::Stderr, dir),
+            Path::new("/logs/7.err")
+        );
     }
 }

@@ -134,7 +134,10 @@ mod tests {
         let f = d.join("A-1.out");
         std::fs::write(&f, b"hello world").expect("write");
         assert_eq!(read_at(&f, 0, 5).expect("read"), (b"hello".to_vec(), false));
-        assert_eq!(read_at(&f, 5, 100).expect("read"), (b" world".to_vec(), true));
+        assert_eq!(
+            read_at(&f, 5, 100).expect("read"),
+            (b" world".to_vec(), true)
+        );
         assert_eq!(read_at(&f, 11, 100).expect("read"), (Vec::new(), true));
         assert_eq!(read_at(&f, 99, 100).expect("read"), (Vec::new(), true));
     }

@@ -131,9 +131,21 @@ pub fn health(h: &pb::HealthReport) -> Result<(), FieldError> {
         "reasons",
     )?;
     for (j, r) in h.host_reasons.iter().enumerate() {
-        check_len(&format!("health.host_reasons[{j}].signal"), &r.signal, MAX_NAME)?;
-        check_len(&format!("health.host_reasons[{j}].detail"), &r.detail, MAX_REASON)?;
-        check_len(&format!("health.host_reasons[{j}].action"), &r.action, MAX_NAME)?;
+        check_len(
+            &format!("health.host_reasons[{j}].signal"),
+            &r.signal,
+            MAX_NAME,
+        )?;
+        check_len(
+            &format!("health.host_reasons[{j}].detail"),
+            &r.detail,
+            MAX_REASON,
+        )?;
+        check_len(
+            &format!("health.host_reasons[{j}].action"),
+            &r.action,
+            MAX_NAME,
+        )?;
     }
     check_count("health.only_gpus", h.only_gpus.len(), MAX_HOST_GPUS, "GPUs")?;
     drains("health.drains", &h.drains)

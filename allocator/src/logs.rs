@@ -51,8 +51,7 @@ impl LogRelay {
     fn ask(&self, node: &str, session: u64) -> (u64, oneshot::Receiver<pb::LogChunk>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let (tx, rx) = oneshot::channel();
-        self.waiting()
-            .insert(id, (node.to_string(), session, tx));
+        self.waiting().insert(id, (node.to_string(), session, tx));
         (id, rx)
     }
 
@@ -153,11 +152,7 @@ pub fn pick(w: &WorkRec, want: &Want) -> Result<Option<(u32, RunRec)>, Status> {
             )
         }));
     }
-    let k = if want.run == 0 {
-        n
-    } else {
-        want.run as usize
-    };
+    let k = if want.run == 0 { n } else { want.run as usize };
     if k > n {
         return Err(Status::invalid_argument(format!(
             "run: workload {id} has run {n} time(s); give --run 1 to {n}"
@@ -264,7 +259,10 @@ async fn read_run(
             Ok(Ok(c)) => c,
         };
         if !chunk.error.is_empty() {
-            return Err(Status::failed_precondition(format!("{node}: {}", chunk.error)));
+            return Err(Status::failed_precondition(format!(
+                "{node}: {}",
+                chunk.error
+            )));
         }
         let got = chunk.data.len() as u64;
         offset += got;
@@ -299,7 +297,9 @@ fn record(server: &Server, id: u64) -> Result<WorkRec, Status> {
     }
     c.retired(id)
         .map_err(|e| Status::internal(format!("{e:#}")))?
-        .ok_or_else(|| Status::not_found(format!("no workload {id}; `allot queue --all` lists them")))
+        .ok_or_else(|| {
+            Status::not_found(format!("no workload {id}; `allot queue --all` lists them"))
+        })
 }
 
 /// The whole of one Logs call, sending into `tx` until the end (or an error,

@@ -31,11 +31,15 @@ fn logs(c: &Cluster, args: &[&str]) -> (i32, Vec<u8>, String) {
 
 /// Waits until `allot logs ARGS` succeeds with output containing `text`.
 fn wait_output(c: &Cluster, args: &[&str], text: &str) -> String {
-    wait_for(&format!("`allot logs {}` to show {text:?}", args.join(" ")), LONG, || {
-        let (code, out, _) = logs(c, args);
-        let out = String::from_utf8_lossy(&out).into_owned();
-        (code == 0 && out.contains(text)).then_some(out)
-    })
+    wait_for(
+        &format!("`allot logs {}` to show {text:?}", args.join(" ")),
+        LONG,
+        || {
+            let (code, out, _) = logs(c, args);
+            let out = String::from_utf8_lossy(&out).into_owned();
+            (code == 0 && out.contains(text)).then_some(out)
+        },
+    )
 }
 
 /// The next line `allot logs -f` printed, within the deadline.
@@ -100,7 +104,11 @@ fn logs_follow_a_running_job_and_show_an_earlier_run_after_a_requeue() {
     assert_eq!(c.status(&job)["state"], "completed");
     // Read again once it has ended: the same bytes; stderr on its own.
     let (code, out, err) = logs(&c, &[&job]);
-    assert_eq!((code, out.as_slice()), (0, &b"line 1\nline 2\n"[..]), "{err}");
+    assert_eq!(
+        (code, out.as_slice()),
+        (0, &b"line 1\nline 2\n"[..]),
+        "{err}"
+    );
     let (code, out, err) = logs(&c, &[&job, "--stderr"]);
     assert_eq!((code, out.as_slice()), (0, &b"to stderr\n"[..]), "{err}");
 
@@ -113,8 +121,19 @@ fn logs_follow_a_running_job_and_show_an_earlier_run_after_a_requeue() {
     let first_lease = w["lease_ids"][0].as_str().expect("lease").to_string();
     let (first_node, first_i) = Cluster::node_of(&w);
     wait_output(&c, &[&job], &format!("run of {first_lease}"));
-    let out = c.allot(&["nodes", "drain", &first_node, "--now", "--reason", "logs test"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = c.allot(&[
+        "nodes",
+        "drain",
+        &first_node,
+        "--now",
+        "--reason",
+        "logs test",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let moved = wait_for("the job to run again on the other node", LONG, || {
         let w = c.status(&job);
         (w["state"] == "running" && w["node_names"][0] != first_node.as_str()).then_some(w)
@@ -135,7 +154,10 @@ fn logs_follow_a_running_job_and_show_an_earlier_run_after_a_requeue() {
     assert!(err.contains("give --run 1 to 2"), "{err}");
     let (code, _, err) = logs(&c, &[&job, "--rank", "1"]);
     assert_eq!(code, 1);
-    assert!(err.contains("rank: run 2") && err.contains("1 node(s)"), "{err}");
+    assert!(
+        err.contains("rank: run 2") && err.contains("1 node(s)"),
+        "{err}"
+    );
 
     // Another user may not read it, and is told which right is missing.
     let t = c.allotd(&["tokens", "create", "--user", "mallory"]);
@@ -248,12 +270,19 @@ fn a_node_nearly_out_of_disk_drains_and_takes_no_work_until_space_is_back() {
     );
 
     // A normal threshold: the fault clears, the drain lifts, the waiting job runs there.
-    set_agent_lines(&c, 0, "min_free_bytes = 1048576\ndisk_check_interval = \"1s\"\n");
+    set_agent_lines(
+        &c,
+        0,
+        "min_free_bytes = 1048576\ndisk_check_interval = \"1s\"\n",
+    );
     let t = Instant::now();
     let wb = c.wait_state(&b, "running", LONG);
     assert_eq!(Cluster::node_of(&wb).0, "node-0", "{wb}");
     assert_eq!(c.node_view(0)["state"], "ready");
-    eprintln!("node-0 served again {:?} after the threshold was lowered", t.elapsed());
+    eprintln!(
+        "node-0 served again {:?} after the threshold was lowered",
+        t.elapsed()
+    );
 }
 
 /// How the agent writes a threshold of some TiB (`disk::human`).

@@ -762,13 +762,15 @@ fn health_report() -> BoxedStrategy<pb::HealthReport> {
             f(m, valid_drains(), drains()),
             f(m, Just(Vec::new()), many(reason(), reason(), 100)),
         )
-            .prop_map(|(verdict, only_gpus, gpus, drains, host_reasons)| pb::HealthReport {
-                verdict,
-                only_gpus,
-                gpus,
-                drains,
-                host_reasons,
-            })
+            .prop_map(
+                |(verdict, only_gpus, gpus, drains, host_reasons)| pb::HealthReport {
+                    verdict,
+                    only_gpus,
+                    gpus,
+                    drains,
+                    host_reasons,
+                },
+            )
             .boxed()
     })
 }
@@ -1038,7 +1040,10 @@ fn families() -> Vec<(&'static str, BoxedStrategy<Case>)> {
             "AgentLocal.ReadLog",
             (
                 u64s(),
-                either(prop::sample::select(&["L-1", "L-2", "A-1"][..]).prop_map(str::to_string), lease_id()),
+                either(
+                    prop::sample::select(&["L-1", "L-2", "A-1"][..]).prop_map(str::to_string),
+                    lease_id(),
+                ),
                 either(0i32..3, enums()),
                 small_or(0u64..64, u64s()),
                 small_or(0u32..(2 << 20), u32s()),

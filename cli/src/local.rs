@@ -295,7 +295,11 @@ async fn lease_logs(socket: &Path, a: LeaseLogsArgs) -> Result<(), Failure> {
         match out.write_all(&chunk.data).and_then(|()| out.flush()) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
-            Err(e) => return Err(Failure::Other(anyhow::Error::new(e).context("writing to stdout"))),
+            Err(e) => {
+                return Err(Failure::Other(
+                    anyhow::Error::new(e).context("writing to stdout"),
+                ))
+            }
         }
         if chunk.eof || chunk.data.is_empty() {
             if !a.follow || !chunk.lease_live {

@@ -18,7 +18,8 @@ use allot_proto::v1::org_client::OrgClient;
 use allot_proto::v1::workloads_client::WorkloadsClient;
 use allot_proto::v1::{
     CancelRequest, GetRequest, GetTreeRequest, GetTreeResponse, ListNodesRequest, ListRequest,
-    LogStream, LogsRequest, NodeDrainRequest, SetWeightRequest, SubmitRequest, Workload, WorkloadSpec, WorkloadState,
+    LogStream, LogsRequest, NodeDrainRequest, SetWeightRequest, SubmitRequest, Workload,
+    WorkloadSpec, WorkloadState,
 };
 use serde_json::{json, Value};
 use std::process::ExitCode;
@@ -548,7 +549,9 @@ fn write_out(data: &[u8]) -> Result<(), Failure> {
     match out.write_all(data).and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
-        Err(e) => Err(Failure::Other(anyhow::Error::new(e).context("writing to stdout"))),
+        Err(e) => Err(Failure::Other(
+            anyhow::Error::new(e).context("writing to stdout"),
+        )),
     }
 }
 

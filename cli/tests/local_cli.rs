@@ -405,10 +405,10 @@ impl AgentLocal for Fake {
     /// the second read. Anything else is not here.
     async fn read_log(&self, r: Request<ReadLog>) -> Result<Response<LogChunk>, Status> {
         let r = r.into_inner();
-        self.seen
-            .lock()
-            .expect("lock")
-            .push(format!("read {} at {} stream {}", r.lease_id, r.offset, r.stream));
+        self.seen.lock().expect("lock").push(format!(
+            "read {} at {} stream {}",
+            r.lease_id, r.offset, r.stream
+        ));
         if r.lease_id != "L-1" {
             return Err(Status::not_found(format!(
                 "lease_id: no lease {:?} on this host; `allot leases` lists them",
@@ -837,7 +837,15 @@ fn lease_start_and_revoke_through_an_agent() {
 fn lease_logs_reads_on_from_each_offset_until_the_lease_has_ended() {
     let fake = Fake::default();
     let s = serve(fake.clone());
-    let (code, out, err) = allot(&["lease", "logs", "L-1", "-f", "--stderr", "--socket", s.arg()]);
+    let (code, out, err) = allot(&[
+        "lease",
+        "logs",
+        "L-1",
+        "-f",
+        "--stderr",
+        "--socket",
+        s.arg(),
+    ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "hello\nworld\n");
     let (code, _, err) = allot(&["lease", "logs", "L-9", "--socket", s.arg()]);
@@ -846,6 +854,10 @@ fn lease_logs_reads_on_from_each_offset_until_the_lease_has_ended() {
     let seen = fake.seen.lock().expect("lock").clone();
     assert_eq!(
         seen,
-        ["read L-1 at 0 stream 2", "read L-1 at 6 stream 2", "read L-9 at 0 stream 1"]
+        [
+            "read L-1 at 0 stream 2",
+            "read L-1 at 6 stream 2",
+            "read L-9 at 0 stream 1"
+        ]
     );
 }

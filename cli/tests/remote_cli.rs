@@ -8,8 +8,8 @@ use allot_proto::v1::workloads_server::{Workloads, WorkloadsServer};
 use allot_proto::v1::{
     CancelRequest, DrainInfo, GetRequest, GetTreeRequest, GetTreeResponse, Gpu, GpuState, Group,
     HostVerdict, ListNodesRequest, ListNodesResponse, ListRequest, ListResponse, LogStream,
-    LogsChunk, LogsRequest, Node, NodeDrainRequest, SetWeightRequest, SubmitRequest, SubmitResponse, WatchRequest, Workload,
-    WorkloadSpec, WorkloadState,
+    LogsChunk, LogsRequest, Node, NodeDrainRequest, SetWeightRequest, SubmitRequest,
+    SubmitResponse, WatchRequest, Workload, WorkloadSpec, WorkloadState,
 };
 use std::sync::{Arc, Mutex};
 use tonic::{Request, Response, Status};
@@ -1087,7 +1087,11 @@ fn logs_prints_the_bytes_as_they_came_and_marks_a_new_run_on_stderr() {
         .env("ALLOT_SOCKET", "/nonexistent/agent.sock")
         .output()
         .expect("allot runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(out.stdout, b"step 1\nstep 2 \xff\nresumed\n");
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
@@ -1098,7 +1102,10 @@ fn logs_prints_the_bytes_as_they_came_and_marks_a_new_run_on_stderr() {
     assert!(out.starts_with("step 1\n"), "{out}");
     let (code, _, err) = allot(&["logs", "19", "--server", &addr]);
     assert_eq!(code, 1);
-    assert!(err.contains("may not read the output of workload 19"), "{err}");
+    assert!(
+        err.contains("may not read the output of workload 19"),
+        "{err}"
+    );
     let (code, _, err) = allot(&["logs", "18", "--run", "0", "--server", &addr]);
     assert_eq!(code, 2, "runs count from 1: {err}");
     let seen = fake.seen().logs.clone();

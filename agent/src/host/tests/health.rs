@@ -365,19 +365,27 @@ fn a_disk_nearly_full_drains_the_host_and_space_back_lifts_it() {
     let d = t.h.drain_state().cloned().expect("drained");
     assert_eq!((d.by.as_str(), d.now, d.held), (HEALTH, false, false));
     assert!(
-        d.reason.starts_with("disk-low: /var/lib/allot/agent has 10.0 MiB free"),
+        d.reason
+            .starts_with("disk-low: /var/lib/allot/agent has 10.0 MiB free"),
         "{}",
         d.reason
     );
     assert_eq!(t.h.host_reasons(), [disk_low()]);
     // Like any host-wide health drain: no new work, leases revoked at their lapse.
     let m = refusal(t.try_start(spec(1, 0)));
-    assert!(m.contains("drained by health") && m.contains("disk-low"), "{m}");
+    assert!(
+        m.contains("drained by health") && m.contains("disk-low"),
+        "{m}"
+    );
     assert_eq!(t.lease(&a.id).not_before_ms, Some(t0 + 60_000));
     // The same condition again changes nothing; a GPU sample keeps the drain.
     assert!(!t.h.on_disk(Some(disk_low()), t0 + 1));
     t.verdict(ok());
-    assert_eq!(t.h.host_verdict(), HostVerdict::Drain, "the disk still holds it");
+    assert_eq!(
+        t.h.host_verdict(),
+        HostVerdict::Drain,
+        "the disk still holds it"
+    );
     assert!(t.h.drain_state().is_some());
     // Space back: the drain lifts and work starts again.
     assert!(t.h.on_disk(None, t0 + 2));
