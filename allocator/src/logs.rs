@@ -171,6 +171,9 @@ pub fn pick(w: &WorkRec, want: &Want) -> Result<Option<(u32, RunRec)>, Status> {
 
 type Tx = mpsc::Sender<Result<pb::LogsChunk, Status>>;
 
+/// What a Logs call answers with.
+pub type LogsStream = Pin<Box<dyn Stream<Item = Result<pb::LogsChunk, Status>> + Send>>;
+
 /// How one run's reading ended.
 enum Ended {
     /// Everything read (the lease ended, or not following).
@@ -366,10 +369,7 @@ async fn relay(server: Arc<Server>, tx: Tx, want: Want) {
 }
 
 /// The stream a Logs call answers with (the caller's right already checked).
-pub fn stream(
-    server: Arc<Server>,
-    want: Want,
-) -> Result<Pin<Box<dyn Stream<Item = Result<pb::LogsChunk, Status>> + Send>>, Status> {
+pub fn stream(server: Arc<Server>, want: Want) -> Result<LogsStream, Status> {
     // What can be told at once is told as the call's status, before any stream.
     let w = record(&server, want.id)?;
     pick(&w, &want)?;
