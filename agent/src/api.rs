@@ -177,6 +177,25 @@ pub fn lease_pb(l: &LeaseRecord) -> pb::Lease {
     }
 }
 
+/// The wire form of a health reason.
+pub fn reason_pb(r: &allot_health::verdict::Reason) -> pb::HealthReason {
+    pb::HealthReason {
+        signal: r.signal.clone(),
+        detail: r.detail.clone(),
+        action: r
+            .action
+            .map(|a| {
+                serde_json::to_value(a)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default(),
+        gpu_only: r.gpu_only,
+        since_unix: i64::try_from(r.since).unwrap_or(0),
+    }
+}
+
 /// The wire form of a GPU.
 pub fn gpu_pb(g: &GpuView) -> pb::Gpu {
     pb::Gpu {
@@ -189,25 +208,7 @@ pub fn gpu_pb(g: &GpuView) -> pb::Gpu {
             GpuState::Degraded => pb::GpuState::Degraded,
             GpuState::Failed => pb::GpuState::Failed,
         } as i32,
-        reasons: g
-            .reasons
-            .iter()
-            .map(|r| pb::HealthReason {
-                signal: r.signal.clone(),
-                detail: r.detail.clone(),
-                action: r
-                    .action
-                    .map(|a| {
-                        serde_json::to_value(a)
-                            .ok()
-                            .and_then(|v| v.as_str().map(str::to_string))
-                            .unwrap_or_default()
-                    })
-                    .unwrap_or_default(),
-                gpu_only: r.gpu_only,
-                since_unix: i64::try_from(r.since).unwrap_or(0),
-            })
-            .collect(),
+        reasons: g.reasons.iter().map(reason_pb).collect(),
         lease_id: g.lease.clone().unwrap_or_default(),
     }
 }
@@ -443,6 +444,43 @@ impl AgentLocal for LocalApi {
         drop(h);
         self.host_changed();
         Ok(Response::new(g))
+    }
+
+    async fn read_log(&self, req: Request<pb::ReadLog>) -> Result<Response<pb::LogChunk>, Status> {
+        let c = caller(&req)?;
+        let r = req.get_ref().clone();
+        check_len("lease_id", &r.lease_id, MAX_NAME).map_err(invalid)?;
+        let stream = crate::logs::stream_of(r.stream);
+        let src = self
+            .0
+            .host()
+            .log_source(&r.lease_id, stream)
+            .map_err(status)?;
+        let Some(src) = src else {
+            return Err(Status::not_found(format!(
+                "lease_id: no lease {:?} on this host; `allot leases` lists them",
+                r.lease_id
+            )));
+        };
+        // Output is its user's: the socket's readers see leases, not what they wrote.
+        let owner = nix::unistd::User::from_name(&src.user)
+            .ok()
+            .flatten()
+            .map(|u| u.uid.as_raw())
+            .or_else(|| src.user.parse().ok());
+        if owner != Some(c.uid) {
+            self.may_change(&req, "reading another user's output")?;
+        }
+        let (data, eof, lease_live) =
+            crate::logs::read_source(&r.lease_id, stream, Some(src), r.offset, r.max_bytes)
+                .map_err(Status::failed_precondition)?;
+        Ok(Response::new(pb::LogChunk {
+            request_id: r.request_id,
+            data,
+            eof,
+            lease_live,
+            error: String::new(),
+        }))
     }
 
     async fn events(

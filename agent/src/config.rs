@@ -61,6 +61,13 @@ pub struct AgentSection {
     /// Empty: the local IP address of the agent's connection to allotd (restart to
     /// change).
     pub advertise_addr: String,
+    /// Below this many free bytes on the state dir's or the lease logs' file system
+    /// the host drains as on a health fault, and clears once 10 % more is free; 0:
+    /// never (reloadable).
+    pub min_free_bytes: u64,
+    /// How often free space is measured (reloadable).
+    #[serde(deserialize_with = "de_duration")]
+    pub disk_check_interval: u64,
 }
 
 impl Default for AgentSection {
@@ -82,6 +89,8 @@ impl Default for AgentSection {
             allow_root: false,
             hook_hosts: Vec::new(),
             advertise_addr: String::new(),
+            min_free_bytes: 1 << 30,
+            disk_check_interval: 15,
         }
     }
 }
@@ -159,6 +168,12 @@ impl AgentConfig {
             return Err(err(
                 "agent.advertise_addr",
                 format!("{:?} is not an address or host name; give e.g. \"10.0.0.5\" or \"node-1.cluster.example\", without scheme or port, or leave it empty", a.advertise_addr),
+            ));
+        }
+        if a.disk_check_interval == 0 {
+            return Err(err(
+                "agent.disk_check_interval",
+                "0s; give how often free space is measured, e.g. \"15s\" (min_free_bytes = 0 turns the check off)".into(),
             ));
         }
         if !a.default_checkpoint.is_empty() {
@@ -243,6 +258,21 @@ mod tests {
         assert_eq!(c.agent.default_grace, 300);
         assert_eq!(c.agent.term_grace, 10);
         assert_eq!(c.health.source, "fake:8");
+        assert_eq!(c.agent.min_free_bytes, 1 << 30, "the default: 1 GiB");
+        assert_eq!(c.agent.disk_check_interval, 15);
+        let c = AgentConfig::parse(
+            "[agent]\nmin_free_bytes = 5000000000\ndisk_check_interval = \"1m\"\n",
+            "a.toml",
+        )
+        .expect("valid");
+        assert_eq!(c.agent.min_free_bytes, 5_000_000_000);
+        assert_eq!(c.agent.disk_check_interval, 60);
+        let e = AgentConfig::parse("[agent]\ndisk_check_interval = 0\n", "a.toml").unwrap_err();
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (2, "agent.disk_check_interval"),
+            "{e}"
+        );
     }
 
     #[test]

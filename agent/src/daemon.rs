@@ -308,6 +308,9 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     tracing::info!(socket = %cfg.agent.socket.display(), state_dir = %cfg.agent.state_dir.display(), source = %cfg.health.source, "allot-agent ready");
     allot_common::systemd::notify("READY=1");
     let watchdog = allot_common::systemd::watchdog_interval();
+    // Free space is measured at once, then every disk_check_interval (and after a
+    // reload, which may have moved the threshold).
+    let mut next_disk = tokio::time::Instant::now();
     loop {
         // Fed from the contract loop: a wedged host lock stops the pings and systemd
         // restarts the agent (workloads stay: KillMode=process).
@@ -338,8 +341,19 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
                 shared.host().on_verdict(v, inv, now_ms());
                 crate::uplink::send(&shared, crate::uplink::health(&shared));
             }
-            _ = hup.recv() => reload(&o, &mut cfg, &shared),
-            Some(()) = cfg_rx.recv() => reload(&o, &mut cfg, &shared),
+            _ = tokio::time::sleep_until(next_disk) => {
+                crate::disk::check(&cfg, &shared);
+                next_disk = tokio::time::Instant::now()
+                    + Duration::from_secs(cfg.agent.disk_check_interval.max(1));
+            }
+            _ = hup.recv() => {
+                reload(&o, &mut cfg, &shared);
+                next_disk = tokio::time::Instant::now();
+            }
+            Some(()) = cfg_rx.recv() => {
+                reload(&o, &mut cfg, &shared);
+                next_disk = tokio::time::Instant::now();
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }

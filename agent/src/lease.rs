@@ -3,6 +3,26 @@
 
 use allot_proto::v1::LeaseEnd;
 use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// One of a lease's two output streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogStream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+impl LogStream {
+    /// The extension of its file in the lease dir before 0.6 (`out`, `err`).
+    pub fn ext(self) -> &'static str {
+        match self {
+            LogStream::Stdout => "out",
+            LogStream::Stderr => "err",
+        }
+    }
+}
 
 /// Where a lease is in its life.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -112,12 +132,30 @@ pub struct LeaseRecord {
     pub output: String,
     /// Stderr file pattern; empty: the agent's default.
     pub error: String,
+    /// Where the lease's stdout goes (absolute); empty: `<lease dir>/<id>.out`, as before 0.6.
+    pub out_log: String,
+    /// Where the lease's stderr goes (absolute); empty: `<lease dir>/<id>.err`, as before 0.6.
+    pub err_log: String,
 }
 
 impl LeaseRecord {
     /// How it ended (unspecified while live).
     pub fn end_kind(&self) -> LeaseEnd {
         LeaseEnd::from_name(&self.end_reason)
+    }
+
+    /// The file `stream` of this lease goes to: the recorded path, or for a row
+    /// written before 0.6 (none recorded) its old place in `lease_dir`.
+    pub fn log_path(&self, stream: LogStream, lease_dir: &Path) -> PathBuf {
+        let recorded = match stream {
+            LogStream::Stdout => &self.out_log,
+            LogStream::Stderr => &self.err_log,
+        };
+        if recorded.is_empty() {
+            lease_dir.join(format!("{}.{}", self.id, stream.ext()))
+        } else {
+            PathBuf::from(recorded)
+        }
     }
 
     /// Not ended.
@@ -152,5 +190,31 @@ impl LeaseRecord {
         self.end_reason = how.name().into();
         self.ended_by = by.into();
         self.not_before_ms = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_without_log_paths_reads_from_the_old_place() {
+        let old: LeaseRecord = serde_json::from_str(r#"{"id":"A-7"}"#).expect("an old row");
+        let dir = Path::new("/var/lib/allot/agent/leases/A-7");
+        assert_eq!(old.log_path(LogStream::Stdout, dir), dir.join("A-7.out"));
+        assert_eq!(old.log_path(LogStream::Stderr, dir), dir.join("A-7.err"));
+        let new = LeaseRecord {
+            out_log: "/logs/7.out".into(),
+            err_log: "/logs/7.err".into(),
+            ..old
+        };
+        assert_eq!(
+            new.log_path(LogStream::Stdout, dir),
+            Path::new("/logs/7.out")
+        );
+        assert_eq!(
+            new.log_path(LogStream::Stderr, dir),
+            Path::new("/logs/7.err")
+        );
     }
 }

@@ -139,6 +139,19 @@ impl Store {
         Ok(out)
     }
 
+    /// One lease by id, live or ended (`None` when no row has it, or an ended
+    /// row cannot be decoded any more).
+    pub fn lease(&self, id: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        let body: Option<String> = self
+            .conn
+            .query_row("SELECT body FROM leases WHERE id = ?1", params![id], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(|e| StoreError::new(&self.path, "reading a lease", e))?;
+        Ok(body.and_then(|b| serde_json::from_str(&b).ok()))
+    }
+
     /// A JSON setting (`None` when unset). One that cannot be decoded is an error
     /// naming the key: a forgotten drain would let work start on a drained host.
     pub fn get_json<T: serde::de::DeserializeOwned>(

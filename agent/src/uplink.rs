@@ -3,7 +3,7 @@
 //! and lease changes; carry out the allocator's starts, revocations and drains.
 //! Reconnects with exponential backoff; the agent works on alone meanwhile.
 
-use crate::api::{drains_pb, gpu_pb, lease_pb, verdict_pb, Shared};
+use crate::api::{drains_pb, gpu_pb, lease_pb, reason_pb, verdict_pb, Shared};
 use crate::credentials::Credentials;
 use crate::host::{now_ms, Caller, StartSpec};
 use crate::lease::LeaseRecord;
@@ -17,7 +17,12 @@ const BACKOFF: (Duration, Duration) = (Duration::from_millis(200), Duration::fro
 
 /// Leases the allocator gave (local leases are the operator's business).
 pub fn from_allocator(l: &LeaseRecord) -> bool {
-    l.id.starts_with("A-")
+    from_allocator_id(&l.id)
+}
+
+/// Whether a lease id is one the allocator gives.
+pub fn from_allocator_id(id: &str) -> bool {
+    id.starts_with("A-")
 }
 
 fn status(l: &LeaseRecord) -> pb::AgentMessage {
@@ -37,6 +42,7 @@ pub fn health(sh: &Shared) -> pb::AgentMessage {
             only_gpus: Vec::new(),
             gpus: h.gpus().iter().map(gpu_pb).collect(),
             drains: drains_pb(&h),
+            host_reasons: h.host_reasons().iter().map(reason_pb).collect(),
         })),
     }
 }
@@ -65,8 +71,9 @@ fn register(sh: &Shared, cluster: &str, advertise_addr: &str) -> pb::AgentMessag
     }
 }
 
-/// What this agent understands of allotd's messages (see `Register.protocol`).
-const PROTOCOL: u32 = 2;
+/// What this agent understands of allotd's messages (see `Register.protocol`): 3
+/// reads its leases' output for allotd.
+const PROTOCOL: u32 = 3;
 
 /// Sends to the allocator if the stream is up (otherwise the next register
 /// reconciles).
@@ -104,8 +111,23 @@ fn failed_start(id: &str, how: pb::LeaseEnd, why: &str) -> pb::AgentMessage {
     }
 }
 
-fn on_command(sh: &Shared, m: pb::AllocatorMessage) {
+fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
     match m.body {
+        Some(pb::allocator_message::Body::ReadLog(r)) => {
+            // File reads stay off the stream's task and out of the host's lock; the
+            // answer names its request, so answers may pass each other.
+            let sh = sh.clone();
+            tokio::task::spawn_blocking(move || {
+                let chunk = crate::logs::answer(&sh, &r);
+                send(
+                    &sh,
+                    pb::AgentMessage {
+                        body: Some(pb::agent_message::Body::LogChunk(chunk)),
+                    },
+                );
+            });
+            return;
+        }
         Some(pb::allocator_message::Body::Start(c)) => {
             let Some(l) = c.lease else { return };
             if let Some(existing) = sh.host().lease(&l.id).cloned() {

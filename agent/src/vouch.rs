@@ -169,6 +169,21 @@ impl pb::workloads_server::Workloads for Vouch {
         )?;
         Ok(Response::new(Box::pin(r.into_inner())))
     }
+
+    type LogsStream = BoxStream<pb::LogsChunk>;
+
+    async fn logs(
+        &self,
+        req: Request<pb::LogsRequest>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        let r: Response<Streaming<pb::LogsChunk>> = forward!(
+            self,
+            req,
+            pb::workloads_client::WorkloadsClient<Channel>,
+            logs
+        )?;
+        Ok(Response::new(Box::pin(r.into_inner())))
+    }
 }
 
 #[tonic::async_trait]

@@ -668,6 +668,48 @@ impl pb::workloads_server::Workloads for Api {
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
     }
+
+    type LogsStream = BoxStream<pb::LogsChunk>;
+
+    async fn logs(
+        &self,
+        req: Request<pb::LogsRequest>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        let id = parse_id(&req.get_ref().id)?;
+        let who = self.allow(&req, Ask::Logs(id))?;
+        let r = req.into_inner();
+        let stream = match pb::LogStream::try_from(r.stream) {
+            Ok(pb::LogStream::Stderr) => pb::LogStream::Stderr,
+            Ok(_) => pb::LogStream::Stdout,
+            Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "stream: {} is not an output stream; 1 (stdout) or 2 (stderr)",
+                    r.stream
+                )))
+            }
+        };
+        if !self.0.core().alloc.workloads().contains_key(&id) {
+            // Ended long ago: its retired record says whose it is.
+            let c = self.0.core();
+            let rec = c
+                .retired(id)
+                .map_err(|e| Status::internal(format!("{e:#}")))?
+                .ok_or_else(|| {
+                    Status::not_found(format!("no workload {id}; `allot queue --all` lists them"))
+                })?;
+            c.alloc
+                .authorize_on(&who, Ask::Logs(id), &rec)
+                .map_err(denied_status)?;
+        }
+        let want = crate::logs::Want {
+            id,
+            follow: r.follow,
+            run: r.run,
+            rank: r.rank,
+            stream,
+        };
+        Ok(Response::new(crate::logs::stream(self.0.clone(), want)?))
+    }
 }
 
 #[tonic::async_trait]
@@ -907,6 +949,7 @@ impl Api {
                 }
             }
             Some(pb::agent_message::Body::Health(h)) => self.on_health(node, h),
+            Some(pb::agent_message::Body::LogChunk(c)) => self.0.logs.deliver(node, c),
             Some(pb::agent_message::Body::Register(_)) => {
                 tracing::warn!(node, "second register on one stream ignored");
             }
@@ -933,6 +976,13 @@ impl Api {
                     .filter(|r| !r.action.is_empty())
                     .map(move |r| format!("{} {}", g.pci, r.signal))
             })
+            // The host's own conditions (a disk nearly full) say what and the fix.
+            .chain(
+                h.host_reasons
+                    .iter()
+                    .filter(|r| !r.action.is_empty())
+                    .map(|r| format!("{}: {}", r.signal, r.detail)),
+            )
             .collect();
         if let Err(e) = self.0.commit(Input::Health {
             node: node.to_string(),
@@ -1008,6 +1058,7 @@ impl pb::agent_stream_server::AgentStream for Api {
             }
             tracing::info!(node = %node, "agent disconnected");
             api.0.detach(&node, session);
+            api.0.logs.node_gone(&node, session);
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::UnboundedReceiverStream::new(rx),

@@ -136,6 +136,29 @@ pub fn register(r: &pb::Register) -> Result<(), Status> {
 /// A health report from a connected host: refused ones are logged and dropped.
 pub fn health(h: &pb::HealthReport) -> Result<(), FieldError> {
     gpus("health.gpus", &h.gpus)?;
+    check_count(
+        "health.host_reasons",
+        h.host_reasons.len(),
+        MAX_GPU_REASONS,
+        "reasons",
+    )?;
+    for (j, r) in h.host_reasons.iter().enumerate() {
+        check_len(
+            &format!("health.host_reasons[{j}].signal"),
+            &r.signal,
+            MAX_NAME,
+        )?;
+        check_len(
+            &format!("health.host_reasons[{j}].detail"),
+            &r.detail,
+            MAX_REASON,
+        )?;
+        check_len(
+            &format!("health.host_reasons[{j}].action"),
+            &r.action,
+            MAX_NAME,
+        )?;
+    }
     check_count("health.only_gpus", h.only_gpus.len(), MAX_HOST_GPUS, "GPUs")?;
     drains("health.drains", &h.drains)
 }
@@ -293,5 +316,17 @@ mod tests {
             .expect_err("refused")
             .to_string()
             .starts_with("health.drains: 20"));
+        let h = pb::HealthReport {
+            host_reasons: vec![pb::HealthReason {
+                signal: "disk-low".into(),
+                detail: "x".repeat(2000),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(health(&h)
+            .expect_err("refused")
+            .to_string()
+            .starts_with("health.host_reasons[0].detail: "));
     }
 }

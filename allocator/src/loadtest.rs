@@ -169,6 +169,7 @@ async fn agent(ch: Channel, host: u32, a: Arc<Args>, ended: Arc<AtomicU64>) {
                         only_gpus: Vec::new(),
                         gpus: gpus_of(host, a.gpus),
                         drains: Vec::new(),
+                        host_reasons: Vec::new(),
                     })),
                 });
             }

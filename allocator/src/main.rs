@@ -10,6 +10,7 @@ mod conns;
 mod dev;
 mod limits;
 mod loadtest;
+mod logs;
 mod metrics;
 mod pki;
 mod serve;

@@ -116,6 +116,8 @@ pub struct Server {
     started: Time,
     /// Open connections and Watch streams, and their caps.
     pub conns: Arc<crate::conns::Conns>,
+    /// Log reads waiting for their agents' answers (`allot logs`).
+    pub logs: crate::logs::LogRelay,
 }
 
 impl Server {
@@ -144,6 +146,7 @@ impl Server {
             pki,
             started: now(),
             conns,
+            logs: Default::default(),
         });
         if tail > 0 {
             server.snapshot()?;

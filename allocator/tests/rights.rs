@@ -115,6 +115,20 @@ fn table() -> Vec<(&'static str, [Want; 9])> {
         ("Workloads.Get", see_alices),
         ("Workloads.List", user_read),
         ("Workloads.Watch", see_alices),
+        (
+            "Workloads.Logs",
+            [
+                ANON,
+                Yes,
+                No(Code::PermissionDenied, "only its owner, an operator"),
+                No(Code::PermissionDenied, "only its owner, an operator"),
+                Yes,
+                Yes,
+                NODE_ONLY,
+                NODE_ONLY,
+                REVOKED,
+            ],
+        ),
         ("Org.GetTree", user_read),
         (
             "Org.SetWeight",
@@ -282,6 +296,26 @@ impl World {
                 let id = self.alices_workload().await;
                 let mut s = w.watch(pb::WatchRequest { id }).await?.into_inner();
                 s.message().await.map(drop)
+            }
+            "Workloads.Logs" => {
+                let id = self.alices_workload().await;
+                // Alice's work waits (a gang of every node): a caller with the right
+                // is past its check when told that there is no output yet.
+                match w
+                    .logs(pb::LogsRequest {
+                        id,
+                        ..Default::default()
+                    })
+                    .await
+                {
+                    Err(s)
+                        if s.code() == Code::FailedPrecondition
+                            && s.message().contains("has not started yet") =>
+                    {
+                        Ok(())
+                    }
+                    r => r.map(drop),
+                }
             }
             "Org.GetTree" => org.get_tree(pb::GetTreeRequest {}).await.map(drop),
             "Org.SetWeight" => org

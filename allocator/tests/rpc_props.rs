@@ -791,15 +791,42 @@ fn health_report() -> BoxedStrategy<pb::HealthReport> {
             f(m, Just(Vec::new()), many(text(), short(), 200)),
             f(m, valid_gpus(), gpus()),
             f(m, valid_drains(), drains()),
+            f(m, Just(Vec::new()), many(reason(), reason(), 100)),
         )
-            .prop_map(|(verdict, only_gpus, gpus, drains)| pb::HealthReport {
-                verdict,
-                only_gpus,
-                gpus,
-                drains,
-            })
+            .prop_map(
+                |(verdict, only_gpus, gpus, drains, host_reasons)| pb::HealthReport {
+                    verdict,
+                    only_gpus,
+                    gpus,
+                    drains,
+                    host_reasons,
+                },
+            )
             .boxed()
     })
+}
+
+/// An answer to a log read nobody (or somebody) asked for: any id, data up to past
+/// the 1 MiB a read may return, any error text.
+fn log_chunk() -> BoxedStrategy<pb::LogChunk> {
+    (
+        small_or(0u64..8, u64s()),
+        prop_oneof![
+            4 => prop::collection::vec(any::<u8>(), 0..256),
+            1 => Just(vec![b'x'; (1 << 20) + 1]),
+        ],
+        any::<bool>(),
+        any::<bool>(),
+        prop_oneof![2 => Just(String::new()), 1 => text()],
+    )
+        .prop_map(|(request_id, data, eof, lease_live, error)| pb::LogChunk {
+            request_id,
+            data,
+            eof,
+            lease_live,
+            error,
+        })
+        .boxed()
 }
 
 fn agent_message() -> BoxedStrategy<pb::AgentMessage> {
@@ -809,6 +836,7 @@ fn agent_message() -> BoxedStrategy<pb::AgentMessage> {
         2 => register().prop_map(|r| Some(Body::Register(r))),
         4 => health_report().prop_map(|h| Some(Body::Health(h))),
         4 => opt(lease()).prop_map(|lease| Some(Body::LeaseStatus(pb::LeaseStatus { lease }))),
+        2 => log_chunk().prop_map(|c| Some(Body::LogChunk(c))),
     ]
     .prop_map(|body| pb::AgentMessage { body })
     .boxed()
@@ -924,6 +952,7 @@ enum Case {
     Get(Caller, pb::GetRequest),
     List(Caller, pb::ListRequest),
     Watch(Caller, pb::WatchRequest),
+    Logs(Caller, pb::LogsRequest),
     GetTree(Caller),
     SetWeight(Caller, pb::SetWeightRequest),
     ListNodes(Caller),
@@ -946,6 +975,7 @@ enum Case {
     Undrain,
     Events(pb::EventsRequest),
     ClearGpu(pb::ClearGpuRequest),
+    ReadLog(pb::ReadLog),
     /// Bytes that may be no message at all, to a method by its path.
     Raw(bool, &'static str, Vec<u8>),
 }
@@ -978,6 +1008,7 @@ const AGENT_PATHS: &[&str] = &[
     "/allot.v1.AgentLocal/Undrain",
     "/allot.v1.AgentLocal/Events",
     "/allot.v1.AgentLocal/ClearGpu",
+    "/allot.v1.AgentLocal/ReadLog",
     "/allot.v1.Workloads/Get",
     "/allot.v1.Nodes/Drain",
 ];
@@ -1036,6 +1067,29 @@ fn families() -> Vec<(&'static str, BoxedStrategy<Case>)> {
                 .boxed(),
         ),
         ("AgentLocal.ListLeases", Just(Case::ListLeases).boxed()),
+        (
+            "AgentLocal.ReadLog",
+            (
+                u64s(),
+                either(
+                    prop::sample::select(&["L-1", "L-2", "A-1"][..]).prop_map(str::to_string),
+                    lease_id(),
+                ),
+                either(0i32..3, enums()),
+                small_or(0u64..64, u64s()),
+                small_or(0u32..(2 << 20), u32s()),
+            )
+                .prop_map(|(request_id, lease_id, stream, offset, max_bytes)| {
+                    Case::ReadLog(pb::ReadLog {
+                        request_id,
+                        lease_id,
+                        stream,
+                        offset,
+                        max_bytes,
+                    })
+                })
+                .boxed(),
+        ),
         ("AgentLocal.ListGpus", Just(Case::ListGpus).boxed()),
         (
             "AgentLocal (raw bytes)",
@@ -1089,6 +1143,30 @@ fn families() -> Vec<(&'static str, BoxedStrategy<Case>)> {
             "Workloads.Watch",
             (c(), workload_id())
                 .prop_map(|(w, id)| Case::Watch(w, pb::WatchRequest { id }))
+                .boxed(),
+        ),
+        (
+            "Workloads.Logs",
+            (
+                c(),
+                workload_id(),
+                any::<bool>(),
+                small_or(0u32..4, u32s()),
+                small_or(0u32..3, u32s()),
+                either(0i32..3, enums()),
+            )
+                .prop_map(|(w, id, follow, run, rank, stream)| {
+                    Case::Logs(
+                        w,
+                        pb::LogsRequest {
+                            id,
+                            follow,
+                            run,
+                            rank,
+                            stream,
+                        },
+                    )
+                })
                 .boxed(),
         ),
         ("Org.GetTree", c().prop_map(Case::GetTree).boxed()),
@@ -1369,6 +1447,7 @@ impl World {
             Case::Get(w, r) => bounded("Get", self.workloads(&w).get(self.request(&w, r))).await,
             Case::List(w, r) => bounded("List", self.workloads(&w).list(self.request(&w, r))).await,
             Case::Watch(w, r) => self.watch(w, r).await,
+            Case::Logs(w, r) => self.logs(w, r).await,
             Case::GetTree(w) => {
                 bounded(
                     "GetTree",
@@ -1540,6 +1619,7 @@ impl World {
             Case::Undrain => bounded("Undrain", self.local().undrain(pb::UndrainRequest {})).await,
             Case::Events(r) => bounded("Events", self.local().events(r)).await,
             Case::ClearGpu(r) => bounded("ClearGpu", self.local().clear_gpu(r)).await,
+            Case::ReadLog(r) => bounded("ReadLog", self.local().read_log(r)).await,
             Case::Raw(agent, path, bytes) => {
                 let (channel, who) = if agent {
                     (self.agent.clone(), Caller::ViaAgent)
@@ -1579,6 +1659,32 @@ impl World {
             Ok(Ok(Some(_))) => Ok(Ok(())),
             Ok(Ok(None)) => Err("Watch: the stream ended without the workload".into()),
             Ok(Err(s)) => Ok(Err(s)),
+        }
+    }
+
+    /// A Logs call: the answer within the bound, then the stream to its end within
+    /// the bound too; a stream that follows a live run may stay open (that is its
+    /// point), and is dropped then.
+    async fn logs(&self, w: Caller, r: pb::LogsRequest) -> Outcome {
+        let follow = r.follow;
+        let mut client = self.workloads(&w);
+        let answer = match tokio::time::timeout(BOUND, client.logs(self.request(&w, r))).await {
+            Err(_) => return Err(format!("Logs: no answer within {BOUND:?}")),
+            Ok(a) => a,
+        };
+        let mut stream = match answer {
+            Ok(s) => s.into_inner(),
+            Err(s) => return Ok(Err(s)),
+        };
+        let until = tokio::time::Instant::now() + BOUND;
+        loop {
+            match tokio::time::timeout_at(until, stream.message()).await {
+                Err(_) if follow => return Ok(Ok(())),
+                Err(_) => return Err(format!("Logs: the stream did not end within {BOUND:?}")),
+                Ok(Ok(Some(_))) => {}
+                Ok(Ok(None)) => return Ok(Ok(())),
+                Ok(Err(s)) => return Ok(Err(s)),
+            }
         }
     }
 
@@ -1659,6 +1765,7 @@ fn header_bytes(case: &Case) -> usize {
         | Case::Get(w, _)
         | Case::List(w, _)
         | Case::Watch(w, _)
+        | Case::Logs(w, _)
         | Case::SetWeight(w, _)
         | Case::Drain(w, _)
         | Case::Session(w, _)

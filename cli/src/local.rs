@@ -1,5 +1,5 @@
 //! Operator commands on one host: `leases`, `gpus`, `gpus clear`, `drain`, `undrain`,
-//! `events` and `lease start|revoke`, over the local agent's unix socket (gRPC
+//! `events` and `lease start|revoke|logs`, over the local agent's unix socket (gRPC
 //! `AgentLocal`).
 //!
 //! A host may be drained by several authors at once (its health verdict, its own
@@ -17,8 +17,8 @@ use crate::usage::{check_contract, parse_hook, Usage};
 use allot_proto::uds;
 use allot_proto::v1::agent_local_client::AgentLocalClient;
 use allot_proto::v1::{
-    ClearGpuRequest, DrainRequest, EventsRequest, ListGpusRequest, ListLeasesRequest,
-    RevokeLeaseRequest, StartLeaseRequest, UndrainRequest,
+    ClearGpuRequest, DrainRequest, EventsRequest, ListGpusRequest, ListLeasesRequest, LogStream,
+    ReadLog, RevokeLeaseRequest, StartLeaseRequest, UndrainRequest,
 };
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -131,6 +131,23 @@ pub enum LeaseCommand {
     Start(StartArgs),
     /// Revoke a lease: checkpoint, then SIGTERM, then SIGKILL.
     Revoke(RevokeArgs),
+    /// A lease's output on this host (`allot logs ID` reads a workload's from any host through allotd).
+    Logs(LeaseLogsArgs),
+}
+
+/// `allot lease logs`.
+#[derive(clap::Args, Debug)]
+pub struct LeaseLogsArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// The lease id, as `allot leases` shows it.
+    id: String,
+    /// Keep reading while the lease lives; ends when it has ended and everything was read.
+    #[arg(short, long)]
+    follow: bool,
+    /// Standard error instead of standard output.
+    #[arg(long)]
+    stderr: bool,
 }
 
 /// `allot lease start`.
@@ -214,6 +231,7 @@ impl Local {
             Local::Events(a) => &a.conn,
             Local::Lease(LeaseCommand::Start(a)) => &a.conn,
             Local::Lease(LeaseCommand::Revoke(a)) => &a.conn,
+            Local::Lease(LeaseCommand::Logs(a)) => &a.conn,
         }
     }
 }
@@ -252,8 +270,50 @@ async fn client(socket: &Path) -> Result<AgentLocalClient<Channel>, Failure> {
     Ok(AgentLocalClient::new(uds::connect(socket).await?))
 }
 
+/// Reads a lease's output from the agent, 1 MiB at a time, following while it lives.
+async fn lease_logs(socket: &Path, a: LeaseLogsArgs) -> Result<(), Failure> {
+    use std::io::Write;
+    let mut c = client(socket).await?;
+    let mut offset = 0u64;
+    loop {
+        let chunk = c
+            .read_log(ReadLog {
+                request_id: 0,
+                lease_id: a.id.clone(),
+                stream: if a.stderr {
+                    LogStream::Stderr
+                } else {
+                    LogStream::Stdout
+                } as i32,
+                offset,
+                max_bytes: 1 << 20,
+            })
+            .await?
+            .into_inner();
+        offset += chunk.data.len() as u64;
+        let mut out = std::io::stdout().lock();
+        match out.write_all(&chunk.data).and_then(|()| out.flush()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+            Err(e) => {
+                return Err(Failure::Other(
+                    anyhow::Error::new(e).context("writing to stdout"),
+                ))
+            }
+        }
+        if chunk.eof || chunk.data.is_empty() {
+            if !a.follow || !chunk.lease_live {
+                return Ok(());
+            }
+            // The file's end while the lease lives: look again shortly.
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    }
+}
+
 async fn dispatch(cmd: Local, socket: PathBuf) -> Result<(), Failure> {
     match cmd {
+        Local::Lease(LeaseCommand::Logs(a)) => lease_logs(&socket, a).await?,
         Local::Leases(a) => {
             let leases = client(&socket)
                 .await?

@@ -1,5 +1,5 @@
 //! Commands against the allocator service allotd, over gRPC on TCP: the users'
-//! `submit`, `queue`, `status`, `cancel` and `share`, the managers' `budget set`, and
+//! `submit`, `queue`, `status`, `logs`, `cancel` and `share`, the managers' `budget set`, and
 //! the operators' cluster-wide `nodes [drain|undrain]`.
 //!
 //! What can be checked without allotd is checked here first and reported like clap's
@@ -18,7 +18,8 @@ use allot_proto::v1::org_client::OrgClient;
 use allot_proto::v1::workloads_client::WorkloadsClient;
 use allot_proto::v1::{
     CancelRequest, GetRequest, GetTreeRequest, GetTreeResponse, ListNodesRequest, ListRequest,
-    NodeDrainRequest, SetWeightRequest, SubmitRequest, Workload, WorkloadSpec, WorkloadState,
+    LogStream, LogsRequest, NodeDrainRequest, SetWeightRequest, SubmitRequest, Workload,
+    WorkloadSpec, WorkloadState,
 };
 use serde_json::{json, Value};
 use std::process::ExitCode;
@@ -178,6 +179,27 @@ pub struct IdArgs {
     json: bool,
 }
 
+/// `allot logs`.
+#[derive(clap::Args, Debug)]
+pub struct LogsArgs {
+    #[command(flatten)]
+    conn: Server,
+    /// The workload id.
+    id: String,
+    /// Keep reading while the run lives (without --run: on into the next run when the workload is requeued); ends when it has ended and everything was read.
+    #[arg(short, long)]
+    follow: bool,
+    /// Which run: 1 is the first [default: the latest].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    run: Option<u32>,
+    /// Which node of a gang, by rank (0 is the first node).
+    #[arg(long, value_name = "R", default_value_t = 0)]
+    rank: u32,
+    /// Standard error instead of standard output.
+    #[arg(long)]
+    stderr: bool,
+}
+
 /// `allot share`.
 #[derive(clap::Args, Debug)]
 pub struct ShareArgs {
@@ -265,6 +287,8 @@ pub enum Remote {
     Status(IdArgs),
     /// Cancel a workload.
     Cancel(IdArgs),
+    /// A workload's output, from the node that ran it: the latest run's unless --run; -f follows it.
+    Logs(LogsArgs),
     /// The fair-share tree: each group's share, budget, usage and served ratio.
     Share(ShareArgs),
     /// Managers: change the fair-share tree.
@@ -379,6 +403,7 @@ impl Remote {
             Remote::Submit(a) => &a.conn,
             Remote::Queue(a) => &a.conn,
             Remote::Status(a) | Remote::Cancel(a) => &a.conn,
+            Remote::Logs(a) => &a.conn,
             Remote::Share(a) => &a.conn,
             Remote::Budget(BudgetCommand::Set(a)) => &a.conn,
             Remote::Nodes(a) => &a.conn,
@@ -548,6 +573,20 @@ fn cancel_line(w: &Workload) -> String {
     }
 }
 
+/// The workload's bytes, as they came, on stdout at once (a follower reads them
+/// live); a reader that went away ends `allot` as it would `cat`.
+fn write_out(data: &[u8]) -> Result<(), Failure> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(data).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+        Err(e) => Err(Failure::Other(
+            anyhow::Error::new(e).context("writing to stdout"),
+        )),
+    }
+}
+
 async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
     match cmd {
         Remote::Submit(a) => {
@@ -651,6 +690,32 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 println!("{}", view::workload_json(&w));
             } else {
                 println!("{}", cancel_line(&w));
+            }
+        }
+        Remote::Logs(a) => {
+            let mut s = WorkloadsClient::new(channel(&server).await?)
+                .logs(LogsRequest {
+                    id: a.id,
+                    follow: a.follow,
+                    run: a.run.unwrap_or(0),
+                    rank: a.rank,
+                    stream: if a.stderr {
+                        LogStream::Stderr
+                    } else {
+                        LogStream::Stdout
+                    } as i32,
+                })
+                .await?
+                .into_inner();
+            let mut shown = 0;
+            while let Some(c) = s.message().await? {
+                // Following into a later run: say where the output now comes from,
+                // on stderr so that stdout stays the workload's own.
+                if shown != 0 && c.run != shown {
+                    eprintln!("==> run {} on {} (lease {}) <==", c.run, c.node, c.lease_id);
+                }
+                shown = c.run;
+                write_out(&c.data)?;
             }
         }
         Remote::Share(a) => {

@@ -8,7 +8,8 @@ use allot_proto::v1::agent_local_server::{AgentLocal, AgentLocalServer};
 use allot_proto::v1::{
     ClearGpuRequest, DrainInfo, DrainRequest, DrainResponse, Event, EventsRequest, EventsResponse,
     Gpu, GpuState, HealthReason, HostVerdict, Lease, LeaseState, ListGpusRequest, ListGpusResponse,
-    ListLeasesRequest, ListLeasesResponse, RevokeLeaseRequest, StartLeaseRequest, UndrainRequest,
+    ListLeasesRequest, ListLeasesResponse, LogChunk, ReadLog, RevokeLeaseRequest,
+    StartLeaseRequest, UndrainRequest,
 };
 use std::io::Read;
 use std::path::PathBuf;
@@ -397,6 +398,31 @@ impl AgentLocal for Fake {
             state: GpuState::Healthy as i32,
             reasons: vec![],
             lease_id: String::new(),
+        }))
+    }
+
+    /// L-1's stdout is "hello\nworld\n", given 6 bytes at a time; it lives until
+    /// the second read. Anything else is not here.
+    async fn read_log(&self, r: Request<ReadLog>) -> Result<Response<LogChunk>, Status> {
+        let r = r.into_inner();
+        self.seen.lock().expect("lock").push(format!(
+            "read {} at {} stream {}",
+            r.lease_id, r.offset, r.stream
+        ));
+        if r.lease_id != "L-1" {
+            return Err(Status::not_found(format!(
+                "lease_id: no lease {:?} on this host; `allot leases` lists them",
+                r.lease_id
+            )));
+        }
+        let all = b"hello\nworld\n";
+        let from = (r.offset as usize).min(all.len());
+        let to = (from + 6).min(all.len());
+        Ok(Response::new(LogChunk {
+            data: all[from..to].to_vec(),
+            eof: to == all.len(),
+            lease_live: r.offset < 6,
+            ..Default::default()
         }))
     }
 
@@ -805,4 +831,33 @@ fn lease_start_and_revoke_through_an_agent() {
     let (code, _, err) = allot(&["lease", "revoke", "L-404", "--socket", s.arg()]);
     assert_eq!(code, 1);
     assert!(err.starts_with("error: lease_id: no lease L-404"), "{err}");
+}
+
+#[test]
+fn lease_logs_reads_on_from_each_offset_until_the_lease_has_ended() {
+    let fake = Fake::default();
+    let s = serve(fake.clone());
+    let (code, out, err) = allot(&[
+        "lease",
+        "logs",
+        "L-1",
+        "-f",
+        "--stderr",
+        "--socket",
+        s.arg(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "hello\nworld\n");
+    let (code, _, err) = allot(&["lease", "logs", "L-9", "--socket", s.arg()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no lease \"L-9\""), "{err}");
+    let seen = fake.seen.lock().expect("lock").clone();
+    assert_eq!(
+        seen,
+        [
+            "read L-1 at 0 stream 2",
+            "read L-1 at 6 stream 2",
+            "read L-9 at 0 stream 1"
+        ]
+    );
 }

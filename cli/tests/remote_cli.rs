@@ -7,9 +7,9 @@ use allot_proto::v1::org_server::{Org, OrgServer};
 use allot_proto::v1::workloads_server::{Workloads, WorkloadsServer};
 use allot_proto::v1::{
     CancelRequest, DrainInfo, GetRequest, GetTreeRequest, GetTreeResponse, Gpu, GpuState, Group,
-    HostVerdict, ListNodesRequest, ListNodesResponse, ListRequest, ListResponse, Node,
-    NodeDrainRequest, SetWeightRequest, SubmitRequest, SubmitResponse, WatchRequest, Workload,
-    WorkloadSpec, WorkloadState,
+    HostVerdict, ListNodesRequest, ListNodesResponse, ListRequest, ListResponse, LogStream,
+    LogsChunk, LogsRequest, Node, NodeDrainRequest, SetWeightRequest, SubmitRequest,
+    SubmitResponse, WatchRequest, Workload, WorkloadSpec, WorkloadState,
 };
 use std::sync::{Arc, Mutex};
 use tonic::{Request, Response, Status};
@@ -227,6 +227,7 @@ struct Seen {
     cancels: Vec<String>,
     weights: Vec<SetWeightRequest>,
     drains: Vec<NodeDrainRequest>,
+    logs: Vec<LogsRequest>,
 }
 
 /// Answers with canned data and remembers what it was asked.
@@ -353,6 +354,34 @@ impl Workloads for Fake {
 
     async fn watch(&self, _: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         Err(Status::unimplemented("not in this fake"))
+    }
+
+    type LogsStream = tokio_stream::Iter<std::vec::IntoIter<Result<LogsChunk, Status>>>;
+
+    /// 18 wrote two pieces in its first run and one in its second (bytes that are
+    /// not UTF-8 among them); anything else is refused as allotd refuses.
+    async fn logs(&self, r: Request<LogsRequest>) -> Result<Response<Self::LogsStream>, Status> {
+        let r = r.into_inner();
+        self.seen().logs.push(r.clone());
+        if r.id != "18" {
+            return Err(Status::permission_denied(format!(
+                "id: ana may not read the output of workload {} of bo: only its owner, an operator ([roles] operators in allotd.toml) or an admin may",
+                r.id
+            )));
+        }
+        let piece = |data: &[u8], run, node: &str| {
+            Ok(LogsChunk {
+                data: data.to_vec(),
+                run,
+                node: node.into(),
+                lease_id: format!("A-{run}"),
+            })
+        };
+        Ok(Response::new(tokio_stream::iter(vec![
+            piece(b"step 1\n", 1, "gpu-01"),
+            piece(b"step 2 \xff\n", 1, "gpu-01"),
+            piece(b"resumed\n", 2, "gpu-02"),
+        ])))
     }
 }
 
@@ -1044,4 +1073,44 @@ fn nodes_list_drain_and_undrain() {
             ("gpu-01", "", false, true)
         ]
     );
+}
+
+#[test]
+fn logs_prints_the_bytes_as_they_came_and_marks_a_new_run_on_stderr() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_allot"))
+        .args(["logs", "18", "-f", "--stderr", "--server", &addr])
+        .env_remove("ALLOT_TOKEN")
+        .env_remove("ALLOT_SERVER")
+        .env_remove("ALLOT_CA")
+        .env("ALLOT_SOCKET", "/nonexistent/agent.sock")
+        .output()
+        .expect("allot runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"step 1\nstep 2 \xff\nresumed\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "==> run 2 on gpu-02 (lease A-2) <==\n"
+    );
+    let (code, out, err) = allot(&["logs", "18", "--run", "1", "--rank", "1", "--server", &addr]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("step 1\n"), "{out}");
+    let (code, _, err) = allot(&["logs", "19", "--server", &addr]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("may not read the output of workload 19"),
+        "{err}"
+    );
+    let (code, _, err) = allot(&["logs", "18", "--run", "0", "--server", &addr]);
+    assert_eq!(code, 2, "runs count from 1: {err}");
+    let seen = fake.seen().logs.clone();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen[0].follow && seen[0].run == 0 && seen[0].stream == LogStream::Stderr as i32);
+    assert!(!seen[1].follow && seen[1].run == 1 && seen[1].rank == 1);
+    assert_eq!(seen[1].stream, LogStream::Stdout as i32);
 }

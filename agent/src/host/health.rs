@@ -3,10 +3,20 @@
 //! host-wide one drains the host) and the GPUs as the CLI shows them.
 
 use super::{Drain, GpuView, Host, HEALTH};
-use allot_health::verdict::{GpuSample, GpuState, HostVerdict, Verdict};
+use allot_health::verdict::{GpuSample, GpuState, HostVerdict, Reason, Verdict};
 use allot_proto::v1::LeaseEnd;
 use nix::sys::signal::Signal;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// What the host's verdict is made of: the health monitor's verdict and the host's
+/// own conditions, kept apart so that either can change without the other.
+#[derive(Debug, Default)]
+pub(crate) struct HostFaults {
+    /// The monitor's last verdict.
+    gpu: Option<Verdict>,
+    /// A file system the agent writes is nearly full.
+    disk: Option<Reason>,
+}
 
 impl Host {
     /// An operator cleared a GPU's sticky health conditions (after a reset or repair).
@@ -49,11 +59,73 @@ impl Host {
         self.verdict.as_ref().map_or(HostVerdict::Ok, |v| v.host)
     }
 
+    /// The host's own conditions in force (a file system nearly full).
+    pub fn host_reasons(&self) -> Vec<Reason> {
+        self.faults.disk.iter().cloned().collect()
+    }
+
     /// A new health verdict (and the GPUs as last sampled).
     pub fn on_verdict(&mut self, v: Verdict, inventory: Vec<GpuSample>, now_ms: i64) {
         if !inventory.is_empty() {
             self.inventory = inventory;
         }
+        self.faults.gpu = Some(v);
+        self.apply_verdict(now_ms);
+    }
+
+    /// The disk check's finding (see `crate::disk`): a fault drains the host as a
+    /// health fault does, its end lifts that drain like any level condition's.
+    /// Returns whether the host's verdict changed (allotd is to hear of it).
+    pub fn on_disk(&mut self, fault: Option<Reason>, now_ms: i64) -> bool {
+        // The first wording stays while the condition holds: a reason that changed
+        // with every byte written would re-drain and re-report on each check.
+        if fault.is_some() == self.faults.disk.is_some() {
+            return false;
+        }
+        match &fault {
+            Some(r) => self.note("health", "", "", &format!("{}: {}", r.signal, r.detail)),
+            None => self.note(
+                "health",
+                "",
+                "",
+                &format!("{}: enough free space again", crate::disk::SIGNAL),
+            ),
+        }
+        self.faults.disk = fault;
+        self.apply_verdict(now_ms);
+        true
+    }
+
+    /// The monitor's verdict with the host's own conditions: each of those drains
+    /// the whole host.
+    fn merged_verdict(&self) -> Option<Verdict> {
+        // Without a monitor's verdict the host's own conditions make one (and their
+        // end makes an empty one, which lifts what they asked).
+        let mut v = match &self.faults.gpu {
+            Some(v) => v.clone(),
+            None if self.faults.disk.is_some() || self.verdict.is_some() => Verdict {
+                host: HostVerdict::Ok,
+                only_gpus: Vec::new(),
+                gpus: Vec::new(),
+            },
+            None => return None,
+        };
+        if let Some(d) = &self.faults.disk {
+            let wants = match d.action {
+                Some(allot_health::xid::Action::DrainNow) => HostVerdict::DrainNow,
+                _ => HostVerdict::Drain,
+            };
+            v.host = v.host.max(wants);
+            v.only_gpus.clear();
+        }
+        Some(v)
+    }
+
+    /// Acts on the merged verdict.
+    fn apply_verdict(&mut self, now_ms: i64) {
+        let Some(v) = self.merged_verdict() else {
+            return;
+        };
         let changed = self.verdict.as_ref() != Some(&v);
         self.verdict = Some(v.clone());
         if !changed {
@@ -92,6 +164,12 @@ impl Host {
                     g.reasons.first().map_or("", |r| r.signal.as_str())
                 )
             })
+            .chain(
+                self.faults
+                    .disk
+                    .iter()
+                    .map(|r| format!("{}: {}", r.signal, r.detail)),
+            )
             .collect::<Vec<_>>()
             .join(", ");
         if v.host == HostVerdict::Ok {

@@ -201,6 +201,9 @@ pub struct Host {
     settings: Settings,
     inventory: Vec<GpuSample>,
     verdict: Option<Verdict>,
+    /// The health monitor's own verdict and the host's conditions (a disk nearly
+    /// full) that `verdict` merges.
+    faults: health::HostFaults,
     /// The host operator's drain (`allot drain`), kept across restarts.
     local_drain: Option<Drain>,
     /// allotd's cluster-operator drain, kept across restarts.
@@ -291,6 +294,29 @@ impl Host {
     /// One lease.
     pub fn lease(&self, id: &str) -> Option<&LeaseRecord> {
         self.leases.get(id)
+    }
+
+    /// Where lease `id`'s `stream` is on this host, for `allot logs`: from the
+    /// table, or from the database for a lease ended long enough ago to have left
+    /// memory. `None`: this host never held it.
+    pub fn log_source(
+        &self,
+        id: &str,
+        stream: crate::lease::LogStream,
+    ) -> Result<Option<crate::logs::LogSource>, HostError> {
+        let l = match self.leases.get(id) {
+            Some(l) => l.clone(),
+            None => match self.store.lease(id)? {
+                Some(l) => l,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(crate::logs::LogSource {
+            path: l.log_path(stream, &lease_dir(&self.settings, &l.id)),
+            live: l.live(),
+            adopted: l.adopted,
+            user: l.user.clone(),
+        }))
     }
 
     /// Events since `since_ms`.

@@ -52,6 +52,7 @@ impl Host {
             settings,
             inventory: Vec::new(),
             verdict: None,
+            faults: Default::default(),
             local_drain,
             cluster_drain,
             health_drain: None,

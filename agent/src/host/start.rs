@@ -381,8 +381,14 @@ impl Host {
             error: spec.error.clone(),
             ..Default::default()
         };
-        self.store.put_lease(&l)?;
         let dir = lease_dir(&self.settings, &id);
+        // Where its output goes, recorded before it starts (an adopted process
+        // writes wherever it already did).
+        if adopt.is_none() {
+            l.out_log = dir.join(format!("{id}.out")).display().to_string();
+            l.err_log = dir.join(format!("{id}.err")).display().to_string();
+        }
+        self.store.put_lease(&l)?;
         // Checkpoints are written by the workload and its hook, as its user.
         let owner = match &who.run_as {
             RunAs::User(i) => Some((i.uid, i.gid)),

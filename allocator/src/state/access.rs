@@ -67,6 +67,8 @@ pub enum Ask<'a> {
     See(u64),
     /// Cancel one workload.
     Cancel(u64),
+    /// Read one workload's output (`allot logs`): its owner and operators.
+    Logs(u64),
     /// Read the org tree and its shares, or the node list.
     Read,
     /// Set a group's weight.
@@ -170,8 +172,8 @@ impl Allocator {
         })
     }
 
-    /// Decides `ask` (`See` or `Cancel`) on workload `w`, held in memory or read
-    /// back from the retired records.
+    /// Decides `ask` (`See`, `Cancel` or `Logs`) on workload `w`, held in memory or
+    /// read back from the retired records.
     pub fn authorize_on(&self, who: &Who, ask: Ask<'_>, w: &super::WorkRec) -> Result<(), Denied> {
         if *who == Who::Anonymous || matches!(who, Who::Node(_)) {
             return self.authorize(who, Ask::Read);
@@ -182,6 +184,18 @@ impl Allocator {
         let me = who.name();
         let id = w.id;
         let u = who.user().unwrap_or_default();
+        if matches!(ask, Ask::Logs(_)) {
+            // Output may hold what its owner printed for themself: a manager sees
+            // the workload, not what it wrote.
+            return if w.spec.user == u || self.access.operator(who) {
+                Ok(())
+            } else {
+                Err(denied(format!(
+                    "id: {me} may not read the output of workload {id} of {}: only its owner, an operator ([roles] operators in allotd.toml) or an admin may",
+                    w.spec.user
+                )))
+            };
+        }
         let owner_or_manager = w.spec.user == u || self.manages(u, &w.spec.project, true);
         let see = matches!(ask, Ask::See(_));
         if owner_or_manager || (see && self.access.operator(who)) {
@@ -261,7 +275,7 @@ impl Allocator {
                     )))
                 }
             }
-            Ask::See(id) | Ask::Cancel(id) => match self.work.get(&id) {
+            Ask::See(id) | Ask::Cancel(id) | Ask::Logs(id) => match self.work.get(&id) {
                 Some(w) => self.authorize_on(who, ask, w),
                 // Unknown ids are the handler's NOT_FOUND (or a retired workload's
                 // record, which it checks with `authorize_on`).

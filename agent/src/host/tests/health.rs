@@ -342,3 +342,69 @@ fn gpus_show_their_health_and_holder() {
         .iter()
         .any(|e| e == "GPU 2 cleared by bob: reset"));
 }
+
+/// What `disk::assess` reports for a nearly full state dir.
+fn disk_low() -> Reason {
+    Reason {
+        signal: "disk-low".into(),
+        detail: "/var/lib/allot/agent has 10.0 MiB free of 100.0 GiB, below [agent] min_free_bytes = 1.0 GiB".into(),
+        action: Some(Action::Drain),
+        gpu_only: false,
+        since: 0,
+    }
+}
+
+#[test]
+fn a_disk_nearly_full_drains_the_host_and_space_back_lifts_it() {
+    let mut t = T::new();
+    t.verdict(ok());
+    let t0 = t.now();
+    let a = t.start(spec(1, 60));
+    assert!(t.h.on_disk(Some(disk_low()), t0), "a new fault is a change");
+    assert_eq!(t.h.host_verdict(), HostVerdict::Drain);
+    let d = t.h.drain_state().cloned().expect("drained");
+    assert_eq!((d.by.as_str(), d.now, d.held), (HEALTH, false, false));
+    assert!(
+        d.reason
+            .starts_with("disk-low: /var/lib/allot/agent has 10.0 MiB free"),
+        "{}",
+        d.reason
+    );
+    assert_eq!(t.h.host_reasons(), [disk_low()]);
+    // Like any host-wide health drain: no new work, leases revoked at their lapse.
+    let m = refusal(t.try_start(spec(1, 0)));
+    assert!(
+        m.contains("drained by health") && m.contains("disk-low"),
+        "{m}"
+    );
+    assert_eq!(t.lease(&a.id).not_before_ms, Some(t0 + 60_000));
+    // The same condition again changes nothing; a GPU sample keeps the drain.
+    assert!(!t.h.on_disk(Some(disk_low()), t0 + 1));
+    t.verdict(ok());
+    assert_eq!(
+        t.h.host_verdict(),
+        HostVerdict::Drain,
+        "the disk still holds it"
+    );
+    assert!(t.h.drain_state().is_some());
+    // Space back: the drain lifts and work starts again.
+    assert!(t.h.on_disk(None, t0 + 2));
+    assert_eq!(t.h.host_verdict(), HostVerdict::Ok);
+    assert_eq!(t.h.drain_state(), None);
+    assert!(t.h.host_reasons().is_empty());
+    t.start(spec(1, 0));
+}
+
+#[test]
+fn a_disk_fault_before_any_gpu_sample_drains_and_lifts_too() {
+    let mut t = T::new();
+    let now = t.now();
+    t.h.on_disk(Some(disk_low()), now);
+    assert_eq!(
+        t.h.drain_state().map(|d| d.by.as_str()),
+        Some(HEALTH),
+        "drained without a GPU verdict"
+    );
+    t.h.on_disk(None, now);
+    assert_eq!(t.h.drain_state(), None);
+}

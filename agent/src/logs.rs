@@ -1,0 +1,176 @@
+//! Reading a lease's output for `allot logs`: allotd asks over this host's session
+//! (`ReadLog`, answered by `LogChunk`), and a user on the host through the local
+//! socket (`allot lease logs`). A file is found by the lease's id in the lease table
+//! ([`crate::host::Host::log_source`], [`crate::lease::LeaseRecord::log_path`]),
+//! never by a path from a request, so no request can make the agent read anything
+//! else.
+
+use crate::api::Shared;
+use crate::lease::LogStream;
+use allot_proto::v1 as pb;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// Most bytes one read returns, whatever is asked: a chunk stays far below the
+/// 4 MiB message cap of every hop.
+pub const MAX_CHUNK: u32 = 1 << 20;
+
+/// Where a lease's output is, as the host holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSource {
+    /// The file.
+    pub path: PathBuf,
+    /// The lease has not ended: the file may still grow.
+    pub live: bool,
+    /// Started by something else: the agent captured none of its output.
+    pub adopted: bool,
+    /// The user it runs as (who may read it on the host).
+    pub user: String,
+}
+
+/// The stream a wire value names (unspecified reads as stdout).
+pub fn stream_of(v: i32) -> LogStream {
+    match pb::LogStream::try_from(v) {
+        Ok(pb::LogStream::Stderr) => LogStream::Stderr,
+        _ => LogStream::Stdout,
+    }
+}
+
+/// Up to `max` bytes of `path` from `offset` (at most [`MAX_CHUNK`]), and whether
+/// the read reached the end of the file as it was then.
+pub fn read_at(path: &Path, offset: u64, max: u32) -> std::io::Result<(Vec<u8>, bool)> {
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    if offset >= len {
+        return Ok((Vec::new(), true));
+    }
+    f.seek(SeekFrom::Start(offset))?;
+    let want = u64::from(max.clamp(1, MAX_CHUNK)).min(len - offset);
+    let mut data = Vec::with_capacity(want as usize);
+    f.take(want).read_to_end(&mut data)?;
+    let eof = offset + data.len() as u64 >= len;
+    Ok((data, eof))
+}
+
+/// One read of lease `lease`'s `stream` as `src` (what the host holds of it, if
+/// anything) locates it. The lease's liveness is taken before the read, so an
+/// answer that says "ended" and "end of file" holds everything it wrote.
+pub fn read_source(
+    lease: &str,
+    stream: LogStream,
+    src: Option<LogSource>,
+    offset: u64,
+    max: u32,
+) -> Result<(Vec<u8>, bool, bool), String> {
+    let name = match stream {
+        LogStream::Stdout => "stdout",
+        LogStream::Stderr => "stderr",
+    };
+    let Some(src) = src else {
+        return Err(format!("this host holds no lease {lease}"));
+    };
+    if src.adopted {
+        return Err(format!(
+            "lease {lease} adopted a process the agent did not start: its output was never captured"
+        ));
+    }
+    match read_at(&src.path, offset, max) {
+        Ok((data, eof)) => Ok((data, eof, src.live)),
+        // Not written yet (a lease that just started): nothing so far.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && src.live => {
+            Ok((Vec::new(), true, true))
+        }
+        Err(e) => Err(format!(
+            "lease {lease}'s {name} ({}) cannot be read: {e}",
+            src.path.display()
+        )),
+    }
+}
+
+/// The answer to allotd's `ReadLog`: only leases allotd placed are read for it.
+pub fn answer(sh: &Shared, r: &pb::ReadLog) -> pb::LogChunk {
+    let stream = stream_of(r.stream);
+    let src = if crate::uplink::from_allocator_id(&r.lease_id) {
+        sh.host()
+            .log_source(&r.lease_id, stream)
+            .map_err(|e| e.to_string())
+    } else {
+        Err(format!(
+            "{:?} is not a lease allotd placed; only those are read for it",
+            r.lease_id
+        ))
+    };
+    let read = src.and_then(|s| read_source(&r.lease_id, stream, s, r.offset, r.max_bytes));
+    match read {
+        Ok((data, eof, lease_live)) => pb::LogChunk {
+            request_id: r.request_id,
+            data,
+            eof,
+            lease_live,
+            error: String::new(),
+        },
+        Err(error) => pb::LogChunk {
+            request_id: r.request_id,
+            error,
+            ..Default::default()
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("allot-logs-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("dir");
+        d
+    }
+
+    #[test]
+    fn reads_follow_the_offset_and_say_when_the_end_is_reached() {
+        let d = tmp("offsets");
+        let f = d.join("A-1.out");
+        std::fs::write(&f, b"hello world").expect("write");
+        assert_eq!(read_at(&f, 0, 5).expect("read"), (b"hello".to_vec(), false));
+        assert_eq!(
+            read_at(&f, 5, 100).expect("read"),
+            (b" world".to_vec(), true)
+        );
+        assert_eq!(read_at(&f, 11, 100).expect("read"), (Vec::new(), true));
+        assert_eq!(read_at(&f, 99, 100).expect("read"), (Vec::new(), true));
+    }
+
+    #[test]
+    fn a_chunk_is_at_most_one_mebibyte_whatever_is_asked() {
+        let d = tmp("cap");
+        let f = d.join("A-1.out");
+        std::fs::write(&f, vec![b'x'; MAX_CHUNK as usize + 10]).expect("write");
+        let (data, eof) = read_at(&f, 0, u32::MAX).expect("read");
+        assert_eq!(data.len(), MAX_CHUNK as usize);
+        assert!(!eof);
+    }
+
+    #[test]
+    fn unknown_adopted_and_missing_files_are_told_apart() {
+        let d = tmp("kinds");
+        let src = |live, adopted| LogSource {
+            path: d.join("none.out"),
+            live,
+            adopted,
+            user: "u".into(),
+        };
+        let e = read_source("A-3", LogStream::Stdout, None, 0, 10).expect_err("unknown");
+        assert!(e.contains("holds no lease A-3"), "{e}");
+        let e = read_source("A-3", LogStream::Stdout, Some(src(true, true)), 0, 10)
+            .expect_err("adopted");
+        assert!(e.contains("never captured"), "{e}");
+        // Live and not written yet: nothing so far, more to come.
+        let r = read_source("A-3", LogStream::Stdout, Some(src(true, false)), 0, 10);
+        assert_eq!(r, Ok((Vec::new(), true, true)));
+        let e = read_source("A-3", LogStream::Stderr, Some(src(false, false)), 0, 10)
+            .expect_err("ended without a file");
+        assert!(e.contains("stderr") && e.contains("none.out"), "{e}");
+    }
+}
