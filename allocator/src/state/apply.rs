@@ -190,10 +190,6 @@ impl Allocator {
                 w.funded = funded;
                 w.leases.push(lease.0);
                 w.nodes = hosts.iter().map(|(n, _)| n.clone()).collect();
-                w.runs.push(super::RunRec {
-                    lease: lease.0,
-                    nodes: w.nodes.clone(),
-                });
                 // A new run: how the last one ended stays in the history.
                 w.end_reason.clear();
                 self.counters
