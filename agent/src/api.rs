@@ -174,6 +174,8 @@ pub fn lease_pb(l: &LeaseRecord) -> pb::Lease {
         ended_unix: secs(l.ended_ms),
         revoke_why: l.revoke_why.clone(),
         adopted: l.adopted,
+        cgroup: l.cgroup.clone(),
+        end_detail: l.end_detail.clone(),
     }
 }
 

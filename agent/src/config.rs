@@ -68,6 +68,17 @@ pub struct AgentSection {
     /// How often free space is measured (reloadable).
     #[serde(deserialize_with = "de_duration")]
     pub disk_check_interval: u64,
+    /// Where workloads' output goes (`<workload>/<run>.<rank>.out|err`, or the
+    /// submission's `--output`/`--error` pattern under it); empty: `STATE_DIR/logs`
+    /// (restart to change).
+    pub log_dir: PathBuf,
+    /// Bytes of output kept per run, stdout and stderr together; the rest is cut with
+    /// a note at the end of the file (reloadable: for runs started after).
+    pub max_output_bytes: u64,
+    /// Where lease cgroups go: `auto` (the agent's delegated cgroup v2 subtree, or a
+    /// writable cgroup v2 mount), `off` (process groups only), or a cgroup v2
+    /// directory (restart to change).
+    pub cgroup: String,
 }
 
 impl Default for AgentSection {
@@ -91,6 +102,9 @@ impl Default for AgentSection {
             advertise_addr: String::new(),
             min_free_bytes: 1 << 30,
             disk_check_interval: 15,
+            log_dir: PathBuf::new(),
+            max_output_bytes: 1 << 30,
+            cgroup: "auto".into(),
         }
     }
 }
@@ -102,6 +116,17 @@ pub struct AgentConfig {
     pub agent: AgentSection,
     /// `[health]`.
     pub health: HealthConfig,
+}
+
+impl AgentSection {
+    /// Where workloads' output goes: `log_dir`, or `STATE_DIR/logs`.
+    pub fn logs(&self) -> PathBuf {
+        if self.log_dir.as_os_str().is_empty() {
+            self.state_dir.join("logs")
+        } else {
+            self.log_dir.clone()
+        }
+    }
 }
 
 impl AgentConfig {
@@ -133,6 +158,22 @@ impl AgentConfig {
             return Err(err(
                 "agent.state_dir",
                 "empty; give a directory such as /var/lib/allot/agent".into(),
+            ));
+        }
+        if a.max_output_bytes == 0 {
+            return Err(err(
+                "agent.max_output_bytes",
+                "0 would keep no output at all; give a size in bytes, e.g. 1073741824 (1 GiB)"
+                    .into(),
+            ));
+        }
+        if !matches!(a.cgroup.as_str(), "auto" | "off") && !a.cgroup.starts_with('/') {
+            return Err(err(
+                "agent.cgroup",
+                format!(
+                    "{:?}; give \"auto\", \"off\" or an absolute cgroup v2 directory",
+                    a.cgroup
+                ),
             ));
         }
         format!("signal:{}", a.time_limit_signal)
@@ -218,6 +259,12 @@ impl AgentConfig {
         }
         if a.state_dir != b.state_dir {
             v.push("agent.state_dir");
+        }
+        if a.log_dir != b.log_dir {
+            v.push("agent.log_dir");
+        }
+        if a.cgroup != b.cgroup {
+            v.push("agent.cgroup");
         }
         if a.host != b.host || a.cluster != b.cluster || a.advertise_addr != b.advertise_addr {
             v.push("agent.host/cluster");

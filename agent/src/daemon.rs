@@ -3,10 +3,12 @@
 //! a request, a process exit, a verdict or a reload, then let [`Host`] act.
 
 use crate::api::{LocalApi, Shared};
+use crate::cgroup::Placement;
 use crate::config::{socket_mode, AgentConfig, DEFAULT_PATH};
 use crate::host::{now_ms, Host, Settings};
 use crate::os::{RealOs, Reaper};
 use crate::store::Store;
+use crate::supervisor::Exit;
 use allot_health::verdict::{GpuSample, Verdict};
 use allot_health_sources::service::HealthMonitor;
 use allot_proto::v1 as pb;
@@ -70,7 +72,7 @@ impl Overrides {
 }
 
 /// The host settings a config gives.
-pub fn settings(c: &AgentConfig) -> Settings {
+pub fn settings(c: &AgentConfig, cgroups: &Placement, supervisor: &Path) -> Settings {
     Settings {
         default_grace_s: c.agent.default_grace,
         term_grace_s: c.agent.term_grace,
@@ -84,6 +86,10 @@ pub fn settings(c: &AgentConfig) -> Settings {
         min_uid: c.agent.min_uid,
         allow_root: c.agent.allow_root,
         hook_hosts: c.agent.hook_hosts.clone(),
+        log_dir: c.agent.logs(),
+        max_output_bytes: c.agent.max_output_bytes,
+        cgroups: cgroups.clone(),
+        supervisor: supervisor.to_path_buf(),
     }
 }
 
@@ -186,7 +192,16 @@ fn reload(o: &Overrides, current: &mut AgentConfig, shared: &Shared) {
         Ok(new) if new == *current => {}
         Ok(new) => {
             let restart = current.needs_restart(&new);
-            shared.host().set_settings(settings(&new));
+            let (cgroups, supervisor) = {
+                let h = shared.host();
+                (
+                    h.settings().cgroups.clone(),
+                    h.settings().supervisor.clone(),
+                )
+            };
+            shared
+                .host()
+                .set_settings(settings(&new, &cgroups, &supervisor));
             let mut msg = "config reloaded".to_string();
             if !restart.is_empty() {
                 msg.push_str(&format!(
@@ -205,7 +220,39 @@ fn reload(o: &Overrides, current: &mut AgentConfig, shared: &Shared) {
 pub async fn run(o: Overrides) -> anyhow::Result<()> {
     let mut cfg = o.load()?;
     let store = Store::open(&cfg.agent.state_dir)?;
-    let host = Host::open(store, settings(&cfg), Box::new(RealOs), now_ms())?;
+    let host_name = if cfg.agent.host.is_empty() {
+        sysinfo::System::host_name().unwrap_or_else(|| "localhost".into())
+    } else {
+        cfg.agent.host.clone()
+    };
+    let logs = cfg.agent.logs();
+    std::fs::create_dir_all(&logs)
+        .with_context(|| format!("creating [agent] log_dir {}", logs.display()))?;
+    let cgroups = crate::cgroup::discover(&cfg.agent.cgroup, &host_name, &cfg.agent.state_dir);
+    match &cgroups {
+        Placement::At(dir) => {
+            tracing::info!(cgroup = %dir.display(), "each lease runs in a cgroup of its own")
+        }
+        Placement::Off(why) => tracing::warn!(
+            why = %why,
+            "no cgroups for leases: a workload is its process group, and a process that leaves it outlives the lease"
+        ),
+    }
+    // Itself, as the supervisor: `/proc/self/exe` names this very binary even once an
+    // upgrade has replaced the file.
+    let supervisor = Path::new("/proc/self/exe");
+    let host = Host::open(
+        store,
+        settings(&cfg, &cgroups, supervisor),
+        Box::new(RealOs),
+        now_ms(),
+    )?;
+    if let Placement::At(base) = &cgroups {
+        // What a lease that ended while no agent ran left behind.
+        for dir in crate::cgroup::sweep(base, &host.live_cgroups()) {
+            tracing::info!(cgroup = %dir.display(), "removed the cgroup of an ended lease");
+        }
+    }
     let (vtx, mut vrx) = mpsc::unbounded_channel();
     let monitor = health(&cfg, vtx);
     if let Err(m) = &monitor {
@@ -233,11 +280,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
             )
         },
         sys: Mutex::new(sysinfo::System::new()),
-        host_name: if cfg.agent.host.is_empty() {
-            sysinfo::System::host_name().unwrap_or_else(|| "localhost".into())
-        } else {
-            cfg.agent.host.clone()
-        },
+        host_name,
         uplink: Mutex::new(None),
         monitor: monitor.as_ref().ok().cloned(),
     });
@@ -250,15 +293,15 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
             tracing::warn!("no GPU sample within 10 s; serving without an inventory yet");
         }
     }
-    let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(String, Option<i32>)>();
+    let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(String, Exit)>();
     tokio::spawn(async move {
         while let Some((id, reaper)) = spawned_rx.recv().await {
             let tx = exit_tx.clone();
             // One parked thread per workload the agent started: wait(2) is the only
             // exact exit status, and the agent must reap its children anyway.
             std::thread::spawn(move || {
-                let code = reaper.wait();
-                let _ = tx.send((id, code));
+                let exit = reaper.wait();
+                let _ = tx.send((id, exit));
             });
         }
     });
@@ -336,7 +379,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = shared.wake.notified() => {}
-            Some((id, code)) = exit_rx.recv() => shared.host().on_exit(&id, code, now_ms()),
+            Some((id, exit)) = exit_rx.recv() => shared.host().on_exit(&id, &exit, now_ms()),
             Some((v, inv)) = vrx.recv() => {
                 shared.host().on_verdict(v, inv, now_ms());
                 crate::uplink::send(&shared, crate::uplink::health(&shared));
@@ -364,5 +407,9 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = std::fs::remove_file(&cfg.agent.socket);
+    if let Placement::At(base) = &cgroups {
+        // Only when no lease cgroup is left in it: running work stays where it is.
+        let _ = std::fs::remove_dir(base);
+    }
     Ok(())
 }

@@ -126,7 +126,7 @@ pub fn assess(
     }
     if !low.is_empty() {
         let mut detail = format!(
-                "{}, below [agent] min_free_bytes = {} ({min_free}): no new work here until {} are free; free space there (old lease output under the state dir's leases/) or lower min_free_bytes in agent.toml",
+                "{}, below [agent] min_free_bytes = {} ({min_free}): no new work here until {} are free; free space there (old output under [agent] log_dir) or lower min_free_bytes in agent.toml",
                 low.join("; "),
                 human(min_free),
                 human(clear_at(min_free))
@@ -150,10 +150,14 @@ pub fn assess(
     out
 }
 
-/// The paths the agent writes to on `c`'s settings: the state dir and the lease
-/// dirs (logs, checkpoints) under it.
+/// The paths the agent writes to on `c`'s settings: the state dir, the lease dirs
+/// (checkpoints) under it, and the workloads' log dir.
 pub fn paths(c: &crate::config::AgentConfig) -> Vec<PathBuf> {
-    vec![c.agent.state_dir.clone(), c.agent.state_dir.join("leases")]
+    vec![
+        c.agent.state_dir.clone(),
+        c.agent.state_dir.join("leases"),
+        c.agent.logs(),
+    ]
 }
 
 /// One check on the daemon's loop: the host's fault set or cleared, allotd told

@@ -136,6 +136,20 @@ pub struct LeaseRecord {
     pub out_log: String,
     /// Where the lease's stderr goes (absolute); empty: `<lease dir>/<id>.err`, as before 0.6.
     pub err_log: String,
+    /// Its cgroup (absolute); empty: its process group only.
+    pub cgroup: String,
+    /// Its supervisor's pid (0: none, as for adopted leases and rows before 0.7).
+    pub supervisor_pid: i32,
+    /// Its supervisor's start time in clock ticks since boot.
+    pub supervisor_ticks: u64,
+    /// The signal that ended it, when one did.
+    pub signal: Option<i32>,
+    /// Kills by the kernel's OOM killer in its cgroup.
+    pub oom_kills: u64,
+    /// Its output reached `[agent] max_output_bytes` and was cut.
+    pub output_cut: bool,
+    /// How it ended, in words (exit code, signal, OOM, cut output), for the user.
+    pub end_detail: String,
 }
 
 impl LeaseRecord {
@@ -176,6 +190,23 @@ impl LeaseRecord {
             pid: self.pid,
             start_ticks: self.start_ticks,
         }
+    }
+
+    /// Its supervisor's identity, when it has one.
+    pub fn supervisor_id(&self) -> Option<crate::process::ProcId> {
+        (self.supervisor_pid > 0).then_some(crate::process::ProcId {
+            pid: self.supervisor_pid,
+            start_ticks: self.supervisor_ticks,
+        })
+    }
+
+    /// Records how its workload ended, as its supervisor saw it.
+    pub fn record_exit(&mut self, e: &crate::supervisor::Exit) {
+        self.exit_code = e.code;
+        self.signal = e.signal;
+        self.oom_kills = e.oom_kills;
+        self.output_cut = e.output_cut;
+        self.end_detail = e.detail();
     }
 
     /// The process group the ladder signals (each workload leads its own).

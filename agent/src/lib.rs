@@ -6,6 +6,7 @@
 //! leases, drains and GPUs; `daemon` and `api` are the thin async shell.
 
 pub mod api;
+pub mod cgroup;
 pub mod config;
 pub mod contract;
 pub mod credentials;
@@ -17,6 +18,7 @@ pub mod logs;
 pub mod os;
 pub mod process;
 pub mod store;
+pub mod supervisor;
 pub mod uplink;
 pub mod vouch;
 pub mod workdir;

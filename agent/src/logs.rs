@@ -28,6 +28,54 @@ pub struct LogSource {
     pub user: String,
 }
 
+/// Expands an `--output`/`--error` pattern: `%j` the workload, `%r` the run, `%n`
+/// the node rank, `%%` a `%` (allotd checked the pattern; anything else stays as it is).
+pub fn expand(pattern: &str, workload: &str, run: u32, rank: u32) -> String {
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('j') => out.push_str(workload),
+            Some('r') => out.push_str(&run.to_string()),
+            Some('n') => out.push_str(&rank.to_string()),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// Where a run's `stream` goes under the log dir: the submission's pattern, or
+/// `<workload>/<run>.<rank>.out|err`. A pattern climbing out (`..`, absolute) is
+/// refused by allotd; here it is kept inside the log dir all the same.
+pub fn log_file(
+    log_dir: &Path,
+    pattern: &str,
+    workload: &str,
+    run: u32,
+    rank: u32,
+    stream: LogStream,
+) -> PathBuf {
+    let name = if pattern.is_empty() {
+        format!("{}/{run}.{rank}.{}", workload, stream.ext())
+    } else {
+        expand(pattern, workload, run, rank)
+    };
+    let rel: PathBuf = Path::new(&name)
+        .components()
+        .filter(|c| matches!(c, std::path::Component::Normal(_)))
+        .collect();
+    log_dir.join(rel)
+}
+
 /// The stream a wire value names (unspecified reads as stdout).
 pub fn stream_of(v: i32) -> LogStream {
     match pb::LogStream::try_from(v) {
@@ -120,6 +168,24 @@ pub fn answer(sh: &Shared, r: &pb::ReadLog) -> pb::LogChunk {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn patterns_expand_and_stay_in_the_log_dir() {
+        assert_eq!(expand("t-%j.%r.%n-100%%", "w7", 2, 1), "t-w7.2.1-100%");
+        let d = Path::new("/logs");
+        assert_eq!(
+            log_file(d, "", "w7", 2, 1, LogStream::Stderr),
+            Path::new("/logs/w7/2.1.err")
+        );
+        assert_eq!(
+            log_file(d, "run-%j/%n.out", "w7", 2, 1, LogStream::Stdout),
+            Path::new("/logs/run-w7/1.out")
+        );
+        assert_eq!(
+            log_file(d, "/etc/../../x", "w", 1, 0, LogStream::Stdout),
+            Path::new("/logs/etc/x")
+        );
+    }
 
     fn tmp(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("allot-logs-{name}-{}", std::process::id()));

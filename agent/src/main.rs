@@ -92,6 +92,11 @@ fn gpu_source(s: &str) -> Result<String, String> {
 }
 
 fn main() -> std::process::ExitCode {
+    // The per-lease supervisor the agent starts (an internal protocol, not a user
+    // command): before logging and config, which are the daemon's and not its.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "supervise") {
+        return allot_agent::supervisor::main();
+    }
     allot_common::logging::init("info");
     let a = Args::parse();
     let o = Overrides {

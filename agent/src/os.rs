@@ -7,6 +7,7 @@
 //! tests); the daemon gives it [`RealOs`], which is what the host did inline before.
 
 use crate::process::{Launch, LaunchError, ProcId};
+use crate::supervisor::Exit;
 use allot_checkpoint_hooks::{Identity, RunAs};
 use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
@@ -52,18 +53,18 @@ impl User {
     }
 }
 
-/// Waits for a started workload and returns its exit code (`None`: killed by a
-/// signal or not waitable). The daemon runs it on a thread of its own.
-pub struct Reaper(Box<dyn FnOnce() -> Option<i32> + Send>);
+/// Waits for a started workload's supervisor and returns how the workload ended.
+/// The daemon runs it on a thread of its own.
+pub struct Reaper(Box<dyn FnOnce() -> Exit + Send>);
 
 impl Reaper {
     /// A reaper that runs `wait`.
-    pub fn new(wait: impl FnOnce() -> Option<i32> + Send + 'static) -> Reaper {
+    pub fn new(wait: impl FnOnce() -> Exit + Send + 'static) -> Reaper {
         Reaper(Box::new(wait))
     }
 
-    /// Blocks until the workload exits; its exit code.
-    pub fn wait(self) -> Option<i32> {
+    /// Blocks until the workload has ended; how.
+    pub fn wait(self) -> Exit {
         (self.0)()
     }
 }
@@ -79,7 +80,9 @@ impl std::fmt::Debug for Reaper {
 pub struct Launched {
     /// Its identity, read at once (what every later signal is checked against).
     pub id: ProcId,
-    /// How to wait for it (the agent is its parent and must reap it).
+    /// Its supervisor's identity (alive while the workload's output is still taken).
+    pub supervisor: ProcId,
+    /// How to wait for it (the agent is its supervisor's parent and must reap it).
     pub reaper: Reaper,
 }
 
@@ -113,6 +116,9 @@ pub trait Os: Send + Sync {
     /// Whether work can start in `dir` as `who`: it exists, is a directory, and
     /// `who` may enter it; otherwise why not (see `workdir::check`).
     fn work_dir(&self, dir: &Path, who: &RunAs) -> Result<(), String>;
+    /// How a lease's workload ended, as its supervisor wrote it in the lease dir
+    /// (`None`: not written, as when the supervisor itself was killed).
+    fn read_exit(&self, lease_dir: &Path) -> Option<Exit>;
 
     /// True if `p` still names the same live process (not a recycled pid).
     fn is_same(&self, p: ProcId) -> bool {
@@ -166,10 +172,24 @@ impl Os for RealOs {
     }
 
     fn launch(&self, l: &Launch) -> Result<Launched, LaunchError> {
-        let (mut child, id) = crate::process::launch(l)?;
+        let started = crate::process::launch(l)?;
+        let mut child = started.supervisor;
+        let exit_file = crate::process::exit_file(&l.lease_dir);
         Ok(Launched {
-            id,
-            reaper: Reaper::new(move || child.wait().ok().and_then(|s| s.code())),
+            id: started.job,
+            supervisor: started.supervisor_id,
+            reaper: Reaper::new(move || {
+                let status = child.wait();
+                crate::supervisor::read_exit(&exit_file).unwrap_or_else(|| {
+                    Exit::lost(match status {
+                        Ok(s) => format!(
+                            "its supervisor ended ({s}) without writing {}",
+                            exit_file.display()
+                        ),
+                        Err(e) => format!("its supervisor could not be waited for: {e}"),
+                    })
+                })
+            }),
         })
     }
 
@@ -225,6 +245,10 @@ impl Os for RealOs {
 
     fn work_dir(&self, dir: &Path, who: &RunAs) -> Result<(), String> {
         crate::workdir::check(dir, who)
+    }
+
+    fn read_exit(&self, lease_dir: &Path) -> Option<Exit> {
+        crate::supervisor::read_exit(&crate::process::exit_file(lease_dir))
     }
 }
 

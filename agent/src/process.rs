@@ -1,19 +1,20 @@
 //! Starting workloads, and knowing them again later.
 //!
-//! A workload runs in its own session and process group (so the checkpoint ladder can
-//! signal all of it, and an agent restart does not take it down), as its user with
-//! that user's groups (switched by `allot_checkpoint_hooks::identity`, which `exec:`
-//! hooks share), with its GPUs in
+//! A workload runs under a supervisor of its own ([`crate::supervisor`]), in its own
+//! cgroup where the host has one for it, in its own session and process group (so
+//! the checkpoint ladder can signal all of it, and an agent restart does not take it
+//! down), as its user with that user's groups (switched by
+//! `allot_checkpoint_hooks::identity`, which `exec:` hooks share), with its GPUs in
 //! `CUDA_VISIBLE_DEVICES`/`NVIDIA_VISIBLE_DEVICES`, `ALLOT_LEASE_ID` and
-//! `ALLOT_CHECKPOINT_DIR` in its environment, and its output appended to per-lease log
+//! `ALLOT_CHECKPOINT_DIR` in its environment, and its output, capped, in its log
 //! files. A process is identified by pid *and* start time (`/proc/PID/stat` field
 //! 22), so a pid the kernel recycled for something else is never mistaken for it.
 
-use allot_checkpoint_hooks::identity::{prepare, RunAs};
+use crate::supervisor::{self, Spec, Started};
+use allot_checkpoint_hooks::cgroup::Cgroup;
+use allot_checkpoint_hooks::identity::RunAs;
 use allot_checkpoint_hooks::proc_stat;
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -26,8 +27,20 @@ pub struct Launch {
     pub gpus: Vec<String>,
     /// Where it checkpoints.
     pub checkpoint_dir: PathBuf,
-    /// Where `<lease>.out` and `<lease>.err` go.
-    pub log_dir: PathBuf,
+    /// The lease's own directory (the supervisor's diagnostics and `exit.json`).
+    pub lease_dir: PathBuf,
+    /// Stdout file.
+    pub out_log: PathBuf,
+    /// Stderr file.
+    pub err_log: PathBuf,
+    /// The log paths came from the user's `--output`/`--error`: opened as the user.
+    pub user_paths: bool,
+    /// Bytes of output kept per run.
+    pub cap_bytes: u64,
+    /// The lease's cgroup (made here); `None`: process groups only.
+    pub cgroup: Option<PathBuf>,
+    /// The program that supervises it (`allot-agent`, run as `allot-agent supervise`).
+    pub supervisor: PathBuf,
     /// Whom it runs as: the agent's own user, or (the agent being root) another
     /// user's uid, gid and groups; the checkpoint dir, if made here, is theirs.
     pub run_as: RunAs,
@@ -93,19 +106,6 @@ pub fn group_and_session(pid: i32) -> Option<(i32, i32)> {
     proc_stat(pid).map(|s| (s.pgrp, s.session))
 }
 
-fn log_file(l: &Launch, ext: &str) -> Result<std::fs::File, LaunchError> {
-    let path = l.log_dir.join(format!("{}.{ext}", l.lease));
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .map_err(|source| LaunchError::Io {
-            lease: l.lease.clone(),
-            path: path.display().to_string(),
-            source,
-        })
-}
-
 /// Makes `path` and its parents; `path` itself, if this made it, is given to `owner`
 /// (uid, gid). Only the last directory: its parents hold files the agent writes as
 /// root (the logs), which a workload must not be able to swap for links.
@@ -126,60 +126,79 @@ fn make_dir(l: &Launch, p: &Path, owner: Option<(u32, u32)>) -> Result<(), Launc
     })
 }
 
-/// Starts the workload; returns the child (for reaping) and its identity.
-pub fn launch(l: &Launch) -> Result<(Child, ProcId), LaunchError> {
-    let (program, args) = l
-        .argv
-        .split_first()
-        .ok_or_else(|| LaunchError::EmptyCommand(l.lease.clone()))?;
-    let mut cmd = Command::new(program);
-    // A session of its own: the workload leads its process group, apart from the
-    // agent, and takes its user's identity before exec. First, so that a start with
-    // no one to run as leaves nothing behind.
-    prepare(&mut cmd, &l.run_as, true).map_err(|why| LaunchError::Spawn {
-        lease: l.lease.clone(),
-        program: program.clone(),
-        source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, why),
-    })?;
-    // The workload (and its exec hook) writes checkpoints as its own user.
-    let owner = match &l.run_as {
-        RunAs::User(id) => Some((id.uid, id.gid)),
-        _ => None,
-    };
-    make_dir(l, &l.checkpoint_dir, owner)?;
-    make_dir(l, &l.log_dir, None)?;
-    let gpus = l.gpus.join(",");
-    if let Some(dir) = &l.cwd {
-        cmd.current_dir(dir);
+/// Starts the workload under its supervisor; returns once it runs.
+pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
+    if l.argv.is_empty() {
+        return Err(LaunchError::EmptyCommand(l.lease.clone()));
     }
-    cmd.args(args)
-        .env_clear()
-        .envs(l.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("CUDA_VISIBLE_DEVICES", &gpus)
-        .env("NVIDIA_VISIBLE_DEVICES", &gpus)
-        .env("ALLOT_LEASE_ID", &l.lease)
-        .env("ALLOT_CHECKPOINT_DIR", &l.checkpoint_dir)
-        .stdin(Stdio::null())
-        .stdout(log_file(l, "out")?)
-        .stderr(log_file(l, "err")?);
-    let child = cmd.spawn().map_err(|source| LaunchError::Spawn {
-        lease: l.lease.clone(),
-        program: program.clone(),
-        source,
-    })?;
-    let pid = child.id() as i32;
-    // Read at once: the identity that every later signal is checked against. The
-    // child cannot be reaped before we wait on it, so even one that has already
-    // exited (a zombie) still shows its start time here.
-    let id = proc_stat(pid)
-        .map(|s| ProcId {
-            pid,
-            start_ticks: s.start_ticks,
-        })
-        .ok_or_else(|| LaunchError::Io {
+    let user = match &l.run_as {
+        RunAs::Agent => None,
+        RunAs::User(id) => Some(id.clone()),
+        RunAs::Nobody(why) => {
+            return Err(LaunchError::Spawn {
+                lease: l.lease.clone(),
+                program: l.argv[0].clone(),
+                source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, why.clone()),
+            })
+        }
+    };
+    // The workload (and its exec hook) writes checkpoints as its own user.
+    let owner = user.as_ref().map(|id| (id.uid, id.gid));
+    make_dir(l, &l.checkpoint_dir, owner)?;
+    make_dir(l, &l.lease_dir, None)?;
+    if !l.user_paths {
+        // The agent's log dir: made by the agent, the files given to the user.
+        for log in [&l.out_log, &l.err_log] {
+            if let Some(dir) = log.parent() {
+                make_dir(l, dir, None)?;
+            }
+        }
+    }
+    if let Some(dir) = &l.cgroup {
+        Cgroup::at(dir).create().map_err(|source| LaunchError::Io {
             lease: l.lease.clone(),
-            path: format!("/proc/{pid}/stat"),
-            source: std::io::Error::other("the new process has no /proc entry"),
+            path: dir.display().to_string(),
+            source,
         })?;
-    Ok((child, id))
+    }
+    let gpus = l.gpus.join(",");
+    let mut env = l.env.clone();
+    env.extend([
+        ("CUDA_VISIBLE_DEVICES".to_string(), gpus.clone()),
+        ("NVIDIA_VISIBLE_DEVICES".to_string(), gpus),
+        ("ALLOT_LEASE_ID".to_string(), l.lease.clone()),
+        (
+            "ALLOT_CHECKPOINT_DIR".to_string(),
+            l.checkpoint_dir.display().to_string(),
+        ),
+    ]);
+    // Later entries win, as `Command::env` would have it.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut env: Vec<_> = env
+        .into_iter()
+        .rev()
+        .filter(|(k, _)| seen.insert(k.clone()))
+        .collect();
+    env.reverse();
+    let spec = Spec {
+        lease: l.lease.clone(),
+        argv: l.argv.clone(),
+        env,
+        cwd: l.cwd.clone(),
+        user,
+        cgroup: l.cgroup.clone(),
+        out_log: l.out_log.clone(),
+        err_log: l.err_log.clone(),
+        user_paths: l.user_paths,
+        cap_bytes: l.cap_bytes,
+        exit_file: exit_file(&l.lease_dir),
+    };
+    // A spent exit file of an earlier start must not be taken for this one's.
+    let _ = std::fs::remove_file(&spec.exit_file);
+    supervisor::start(&l.supervisor, &spec, &l.lease_dir.join("supervisor.log"))
+}
+
+/// Where a lease's supervisor writes how it ended.
+pub fn exit_file(lease_dir: &Path) -> PathBuf {
+    lease_dir.join("exit.json")
 }

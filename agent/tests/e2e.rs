@@ -348,6 +348,11 @@ fn a_recycled_pid_is_never_signalled() {
         nix::unistd::Pid::from_raw(old),
         nix::sys::signal::Signal::SIGKILL,
     );
+    // Its supervisor, which outlives the agent, records the end.
+    let exit = a.dir.join("state/leases").join(&lid).join("exit.json");
+    wait_for("the supervisor's exit.json", LONG, || {
+        exit.exists().then_some(())
+    });
     // A real recycled pid comes after the whole pid space wrapped, so its start time
     // (10 ms ticks) is later; make sure this stand-in's is too.
     let db = rusqlite::Connection::open(a.dir.join("state/agent.db")).expect("db");
@@ -384,7 +389,8 @@ fn a_recycled_pid_is_never_signalled() {
     a.launch();
     let ended = a.lease(&lid);
     assert_eq!(ended["state"], "ended", "{ended}");
-    assert_eq!(ended["end_reason"], "vanished", "{ended}");
+    assert_eq!(ended["end_reason"], "exited", "{ended}");
+    assert_eq!(ended["end_detail"], "killed by SIGKILL", "{ended}");
     // Nothing the agent did at start (re-adoption, ladders re-run) reached it, and
     // a revoke now finds an ended lease.
     let _ = a.allot(&["lease", "revoke", &lid, "--now"]);
@@ -655,4 +661,77 @@ fn the_0_1_0_agent_state_opens_and_its_cluster_drain_keeps_its_author() {
     // The host operator's undrain does not lift the cluster operator's drain.
     let u = a.json(&["undrain", "--json"]);
     assert_eq!(u["draining"], true, "{u}");
+}
+
+/// The supervisor holds the job's output, not the agent: a `kill -9` of the agent
+/// while the job writes loses none of it, the cap still holds, and the next agent
+/// learns the end from the supervisor. Every process of the job is in its lease's
+/// cgroup (required under CI=true).
+#[test]
+fn kill_9_of_the_agent_while_a_job_writes_keeps_its_output_captured_and_capped() {
+    let mut a = TestAgent::start("output", "max_output_bytes = 65536\n");
+    // Lines for a while (the agent is killed meanwhile), a flood past the cap, an
+    // exit code of its own.
+    let l = a.lease_start(
+        &["--gpus", "1", "--min-runtime", "0s"],
+        "i=0; while [ $i -lt 40 ]; do echo line $i; i=$((i+1)); sleep 0.05; done; \
+         yes flood | head -c 200000; echo gone-past-the-cap; exit 3",
+    );
+    let lid = id(&l);
+    let pid = l["pid"].as_i64().expect("pid") as i32;
+    let cgroup = a.lease(&lid)["cgroup"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if std::env::var("CI").as_deref() == Ok("true") {
+        assert!(
+            !cgroup.is_empty(),
+            "CI=true: every lease has a cgroup: {}",
+            a.log()
+        );
+    }
+    if !cgroup.is_empty() {
+        let procs = std::fs::read_to_string(std::path::Path::new(&cgroup).join("cgroup.procs"))
+            .expect("the lease's cgroup");
+        assert!(
+            procs.lines().any(|p| p == pid.to_string()),
+            "pid {pid} in {cgroup}: {procs}"
+        );
+    }
+    let out = a.dir.join("state/logs").join(&lid).join("0.0.out");
+    wait_for("the first lines", LONG, || {
+        std::fs::read_to_string(&out)
+            .ok()
+            .filter(|s| s.contains("line 1\n"))
+    });
+    a.kill9();
+    let exit = a.dir.join("state/leases").join(&lid).join("exit.json");
+    wait_for("the job's end, recorded by its supervisor", LONG, || {
+        exit.exists().then_some(())
+    });
+    let text = std::fs::read_to_string(&out).expect("stdout");
+    for i in 0..40 {
+        assert!(
+            text.contains(&format!("line {i}\n")),
+            "line {i} kept: {text:.300}"
+        );
+    }
+    let note = "[allot: output cut at 65536 bytes ([agent] max_output_bytes)";
+    assert!(text.contains(note), "cut with a note");
+    assert!(!text.contains("gone-past-the-cap"));
+    assert!(text.len() < 65536 + 200, "{} bytes", text.len());
+    a.launch();
+    let ended = a.wait_ended(&lid, LONG);
+    assert_eq!(ended["end_reason"], "exited", "{ended}");
+    assert_eq!(ended["exit_code"], 3, "{ended}");
+    assert_eq!(
+        ended["end_detail"], "exit code 3; output cut at 65536 bytes ([agent] max_output_bytes)",
+        "{ended}"
+    );
+    if !cgroup.is_empty() {
+        assert!(
+            !std::path::Path::new(&cgroup).exists(),
+            "the supervisor removed the lease's cgroup"
+        );
+    }
 }

@@ -1,10 +1,16 @@
-//! Launching real workloads: environment, logs, own session, identity, and the
-//! checkpoint ladder reaching the whole group.
+//! Launching real workloads under their supervisor: environment, logs, own session,
+//! identity, the checkpoint ladder reaching the whole group, and (where this host has
+//! a writable cgroup v2 mount, which CI must) the whole process tree through the
+//! lease's cgroup, and the output cap.
 
 use allot_agent::os::{Os, RealOs};
-use allot_agent::process::{group_and_session, identity, is_same, launch, Launch, ProcId};
+use allot_agent::process::{
+    exit_file, group_and_session, identity, is_same, launch, Launch, ProcId,
+};
+use allot_agent::supervisor::{read_exit, Exit, Started};
 use allot_checkpoint_hooks::{run, Ladder, RunAs, Rung, Target};
 use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 fn launch_spec(tag: &str, script: &str) -> Launch {
@@ -14,7 +20,13 @@ fn launch_spec(tag: &str, script: &str) -> Launch {
         argv: vec!["sh".into(), "-c".into(), script.into()],
         gpus: vec!["GPU-aaaa".into(), "GPU-bbbb".into()],
         checkpoint_dir: dir.join("ckpt"),
-        log_dir: dir.join("logs"),
+        lease_dir: dir.join("lease"),
+        out_log: dir.join("logs").join(format!("L-{tag}.out")),
+        err_log: dir.join("logs").join(format!("L-{tag}.err")),
+        user_paths: false,
+        cap_bytes: 1 << 30,
+        cgroup: None,
+        supervisor: env!("CARGO_BIN_EXE_allot-agent").into(),
         run_as: RunAs::Agent,
         env: vec![
             ("EXTRA".into(), "1".into()),
@@ -24,15 +36,57 @@ fn launch_spec(tag: &str, script: &str) -> Launch {
     }
 }
 
+fn logs(l: &Launch) -> PathBuf {
+    l.out_log.parent().expect("log dir").to_path_buf()
+}
+
+/// Waits for the supervisor and returns how the job ended.
+fn finish(l: &Launch, mut s: Started) -> Exit {
+    s.supervisor.wait().expect("the supervisor is reaped");
+    read_exit(&exit_file(&l.lease_dir)).expect("exit.json written")
+}
+
+/// A cgroup for test `tag`, under an agent directory of its own; `None` where this
+/// host has no writable cgroup v2 mount (a failure under CI=true).
+fn test_cgroup(tag: &str) -> Option<PathBuf> {
+    let state = std::env::temp_dir().join(format!("allot-cg-{tag}-{}", std::process::id()));
+    match allot_agent::cgroup::discover("auto", "launch-test", &state) {
+        allot_agent::cgroup::Placement::At(base) => Some(base.join(format!("L-{tag}"))),
+        allot_agent::cgroup::Placement::Off(why) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true: this host must give leases cgroups: {why}"
+            );
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
+/// Removes a test's cgroups when it ends, passed or not: the lease's (its processes
+/// killed), then the agent directory above it.
+struct RemoveCgroup(PathBuf);
+
+impl Drop for RemoveCgroup {
+    fn drop(&mut self) {
+        let cg = allot_checkpoint_hooks::cgroup::Cgroup::at(&self.0);
+        cg.kill();
+        let _ = cg.remove();
+        if let Some(base) = self.0.parent() {
+            let _ = std::fs::remove_dir(base);
+        }
+    }
+}
+
 #[test]
 fn the_environment_is_whole_and_the_work_starts_in_its_directory() {
     let mut l = launch_spec("cwd", "pwd; env | sort");
-    let dir = l.log_dir.parent().expect("test dir").join("work dir");
+    let dir = l.lease_dir.parent().expect("test dir").join("work dir");
     std::fs::create_dir_all(&dir).expect("work dir");
     l.cwd = Some(dir.clone());
-    let (mut child, _) = launch(&l).expect("starts");
-    assert!(child.wait().expect("exits").success());
-    let out = std::fs::read_to_string(l.log_dir.join("L-cwd.out")).expect("stdout log");
+    let s = launch(&l).expect("starts");
+    assert_eq!(finish(&l, s).code, Some(0));
+    let out = std::fs::read_to_string(&l.out_log).expect("stdout log");
     let mut lines = out.lines();
     assert_eq!(lines.next(), Some(dir.to_str().expect("utf-8")), "{out}");
     let names: Vec<&str> = lines.filter_map(|v| v.split('=').next()).collect();
@@ -65,12 +119,13 @@ fn the_environment_is_whole_and_the_work_starts_in_its_directory() {
 #[test]
 fn environment_logs_and_own_session() {
     let l = launch_spec("env", "echo \"$CUDA_VISIBLE_DEVICES|$NVIDIA_VISIBLE_DEVICES|$ALLOT_LEASE_ID|$EXTRA\"; echo oops >&2");
-    let (mut child, id) = launch(&l).expect("starts");
-    let status = child.wait().expect("exits");
-    assert!(status.success());
-    let out = std::fs::read_to_string(l.log_dir.join("L-env.out")).expect("stdout log");
+    let s = launch(&l).expect("starts");
+    let id = s.job;
+    let exit = finish(&l, s);
+    assert_eq!((exit.code, exit.output_cut), (Some(0), false), "{exit:?}");
+    let out = std::fs::read_to_string(&l.out_log).expect("stdout log");
     assert_eq!(out.trim(), "GPU-aaaa,GPU-bbbb|GPU-aaaa,GPU-bbbb|L-env|1");
-    let err = std::fs::read_to_string(l.log_dir.join("L-env.err")).expect("stderr log");
+    let err = std::fs::read_to_string(&l.err_log).expect("stderr log");
     assert_eq!(err.trim(), "oops");
     assert!(id.start_ticks > 0);
     assert!(!is_same(id), "an exited, reaped process is gone");
@@ -79,7 +134,8 @@ fn environment_logs_and_own_session() {
 #[test]
 fn a_workload_leads_its_own_session_and_is_known_by_start_time() {
     let l = launch_spec("sess", "sleep 30");
-    let (mut child, id) = launch(&l).expect("starts");
+    let s = launch(&l).expect("starts");
+    let id = s.job;
     assert_eq!(group_and_session(id.pid), Some((id.pid, id.pid)));
     assert!(is_same(id));
     assert_eq!(identity(id.pid), Some(id));
@@ -94,17 +150,19 @@ fn a_workload_leads_its_own_session_and_is_known_by_start_time() {
         nix::unistd::Pid::from_raw(id.pid),
         nix::sys::signal::Signal::SIGKILL,
     );
-    let _ = child.wait();
+    assert_eq!(finish(&l, s).signal, Some(9));
 }
 
 #[test]
 fn the_ladder_reaches_the_whole_group() {
     // The shell starts a child; SIGTERM to the group ends both.
     let l = launch_spec("ladder", "sleep 30 & wait");
-    let (mut child, id) = launch(&l).expect("starts");
+    let s = launch(&l).expect("starts");
+    let id = s.job;
     let target = Target {
         lease: l.lease.clone(),
         pgid: id.pid,
+        cgroup: None,
         checkpoint_dir: l.checkpoint_dir.clone(),
         env: Vec::new(),
         run_as: RunAs::Agent,
@@ -118,7 +176,7 @@ fn the_ladder_reaches_the_whole_group() {
     };
     let o = run(&target, &ladder);
     assert_eq!(o.ended_by, Rung::Term, "{o:?}");
-    let _ = child.wait();
+    assert_eq!(finish(&l, s).signal, Some(15));
     assert!(
         !allot_checkpoint_hooks::group_alive(id.pid),
         "no process of the group is left"
@@ -139,7 +197,7 @@ fn empty_commands_and_bad_programs_are_named() {
             .ends_with("cannot start \"true\": user \"gone\" is not known on this host"),
         "{e}"
     );
-    assert!(!l.log_dir.exists(), "nothing is made for it");
+    assert!(!logs(&l).exists(), "nothing is made for it");
     l.run_as = RunAs::Agent;
     l.argv = vec!["/nonexistent/train".into()];
     let e = launch(&l).expect_err("missing program");
@@ -166,10 +224,11 @@ fn a_workload_and_its_exec_hook_take_the_users_identity_and_groups() {
         "user",
         "grep -E '^(Uid|Gid|Groups):' /proc/self/status; echo \"$HOME\"; exec sleep 30",
     );
-    let _ = std::fs::remove_dir_all(l.log_dir.parent().expect("dir"));
+    let _ = std::fs::remove_dir_all(l.lease_dir.parent().expect("dir"));
     l.run_as = RunAs::User(u.identity());
     l.env = u.env();
-    let (mut child, id) = launch(&l).expect("starts");
+    let s = launch(&l).expect("starts");
+    let id = s.job;
     assert_eq!(
         group_and_session(id.pid),
         Some((id.pid, id.pid)),
@@ -177,7 +236,7 @@ fn a_workload_and_its_exec_hook_take_the_users_identity_and_groups() {
     );
     let out =
         allot_test_support::wait_for("the workload's report", Duration::from_secs(10), || {
-            std::fs::read_to_string(l.log_dir.join("L-user.out"))
+            std::fs::read_to_string(&l.out_log)
                 .ok()
                 .filter(|o| o.lines().count() >= 4)
         });
@@ -199,17 +258,20 @@ fn a_workload_and_its_exec_hook_take_the_users_identity_and_groups() {
     assert!(groups.contains(&extra.to_string()), "{out}");
     assert!(!groups.contains(&"0".to_string()), "none of root's: {out}");
     assert!(out.contains("/home/allot-test-a"), "{out}");
-    // The checkpoint dir the launch made is the user's; the log dir stays root's.
+    // The checkpoint dir the launch made is the user's, and so are the log files;
+    // the log dir stays root's.
     assert_eq!(
         std::fs::metadata(&l.checkpoint_dir).expect("made").uid(),
         uid
     );
-    assert_eq!(std::fs::metadata(&l.log_dir).expect("made").uid(), 0);
+    assert_eq!(std::fs::metadata(logs(&l)).expect("made").uid(), 0);
+    assert_eq!(std::fs::metadata(&l.out_log).expect("made").uid(), uid);
 
     // The exec hook runs through the same switch.
     let target = Target {
         lease: l.lease.clone(),
         pgid: id.pid,
+        cgroup: None,
         checkpoint_dir: l.checkpoint_dir.clone(),
         env: u.env(),
         run_as: RunAs::User(u.identity()),
@@ -227,7 +289,7 @@ fn a_workload_and_its_exec_hook_take_the_users_identity_and_groups() {
     };
     let o = run(&target, &ladder);
     assert!(o.checkpointed, "{o:?}");
-    let _ = child.wait();
+    finish(&l, s);
     let hook = std::fs::read_to_string(l.checkpoint_dir.join("hook-uid")).expect("written");
     let mut lines = hook.lines();
     assert_eq!(lines.next(), Some(uid.to_string().as_str()), "{hook}");
@@ -237,4 +299,147 @@ fn a_workload_and_its_exec_hook_take_the_users_identity_and_groups() {
             .is_some_and(|g| g.split_whitespace().any(|g| g == extra.to_string())),
         "{hook}"
     );
+}
+
+/// The pids of every live process (zombies waiting for init aside) whose
+/// `/proc/PID/cgroup` names `dir` (relative to the cgroup2 mount).
+fn in_cgroup(dir: &std::path::Path) -> Vec<i32> {
+    let rel = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|m| allot_checkpoint_hooks::cgroup::mount_point(&m))
+        .and_then(|m| {
+            dir.strip_prefix(m)
+                .ok()
+                .map(|r| format!("0::/{}", r.display()))
+        })
+        .expect("under the cgroup2 mount");
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .is_ok_and(|c| c.lines().any(|l| l == rel))
+                && identity(*pid).is_some()
+        })
+        .collect()
+}
+
+#[test]
+fn nothing_of_a_job_outlives_its_lease_whatever_it_did_with_sessions() {
+    let Some(cg) = test_cgroup("escape") else {
+        return;
+    };
+    let _cleanup = RemoveCgroup(cg.clone());
+    // Children that leave the job's session and group every way there is: setsid,
+    // setpgid, a double fork into a daemon that ignores SIGTERM, and nohup.
+    let mut l = launch_spec(
+        "escape",
+        r#"
+        setsid sleep 300 &
+        python3 -c 'import os,time; os.setpgid(0,0); time.sleep(300)' &
+        python3 -c '
+import os, signal, time
+if os.fork(): os._exit(0)
+os.setsid()
+if os.fork(): os._exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+time.sleep(300)' &
+        nohup sleep 300 >/dev/null 2>&1 &
+        echo started
+        wait
+        "#,
+    );
+    l.cgroup = Some(cg.clone());
+    let s = launch(&l).expect("starts");
+    let id = s.job;
+    // sh, two sleeps, a python, and the daemon (its parents exit at once); three of
+    // them out of the job's process group.
+    let pids = allot_test_support::wait_for(
+        "five processes, three out of the job's group",
+        Duration::from_secs(20),
+        || {
+            let p = in_cgroup(&cg);
+            let out = p
+                .iter()
+                .filter(|p| group_and_session(**p).is_some_and(|(g, s)| g != id.pid || s != id.pid))
+                .count();
+            (p.len() >= 5 && out >= 3).then_some(p)
+        },
+    );
+    let target = Target {
+        lease: l.lease.clone(),
+        pgid: id.pid,
+        cgroup: Some(cg.clone()),
+        checkpoint_dir: l.checkpoint_dir.clone(),
+        env: Vec::new(),
+        run_as: RunAs::Agent,
+    };
+    let ladder = Ladder {
+        hook: None,
+        grace: Duration::from_secs(1),
+        term_grace: Duration::from_secs(2),
+        marker: "checkpoint.done".into(),
+        hook_hosts: Vec::new(),
+    };
+    let o = run(&target, &ladder);
+    // SIGTERM ends sh; its supervisor then ends the rest with cgroup.kill (the daemon
+    // ignores SIGTERM), or the ladder's own cgroup.kill does.
+    assert!(matches!(o.ended_by, Rung::Term | Rung::Kill), "{o:?}");
+    let exit = finish(&l, s);
+    assert_eq!(exit.signal, Some(15), "{exit:?}");
+    for p in &pids {
+        assert!(
+            identity(*p).is_none(),
+            "pid {p} outlived its lease: {:?}",
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+        );
+    }
+    assert!(in_cgroup(&cg).is_empty());
+}
+
+#[test]
+fn a_job_that_writes_without_end_is_cut_at_its_cap_with_a_note() {
+    let cg = test_cgroup("cap");
+    let _cleanup = cg.clone().map(RemoveCgroup);
+    let mut l = launch_spec(
+        "cap",
+        "yes allot | head -c 3000000; echo to-stderr >&2; exit 4",
+    );
+    l.cap_bytes = 1 << 20;
+    l.cgroup = cg.clone();
+    let _ = std::fs::remove_dir_all(l.lease_dir.parent().expect("dir"));
+    let s = launch(&l).expect("starts");
+    if let Some(cg) = &cg {
+        let pids = in_cgroup(cg);
+        assert!(
+            pids.contains(&s.job.pid) || !is_same(s.job),
+            "the job runs in its lease's cgroup: {pids:?}"
+        );
+    }
+    let exit = finish(&l, s);
+    assert_eq!(
+        (exit.code, exit.output_cut, exit.output_bytes),
+        (Some(4), true, 1 << 20),
+        "{exit:?}"
+    );
+    assert!(
+        exit.detail().contains("output cut at 1048576 bytes"),
+        "{exit:?}"
+    );
+    let out = std::fs::read(&l.out_log).expect("stdout");
+    let err = std::fs::read(&l.err_log).expect("stderr");
+    let note = "[allot: output cut at 1048576 bytes ([agent] max_output_bytes)";
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.contains(note), "the note ends the file");
+    assert!(
+        text.starts_with("allot\nallot\n"),
+        "the first bytes are kept"
+    );
+    // Both streams share one cap: the stderr line came after it was spent, and
+    // stdout holds exactly the cap and the note.
+    let whole = format!("\n{note}; the rest of this run's output was discarded]\n");
+    assert_eq!(out.len(), (1 << 20) + whole.len());
+    assert!(text.ends_with(&whole));
+    assert!(err.is_empty(), "{:?}", String::from_utf8_lossy(&err));
 }

@@ -40,12 +40,7 @@ fn work_and_its_exec_hook_run_as_the_user_with_groups_and_login_environment() {
     );
     let id = l["id"].as_str().expect("lease id").to_string();
     assert_eq!(l["user"], "allot-test-a", "{l}");
-    let out_log = a
-        .dir
-        .join("state")
-        .join("leases")
-        .join(&id)
-        .join(format!("{id}.out"));
+    let out_log = a.dir.join("state/logs").join(&id).join("0.0.out");
     let out = support::wait_for("the workload's report", LONG, || {
         std::fs::read_to_string(&out_log)
             .ok()
@@ -63,14 +58,21 @@ fn work_and_its_exec_hook_run_as_the_user_with_groups_and_login_environment() {
         lines[3], "/home/allot-test-a|allot-test-a|allot-test-a|/bin/bash",
         "{out}"
     );
-    // The checkpoint dir is the user's (the workload wrote into it); the lease dir
-    // holding the logs the agent writes stays root's.
+    // The checkpoint dir is the user's (the workload wrote into it), and so is its
+    // output file; the lease dir and the log dir stay root's.
     let ckpt = a.checkpoint_dir(&id);
     assert_eq!(std::fs::metadata(&ckpt).expect("ckpt dir").uid(), uid);
     assert!(ckpt.join("mine").exists());
     assert_eq!(
         std::fs::metadata(ckpt.parent().expect("lease dir"))
             .expect("lease dir")
+            .uid(),
+        0
+    );
+    assert_eq!(std::fs::metadata(&out_log).expect("log").uid(), uid);
+    assert_eq!(
+        std::fs::metadata(out_log.parent().expect("log dir"))
+            .expect("log dir")
             .uid(),
         0
     );
@@ -148,4 +150,55 @@ fn system_users_and_unknown_users_are_refused_naming_why() {
         stderr(&out)
     );
     assert_eq!(a.json(&["leases", "--json"]), serde_json::json!([]));
+}
+
+/// A job running as a normal user writes its own checkpoint marker (the checkpoint
+/// dir is the user's), so the ladder ends at the marker, never at SIGTERM.
+#[test]
+fn a_non_root_jobs_checkpoint_marker_ends_the_ladder_at_the_checkpoint() {
+    let Some((uid, _, _)) = user_a() else {
+        return;
+    };
+    let a = TestAgent::start("user-marker", "");
+    let l = a.lease_start(
+        &[
+            "--gpus",
+            "1",
+            "--min-runtime",
+            "0s",
+            "--user",
+            "allot-test-a",
+            "--checkpoint",
+            "signal:USR1",
+            "--grace",
+            "20s",
+        ],
+        r#"trap 'id -u > "$ALLOT_CHECKPOINT_DIR/by"; touch "$ALLOT_CHECKPOINT_DIR/checkpoint.done"; kill $P; exit 0' USR1
+touch "$ALLOT_CHECKPOINT_DIR/ready"
+sleep 600 & P=$!
+while :; do wait $P; done"#,
+    );
+    let id = l["id"].as_str().expect("lease id").to_string();
+    let ckpt = a.checkpoint_dir(&id);
+    support::wait_for("the job to be ready", LONG, || {
+        ckpt.join("ready").exists().then_some(())
+    });
+    a.json(&["lease", "revoke", &id, "--now", "--json"]);
+    let ended = a.wait_ended(&id, LONG);
+    assert_eq!(ended["ended_by"], "checkpoint", "{ended}");
+    assert_eq!(ended["steps"][0]["rung"], "checkpoint", "{ended}");
+    assert!(
+        ended["steps"][0]["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("marker")),
+        "{ended}"
+    );
+    let by = std::fs::read_to_string(ckpt.join("by")).expect("the job wrote it");
+    assert_eq!(by.trim(), uid.to_string());
+    assert_eq!(
+        std::fs::metadata(ckpt.join("checkpoint.done"))
+            .expect("marker")
+            .uid(),
+        uid
+    );
 }

@@ -931,6 +931,10 @@ impl Api {
                 // A process killed by a signal has no exit status; say so where it
                 // matters (the part that "exited" did not exit by itself).
                 let how = match (l.end(), l.exit_code) {
+                    // The agent's words: exit code, signal, OOM kill, cut output.
+                    _ if !l.end_detail.is_empty() => {
+                        format!("{} ({})", l.end_reason, l.end_detail)
+                    }
                     (pb::LeaseEnd::Exited, None) => {
                         format!("{} (killed by a signal)", l.end_reason)
                     }

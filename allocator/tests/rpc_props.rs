@@ -641,6 +641,7 @@ fn lease() -> BoxedStrategy<pb::Lease> {
                 any::<bool>(),
                 f(m, 0i32..8, enums()),
             ),
+            (d(String::new()), d(String::new())),
         )
             .prop_map(
                 |(
@@ -671,6 +672,7 @@ fn lease() -> BoxedStrategy<pb::Lease> {
                         adopted,
                         end,
                     ),
+                    (cgroup, end_detail),
                 )| pb::Lease {
                     id,
                     workload_id,
@@ -695,6 +697,8 @@ fn lease() -> BoxedStrategy<pb::Lease> {
                     revoke_why,
                     adopted,
                     end,
+                    cgroup,
+                    end_detail,
                 },
             )
             .boxed()

@@ -9,7 +9,7 @@ use nix::unistd::{Gid, Uid};
 use std::process::Command;
 
 /// A user identity for a child process, as the parent worked it out.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Identity {
     /// User id.
     pub uid: u32,

@@ -2,6 +2,7 @@
 //! (marker file seen through `notify`, the process exiting, or an HTTP
 //! acknowledgement) up to a grace period → SIGTERM → grace → SIGKILL.
 
+use crate::cgroup::Cgroup;
 use crate::identity::{prepare, RunAs};
 use crate::{host_allowed, signal_named, Hook};
 use nix::sys::signal::{killpg, Signal};
@@ -29,6 +30,10 @@ pub struct Target {
     pub lease: String,
     /// Its process group (the agent starts each workload in its own session).
     pub pgid: i32,
+    /// Its cgroup, when it has one: SIGTERM goes to every process in it and SIGKILL
+    /// is `cgroup.kill`, so nothing that left the process group survives; it is
+    /// alive while the cgroup is populated.
+    pub cgroup: Option<PathBuf>,
     /// Where it writes checkpoints and the marker.
     pub checkpoint_dir: PathBuf,
     /// The lease's environment, for exec hooks (with the user's HOME, USER, LOGNAME
@@ -147,15 +152,15 @@ fn ms(d: Duration) -> u64 {
 
 /// Waits until the group exits, `done` reports true, or `limit` passes; returns
 /// (exited, done).
-fn wait(pgid: i32, limit: Duration, mut done: impl FnMut(Duration) -> bool) -> (bool, bool) {
+fn wait(t: &Target, limit: Duration, mut done: impl FnMut(Duration) -> bool) -> (bool, bool) {
     let start = Instant::now();
     loop {
-        if !group_alive(pgid) {
+        if !alive(t) {
             return (true, false);
         }
         let left = limit.saturating_sub(start.elapsed());
         if done(left.min(TICK)) {
-            return (!group_alive(pgid), true);
+            return (!alive(t), true);
         }
         if start.elapsed() >= limit {
             return (false, false);
@@ -299,12 +304,45 @@ fn fire(hook: &Hook, t: &Target, l: &Ladder) -> Fired {
     }
 }
 
+/// True while any process of the workload lives: its cgroup is populated, or
+/// (without one) its process group has a live member.
+fn alive(t: &Target) -> bool {
+    match &t.cgroup {
+        Some(dir) => Cgroup::at(dir).populated(),
+        None => group_alive(t.pgid),
+    }
+}
+
+/// SIGTERM to the whole workload: every process of its cgroup, or its group.
+fn terminate(t: &Target) {
+    match &t.cgroup {
+        Some(dir) => {
+            Cgroup::at(dir).signal(Signal::SIGTERM);
+        }
+        None => {
+            let _ = killpg(Pid::from_raw(t.pgid), Signal::SIGTERM);
+        }
+    }
+}
+
+/// SIGKILL to the whole workload: `cgroup.kill`, or its group.
+fn kill_all(t: &Target) {
+    match &t.cgroup {
+        Some(dir) => {
+            Cgroup::at(dir).kill();
+        }
+        None => {
+            let _ = killpg(Pid::from_raw(t.pgid), Signal::SIGKILL);
+        }
+    }
+}
+
 /// Runs the ladder on `t` and returns how it ended. Blocks for at most
 /// `grace + term_grace + 5 s`.
 pub fn run(t: &Target, l: &Ladder) -> Outcome {
     let mut steps = Vec::new();
     let mut checkpointed = false;
-    if !group_alive(t.pgid) {
+    if !alive(t) {
         return Outcome {
             ended_by: Rung::Exited,
             checkpointed,
@@ -353,12 +391,12 @@ pub fn run(t: &Target, l: &Ladder) -> Outcome {
                 // The marker was removed before the hook fired, so one present now
                 // is this checkpoint's, even when the workload wrote it and exited
                 // before its event was read.
-                let (_, seen_marker) = wait(t.pgid, l.grace, seen);
+                let (_, seen_marker) = wait(t, l.grace, seen);
                 let done = seen_marker || marker.exists();
                 checkpointed = done;
                 note = if done {
                     format!("{n}; marker {} seen", marker.display())
-                } else if !group_alive(t.pgid) {
+                } else if !alive(t) {
                     format!("{n}; the workload exited")
                 } else {
                     format!("{n}; grace of {}s expired", l.grace.as_secs())
@@ -367,13 +405,13 @@ pub fn run(t: &Target, l: &Ladder) -> Outcome {
         }
         let exited = if checkpointed {
             let left = l.grace.saturating_sub(start.elapsed());
-            wait(t.pgid, left.min(EXIT_AFTER_CHECKPOINT), |dt| {
+            wait(t, left.min(EXIT_AFTER_CHECKPOINT), |dt| {
                 std::thread::sleep(dt);
                 false
             })
             .0
         } else {
-            !group_alive(t.pgid)
+            !alive(t)
         };
         steps.push(Step {
             rung: Rung::Checkpoint,
@@ -389,8 +427,8 @@ pub fn run(t: &Target, l: &Ladder) -> Outcome {
         }
     }
     let start = Instant::now();
-    let _ = killpg(Pid::from_raw(t.pgid), Signal::SIGTERM);
-    let (exited, _) = wait(t.pgid, l.term_grace, |dt| {
+    terminate(t);
+    let (exited, _) = wait(t, l.term_grace, |dt| {
         std::thread::sleep(dt);
         false
     });
@@ -411,8 +449,8 @@ pub fn run(t: &Target, l: &Ladder) -> Outcome {
         };
     }
     let start = Instant::now();
-    let _ = killpg(Pid::from_raw(t.pgid), Signal::SIGKILL);
-    let (exited, _) = wait(t.pgid, KILL_WAIT, |dt| {
+    kill_all(t);
+    let (exited, _) = wait(t, KILL_WAIT, |dt| {
         std::thread::sleep(dt);
         false
     });

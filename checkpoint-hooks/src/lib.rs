@@ -12,11 +12,14 @@
 
 //!
 //! Map: [`hook`] (the hook spec and where an http hook may go; always built) ·
+//! `cgroup` (a lease's cgroup v2 directory: its whole process tree) ·
 //! `identity` (whom a child runs as, and the one switch of user, groups and session
 //! before exec, shared with the agent's launch) · `ladder` (running the ladder). The
 //! last two need feature `ladder`, on by default, which brings `notify` and the HTTP
 //! client.
 
+#[cfg(feature = "ladder")]
+pub mod cgroup;
 pub mod hook;
 #[cfg(feature = "ladder")]
 pub mod identity;

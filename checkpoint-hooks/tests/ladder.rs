@@ -38,6 +38,7 @@ impl Workload {
         Target {
             lease: "lease-7".into(),
             pgid: self.child.id() as i32,
+            cgroup: None,
             checkpoint_dir: self.dir.clone(),
             env: vec![(
                 "ALLOT_CHECKPOINT_DIR".into(),

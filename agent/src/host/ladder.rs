@@ -5,20 +5,22 @@
 
 use super::{lease_dir, lease_env, Host, LadderJob, ADOPTED_POLL_MS};
 use crate::contract::{self, Due};
-use crate::lease::{LeaseState, StepRecord};
+use crate::lease::{LeaseRecord, LeaseState, StepRecord};
+use crate::supervisor::Exit;
 use allot_checkpoint_hooks::{Ladder, Outcome, Target, DEFAULT_MARKER};
 use allot_fairshare::scheduler::MAX_CONTRACT;
 use allot_proto::v1::LeaseEnd;
 use std::time::Duration;
 
 impl Host {
-    /// A process the agent reaps exited.
-    pub fn on_exit(&mut self, id: &str, code: Option<i32>, now_ms: i64) {
+    /// A workload the agent started ended (its supervisor, the agent's child, was
+    /// reaped and told how).
+    pub fn on_exit(&mut self, id: &str, exit: &Exit, now_ms: i64) {
         self.owned.remove(id);
         let Some(l) = self.leases.get_mut(id) else {
             return;
         };
-        l.exit_code = code;
+        l.record_exit(exit);
         // A ladder in progress ends the lease itself; otherwise the exit does.
         let ended = matches!(
             l.state,
@@ -34,11 +36,54 @@ impl Host {
                 "lease",
                 id,
                 "",
-                &format!(
-                    "workload exited ({})",
-                    code.map_or("signalled".into(), |c| format!("code {c}"))
-                ),
+                &format!("workload ended: {}", l.end_detail),
             );
+        }
+    }
+
+    /// Whether any of lease `l`'s work still runs: its process, or its supervisor
+    /// (which outlives the process by the time it takes to drain its output).
+    pub(super) fn still_running(&self, l: &LeaseRecord) -> bool {
+        self.os.is_same(l.proc_id()) || l.supervisor_id().is_some_and(|s| self.os.is_same(s))
+    }
+
+    /// Ends lease `l`, whose process and supervisor are gone without the agent
+    /// reaping them (it restarted meanwhile, or adopted the process): how it ended
+    /// is in the supervisor's `exit.json` when it lived to write it. `away`: the
+    /// agent was not running. Returns what to say in the event log.
+    pub(super) fn end_unreaped(&self, l: &mut LeaseRecord, now_ms: i64, away: bool) -> String {
+        let when = if away {
+            " while the agent was away"
+        } else {
+            ""
+        };
+        if l.supervisor_pid <= 0 {
+            // Adopted (or started before supervisors): nobody saw how it ended.
+            let how = if away {
+                LeaseEnd::Vanished
+            } else {
+                LeaseEnd::Exited
+            };
+            l.end(now_ms, how, "exited");
+            return format!("pid {} exited{when}", l.pid);
+        }
+        match self.os.read_exit(&lease_dir(&self.settings, &l.id)) {
+            Some(e) => {
+                l.record_exit(&e);
+                l.end(now_ms, LeaseEnd::Exited, "exited");
+                format!("workload ended{when}: {}", l.end_detail)
+            }
+            None => {
+                l.end_detail = format!(
+                    "its supervisor (pid {}) ended without recording the end; see {}",
+                    l.supervisor_pid,
+                    lease_dir(&self.settings, &l.id)
+                        .join("supervisor.log")
+                        .display()
+                );
+                l.end(now_ms, LeaseEnd::Vanished, "exited");
+                format!("pid {} vanished{when}: {}", l.pid, l.end_detail)
+            }
         }
     }
 
@@ -72,11 +117,12 @@ impl Host {
                 continue;
             }
             let alive = self.os.is_same(l.proc_id());
-            if !owned && !alive && l.state != LeaseState::Checkpointing {
+            let running = alive || self.still_running(l);
+            if !owned && !running && l.state != LeaseState::Checkpointing {
                 let mut l = l.clone();
-                l.end(now_ms, LeaseEnd::Exited, "exited");
+                let msg = self.end_unreaped(&mut l, now_ms, false);
                 self.save(&l);
-                self.note("lease", &id, "", &format!("pid {} exited", l.pid));
+                self.note("lease", &id, "", &msg);
                 self.leases.insert(id, l);
                 continue;
             }
@@ -144,6 +190,7 @@ impl Host {
             target: Target {
                 lease: id.to_string(),
                 pgid,
+                cgroup: (!l.cgroup.is_empty()).then(|| l.cgroup.clone().into()),
                 checkpoint_dir: lease_dir(&settings, id).join("checkpoint"),
                 env: user_env
                     .into_iter()

@@ -112,6 +112,14 @@ pub struct Settings {
     pub allow_root: bool,
     /// Hosts an http hook may reach besides loopback.
     pub hook_hosts: Vec<String>,
+    /// Where workloads' output goes.
+    pub log_dir: PathBuf,
+    /// Bytes of output kept per run.
+    pub max_output_bytes: u64,
+    /// Where lease cgroups go, or why there are none.
+    pub cgroups: crate::cgroup::Placement,
+    /// The program that supervises each workload (`allot-agent`).
+    pub supervisor: PathBuf,
 }
 
 /// What a caller asks to start.
@@ -254,6 +262,20 @@ impl Host {
     /// A config reload's new settings.
     pub fn set_settings(&mut self, s: Settings) {
         self.settings = s;
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The cgroups of the live leases (what a sweep at start must keep).
+    pub fn live_cgroups(&self) -> BTreeSet<PathBuf> {
+        self.leases
+            .values()
+            .filter(|l| l.live() && !l.cgroup.is_empty())
+            .map(|l| PathBuf::from(&l.cgroup))
+            .collect()
     }
 
     /// The contract terms now in force.

@@ -66,7 +66,6 @@ impl Host {
         }
         for mut l in h.store.leases(ENDED_SHOWN)? {
             if l.live() {
-                let id = l.proc_id();
                 if l.pid <= 0 {
                     l.end(now_ms, LeaseEnd::FailedToStart, "");
                     h.note(
@@ -75,14 +74,9 @@ impl Host {
                         "",
                         "the agent stopped while starting it; never ran",
                     );
-                } else if !h.os.is_same(id) {
-                    l.end(now_ms, LeaseEnd::Vanished, "exited");
-                    h.note(
-                        "lease",
-                        &l.id,
-                        "",
-                        &format!("pid {} exited while the agent was away", l.pid),
-                    );
+                } else if !h.still_running(&l) {
+                    let msg = h.end_unreaped(&mut l, now_ms, true);
+                    h.note("lease", &l.id, "", &msg);
                 } else {
                     if l.state == LeaseState::Checkpointing {
                         // The ladder was cut short with the old agent: run it again.

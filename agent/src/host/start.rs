@@ -5,7 +5,7 @@
 //! that a crash in between leaves a lease that reads as never started.
 
 use super::{lease_dir, Caller, Host, HostError, StartSpec, CLUSTER, HEALTH};
-use crate::lease::{LeaseRecord, LeaseState};
+use crate::lease::{LeaseRecord, LeaseState, LogStream};
 use crate::os::Reaper;
 use crate::process::Launch;
 use allot_checkpoint_hooks::{host_allowed, Hook, Identity, RunAs};
@@ -382,11 +382,30 @@ impl Host {
             ..Default::default()
         };
         let dir = lease_dir(&self.settings, &id);
-        // Where its output goes, recorded before it starts (an adopted process
-        // writes wherever it already did).
+        // Where its output goes and its cgroup, recorded before it starts (an adopted
+        // process writes wherever it already did, in whatever cgroup it is).
+        let cgroup = self
+            .settings
+            .cgroups
+            .lease_dir(&id)
+            .filter(|_| adopt.is_none());
         if adopt.is_none() {
-            l.out_log = dir.join(format!("{id}.out")).display().to_string();
-            l.err_log = dir.join(format!("{id}.err")).display().to_string();
+            let log = |pattern: &str, stream| {
+                crate::logs::log_file(
+                    &self.settings.log_dir,
+                    pattern,
+                    &l.workload_id,
+                    l.run,
+                    l.rank,
+                    stream,
+                )
+            };
+            l.out_log = log(&l.output, LogStream::Stdout).display().to_string();
+            l.err_log = log(&l.error, LogStream::Stderr).display().to_string();
+            l.cgroup = cgroup
+                .as_ref()
+                .map(|c| c.display().to_string())
+                .unwrap_or_default();
         }
         self.store.put_lease(&l)?;
         // Checkpoints are written by the workload and its hook, as its user.
@@ -405,15 +424,26 @@ impl Host {
                     argv: spec.argv.clone(),
                     gpus: l.gpus.clone(),
                     checkpoint_dir: dir.join("checkpoint"),
-                    log_dir: dir.clone(),
+                    lease_dir: dir.clone(),
+                    out_log: l.out_log.clone().into(),
+                    err_log: l.err_log.clone().into(),
+                    user_paths: false,
+                    cap_bytes: self.settings.max_output_bytes,
+                    cgroup,
+                    supervisor: self.settings.supervisor.clone(),
                     run_as: who.run_as.clone(),
                     env: job_env(&spec.job_env, &who.env, &spec.env),
                     cwd: cwd.clone(),
                 });
                 match launched {
-                    Ok(started) => (Some(started.reaper), started.id),
+                    Ok(started) => {
+                        l.supervisor_pid = started.supervisor.pid;
+                        l.supervisor_ticks = started.supervisor.start_ticks;
+                        (Some(started.reaper), started.id)
+                    }
                     Err(e) => {
                         l.end(now_ms, LeaseEnd::FailedToStart, "");
+                        l.end_detail = e.to_string();
                         self.save(&l);
                         self.note("lease", &id, "", &e.to_string());
                         self.leases.insert(id, l);

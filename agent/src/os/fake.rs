@@ -5,6 +5,7 @@
 
 use super::{Launched, Os, Reaper, User};
 use crate::process::{Launch, LaunchError, ProcId};
+use crate::supervisor::Exit;
 use nix::sys::signal::Signal;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 #[derive(Debug, Clone)]
 pub enum Call {
     /// A workload start.
-    Launch(Launch),
+    Launch(Box<Launch>),
     /// An identity check of a pid.
     Identity(i32),
     /// A process-group look-up.
@@ -61,6 +62,10 @@ struct State {
     lineage: Vec<i32>,
     fail_launch: Option<String>,
     missing_dirs: Vec<PathBuf>,
+    /// Each started workload's supervisor, by the workload's pid.
+    supervisors: BTreeMap<i32, i32>,
+    /// What each lease dir's `exit.json` says.
+    exits: BTreeMap<PathBuf, Exit>,
     calls: Vec<Call>,
 }
 
@@ -80,6 +85,9 @@ pub fn fake_user(name: &str, uid: u32, gid: u32) -> User {
         groups: vec![gid],
     }
 }
+
+/// A started workload's supervisor has the workload's pid plus this.
+pub const SUPERVISOR_PIDS: i32 = 50_000;
 
 /// The agent's own pid in the fake (its parent is init, pid 1).
 pub const AGENT_PID: i32 = 42;
@@ -116,6 +124,8 @@ impl FakeOs {
             lineage: vec![AGENT_PID, 1],
             fail_launch: None,
             missing_dirs: Vec::new(),
+            supervisors: BTreeMap::new(),
+            exits: BTreeMap::new(),
             calls: Vec::new(),
         })));
         // Init and the agent itself run, owned by root, each leading its group.
@@ -186,11 +196,33 @@ impl FakeOs {
         ProcId { pid, start_ticks }
     }
 
-    /// `pid` exits.
+    /// `pid` exits (a workload's supervisor with it, as it does once the output is
+    /// drained and `exit.json` written).
     pub fn exit(&self, pid: i32) {
+        let mut s = self.state();
+        let sup = s.supervisors.get(&pid).copied();
+        for p in [Some(pid), sup].into_iter().flatten() {
+            if let Some(p) = s.procs.get_mut(&p) {
+                p.alive = false;
+            }
+        }
+    }
+
+    /// `pid` exits but its supervisor still runs (draining the output).
+    pub fn exit_before_supervisor(&self, pid: i32) {
         if let Some(p) = self.state().procs.get_mut(&pid) {
             p.alive = false;
         }
+    }
+
+    /// The supervisor of workload `pid`, if the fake started one.
+    pub fn supervisor_of(&self, pid: i32) -> Option<i32> {
+        self.state().supervisors.get(&pid).copied()
+    }
+
+    /// The supervisor writes `exit` into `lease_dir`'s `exit.json`.
+    pub fn write_exit(&self, lease_dir: &Path, exit: Exit) {
+        self.state().exits.insert(lease_dir.to_path_buf(), exit);
     }
 
     /// The kernel gives `pid` to a new, unrelated process (a recycled pid).
@@ -251,7 +283,7 @@ impl FakeOs {
         self.calls()
             .into_iter()
             .filter_map(|c| match c {
-                Call::Launch(l) => Some(l),
+                Call::Launch(l) => Some(*l),
                 _ => None,
             })
             .collect()
@@ -270,7 +302,7 @@ impl Os for FakeOs {
     }
 
     fn launch(&self, l: &Launch) -> Result<Launched, LaunchError> {
-        let mut s = self.record(Call::Launch(l.clone()));
+        let mut s = self.record(Call::Launch(Box::new(l.clone())));
         if let Some(m) = s.fail_launch.take() {
             return Err(LaunchError::Spawn {
                 lease: l.lease.clone(),
@@ -284,10 +316,14 @@ impl Os for FakeOs {
         let pid = s.next_pid;
         s.next_pid += 1;
         let id = Self::add(&mut s, pid, pid);
+        // Supervisors from a range of their own: workloads keep the pids tests expect.
+        let supervisor = Self::add(&mut s, pid + SUPERVISOR_PIDS, pid + SUPERVISOR_PIDS);
+        s.supervisors.insert(pid, supervisor.pid);
         Ok(Launched {
             id,
+            supervisor,
             // The test tells the host of the exit itself (`Host::on_exit`).
-            reaper: Reaper::new(|| None),
+            reaper: Reaper::new(|| Exit::lost("the fake reaps nothing")),
         })
     }
 
@@ -339,6 +375,10 @@ impl Os for FakeOs {
     fn create_dir_all(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
         drop(self.record(Call::CreateDir(path.to_path_buf(), owner)));
         Ok(())
+    }
+
+    fn read_exit(&self, lease_dir: &Path) -> Option<Exit> {
+        self.state().exits.get(lease_dir).cloned()
     }
 
     fn work_dir(&self, dir: &Path, _who: &allot_checkpoint_hooks::RunAs) -> Result<(), String> {

@@ -79,6 +79,8 @@ pub(super) fn lease_json(l: &Lease) -> Value {
         "ended_by": l.ended_by,
         "end_reason": l.end_reason,
         "exit_code": l.exit_code,
+        "end_detail": l.end_detail,
+        "cgroup": l.cgroup,
         "ended_unix": l.ended_unix,
         "steps": l.steps.iter().map(|s| json!({
             "rung": s.rung,
@@ -127,7 +129,9 @@ pub(super) fn leases_table(leases: &[Lease], now_ms: i64) -> String {
             };
             let end = if ended {
                 let mut e = format!("{}/{}", or_dash(&l.ended_by), or_dash(&l.end_reason));
-                if let Some(code) = l.exit_code {
+                if !l.end_detail.is_empty() {
+                    e.push_str(&format!(" ({})", l.end_detail));
+                } else if let Some(code) = l.exit_code {
                     e.push_str(&format!(" (exit {code})"));
                 }
                 e
@@ -394,6 +398,8 @@ mod tests {
             "revoke_why",
             "ended_by",
             "end_reason",
+            "end_detail",
+            "cgroup",
             "ended_unix",
             "cpu_pct",
         ] {

@@ -183,14 +183,17 @@ fn an_exit_ends_a_running_lease_with_its_code() {
     let mut t = T::new();
     let l = t.start(spec(1, 60));
     let now = t.os.advance(5_000);
-    t.h.on_exit(&l.id, Some(3), now);
+    t.h.on_exit(&l.id, &exited(Some(3)), now);
     let l = t.lease(&l.id);
     assert_eq!(
         (l.state, l.end_reason.as_str(), l.exit_code, l.ended_ms),
         (LeaseState::Ended, "exited", Some(3), now)
     );
-    assert!(t.events().iter().any(|e| e == "workload exited (code 3)"));
-    t.h.on_exit("L-9", None, now);
+    assert!(t
+        .events()
+        .iter()
+        .any(|e| e == "workload ended: exit code 3"));
+    t.h.on_exit("L-9", &exited(None), now);
 }
 
 #[test]
@@ -199,7 +202,7 @@ fn an_exit_while_revoking_ends_the_lease() {
     let l = t.start(spec(1, 60));
     let now = t.now();
     t.h.revoke(&l.id, false, "make room", now).expect("revokes");
-    t.h.on_exit(&l.id, None, now);
+    t.h.on_exit(&l.id, &exited(None), now);
     let l = t.lease(&l.id);
     assert_eq!(
         (l.state, l.end_reason.as_str()),
@@ -208,7 +211,7 @@ fn an_exit_while_revoking_ends_the_lease() {
     assert!(t
         .events()
         .iter()
-        .any(|e| e == "workload exited (signalled)"));
+        .any(|e| e == "workload ended: killed by SIGKILL"));
 }
 
 #[test]
@@ -218,7 +221,7 @@ fn an_exit_during_the_ladder_leaves_the_end_to_the_ladder() {
     let now = t.now();
     t.h.revoke(&l.id, true, "cancel", now).expect("revokes");
     t.tick();
-    t.h.on_exit(&l.id, Some(0), now);
+    t.h.on_exit(&l.id, &exited(Some(0)), now);
     let mid = t.lease(&l.id);
     assert_eq!(
         (mid.state, mid.exit_code),

@@ -16,9 +16,19 @@ use crate::lease::LeaseState;
 use crate::os::fake::FakeOs;
 use crate::os::Reaper;
 use crate::store::Store;
+use crate::supervisor::Exit;
 use allot_health::verdict::{GpuVerdict, HostVerdict, Reason};
 use allot_health::xid::Action;
 use std::path::Path;
+
+/// A supervisor's report of a workload that exited with `code` (`None`: signalled).
+pub(super) fn exited(code: Option<i32>) -> Exit {
+    Exit {
+        code,
+        signal: code.is_none().then_some(9),
+        ..Exit::default()
+    }
+}
 
 /// A state directory removed when the test ends.
 pub(super) struct Dir(pub PathBuf);
@@ -81,6 +91,10 @@ pub(super) fn settings(dir: &Path) -> Settings {
         min_uid: 1000,
         allow_root: true,
         hook_hosts: Vec::new(),
+        log_dir: dir.join("logs"),
+        max_output_bytes: 1 << 20,
+        cgroups: crate::cgroup::Placement::At("/cg/allot-test".into()),
+        supervisor: "/usr/bin/allot-agent".into(),
     }
 }
 
@@ -167,6 +181,11 @@ impl T {
         let s = h.settings.clone();
         drop(h);
         T::open(os, dir, s)
+    }
+
+    /// Lease `id`'s directory (checkpoints, `exit.json`).
+    pub fn lease_dir(&self, id: &str) -> PathBuf {
+        lease_dir(&self.h.settings, id)
     }
 
     /// The fake clock.

@@ -35,10 +35,15 @@ fn a_readopted_lease_that_exits_is_seen_by_polling() {
     let mut t = T::new();
     let l = t.start(spec(1, 60));
     let mut t = t.restart();
+    t.os.write_exit(&t.lease_dir(&l.id), exited(Some(0)));
     t.os.exit(l.pid);
     t.os.advance(ADOPTED_POLL_MS);
     t.tick();
-    assert_eq!(t.lease(&l.id).end_reason, "exited");
+    let r = t.lease(&l.id);
+    assert_eq!(
+        (r.end_reason.as_str(), r.exit_code, r.end_detail.as_str()),
+        ("exited", Some(0), "exit code 0")
+    );
 }
 
 #[test]
@@ -59,10 +64,45 @@ fn a_lease_whose_process_died_while_away_ends_as_vanished() {
         (LeaseState::Ended, "vanished", "exited", now)
     );
     assert_eq!(t.stored(&l.id).map(|l| l.state), Some(LeaseState::Ended));
-    assert!(t
-        .events()
-        .iter()
-        .any(|e| *e == format!("pid {} exited while the agent was away", l.pid)));
+    let ev = t.events();
+    assert!(
+        ev.iter().any(|e| e.starts_with(&format!(
+            "pid {} vanished while the agent was away: its supervisor (pid {}) ended without recording the end",
+            l.pid, l.supervisor_pid
+        ))),
+        "{ev:?}"
+    );
+}
+
+#[test]
+fn a_workload_that_ended_while_away_ends_as_its_supervisor_recorded() {
+    let mut t = T::new();
+    let l = t.start(spec(1, 60));
+    assert!(l.supervisor_pid > 0, "started under a supervisor: {l:?}");
+    // The supervisor outlives the agent; while it drains the output the lease lives.
+    t.os.exit_before_supervisor(l.pid);
+    let mut t = t.restart();
+    assert!(t.lease(&l.id).live(), "its supervisor still runs");
+    t.os.write_exit(
+        &t.lease_dir(&l.id),
+        Exit {
+            code: Some(3),
+            output_cut: true,
+            output_bytes: 1 << 20,
+            ..Exit::default()
+        },
+    );
+    t.os.exit(l.supervisor_pid);
+    t.tick();
+    let r = t.lease(&l.id);
+    assert_eq!(
+        (r.end_reason.as_str(), r.exit_code, r.output_cut),
+        ("exited", Some(3), true)
+    );
+    assert_eq!(
+        r.end_detail,
+        "exit code 3; output cut at 1048576 bytes ([agent] max_output_bytes)"
+    );
 }
 
 #[test]
@@ -146,7 +186,7 @@ fn ended_leases_stay_ended_and_their_pids_are_not_checked() {
     let mut t = T::new();
     let l = t.start(spec(1, 0));
     let now = t.now();
-    t.h.on_exit(&l.id, Some(0), now);
+    t.h.on_exit(&l.id, &exited(Some(0)), now);
     t.os.clear_calls();
     let t = t.restart();
     assert_eq!(t.lease(&l.id).end_reason, "exited");
@@ -162,7 +202,7 @@ fn local_lease_ids_are_never_reused_across_a_restart() {
     let mut t = T::new();
     let l = t.start(spec(1, 0));
     let now = t.now();
-    t.h.on_exit(&l.id, Some(0), now);
+    t.h.on_exit(&l.id, &exited(Some(0)), now);
     let mut t = t.restart();
     assert_eq!(t.start(spec(1, 0)).id, "L-2");
 }
@@ -222,7 +262,7 @@ fn a_live_row_that_cannot_be_decoded_stops_the_start_naming_the_lease() {
     let l = t.start(spec(2, 60));
     let gone = t.start(spec(1, 0));
     let now = t.now();
-    t.h.on_exit(&gone.id, Some(0), now);
+    t.h.on_exit(&gone.id, &exited(Some(0)), now);
     let T { h, os, dir } = t;
     let s = h.settings.clone();
     drop(h);

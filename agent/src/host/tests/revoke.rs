@@ -95,7 +95,7 @@ fn a_lease_in_its_ladder_or_ended_is_not_revoked_again() {
         (LeaseState::Checkpointing, "first")
     );
     let e = t.start(spec(1, 0));
-    t.h.on_exit(&e.id, Some(0), now);
+    t.h.on_exit(&e.id, &exited(Some(0)), now);
     assert_eq!(
         t.h.revoke(&e.id, true, "late", now).expect("known").state,
         LeaseState::Ended

@@ -36,8 +36,24 @@ fn start_launches_on_the_lowest_free_gpus_with_the_lease_on_disk() {
     assert_eq!(launches[0].argv, vec!["train", "--fast"]);
     assert_eq!(launches[0].gpus, l.gpus);
     assert_eq!(launches[0].checkpoint_dir, dir.join("checkpoint"));
-    assert_eq!(launches[0].log_dir, dir);
+    assert_eq!(launches[0].lease_dir, dir);
     assert_eq!(launches[0].run_as, RunAs::Agent);
+    // Output under the log dir by workload, run and rank; capped; in a cgroup named
+    // after the lease under the agent's own; supervised.
+    let logs = t.dir.0.join("logs");
+    assert_eq!(launches[0].out_log, logs.join("L-1/0.0.out"));
+    assert_eq!(launches[0].err_log, logs.join("L-1/0.0.err"));
+    assert_eq!(l.out_log, logs.join("L-1/0.0.out").display().to_string());
+    assert_eq!(launches[0].cap_bytes, 1 << 20);
+    assert_eq!(
+        launches[0].cgroup,
+        Some(PathBuf::from("/cg/allot-test/L-1"))
+    );
+    assert_eq!(l.cgroup, "/cg/allot-test/L-1");
+    assert_eq!(
+        l.supervisor_pid,
+        t.os.supervisor_of(l.pid).expect("supervised")
+    );
 
     let stored = t.stored("L-1").expect("on disk");
     assert_eq!((stored.pid, stored.state), (l.pid, LeaseState::Running));
@@ -59,11 +75,31 @@ fn start_launches_on_the_lowest_free_gpus_with_the_lease_on_disk() {
 }
 
 #[test]
+fn output_patterns_name_the_files_and_no_cgroup_means_none() {
+    let mut t = T::with(|s| s.cgroups = crate::cgroup::Placement::Off("none here".into()));
+    let l = t.start(StartSpec {
+        workload_id: "w-7".into(),
+        run: 2,
+        rank: 1,
+        output: "train-%j-%r.%n.log".into(),
+        ..spec(1, 0)
+    });
+    let logs = t.h.settings().log_dir.clone();
+    assert_eq!(
+        l.out_log,
+        logs.join("train-w-7-2.1.log").display().to_string()
+    );
+    assert_eq!(l.err_log, logs.join("w-7/2.1.err").display().to_string());
+    assert_eq!(t.os.launches()[0].cgroup, None);
+    assert_eq!(l.cgroup, "");
+}
+
+#[test]
 fn an_ended_leases_gpus_are_free_again() {
     let mut t = T::new();
     let l = t.start(spec(4, 0));
     let now = t.os.advance(5);
-    t.h.on_exit(&l.id, Some(0), now);
+    t.h.on_exit(&l.id, &exited(Some(0)), now);
     assert_eq!(t.start(spec(4, 0)).gpus.len(), 4);
 }
 

@@ -238,7 +238,7 @@ fn http_hooks_reach_only_loopback_and_the_named_hosts() {
         });
         let now = t.now();
         let id = t.h.leases()[0].id.clone();
-        t.h.on_exit(&id, Some(0), now);
+        t.h.on_exit(&id, &exited(Some(0)), now);
     }
     let now = t.now();
     for (far, host) in [

@@ -1,0 +1,547 @@
+//! `allot-agent supervise`: one small process per lease, as conmon is per container.
+//!
+//! The agent starts it (in a session of its own) and sends it a [`Spec`] on stdin;
+//! it starts the job in the lease's cgroup as the job's user, answers with the job's
+//! identity on one line of stdout ([`Hello`]), then holds the job's output pipes:
+//! every byte goes to the log files until the run's cap, then a note and nothing
+//! more. When the job's main process exits, whatever else of it is left goes
+//! (`cgroup.kill`, or SIGKILL to its process group where no cgroup could be made),
+//! and the end ([`Exit`]: code, signal, OOM kills, output cut) is written to the
+//! lease's `exit.json` before the supervisor exits. The agent reaps the supervisor
+//! and reads that file; an agent restarted meanwhile finds the supervisor still
+//! running and the file once it is done, so neither the output nor the exit status
+//! depends on the agent being there.
+
+use crate::process::{LaunchError, ProcId};
+use allot_checkpoint_hooks::cgroup::Cgroup;
+use allot_checkpoint_hooks::identity::{prepare, Identity, RunAs};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The largest spec the supervisor reads (the environment is capped at 64 KiB).
+const MAX_SPEC: u64 = 4 << 20;
+
+/// What the supervisor is to start and where its output goes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Spec {
+    /// Lease id (in messages).
+    pub lease: String,
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// The job's whole environment.
+    pub env: Vec<(String, String)>,
+    /// Where it starts; `None`: the supervisor's own directory.
+    pub cwd: Option<PathBuf>,
+    /// Whom it runs as; `None`: the supervisor's own user.
+    pub user: Option<Identity>,
+    /// The lease's cgroup, made by the agent; `None`: process groups only.
+    pub cgroup: Option<PathBuf>,
+    /// Stdout file.
+    pub out_log: PathBuf,
+    /// Stderr file.
+    pub err_log: PathBuf,
+    /// The log files were named by the user (`--output`): they are opened as the
+    /// user, so that a path through the user's own directories cannot make root
+    /// write where the user may not.
+    pub user_paths: bool,
+    /// Bytes of output kept per run (both streams together); the rest is cut.
+    pub cap_bytes: u64,
+    /// Where the end is written.
+    pub exit_file: PathBuf,
+}
+
+/// The supervisor's one line of answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Hello {
+    /// The job runs.
+    Started {
+        /// Its pid (also its session and process group).
+        pid: i32,
+        /// Its start time in clock ticks since boot.
+        start_ticks: u64,
+    },
+    /// The job could not be started; why.
+    Failed(String),
+}
+
+/// How a run ended, as its supervisor saw it (`exit.json`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Exit {
+    /// Exit status, when it exited by itself.
+    pub code: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub signal: Option<i32>,
+    /// Kills by the kernel's OOM killer in its cgroup.
+    pub oom_kills: u64,
+    /// Its output reached the cap and was cut.
+    pub output_cut: bool,
+    /// Bytes of output kept.
+    pub output_bytes: u64,
+    /// Set when the supervisor could not tell (it was killed, its file is unreadable).
+    pub lost: Option<String>,
+}
+
+impl Exit {
+    /// An end nobody saw.
+    pub fn lost(why: impl Into<String>) -> Exit {
+        Exit {
+            lost: Some(why.into()),
+            ..Exit::default()
+        }
+    }
+
+    /// The end in words, for `allot status` and the event log: "exit code 3",
+    /// "killed by SIGKILL", "killed by the kernel's OOM killer", and a cut output.
+    pub fn detail(&self) -> String {
+        let mut s = match (self.code, self.signal) {
+            _ if self.oom_kills > 0 => format!(
+                "killed by the kernel's OOM killer ({} kill{} in its cgroup)",
+                self.oom_kills,
+                if self.oom_kills == 1 { "" } else { "s" }
+            ),
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(sig)) => format!(
+                "killed by {}",
+                nix::sys::signal::Signal::try_from(sig)
+                    .map_or_else(|_| format!("signal {sig}"), |s| s.as_str().to_string())
+            ),
+            (None, None) => match &self.lost {
+                Some(why) => format!("end not seen: {why}"),
+                None => "end not seen".into(),
+            },
+        };
+        if self.output_cut {
+            s.push_str(&format!(
+                "; output cut at {} bytes ([agent] max_output_bytes)",
+                self.output_bytes
+            ));
+        }
+        s
+    }
+}
+
+/// Reads a supervisor's `exit.json`.
+pub fn read_exit(path: &Path) -> Option<Exit> {
+    let text = std::fs::read(path).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+/// What the agent holds of a started job.
+#[derive(Debug)]
+pub struct Started {
+    /// The job's identity.
+    pub job: ProcId,
+    /// The supervisor (the agent's child, to reap).
+    pub supervisor: Child,
+    /// The supervisor's identity, for an agent that restarts.
+    pub supervisor_id: ProcId,
+}
+
+/// Starts a supervisor (`program supervise`) for `spec`; its own diagnostics go to
+/// `diag` (appended). Returns once the job runs or could not be started.
+pub fn start(program: &Path, spec: &Spec, diag: &Path) -> Result<Started, LaunchError> {
+    let io = |path: &Path, source: std::io::Error| LaunchError::Io {
+        lease: spec.lease.clone(),
+        path: path.display().to_string(),
+        source,
+    };
+    let diag_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(diag)
+        .map_err(|e| io(diag, e))?;
+    use std::os::unix::process::CommandExt;
+    let mut child = Command::new(program)
+        .arg("supervise")
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(diag_file)
+        // Apart from the agent's group: a Ctrl-C to a foreground agent, or its
+        // stop, is not the job's end.
+        .process_group(0)
+        .spawn()
+        .map_err(|source| LaunchError::Spawn {
+            lease: spec.lease.clone(),
+            program: program.display().to_string(),
+            source,
+        })?;
+    let spawn_err = |why: String| LaunchError::Spawn {
+        lease: spec.lease.clone(),
+        program: spec.argv.first().cloned().unwrap_or_default(),
+        source: std::io::Error::other(why),
+    };
+    let sup_pid = i32::try_from(child.id()).unwrap_or(0);
+    let supervisor_id = crate::process::identity(sup_pid).unwrap_or(ProcId {
+        pid: sup_pid,
+        start_ticks: 0,
+    });
+    let body = serde_json::to_vec(spec).map_err(|e| spawn_err(e.to_string()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        if let Err(e) = stdin.write_all(&body) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(spawn_err(format!(
+                "cannot hand the job to its supervisor: {e}"
+            )));
+        }
+    }
+    let mut line = String::new();
+    let read = child
+        .stdout
+        .take()
+        .map(|o| std::io::BufReader::new(o.take(64 << 10)).read_line(&mut line));
+    let hello = match read {
+        Some(Ok(_)) => serde_json::from_str::<Hello>(line.trim()).map_err(|e| {
+            format!(
+                "the supervisor said {:?} ({e}); see {}",
+                line.trim(),
+                diag.display()
+            )
+        }),
+        _ => Err(format!(
+            "the supervisor ended without an answer; see {}",
+            diag.display()
+        )),
+    };
+    match hello {
+        Ok(Hello::Started { pid, start_ticks }) => Ok(Started {
+            job: ProcId { pid, start_ticks },
+            supervisor: child,
+            supervisor_id,
+        }),
+        Ok(Hello::Failed(why)) | Err(why) => {
+            let _ = child.wait();
+            Err(spawn_err(why))
+        }
+    }
+}
+
+/// `allot-agent supervise`: runs one job (see the module docs). Its exit status is
+/// 0 once `exit.json` is written, 2 when the spec was unusable.
+pub fn main() -> std::process::ExitCode {
+    let mut body = Vec::new();
+    let spec: Spec = match std::io::stdin()
+        .take(MAX_SPEC)
+        .read_to_end(&mut body)
+        .map_err(|e| e.to_string())
+        .and_then(|_| serde_json::from_slice(&body).map_err(|e| e.to_string()))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            hello(&Hello::Failed(format!("unusable supervisor spec: {e}")));
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let (job, out, err) = match spawn_job(&spec) {
+        Ok(j) => j,
+        Err(why) => {
+            hello(&Hello::Failed(why));
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let pid = i32::try_from(job.id()).unwrap_or(0);
+    let start_ticks = allot_checkpoint_hooks::proc_stat(pid).map_or(0, |s| s.start_ticks);
+    hello(&Hello::Started { pid, start_ticks });
+    // From here on nothing is written to stdout: the agent may be gone.
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2_stdout(&null);
+    }
+    let exit = supervise(&spec, job, out, err);
+    if let Err(e) = write_exit(&spec.exit_file, &exit) {
+        eprintln!(
+            "allot supervise {}: cannot write {}: {e}",
+            spec.lease,
+            spec.exit_file.display()
+        );
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+fn hello(h: &Hello) {
+    let mut out = std::io::stdout().lock();
+    let _ = serde_json::to_writer(&mut out, h);
+    let _ = out.write_all(b"\n");
+    let _ = out.flush();
+}
+
+/// Written whole or not at all: a reader never sees half a file.
+fn write_exit(path: &Path, exit: &Exit) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec(exit).map_err(std::io::Error::other)?,
+    )?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Opens a log file for appending: as the user for a user-named path (the file
+/// system checks the user's rights, a link is not followed), as the supervisor for
+/// the agent's own log dir, then given to the user.
+fn open_log(spec: &Spec, path: &Path) -> Result<std::fs::File, String> {
+    let open = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o640)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(path)
+    };
+    let file = match (&spec.user, spec.user_paths) {
+        (Some(id), true) => {
+            use nix::unistd::{setfsgid, setfsuid, Gid, Uid};
+            // Per thread, and this one is the only thread yet.
+            let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+            setfsgid(Gid::from_raw(id.gid));
+            setfsuid(Uid::from_raw(id.uid));
+            let f = open();
+            setfsuid(uid);
+            setfsgid(gid);
+            f
+        }
+        (Some(id), false) => open().and_then(|f| {
+            std::os::unix::fs::fchown(&f, Some(id.uid), Some(id.gid))?;
+            Ok(f)
+        }),
+        (None, _) => open(),
+    };
+    file.map_err(|e| format!("cannot open the log {}: {e}", path.display()))
+}
+
+type Pipes = (std::process::ChildStdout, std::process::ChildStderr);
+
+fn spawn_job(spec: &Spec) -> Result<(Child, std::fs::File, std::fs::File), String> {
+    let (program, args) = spec
+        .argv
+        .split_first()
+        .ok_or_else(|| "empty command".to_string())?;
+    let out = open_log(spec, &spec.out_log)?;
+    let err = open_log(spec, &spec.err_log)?;
+    let mut cmd = Command::new(program);
+    // The cgroup is joined first, while still root: after the switch the user could
+    // not write to cgroup.procs. Opened here, as nothing may be opened after fork.
+    if let Some(dir) = &spec.cgroup {
+        let procs = Cgroup::at(dir)
+            .procs_file()
+            .map_err(|e| format!("cannot join the lease's cgroup {}: {e}", dir.display()))?;
+        // SAFETY: between fork and exec only the write(2) system call runs, on a
+        // descriptor opened before the fork, from a buffer that needs no allocation.
+        #[allow(unsafe_code)]
+        unsafe {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let fd = procs.as_raw_fd();
+            cmd.pre_exec(move || {
+                // Kept alive by the closure until the child has written.
+                let _keep = &procs;
+                if nix::libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let run_as = match &spec.user {
+        Some(id) => RunAs::User(id.clone()),
+        None => RunAs::Agent,
+    };
+    prepare(&mut cmd, &run_as, true)?;
+    if let Some(dir) = &spec.cwd {
+        cmd.current_dir(dir);
+    }
+    let child = cmd
+        .args(args)
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {program:?}: {e}"))?;
+    Ok((child, out, err))
+}
+
+/// The cut: bytes kept so far over both streams, and whether the note was written.
+struct Cap {
+    limit: u64,
+    kept: AtomicU64,
+    cut: AtomicBool,
+}
+
+impl Cap {
+    /// How much of `n` more bytes may be kept; the first caller over the limit also
+    /// gets `true` (it writes the note).
+    fn take(&self, n: u64) -> (u64, bool) {
+        let mut now = self.kept.load(Ordering::Relaxed);
+        loop {
+            let room = self.limit.saturating_sub(now);
+            let keep = n.min(room);
+            match self
+                .kept
+                .compare_exchange(now, now + keep, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    let over = keep < n && !self.cut.swap(true, Ordering::Relaxed);
+                    return (keep, over);
+                }
+                Err(seen) => now = seen,
+            }
+        }
+    }
+}
+
+/// Copies `from` into `to` under the cap; reads on to the end either way, so the
+/// job never blocks on a full pipe or dies of a broken one.
+fn pump(mut from: impl Read, mut to: std::fs::File, cap: &Cap) {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        let (keep, over) = cap.take(n as u64);
+        let keep = usize::try_from(keep).unwrap_or(n);
+        if keep > 0 {
+            let _ = to.write_all(&buf[..keep]);
+        }
+        if over {
+            let _ = to.write_all(
+                format!(
+                    "\n[allot: output cut at {} bytes ([agent] max_output_bytes); the rest of this run's output was discarded]\n",
+                    cap.limit
+                )
+                .as_bytes(),
+            );
+        }
+    }
+}
+
+fn supervise(spec: &Spec, mut job: Child, out: std::fs::File, err: std::fs::File) -> Exit {
+    let cap = Arc::new(Cap {
+        limit: spec.cap_bytes,
+        kept: AtomicU64::new(0),
+        cut: AtomicBool::new(false),
+    });
+    let pipes: Option<Pipes> = job.stdout.take().zip(job.stderr.take());
+    let mut pumps = Vec::new();
+    if let Some((o, e)) = pipes {
+        for (from, to) in [
+            (Box::new(o) as Box<dyn Read + Send>, out),
+            (Box::new(e) as Box<dyn Read + Send>, err),
+        ] {
+            let cap = Arc::clone(&cap);
+            pumps.push(std::thread::spawn(move || pump(from, to, &cap)));
+        }
+    }
+    let status = job.wait();
+    // The job's main process is its lease: whatever it left behind goes with it.
+    let pid = i32::try_from(job.id()).unwrap_or(0);
+    let cgroup = spec.cgroup.as_ref().map(Cgroup::at);
+    match &cgroup {
+        Some(cg) if !cg.kill() => {
+            eprintln!(
+                "allot supervise {}: processes left in {} after cgroup.kill",
+                spec.lease,
+                cg.path().display()
+            );
+        }
+        Some(_) => {}
+        None if pid > 0 => {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        None => {}
+    }
+    // Without a cgroup a process that left the group may hold a pipe open for ever:
+    // the output it writes later is not waited for.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    for p in pumps {
+        while !p.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        if p.is_finished() {
+            let _ = p.join();
+        }
+    }
+    use std::os::unix::process::ExitStatusExt;
+    let (code, signal) = match status {
+        Ok(s) => (s.code(), s.signal()),
+        Err(_) => (None, None),
+    };
+    let exit = Exit {
+        code,
+        signal,
+        oom_kills: cgroup.as_ref().and_then(Cgroup::oom_kills).unwrap_or(0),
+        output_cut: cap.cut.load(Ordering::Relaxed),
+        output_bytes: cap.kept.load(Ordering::Relaxed),
+        lost: None,
+    };
+    // Counted: the lease's cgroup has nothing more to say (one the kill could not
+    // empty stays for the agent's sweep).
+    if let Some(cg) = &cgroup {
+        let _ = cg.remove();
+    }
+    exit
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_keeps_exactly_its_bytes_and_one_note() {
+        let cap = Cap {
+            limit: 10,
+            kept: AtomicU64::new(0),
+            cut: AtomicBool::new(false),
+        };
+        assert_eq!(cap.take(4), (4, false));
+        assert_eq!(cap.take(8), (6, true));
+        assert_eq!(cap.take(8), (0, false));
+        assert_eq!(cap.kept.load(Ordering::Relaxed), 10);
+    }
+
+    #[test]
+    fn an_end_says_what_ended_it() {
+        let e = |code, signal, oom| Exit {
+            code,
+            signal,
+            oom_kills: oom,
+            ..Exit::default()
+        };
+        assert_eq!(e(Some(3), None, 0).detail(), "exit code 3");
+        assert_eq!(e(None, Some(9), 0).detail(), "killed by SIGKILL");
+        assert_eq!(
+            e(None, Some(9), 1).detail(),
+            "killed by the kernel's OOM killer (1 kill in its cgroup)"
+        );
+        let cut = Exit {
+            output_cut: true,
+            output_bytes: 1024,
+            ..e(Some(0), None, 0)
+        };
+        assert_eq!(
+            cut.detail(),
+            "exit code 0; output cut at 1024 bytes ([agent] max_output_bytes)"
+        );
+        assert_eq!(
+            Exit::lost("the supervisor was killed").detail(),
+            "end not seen: the supervisor was killed"
+        );
+        let back: Exit =
+            serde_json::from_str(&serde_json::to_string(&cut).expect("json")).expect("reads back");
+        assert_eq!(back, cut);
+    }
+}
