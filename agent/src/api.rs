@@ -27,6 +27,8 @@ pub struct Shared {
     pub admin_gid: Option<u32>,
     /// Per-workload CPU and memory; the host's CPUs and memory.
     pub sys: Mutex<sysinfo::System>,
+    /// Per-lease CPU from the leases' cgroups, between listings.
+    pub cpu: Mutex<crate::cgroup::CpuMeter>,
     /// This host's name, as reported.
     pub host_name: String,
     /// Logical CPUs and installed memory (bytes): read once, they do not change.
@@ -273,17 +275,31 @@ impl AgentLocal for LocalApi {
             .collect();
         let mut sys = self.0.sys.lock().unwrap_or_else(|e| e.into_inner());
         sys.refresh_processes(sysinfo::ProcessesToUpdate::Some(&pids), true);
+        let mut cpu = self.0.cpu.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        let live: std::collections::BTreeSet<std::path::PathBuf> = leases
+            .iter()
+            .filter(|l| l.live() && !l.cgroup.is_empty())
+            .map(|l| l.cgroup.clone().into())
+            .collect();
+        cpu.keep_only(&live);
         let leases = leases
             .iter()
             .map(|l| {
                 let mut p = lease_pb(l);
-                if let Some(proc_) = l
-                    .live()
-                    .then(|| sys.process(sysinfo::Pid::from_u32(l.pid.unsigned_abs())))
-                    .flatten()
-                {
+                if !l.live() {
+                    return p;
+                }
+                // The main process's figures, then the whole tree's where its cgroup
+                // tells them.
+                if let Some(proc_) = sys.process(sysinfo::Pid::from_u32(l.pid.unsigned_abs())) {
                     p.cpu_pct = f64::from(proc_.cpu_usage());
                     p.rss_bytes = proc_.memory();
+                }
+                if !l.cgroup.is_empty() {
+                    let (pct, mem) = cpu.sample(std::path::Path::new(&l.cgroup), now);
+                    p.cpu_pct = pct.unwrap_or(p.cpu_pct);
+                    p.rss_bytes = mem.unwrap_or(p.rss_bytes);
                 }
                 p
             })
@@ -305,6 +321,7 @@ impl AgentLocal for LocalApi {
             host: self.0.host_name.clone(),
             cpus,
             memory_bytes,
+            no_cgroups: h.settings().cgroups.why_off().unwrap_or_default().into(),
         }))
     }
 

@@ -164,6 +164,39 @@ pub fn sweep(base: &Path, keep: &BTreeSet<PathBuf>) -> Vec<PathBuf> {
     removed
 }
 
+/// Per-lease CPU use from each lease cgroup's `cpu.stat` between two listings: the
+/// whole process tree's, in percent of one CPU (as `top` shows a process).
+#[derive(Debug, Default)]
+pub struct CpuMeter(std::collections::HashMap<PathBuf, (std::time::Instant, u64)>);
+
+impl CpuMeter {
+    /// CPU percent of `dir` since its previous sample (`None` on the first, or
+    /// without `cpu.stat`) and its memory (`memory.current`, with the controller).
+    pub fn sample(&mut self, dir: &Path, now: std::time::Instant) -> (Option<f64>, Option<u64>) {
+        let u = Cgroup::at(dir).usage();
+        let pct = u.cpu_usec.and_then(|usec| {
+            let prev = self.0.insert(dir.to_path_buf(), (now, usec));
+            let (then, before) = prev?;
+            cpu_percent(
+                now.saturating_duration_since(then),
+                usec.saturating_sub(before),
+            )
+        });
+        (pct, u.memory_bytes)
+    }
+
+    /// Forgets every cgroup but `live` (ended leases' samples).
+    pub fn keep_only(&mut self, live: &BTreeSet<PathBuf>) {
+        self.0.retain(|dir, _| live.contains(dir));
+    }
+}
+
+/// CPU percent of `used_usec` CPU time over `wall`; `None` over too short a time to say.
+pub fn cpu_percent(wall: std::time::Duration, used_usec: u64) -> Option<f64> {
+    let wall_usec = wall.as_micros();
+    (wall_usec >= 10_000).then(|| used_usec as f64 * 100.0 / wall_usec as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,6 +229,27 @@ mod tests {
             why.contains("/proc/no-such-cgroup-dir") && why.contains("Delegate=yes"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn cpu_percent_is_cpu_time_over_wall_time() {
+        let s = std::time::Duration::from_secs(2);
+        assert_eq!(cpu_percent(s, 3_000_000), Some(150.0));
+        assert_eq!(cpu_percent(s, 0), Some(0.0));
+        assert_eq!(cpu_percent(std::time::Duration::from_millis(1), 500), None);
+        // A fake cgroup: the first sample has nothing to compare with.
+        let dir = std::env::temp_dir().join(format!("allot-cpu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("cpu.stat"), "usage_usec 1000000\nuser_usec 0\n").expect("w");
+        std::fs::write(dir.join("memory.current"), "4096\n").expect("w");
+        let mut m = CpuMeter::default();
+        let t0 = std::time::Instant::now();
+        assert_eq!(m.sample(&dir, t0), (None, Some(4096)));
+        std::fs::write(dir.join("cpu.stat"), "usage_usec 1500000\n").expect("w");
+        assert_eq!(m.sample(&dir, t0 + s), (Some(25.0), Some(4096)));
+        m.keep_only(&BTreeSet::new());
+        assert_eq!(m.sample(&dir, t0 + s + s).0, None, "forgotten");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -280,6 +280,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
             )
         },
         sys: Mutex::new(sysinfo::System::new()),
+        cpu: Mutex::new(crate::cgroup::CpuMeter::default()),
         host_name,
         uplink: Mutex::new(None),
         monitor: monitor.as_ref().ok().cloned(),

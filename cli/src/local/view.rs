@@ -240,6 +240,7 @@ pub(super) fn gpus_json(r: &ListGpusResponse) -> Value {
         "host": r.host,
         "cpus": r.cpus,
         "memory_bytes": r.memory_bytes,
+        "no_cgroups": r.no_cgroups,
         "drain": drain_json(&drain),
         "gpus": r.gpus.iter().map(gpu_json).collect::<Vec<_>>(),
     })
@@ -276,6 +277,12 @@ pub(super) fn gpus_text(r: &ListGpusResponse) -> String {
             r.host,
             r.cpus,
             table::bytes(r.memory_bytes)
+        ));
+    }
+    if !r.no_cgroups.is_empty() {
+        out.push_str(&format!(
+            "\nno cgroups for leases ({}): a workload is its process group, and a process that leaves it outlives the lease",
+            r.no_cgroups
         ));
     }
     out.push('\n');
@@ -477,6 +484,23 @@ mod tests {
             row.ends_with("xid:94: contained ECC error; row-remap-pending"),
             "{row}"
         );
+    }
+
+    #[test]
+    fn a_host_without_lease_cgroups_says_so_and_why() {
+        assert!(!gpus_text(&gpus()).contains("no cgroups"));
+        let r = ListGpusResponse {
+            no_cgroups: "[agent] cgroup = \"off\"".into(),
+            ..gpus()
+        };
+        let t = gpus_text(&r);
+        assert!(
+            t.lines().nth(1).is_some_and(|l| l.starts_with(
+                "no cgroups for leases ([agent] cgroup = \"off\"): a workload is its process group"
+            )),
+            "{t}"
+        );
+        assert_eq!(gpus_json(&r)["no_cgroups"], "[agent] cgroup = \"off\"");
     }
 
     #[test]
