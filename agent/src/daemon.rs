@@ -231,7 +231,12 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     let cgroups = crate::cgroup::discover(&cfg.agent.cgroup, &host_name, &cfg.agent.state_dir);
     match &cgroups {
         Placement::At(dir) => {
-            tracing::info!(cgroup = %dir.display(), "each lease runs in a cgroup of its own")
+            tracing::info!(cgroup = %dir.display(), "each lease runs in a cgroup of its own");
+            // For operators and tools: where this agent's lease cgroups are.
+            let note = cfg.agent.state_dir.join("cgroup");
+            if let Err(e) = std::fs::write(&note, format!("{}\n", dir.display())) {
+                tracing::warn!(file = %note.display(), error = %e, "cannot record the cgroup dir");
+            }
         }
         Placement::Off(why) => tracing::warn!(
             why = %why,

@@ -734,4 +734,63 @@ fn kill_9_of_the_agent_while_a_job_writes_keeps_its_output_captured_and_capped()
             "the supervisor removed the lease's cgroup"
         );
     }
+    // The node keeps serving: the next job runs and ends as it should.
+    let next = a.lease_start(&["--gpus", "1"], "echo next; exit 0");
+    let done = a.wait_ended(&id(&next), LONG);
+    assert_eq!(done["end_detail"], "exit code 0", "{done}");
+}
+
+/// A revocation through the agent ends the whole process tree: children that
+/// called setsid or setpgid, a double-forked daemon that ignores SIGTERM, a nohup'd
+/// one. Where the host gives leases cgroups (required under CI=true).
+#[test]
+fn a_revoke_leaves_nothing_of_a_job_whatever_it_did_with_sessions() {
+    let a = TestAgent::start("escape", "");
+    let l = a.lease_start(
+        &["--gpus", "1", "--min-runtime", "0s"],
+        r#"setsid sleep 300 &
+python3 -c 'import os,time; os.setpgid(0,0); time.sleep(300)' &
+python3 -c '
+import os, signal, time
+if os.fork(): os._exit(0)
+os.setsid()
+if os.fork(): os._exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+time.sleep(300)' &
+nohup sleep 300 >/dev/null 2>&1 &
+wait"#,
+    );
+    let lid = id(&l);
+    let cgroup = a.lease(&lid)["cgroup"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if cgroup.is_empty() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: every lease has a cgroup: {}",
+            a.log()
+        );
+        eprintln!("skipped: this host gives leases no cgroup");
+        return;
+    }
+    let procs = |cg: &str| -> Vec<i32> {
+        std::fs::read_to_string(std::path::Path::new(cg).join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    };
+    let pids = wait_for("the job's five processes", LONG, || {
+        let p = procs(&cgroup);
+        (p.len() >= 5).then_some(p)
+    });
+    a.json(&["lease", "revoke", &lid, "--now", "--json"]);
+    let ended = a.wait_ended(&lid, LONG);
+    assert_eq!(ended["end_reason"], "revoked", "{ended}");
+    for p in &pids {
+        let alive = allot_checkpoint_hooks::proc_stat(*p).is_some_and(|s| !s.exited());
+        assert!(!alive, "pid {p} outlived the revocation of {lid}");
+    }
+    assert!(procs(&cgroup).is_empty());
 }

@@ -117,14 +117,26 @@ pub struct Want {
     pub stream: pb::LogStream,
 }
 
-/// The file's name on the host before 0.6, for messages that point there.
-fn file_of(lease: &str, stream: pb::LogStream) -> String {
-    let ext = if stream == pb::LogStream::Stderr {
+fn ext(stream: pb::LogStream) -> &'static str {
+    if stream == pb::LogStream::Stderr {
         "err"
     } else {
         "out"
-    };
-    format!("leases/{lease}/{lease}.{ext}")
+    }
+}
+
+/// The file's name on the host before 0.6 (under the agent's state dir), for
+/// messages that point there.
+fn file_of(lease: &str, stream: pb::LogStream) -> String {
+    format!("leases/{lease}/{lease}.{}", ext(stream))
+}
+
+/// Where a run's output is on its host since 0.7, for messages that point there.
+fn log_file_of(workload: u64, run: u32, rank: u32, stream: pb::LogStream) -> String {
+    format!(
+        "{workload}/{run}.{rank}.{} under the agent's [agent] log_dir (STATE_DIR/logs unless set; the submission's --output/--error pattern instead when it gave one)",
+        ext(stream)
+    )
 }
 
 /// Which run and node `want` names in `w`: `Ok(None)` while there is none yet and
@@ -211,8 +223,8 @@ async fn read_run(
             .cloned();
         let Some((session, out, protocol)) = session else {
             return Err(Status::unavailable(format!(
-                "{node} is not connected; its logs are on that host under the agent's state dir, {} (`allot lease logs {lease_id}` there)",
-                file_of(&lease_id, want.stream)
+                "{node} is not connected; its logs are on that host (`allot lease logs {lease_id}` there reads them): {}",
+                log_file_of(want.id, run, want.rank, want.stream)
             )));
         };
         if protocol < PROTOCOL_LOGS {

@@ -22,14 +22,17 @@ fn a_job_runs_to_completion() {
     assert_eq!(w["end_reason"], "completed", "{w}");
     assert_eq!(w["lease_ids"].as_array().map(Vec::len), Some(1), "{w}");
     // It really ran on an agent with its two GPUs.
-    let lease = w["lease_ids"][0].as_str().expect("lease");
+    // Output goes to the agent's log dir: <workload>/<run>.<rank>.out.
     let ran = (0..2).any(|i| {
-        let out = c
-            .node_dir(i)
-            .join("state/leases")
-            .join(lease)
-            .join(format!("{lease}.out"));
-        std::fs::read_to_string(out).is_ok_and(|s| s.trim().split(',').count() == 2)
+        let logs = c.node_dir(i).join("state/logs");
+        std::fs::read_dir(&logs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|w| {
+                std::fs::read_to_string(w.path().join("1.0.out"))
+                    .is_ok_and(|s| s.trim().split(',').count() == 2)
+            })
     });
     assert!(ran, "no node has the lease's output with two GPUs");
     let m = c.metrics_text();

@@ -398,7 +398,7 @@ fn when_one_part_of_a_gang_dies_the_other_ends_with_the_reason() {
         h.contains("part on node-1 (rank ") && h.contains(") ended: failed"),
         "the history names the part that ended and how: {h}"
     );
-    assert!(h.contains("killed by a signal"), "{h}");
+    assert!(h.contains("(killed by SIGKILL)"), "{h}");
     // The other part is revoked with that reason and its process is gone.
     let lease = other["id"].as_str().expect("lease id").to_string();
     let ended = wait_for("the other part to end", LONG, || {

@@ -187,8 +187,8 @@ fn logs_follow_a_running_job_and_show_an_earlier_run_after_a_requeue() {
     assert_eq!(code, 1);
     assert!(
         err.contains(&format!(
-            "{first_node} is not connected; its logs are on that host"
-        )) && err.contains(&format!("leases/{first_lease}/{first_lease}.out")),
+            "{first_node} is not connected; its logs are on that host (`allot lease logs {first_lease}` there reads them)"
+        )) && err.contains("/1.0.out under the agent's [agent] log_dir"),
         "{err}"
     );
 }

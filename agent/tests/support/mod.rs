@@ -217,6 +217,7 @@ impl Drop for TestAgent {
         if let Some(mut c) = self.child.take() {
             let _ = c.wait();
         }
+        allot_test_support::remove_agent_cgroups(&self.dir.join("state"));
     }
 }
 

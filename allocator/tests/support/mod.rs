@@ -469,6 +469,7 @@ impl Drop for Cluster {
                     nix::sys::signal::Signal::SIGKILL,
                 );
             }
+            allot_test_support::remove_agent_cgroups(&self.node_dir(i).join("state"));
         }
     }
 }

@@ -161,3 +161,29 @@ pub fn checkpoint_sqlite(db: &Path) {
         let _ = std::fs::remove_file(format!("{}{side}", db.display()));
     }
 }
+
+/// Ends and removes the lease cgroups of the agent whose state dir is `state_dir`
+/// (named in its `STATE_DIR/cgroup`), then its own cgroup directory: what a test
+/// leaves on the shared cgroup mount once its agents are stopped or killed.
+pub fn remove_agent_cgroups(state_dir: &Path) {
+    let Ok(base) = std::fs::read_to_string(state_dir.join("cgroup")) else {
+        return;
+    };
+    let base = PathBuf::from(base.trim());
+    for lease in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+        let dir = lease.path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+        let end = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_to_string(dir.join("cgroup.events"))
+            .is_ok_and(|e| e.lines().any(|l| l == "populated 1"))
+            && Instant::now() < end
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = std::fs::remove_dir(&dir);
+    }
+    let _ = std::fs::remove_dir(&base);
+}
