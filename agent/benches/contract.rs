@@ -6,6 +6,8 @@
 //! gRPC API; each workload (python3, so the handler itself adds microseconds, not a
 //! fork) writes the instant SIGUSR1 arrived.
 
+mod common;
+
 use allot_proto::v1::agent_local_client::AgentLocalClient;
 use allot_proto::v1::{RevokeLeaseRequest, StartLeaseRequest};
 use std::path::{Path, PathBuf};
@@ -31,15 +33,6 @@ while True:
 
 fn ticks(pid: u32) -> u64 {
     allot_checkpoint_hooks::proc_stat(pid as i32).map_or(0, |s| s.cpu_ticks)
-}
-
-fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 fn pct(v: &[i64], p: f64) -> i64 {
@@ -140,7 +133,7 @@ fn main() {
     println!(
         "idle agent, 8 fake GPUs: {cpu:.2}% of one core over {}s, resident memory {:.1} MB",
         IDLE_WINDOW.as_secs(),
-        rss_kb(pid) as f64 / 1024.0
+        common::rss_kb(pid) as f64 / 1024.0
     );
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),

@@ -5,6 +5,8 @@
 //! (under the cap, and past it, where the rest is read and dropped), and the
 //! supervisor's resident memory while its job runs.
 
+mod common;
+
 use allot_agent::process::{exit_file, launch, Launch};
 use allot_agent::supervisor::read_exit;
 use allot_checkpoint_hooks::RunAs;
@@ -41,15 +43,6 @@ fn pct(v: &mut [Duration], p: f64) -> Duration {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-fn rss_kb(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Runs `l` to its end; seconds from launch to exit.json.
@@ -118,7 +111,7 @@ fn main() {
     std::thread::sleep(Duration::from_millis(300));
     println!(
         "supervisor resident memory while its job runs: {} KiB",
-        rss_kb(s.supervisor_id.pid)
+        common::rss_kb(s.supervisor_id.pid.unsigned_abs())
     );
     let _ = nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(s.job.pid),

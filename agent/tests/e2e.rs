@@ -748,17 +748,7 @@ fn a_revoke_leaves_nothing_of_a_job_whatever_it_did_with_sessions() {
     let a = TestAgent::start("escape", "");
     let l = a.lease_start(
         &["--gpus", "1", "--min-runtime", "0s"],
-        r#"setsid sleep 300 &
-python3 -c 'import os,time; os.setpgid(0,0); time.sleep(300)' &
-python3 -c '
-import os, signal, time
-if os.fork(): os._exit(0)
-os.setsid()
-if os.fork(): os._exit(0)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-time.sleep(300)' &
-nohup sleep 300 >/dev/null 2>&1 &
-wait"#,
+        support::ESCAPING_JOB,
     );
     let lid = id(&l);
     let cgroup = a.lease(&lid)["cgroup"]

@@ -3,6 +3,8 @@
 //! a writable cgroup v2 mount, which CI must) the whole process tree through the
 //! lease's cgroup, and the output cap.
 
+mod support;
+
 use allot_agent::os::{Os, RealOs};
 use allot_agent::process::{
     exit_file, group_and_session, identity, is_same, launch, Launch, ProcId,
@@ -331,25 +333,7 @@ fn nothing_of_a_job_outlives_its_lease_whatever_it_did_with_sessions() {
         return;
     };
     let _cleanup = RemoveCgroup(cg.clone());
-    // Children that leave the job's session and group every way there is: setsid,
-    // setpgid, a double fork into a daemon that ignores SIGTERM, and nohup.
-    let mut l = launch_spec(
-        "escape",
-        r#"
-        setsid sleep 300 &
-        python3 -c 'import os,time; os.setpgid(0,0); time.sleep(300)' &
-        python3 -c '
-import os, signal, time
-if os.fork(): os._exit(0)
-os.setsid()
-if os.fork(): os._exit(0)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-time.sleep(300)' &
-        nohup sleep 300 >/dev/null 2>&1 &
-        echo started
-        wait
-        "#,
-    );
+    let mut l = launch_spec("escape", support::ESCAPING_JOB);
     l.cgroup = Some(cg.clone());
     let s = launch(&l).expect("starts");
     let id = s.job;

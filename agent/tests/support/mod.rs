@@ -13,6 +13,21 @@ use std::time::Duration;
 
 pub use allot_test_support::wait_for;
 
+/// A job whose children leave its session and process group every way there is:
+/// `setsid`, `setpgid`, a double fork into a daemon that ignores SIGTERM, and
+/// `nohup`. Five processes once it has settled, three of them out of its group.
+pub const ESCAPING_JOB: &str = r#"setsid sleep 300 &
+python3 -c 'import os,time; os.setpgid(0,0); time.sleep(300)' &
+python3 -c '
+import os, signal, time
+if os.fork(): os._exit(0)
+os.setsid()
+if os.fork(): os._exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+time.sleep(300)' &
+nohup sleep 300 >/dev/null 2>&1 &
+wait"#;
+
 /// The `allot` CLI, built beside the agent.
 pub fn allot_bin() -> PathBuf {
     allot_test_support::sibling(env!("CARGO_BIN_EXE_allot-agent"), "allot", "allot-cli")
