@@ -25,7 +25,6 @@ fn spec(dir: &Path, n: usize, script: &str, cap: u64, cgroup: Option<PathBuf>) -
         lease_dir: dir.join(format!("{n}/lease")),
         out_log: dir.join(format!("{n}/out")),
         err_log: dir.join(format!("{n}/err")),
-        user_paths: false,
         cap_bytes: cap,
         cgroup: cgroup.map(|c| c.join(format!("B-{n}"))),
         supervisor: env!("CARGO_BIN_EXE_allot-agent").into(),

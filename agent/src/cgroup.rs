@@ -118,8 +118,28 @@ fn auto_parent() -> Result<PathBuf, String> {
         .ok()
         .and_then(|t| own_path(&t))
         .unwrap_or_default();
-    let own_dir = mount.join(own.trim_start_matches('/'));
-    if writable(&own_dir) {
+    let mut own_dir = mount.join(own.trim_start_matches('/'));
+    if own_dir.file_name().is_some_and(|n| n == AGENT_LEAF) {
+        // Moved there by an earlier run of this process's program: its parent is
+        // the delegated directory.
+        if let Some(p) = own_dir.parent() {
+            own_dir = p.to_path_buf();
+        }
+    }
+    if own_dir != mount && writable(&own_dir) {
+        // A delegated subtree (systemd's Delegate=yes): the agent itself moves into a
+        // leaf of it, since a cgroup holding processes cannot hand memory and cpu
+        // controllers down to the leases (cgroup v2's no-internal-processes rule).
+        let leaf = Cgroup::at(own_dir.join(AGENT_LEAF));
+        if let Err(e) = leaf
+            .create()
+            .and_then(|()| leaf.add(i32::try_from(std::process::id()).unwrap_or(0)))
+        {
+            tracing::warn!(cgroup = %leaf.path().display(), error = %e, "cannot move the agent into its own leaf: leases get no memory or cpu controller");
+        }
+        Cgroup::at(&own_dir).delegate_controllers();
+        Ok(own_dir)
+    } else if writable(&own_dir) {
         Ok(own_dir)
     } else if writable(&mount) {
         Ok(mount)
@@ -131,6 +151,9 @@ fn auto_parent() -> Result<PathBuf, String> {
         ))
     }
 }
+
+/// The leaf the agent moves itself into under a delegated subtree.
+const AGENT_LEAF: &str = "agent";
 
 fn writable(dir: &Path) -> bool {
     nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok()

@@ -160,6 +160,16 @@ impl AgentConfig {
                 "empty; give a directory such as /var/lib/allot/agent".into(),
             ));
         }
+        if !a.log_dir.as_os_str().is_empty() && a.state_dir.starts_with(&a.log_dir) {
+            return Err(err(
+                "agent.log_dir",
+                format!(
+                    "{} holds the state dir {}: job output would sit beside agent.db; give a directory of its own, e.g. /var/log/allot/jobs (or leave it empty for STATE_DIR/logs)",
+                    a.log_dir.display(),
+                    a.state_dir.display()
+                ),
+            ));
+        }
         if a.max_output_bytes == 0 {
             return Err(err(
                 "agent.max_output_bytes",
@@ -345,6 +355,37 @@ mod tests {
         assert_eq!(e.field, "health.source", "{e}");
         let e = AgentConfig::parse("[agnet]\n", "a.toml").unwrap_err();
         assert_eq!(e.field, "agnet", "{e}");
+    }
+
+    #[test]
+    fn output_settings_are_checked() {
+        let c = AgentConfig::parse("[agent]\nstate_dir = \"/s\"\n", "a.toml").expect("ok");
+        assert_eq!(
+            c.agent.logs(),
+            std::path::Path::new("/s/logs"),
+            "the default log dir"
+        );
+        assert_eq!(c.agent.max_output_bytes, 1 << 30);
+        assert_eq!(c.agent.cgroup, "auto");
+        let c = AgentConfig::parse(
+            "[agent]\nlog_dir = \"/var/log/jobs\"\nmax_output_bytes = 1048576\ncgroup = \"off\"\n",
+            "a.toml",
+        )
+        .expect("ok");
+        assert_eq!(c.agent.logs(), std::path::Path::new("/var/log/jobs"));
+        for (text, field, says) in [
+            (
+                "state_dir = \"/s/a\"\nlog_dir = \"/s\"",
+                "agent.log_dir",
+                "beside agent.db",
+            ),
+            ("max_output_bytes = 0", "agent.max_output_bytes", "1 GiB"),
+            ("cgroup = \"yes\"", "agent.cgroup", "\"auto\", \"off\""),
+        ] {
+            let e = AgentConfig::parse(&format!("[agent]\n{text}\n"), "a.toml").unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.message.contains(says), "{e}");
+        }
     }
 
     #[test]

@@ -33,8 +33,6 @@ pub struct Launch {
     pub out_log: PathBuf,
     /// Stderr file.
     pub err_log: PathBuf,
-    /// The log paths came from the user's `--output`/`--error`: opened as the user.
-    pub user_paths: bool,
     /// Bytes of output kept per run.
     pub cap_bytes: u64,
     /// The lease's cgroup (made here); `None`: process groups only.
@@ -146,12 +144,10 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
     let owner = user.as_ref().map(|id| (id.uid, id.gid));
     make_dir(l, &l.checkpoint_dir, owner)?;
     make_dir(l, &l.lease_dir, None)?;
-    if !l.user_paths {
-        // The agent's log dir: made by the agent, the files given to the user.
-        for log in [&l.out_log, &l.err_log] {
-            if let Some(dir) = log.parent() {
-                make_dir(l, dir, None)?;
-            }
+    // The agent's log dir: made by the agent, the files given to the user.
+    for log in [&l.out_log, &l.err_log] {
+        if let Some(dir) = log.parent() {
+            make_dir(l, dir, None)?;
         }
     }
     if let Some(dir) = &l.cgroup {
@@ -189,7 +185,6 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
         cgroup: l.cgroup.clone(),
         out_log: l.out_log.clone(),
         err_log: l.err_log.clone(),
-        user_paths: l.user_paths,
         cap_bytes: l.cap_bytes,
         exit_file: exit_file(&l.lease_dir),
     };

@@ -16,12 +16,13 @@ use crate::process::{LaunchError, ProcId};
 use allot_checkpoint_hooks::cgroup::Cgroup;
 use allot_checkpoint_hooks::identity::{prepare, Identity, RunAs};
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The largest spec the supervisor reads (the environment is capped at 64 KiB).
 const MAX_SPEC: u64 = 4 << 20;
@@ -45,10 +46,6 @@ pub struct Spec {
     pub out_log: PathBuf,
     /// Stderr file.
     pub err_log: PathBuf,
-    /// The log files were named by the user (`--output`): they are opened as the
-    /// user, so that a path through the user's own directories cannot make root
-    /// write where the user may not.
-    pub user_paths: bool,
     /// Bytes of output kept per run (both streams together); the rest is cut.
     pub cap_bytes: u64,
     /// Where the end is written.
@@ -84,6 +81,9 @@ pub struct Exit {
     pub output_cut: bool,
     /// Bytes of output kept.
     pub output_bytes: u64,
+    /// Processes of the job still in its cgroup after `cgroup.kill` and its wait
+    /// (stuck in the kernel, as on a hung GPU or file system).
+    pub survivors: u32,
     /// Set when the supervisor could not tell (it was killed, its file is unreadable).
     pub lost: Option<String>,
 }
@@ -100,12 +100,19 @@ impl Exit {
     /// The end in words, for `allot status` and the event log: "exit code 3",
     /// "killed by SIGKILL", "killed by the kernel's OOM killer", and a cut output.
     pub fn detail(&self) -> String {
+        let kills = format!(
+            "{} kill{} in its cgroup",
+            self.oom_kills,
+            if self.oom_kills == 1 { "" } else { "s" }
+        );
         let mut s = match (self.code, self.signal) {
-            _ if self.oom_kills > 0 => format!(
-                "killed by the kernel's OOM killer ({} kill{} in its cgroup)",
-                self.oom_kills,
-                if self.oom_kills == 1 { "" } else { "s" }
-            ),
+            (None, Some(9)) if self.oom_kills > 0 => {
+                format!("killed by the kernel's OOM killer ({kills})")
+            }
+            // A child was the one killed: the job's own end says the rest.
+            (Some(c), _) if self.oom_kills > 0 => {
+                format!("exit code {c} after the kernel's OOM killer struck ({kills})")
+            }
             (Some(c), _) => format!("exit code {c}"),
             (None, Some(sig)) => format!(
                 "killed by {}",
@@ -121,6 +128,12 @@ impl Exit {
             s.push_str(&format!(
                 "; output cut at {} bytes ([agent] max_output_bytes)",
                 self.output_bytes
+            ));
+        }
+        if self.survivors > 0 {
+            s.push_str(&format!(
+                "; {} of its processes outlived cgroup.kill (stuck in the kernel?)",
+                self.survivors
             ));
         }
         s
@@ -194,23 +207,27 @@ pub fn start(program: &Path, spec: &Spec, diag: &Path) -> Result<Started, Launch
             )));
         }
     }
-    let mut line = String::new();
-    let read = child
-        .stdout
-        .take()
-        .map(|o| std::io::BufReader::new(o.take(64 << 10)).read_line(&mut line));
+    let read = match child.stdout.take() {
+        Some(mut out) => read_hello(&mut out),
+        None => Err("no pipe from the supervisor".into()),
+    };
     let hello = match read {
-        Some(Ok(_)) => serde_json::from_str::<Hello>(line.trim()).map_err(|e| {
+        Ok(line) => serde_json::from_str::<Hello>(line.trim()).map_err(|e| {
             format!(
                 "the supervisor said {:?} ({e}); see {}",
                 line.trim(),
                 diag.display()
             )
         }),
-        _ => Err(format!(
-            "the supervisor ended without an answer; see {}",
-            diag.display()
-        )),
+        Err(why) => {
+            // Whatever it is stuck on (a dead file system under the job's working
+            // directory), neither it nor the half-started job may linger.
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(sup_pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            Err(format!("{why}; see {}", diag.display()))
+        }
     };
     match hello {
         Ok(Hello::Started { pid, start_ticks }) => Ok(Started {
@@ -221,6 +238,50 @@ pub fn start(program: &Path, spec: &Spec, diag: &Path) -> Result<Started, Launch
         Ok(Hello::Failed(why)) | Err(why) => {
             let _ = child.wait();
             Err(spawn_err(why))
+        }
+    }
+}
+
+/// How long a supervisor may take to say whether the job runs: a working directory
+/// on a dead file system must not hang the agent.
+const HELLO_WAIT: Duration = Duration::from_secs(30);
+
+/// The supervisor's one line, within [`HELLO_WAIT`].
+fn read_hello(out: &mut std::process::ChildStdout) -> Result<String, String> {
+    use nix::poll::{poll, PollFd, PollFlags};
+    use std::os::fd::AsFd;
+    let deadline = Instant::now() + HELLO_WAIT;
+    let mut line = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "the supervisor did not say within {}s whether the job runs (a hung working directory or file system?)",
+                HELLO_WAIT.as_secs()
+            ));
+        }
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(out.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, ms) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(format!("cannot wait for the supervisor: {e}")),
+        }
+        let n = match out.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("cannot read the supervisor's answer: {e}")),
+        };
+        if n == 0 {
+            return Err("the supervisor ended without an answer".into());
+        }
+        line.extend_from_slice(&buf[..n]);
+        if let Some(end) = line.iter().position(|b| *b == b'\n') {
+            return Ok(String::from_utf8_lossy(&line[..end]).into_owned());
+        }
+        if line.len() > 64 << 10 {
+            return Err("the supervisor's answer is over 64 KiB".into());
         }
     }
 }
@@ -251,6 +312,7 @@ pub fn main() -> std::process::ExitCode {
     let pid = i32::try_from(job.id()).unwrap_or(0);
     let start_ticks = allot_checkpoint_hooks::proc_stat(pid).map_or(0, |s| s.start_ticks);
     hello(&Hello::Started { pid, start_ticks });
+    shield();
     // From here on nothing is written to stdout: the agent may be gone.
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         let _ = nix::unistd::dup2_stdout(&null);
@@ -264,6 +326,24 @@ pub fn main() -> std::process::ExitCode {
         );
     }
     std::process::ExitCode::SUCCESS
+}
+
+/// Once the job runs (it keeps its own signal mask and OOM score): the supervisor
+/// holds the job's output pipes, so its death would kill the job on its next write.
+/// A stray SIGTERM, SIGHUP or SIGINT (`systemctl kill`, a closed terminal) stays
+/// pending, and the kernel's OOM killer picks the job before its supervisor.
+fn shield() {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGINT] {
+        set.add(s);
+    }
+    // Before the pump threads start, so they inherit the mask.
+    if let Err(e) = set.thread_block() {
+        eprintln!("allot supervise: cannot block SIGTERM/SIGHUP/SIGINT: {e}");
+    }
+    // Needs CAP_SYS_RESOURCE (the agent's unit has it); best effort elsewhere.
+    let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
 }
 
 fn hello(h: &Hello) {
@@ -283,37 +363,49 @@ fn write_exit(path: &Path, exit: &Exit) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Opens a log file for appending: as the user for a user-named path (the file
-/// system checks the user's rights, a link is not followed), as the supervisor for
-/// the agent's own log dir, then given to the user.
+/// Opens a log file in the agent's log dir for appending, for the job's user: made
+/// new and given to the user, or, when it exists (a rerun, a pattern naming one
+/// file for every run), only if it is already that user's and has no other name.
+/// So a pattern can never open another user's output, or a file of the agent's.
 fn open_log(spec: &Spec, path: &Path) -> Result<std::fs::File, String> {
-    let open = || {
+    use std::os::unix::fs::MetadataExt;
+    let owner = spec
+        .user
+        .as_ref()
+        .map_or_else(|| nix::unistd::geteuid().as_raw(), |id| id.uid);
+    let open = |new: bool| {
         std::fs::OpenOptions::new()
-            .create(true)
             .append(true)
+            .create_new(new)
             .mode(0o640)
+            // A link in the last place is never followed (the directories above
+            // are the agent's own).
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
             .open(path)
     };
-    let file = match (&spec.user, spec.user_paths) {
-        (Some(id), true) => {
-            use nix::unistd::{setfsgid, setfsuid, Gid, Uid};
-            // Per thread, and this one is the only thread yet.
-            let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
-            setfsgid(Gid::from_raw(id.gid));
-            setfsuid(Uid::from_raw(id.uid));
-            let f = open();
-            setfsuid(uid);
-            setfsgid(gid);
-            f
-        }
-        (Some(id), false) => open().and_then(|f| {
-            std::os::unix::fs::fchown(&f, Some(id.uid), Some(id.gid))?;
+    let shown = |e: std::io::Error| format!("cannot open the log {}: {e}", path.display());
+    match open(true) {
+        Ok(f) => {
+            if let Some(id) = &spec.user {
+                std::os::unix::fs::fchown(&f, Some(id.uid), Some(id.gid)).map_err(shown)?;
+            }
             Ok(f)
-        }),
-        (None, _) => open(),
-    };
-    file.map_err(|e| format!("cannot open the log {}: {e}", path.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let f = open(false).map_err(shown)?;
+            let m = f.metadata().map_err(shown)?;
+            if m.uid() != owner || m.nlink() != 1 || !m.is_file() {
+                return Err(format!(
+                    "the log {} exists and is not this job's user's own file (uid {}, {} link(s)); give --output/--error a name of your own",
+                    path.display(),
+                    m.uid(),
+                    m.nlink()
+                ));
+            }
+            Ok(f)
+        }
+        Err(e) => Err(shown(e)),
+    }
 }
 
 type Pipes = (std::process::ChildStdout, std::process::ChildStderr);
@@ -447,10 +539,12 @@ fn supervise(spec: &Spec, mut job: Child, out: std::fs::File, err: std::fs::File
     // The job's main process is its lease: whatever it left behind goes with it.
     let pid = i32::try_from(job.id()).unwrap_or(0);
     let cgroup = spec.cgroup.as_ref().map(Cgroup::at);
+    let mut survivors = 0;
     match &cgroup {
         Some(cg) if !cg.kill() => {
+            survivors = u32::try_from(cg.procs().len()).unwrap_or(u32::MAX);
             eprintln!(
-                "allot supervise {}: processes left in {} after cgroup.kill",
+                "allot supervise {}: {survivors} process(es) left in {} after cgroup.kill",
                 spec.lease,
                 cg.path().display()
             );
@@ -466,10 +560,10 @@ fn supervise(spec: &Spec, mut job: Child, out: std::fs::File, err: std::fs::File
     }
     // Without a cgroup a process that left the group may hold a pipe open for ever:
     // the output it writes later is not waited for.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(2);
     for p in pumps {
-        while !p.is_finished() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
+        while !p.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
         }
         if p.is_finished() {
             let _ = p.join();
@@ -486,6 +580,7 @@ fn supervise(spec: &Spec, mut job: Child, out: std::fs::File, err: std::fs::File
         oom_kills: cgroup.as_ref().and_then(Cgroup::oom_kills).unwrap_or(0),
         output_cut: cap.cut.load(Ordering::Relaxed),
         output_bytes: cap.kept.load(Ordering::Relaxed),
+        survivors,
         lost: None,
     };
     // Counted: the lease's cgroup has nothing more to say (one the kill could not
@@ -526,6 +621,10 @@ mod tests {
         assert_eq!(
             e(None, Some(9), 1).detail(),
             "killed by the kernel's OOM killer (1 kill in its cgroup)"
+        );
+        assert_eq!(
+            e(Some(0), None, 2).detail(),
+            "exit code 0 after the kernel's OOM killer struck (2 kills in its cgroup)"
         );
         let cut = Exit {
             output_cut: true,

@@ -25,7 +25,6 @@ fn launch_spec(tag: &str, script: &str) -> Launch {
         lease_dir: dir.join("lease"),
         out_log: dir.join("logs").join(format!("L-{tag}.out")),
         err_log: dir.join("logs").join(format!("L-{tag}.err")),
-        user_paths: false,
         cap_bytes: 1 << 30,
         cgroup: None,
         supervisor: env!("CARGO_BIN_EXE_allot-agent").into(),
@@ -182,6 +181,46 @@ fn the_ladder_reaches_the_whole_group() {
     assert!(
         !allot_checkpoint_hooks::group_alive(id.pid),
         "no process of the group is left"
+    );
+}
+
+#[test]
+fn a_log_file_of_someone_else_is_never_opened_for_a_job() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: giving a file to another user needs root");
+        return;
+    }
+    let l = launch_spec("foreign", "echo mine");
+    let _ = std::fs::remove_dir_all(l.lease_dir.parent().expect("dir"));
+    std::fs::create_dir_all(logs(&l)).expect("log dir");
+    // Another user's output where this job's would go (a pattern naming it).
+    std::fs::write(&l.out_log, "theirs\n").expect("their file");
+    std::os::unix::fs::chown(&l.out_log, Some(4242), Some(4242)).expect("chown");
+    let e = launch(&l).expect_err("refused");
+    assert!(
+        e.to_string()
+            .contains("exists and is not this job's user's own file (uid 4242, 1 link(s))"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&l.out_log).expect("kept"),
+        "theirs\n"
+    );
+    // A second name for a file of the agent's is refused too.
+    std::fs::remove_file(&l.out_log).expect("rm");
+    let agents = logs(&l).join("agent-owned");
+    std::fs::write(&agents, "agent\n").expect("w");
+    std::fs::hard_link(&agents, &l.out_log).expect("link");
+    let e = launch(&l).expect_err("refused");
+    assert!(e.to_string().contains("2 link(s)"), "{e}");
+    // Its own file from an earlier run is appended to.
+    std::fs::remove_file(&l.out_log).expect("rm");
+    std::fs::write(&l.out_log, "run 1\n").expect("w");
+    let s = launch(&l).expect("starts");
+    assert_eq!(finish(&l, s).code, Some(0));
+    assert_eq!(
+        std::fs::read_to_string(&l.out_log).expect("log"),
+        "run 1\nmine\n"
     );
 }
 

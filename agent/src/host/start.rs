@@ -427,7 +427,6 @@ impl Host {
                     lease_dir: dir.clone(),
                     out_log: l.out_log.clone().into(),
                     err_log: l.err_log.clone().into(),
-                    user_paths: false,
                     cap_bytes: self.settings.max_output_bytes,
                     cgroup,
                     supervisor: self.settings.supervisor.clone(),
