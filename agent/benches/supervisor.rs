@@ -27,6 +27,7 @@ fn spec(dir: &Path, n: usize, script: &str, cap: u64, cgroup: Option<PathBuf>) -
         err_log: dir.join(format!("{n}/err")),
         cap_bytes: cap,
         cgroup: cgroup.map(|c| c.join(format!("B-{n}"))),
+        limits: Default::default(),
         supervisor: env!("CARGO_BIN_EXE_allot-agent").into(),
         run_as: RunAs::Agent,
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],

@@ -84,6 +84,8 @@ pub struct Launched {
     pub supervisor: ProcId,
     /// How to wait for it (the agent is its supervisor's parent and must reap it).
     pub reaper: Reaper,
+    /// What the user should know of the start (limits not applied, and why).
+    pub notes: Vec<String>,
 }
 
 /// What the host asks of the operating system. Implementations must be thread-safe:
@@ -173,6 +175,7 @@ impl Os for RealOs {
 
     fn launch(&self, l: &Launch) -> Result<Launched, LaunchError> {
         let started = crate::process::launch(l)?;
+        let notes = started.notes;
         let mut child = started.supervisor;
         let exit_file = crate::process::exit_file(&l.lease_dir);
         Ok(Launched {
@@ -190,6 +193,7 @@ impl Os for RealOs {
                     })
                 })
             }),
+            notes,
         })
     }
 

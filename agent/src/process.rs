@@ -11,7 +11,7 @@
 //! 22), so a pid the kernel recycled for something else is never mistaken for it.
 
 use crate::supervisor::{self, Spec, Started};
-use allot_checkpoint_hooks::cgroup::Cgroup;
+use allot_checkpoint_hooks::cgroup::{Cgroup, Limits};
 use allot_checkpoint_hooks::identity::RunAs;
 use allot_checkpoint_hooks::proc_stat;
 use std::path::{Path, PathBuf};
@@ -37,6 +37,8 @@ pub struct Launch {
     pub cap_bytes: u64,
     /// The lease's cgroup (made here); `None`: process groups only.
     pub cgroup: Option<PathBuf>,
+    /// CPU and memory limits for its cgroup.
+    pub limits: Limits,
     /// The program that supervises it (`allot-agent`, run as `allot-agent supervise`).
     pub supervisor: PathBuf,
     /// Whom it runs as: the agent's own user, or (the agent being root) another
@@ -150,12 +152,21 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
             make_dir(l, dir, None)?;
         }
     }
-    if let Some(dir) = &l.cgroup {
-        Cgroup::at(dir).create().map_err(|source| LaunchError::Io {
-            lease: l.lease.clone(),
-            path: dir.display().to_string(),
-            source,
-        })?;
+    let mut notes = Vec::new();
+    match &l.cgroup {
+        Some(dir) => {
+            let cg = Cgroup::at(dir);
+            cg.create().map_err(|source| LaunchError::Io {
+                lease: l.lease.clone(),
+                path: dir.display().to_string(),
+                source,
+            })?;
+            notes = cg.set_limits(&l.limits);
+        }
+        None if l.limits != Limits::default() => {
+            notes.push("no cgroup for this lease: its cpu and memory limits are not applied".into())
+        }
+        None => {}
     }
     let gpus = l.gpus.join(",");
     let mut env = l.env.clone();
@@ -190,7 +201,9 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
     };
     // A spent exit file of an earlier start must not be taken for this one's.
     let _ = std::fs::remove_file(&spec.exit_file);
-    supervisor::start(&l.supervisor, &spec, &l.lease_dir.join("supervisor.log"))
+    let mut started = supervisor::start(&l.supervisor, &spec, &l.lease_dir.join("supervisor.log"))?;
+    started.notes = notes;
+    Ok(started)
 }
 
 /// Where a lease's supervisor writes how it ended.

@@ -155,6 +155,8 @@ pub struct Started {
     pub supervisor: Child,
     /// The supervisor's identity, for an agent that restarts.
     pub supervisor_id: ProcId,
+    /// What the user should know of the start (limits not applied, and why).
+    pub notes: Vec<String>,
 }
 
 /// Starts a supervisor (`program supervise`) for `spec`; its own diagnostics go to
@@ -234,6 +236,7 @@ pub fn start(program: &Path, spec: &Spec, diag: &Path) -> Result<Started, Launch
             job: ProcId { pid, start_ticks },
             supervisor: child,
             supervisor_id,
+            notes: Vec::new(),
         }),
         Ok(Hello::Failed(why)) | Err(why) => {
             let _ = child.wait();

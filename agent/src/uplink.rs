@@ -154,6 +154,8 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
                 error: c.error,
                 lease_id: l.id.clone(),
                 gpu_uuids: l.gpu_uuids.clone(),
+                cpus: c.cpu_per_node,
+                memory_gb: c.mem_per_node_gb,
             };
             // The allocator speaks for root on this host; the host still refuses a
             // user it cannot become.

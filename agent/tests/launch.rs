@@ -27,6 +27,7 @@ fn launch_spec(tag: &str, script: &str) -> Launch {
         err_log: dir.join("logs").join(format!("L-{tag}.err")),
         cap_bytes: 1 << 30,
         cgroup: None,
+        limits: Default::default(),
         supervisor: env!("CARGO_BIN_EXE_allot-agent").into(),
         run_as: RunAs::Agent,
         env: vec![
@@ -419,6 +420,45 @@ fn nothing_of_a_job_outlives_its_lease_whatever_it_did_with_sessions() {
         );
     }
     assert!(in_cgroup(&cg).is_empty());
+}
+
+/// Limits go to the cgroup where its controllers are; where they are not (this
+/// build machine's cgroup2 mount has none) the start says which were not applied.
+#[test]
+fn limits_not_applied_are_named_at_the_start() {
+    let cg = test_cgroup("limits");
+    let _cleanup = cg.clone().map(RemoveCgroup);
+    let mut l = launch_spec("limits", "sleep 1");
+    l.cgroup = cg.clone();
+    l.limits = allot_checkpoint_hooks::cgroup::Limits {
+        cpu_millis: Some(2_000),
+        memory_bytes: Some(1 << 30),
+    };
+    let s = launch(&l).expect("starts");
+    let notes = s.notes.clone();
+    // The lease's own controllers, read before its supervisor removes it.
+    let have = cg
+        .as_ref()
+        .map(|c| allot_checkpoint_hooks::cgroup::Cgroup::at(c).controllers())
+        .unwrap_or_default();
+    finish(&l, s);
+    if cg.is_none() {
+        assert_eq!(
+            notes,
+            vec!["no cgroup for this lease: its cpu and memory limits are not applied"]
+        );
+        return;
+    }
+    for (controller, file) in [("memory", "memory.max"), ("cpu", "cpu.max")] {
+        let missed = notes
+            .iter()
+            .any(|n| n.starts_with(&format!("{file} not set")));
+        assert_eq!(
+            missed,
+            !have.iter().any(|h| h == controller),
+            "{file}: {notes:?} with controllers {have:?}"
+        );
+    }
 }
 
 #[test]

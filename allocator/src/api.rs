@@ -173,6 +173,8 @@ pub fn command_pb(cmd: &Command) -> pb::AllocatorMessage {
             rank: s.rank,
             output: s.output.clone(),
             error: s.error.clone(),
+            cpu_per_node: s.cpu_per_node,
+            mem_per_node_gb: s.mem_per_node_gb,
         }),
         Command::Revoke {
             lease,

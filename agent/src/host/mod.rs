@@ -163,6 +163,10 @@ pub struct StartSpec {
     pub lease_id: String,
     /// The allocator's choice of GPUs (UUIDs); empty: the agent picks.
     pub gpu_uuids: Vec<String>,
+    /// CPUs the work may use (its cgroup's `cpu.max`); 0: no limit.
+    pub cpus: u32,
+    /// Memory the work may use, GiB (its cgroup's `memory.max`); 0: no limit.
+    pub memory_gb: u32,
 }
 
 /// Who is calling, from the socket's peer credentials.

@@ -8,6 +8,7 @@ use super::{lease_dir, Caller, Host, HostError, StartSpec, CLUSTER, HEALTH};
 use crate::lease::{LeaseRecord, LeaseState, LogStream};
 use crate::os::Reaper;
 use crate::process::Launch;
+use allot_checkpoint_hooks::cgroup::Limits;
 use allot_checkpoint_hooks::{host_allowed, Hook, Identity, RunAs};
 use allot_fairshare::scheduler::MAX_CONTRACT;
 use allot_health::verdict::{GpuSample, GpuState};
@@ -429,6 +430,10 @@ impl Host {
                     err_log: l.err_log.clone().into(),
                     cap_bytes: self.settings.max_output_bytes,
                     cgroup,
+                    limits: Limits {
+                        cpu_millis: (spec.cpus > 0).then(|| u64::from(spec.cpus) * 1000),
+                        memory_bytes: (spec.memory_gb > 0).then(|| u64::from(spec.memory_gb) << 30),
+                    },
                     supervisor: self.settings.supervisor.clone(),
                     run_as: who.run_as.clone(),
                     env: job_env(&spec.job_env, &who.env, &spec.env),
@@ -436,6 +441,9 @@ impl Host {
                 });
                 match launched {
                     Ok(started) => {
+                        for n in &started.notes {
+                            self.note("lease", &id, "", n);
+                        }
                         l.supervisor_pid = started.supervisor.pid;
                         l.supervisor_ticks = started.supervisor.start_ticks;
                         (Some(started.reaper), started.id)

@@ -324,6 +324,7 @@ impl Os for FakeOs {
             supervisor,
             // The test tells the host of the exit itself (`Host::on_exit`).
             reaper: Reaper::new(|| Exit::lost("the fake reaps nothing")),
+            notes: Vec::new(),
         })
     }
 

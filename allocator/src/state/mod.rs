@@ -353,6 +353,8 @@ impl Allocator {
             gpus_per_node: w.spec.gpus_per_node,
             master_addr,
             master_port,
+            cpu_per_node: w.spec.cpu_per_node,
+            mem_per_node_gb: w.spec.mem_per_node_gb,
         }))
     }
 

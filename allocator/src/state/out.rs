@@ -128,6 +128,10 @@ pub struct StartLease {
     pub master_addr: String,
     /// The rendezvous port on rank 0's host; 0: none was free (not sent).
     pub master_port: u16,
+    /// CPUs asked for on each host (the lease cgroup's limit); 0: none.
+    pub cpu_per_node: u32,
+    /// Memory asked for on each host, GiB (the lease cgroup's limit); 0: none.
+    pub mem_per_node_gb: u32,
 }
 
 /// What [`Allocator::apply`](super::Allocator::apply) produced.

@@ -979,6 +979,8 @@ fn work(nodes: u32, gpus: u32) -> Input {
     };
     spec.nodes = nodes;
     spec.gpus_per_node = gpus;
+    spec.cpu_per_node = 4;
+    spec.mem_per_node_gb = 16;
     Input::Submit {
         spec,
         argv: vec!["torchrun".into(), "train.py".into()],
@@ -1034,6 +1036,8 @@ fn a_gang_starts_in_one_pass_every_part_knowing_the_whole() {
         vec![("WANDB_PROJECT".to_string(), "golf".to_string())]
     );
     assert_eq!(s1.output, "out-%j-%n");
+    // What the host's cgroup limits the work to.
+    assert_eq!((s1.cpu_per_node, s1.mem_per_node_gb), (4, 16));
     let e = env_of(s1);
     let port = s0.master_port.to_string();
     for (k, v) in [

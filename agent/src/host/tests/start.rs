@@ -75,6 +75,26 @@ fn start_launches_on_the_lowest_free_gpus_with_the_lease_on_disk() {
 }
 
 #[test]
+fn the_requested_cpus_and_memory_become_the_cgroups_limits() {
+    let mut t = T::new();
+    t.start(StartSpec {
+        cpus: 4,
+        memory_gb: 16,
+        ..spec(1, 0)
+    });
+    t.start(spec(1, 0));
+    let l = t.os.launches();
+    assert_eq!(
+        l[0].limits,
+        allot_checkpoint_hooks::cgroup::Limits {
+            cpu_millis: Some(4_000),
+            memory_bytes: Some(16 << 30),
+        }
+    );
+    assert_eq!(l[1].limits, Default::default(), "none asked, none set");
+}
+
+#[test]
 fn output_patterns_name_the_files_and_no_cgroup_means_none() {
     let mut t = T::with(|s| s.cgroups = crate::cgroup::Placement::Off("none here".into()));
     let l = t.start(StartSpec {
