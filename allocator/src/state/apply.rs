@@ -1,6 +1,6 @@
 //! [`Allocator::apply`]: every rule of the state machine.
 
-use super::audit::{revoke_text, start_text};
+use super::audit::{revoke_text, revoke_when, start_text};
 use super::input::Input;
 use super::out::Level;
 use super::out::{lease_wire, Applied, Command};
@@ -265,8 +265,9 @@ impl Allocator {
                     workload.0,
                     lease.0,
                     format!(
-                        "revoke {} not before {not_before}: {text}",
-                        lease_wire(lease.0)
+                        "revoke {} {}: {text}",
+                        lease_wire(lease.0),
+                        revoke_when(at, not_before)
                     ),
                 );
             }

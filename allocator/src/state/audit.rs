@@ -1,6 +1,6 @@
 //! The sentences people read in the audit log and `allot status`.
 
-use allot_fairshare::{NodeId, NodeState, RevokeWhy, StartWhy};
+use allot_fairshare::{NodeId, NodeState, RevokeWhy, StartWhy, Time};
 
 pub(super) fn revoke_text(why: &RevokeWhy, names: &[String]) -> (String, String) {
     let node = |n: &NodeId| names.get(n.idx()).cloned().unwrap_or_default();
@@ -64,5 +64,31 @@ pub(super) fn start_text(why: &StartWhy) -> String {
             "backfill on nodes reserved for workload {} (ends before {starts})",
             reservation_of.0
         ),
+    }
+}
+
+/// When a revocation acts, as people read it: a wait, never a Unix second.
+pub(super) fn revoke_when(at: Time, not_before: Time) -> String {
+    if not_before <= at {
+        "at once".into()
+    } else {
+        format!(
+            "in {}",
+            allot_fairshare::time::format_duration(not_before - at)
+        )
+    }
+}
+
+#[cfg(test)]
+mod when_tests {
+    use super::revoke_when;
+
+    #[test]
+    fn a_revocation_says_when_as_a_wait() {
+        assert_eq!(revoke_when(100, 100), "at once");
+        assert_eq!(revoke_when(100, 40), "at once");
+        let later = revoke_when(1_796_066_000, 1_796_066_469);
+        assert!(later.starts_with("in 7m"), "{later}");
+        assert!(!later.contains("1796"), "{later}");
     }
 }
