@@ -118,12 +118,18 @@ pub fn create_dir_owned(path: &Path, owner: Option<(u32, u32)>) -> std::io::Resu
     }
 }
 
-fn make_dir(l: &Launch, p: &Path, owner: Option<(u32, u32)>) -> Result<(), LaunchError> {
-    create_dir_owned(p, owner).map_err(|source| LaunchError::Io {
-        lease: l.lease.clone(),
-        path: p.display().to_string(),
+/// `path` could not be made for lease `l`.
+fn io_error(l: &Launch, path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError {
+    let (lease, path) = (l.lease.clone(), path.display().to_string());
+    move |source| LaunchError::Io {
+        lease,
+        path,
         source,
-    })
+    }
+}
+
+fn make_dir(l: &Launch, p: &Path, owner: Option<(u32, u32)>) -> Result<(), LaunchError> {
+    create_dir_owned(p, owner).map_err(io_error(l, p))
 }
 
 /// Starts the workload under its supervisor; returns once it runs.
@@ -156,11 +162,7 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
     match &l.cgroup {
         Some(dir) => {
             let cg = Cgroup::at(dir);
-            cg.create().map_err(|source| LaunchError::Io {
-                lease: l.lease.clone(),
-                path: dir.display().to_string(),
-                source,
-            })?;
+            cg.create().map_err(io_error(l, dir))?;
             notes = cg.set_limits(&l.limits);
         }
         None if l.limits != Limits::default() => {
@@ -179,14 +181,7 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
             l.checkpoint_dir.display().to_string(),
         ),
     ]);
-    // Later entries win, as `Command::env` would have it.
-    let mut seen = std::collections::BTreeSet::new();
-    let mut env: Vec<_> = env
-        .into_iter()
-        .rev()
-        .filter(|(k, _)| seen.insert(k.clone()))
-        .collect();
-    env.reverse();
+    // Later entries win: the supervisor hands them to `Command::envs`.
     let spec = Spec {
         lease: l.lease.clone(),
         argv: l.argv.clone(),
@@ -201,7 +196,7 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
     };
     // A spent exit file of an earlier start must not be taken for this one's.
     let _ = std::fs::remove_file(&spec.exit_file);
-    let mut started = supervisor::start(&l.supervisor, &spec, &l.lease_dir.join("supervisor.log"))?;
+    let mut started = supervisor::start(&l.supervisor, &spec, &supervisor_log(&l.lease_dir))?;
     started.notes = notes;
     Ok(started)
 }
@@ -209,4 +204,9 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
 /// Where a lease's supervisor writes how it ended.
 pub fn exit_file(lease_dir: &Path) -> PathBuf {
     lease_dir.join("exit.json")
+}
+
+/// Where a lease's supervisor writes its own diagnostics.
+pub fn supervisor_log(lease_dir: &Path) -> PathBuf {
+    lease_dir.join("supervisor.log")
 }

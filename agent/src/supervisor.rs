@@ -528,14 +528,21 @@ fn supervise(spec: &Spec, mut job: Child, out: std::fs::File, err: std::fs::File
         cut: AtomicBool::new(false),
     });
     let pipes: Option<Pipes> = job.stdout.take().zip(job.stderr.take());
-    let mut pumps = Vec::new();
+    // Each pump says when its stream has ended.
+    let (done_tx, done) = std::sync::mpsc::channel::<()>();
+    let mut pumps = 0;
     if let Some((o, e)) = pipes {
         for (from, to) in [
             (Box::new(o) as Box<dyn Read + Send>, out),
             (Box::new(e) as Box<dyn Read + Send>, err),
         ] {
             let cap = Arc::clone(&cap);
-            pumps.push(std::thread::spawn(move || pump(from, to, &cap)));
+            let done_tx = done_tx.clone();
+            std::thread::spawn(move || {
+                pump(from, to, &cap);
+                let _ = done_tx.send(());
+            });
+            pumps += 1;
         }
     }
     let status = job.wait();
@@ -564,12 +571,10 @@ fn supervise(spec: &Spec, mut job: Child, out: std::fs::File, err: std::fs::File
     // Without a cgroup a process that left the group may hold a pipe open for ever:
     // the output it writes later is not waited for.
     let deadline = Instant::now() + Duration::from_secs(2);
-    for p in pumps {
-        while !p.is_finished() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if p.is_finished() {
-            let _ = p.join();
+    for _ in 0..pumps {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if done.recv_timeout(left).is_err() {
+            break;
         }
     }
     use std::os::unix::process::ExitStatusExt;

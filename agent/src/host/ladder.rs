@@ -44,7 +44,12 @@ impl Host {
     /// Whether any of lease `l`'s work still runs: its process, or its supervisor
     /// (which outlives the process by the time it takes to drain its output).
     pub(super) fn still_running(&self, l: &LeaseRecord) -> bool {
-        self.os.is_same(l.proc_id()) || l.supervisor_id().is_some_and(|s| self.os.is_same(s))
+        self.os.is_same(l.proc_id()) || self.supervisor_alive(l)
+    }
+
+    /// Whether lease `l`'s supervisor still runs.
+    fn supervisor_alive(&self, l: &LeaseRecord) -> bool {
+        l.supervisor_id().is_some_and(|s| self.os.is_same(s))
     }
 
     /// Ends lease `l`, whose process and supervisor are gone without the agent
@@ -77,9 +82,7 @@ impl Host {
                 l.end_detail = format!(
                     "its supervisor (pid {}) ended without recording the end; see {}",
                     l.supervisor_pid,
-                    lease_dir(&self.settings, &l.id)
-                        .join("supervisor.log")
-                        .display()
+                    crate::process::supervisor_log(&lease_dir(&self.settings, &l.id)).display()
                 );
                 l.end(now_ms, LeaseEnd::Vanished, "exited");
                 format!("pid {} vanished{when}: {}", l.pid, l.end_detail)
@@ -117,7 +120,7 @@ impl Host {
                 continue;
             }
             let alive = self.os.is_same(l.proc_id());
-            let running = alive || self.still_running(l);
+            let running = alive || self.supervisor_alive(l);
             if !owned && !running && l.state != LeaseState::Checkpointing {
                 let mut l = l.clone();
                 let msg = self.end_unreaped(&mut l, now_ms, false);

@@ -209,11 +209,6 @@ impl Drop for TestAgent {
         {
             if let Ok(serde_json::Value::Array(ls)) = serde_json::from_slice(&out.stdout) {
                 for l in ls {
-                    if let Some(cg) = l["cgroup"].as_str().filter(|c| !c.is_empty()) {
-                        let cg = allot_checkpoint_hooks::cgroup::Cgroup::at(cg);
-                        cg.kill();
-                        let _ = cg.remove();
-                    }
                     if let Some(pid) = l["pid"].as_i64().filter(|p| *p > 0) {
                         let _ = nix::sys::signal::killpg(
                             nix::unistd::Pid::from_raw(pid as i32),
