@@ -19,8 +19,12 @@ pub struct Args {
     #[arg(long, default_value = "fairshare")]
     policy: String,
     /// Seed (default: the scenario's).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "seeds")]
     seed: Option<u64>,
+    /// Run once per seed and print the spread (min / median / max) of every measure:
+    /// a range `1-10`, a list `1,4,7`, or both `1-3,9`.
+    #[arg(long, conflicts_with = "svg")]
+    seeds: Option<String>,
     /// Simulated days (default: the scenario's).
     #[arg(long)]
     days: Option<u32>,
@@ -56,12 +60,24 @@ pub fn run(a: Args) -> Result<()> {
         }
         sc.days = d;
     }
+    if let Some(list) = &a.seeds {
+        let seeds = parse_seeds(list)?;
+        let trace = match &a.trace {
+            Some(path) => Some(read_trace(path, &sc)?),
+            None => None,
+        };
+        let table = run_seeds(&sc, trace.as_ref(), policy, &seeds)?;
+        if a.json {
+            println!("{}", serde_json::to_string(&table)?);
+        } else {
+            print!("{}", table.table());
+        }
+        return Ok(());
+    }
     let seed = a.seed.unwrap_or(sc.seed);
     let (jobs, groups) = match &a.trace {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("--trace {}: cannot read the file", path.display()))?;
-            let t = trace::parse(&text, &path.display().to_string(), &sc)?;
+            let t = read_trace(path, &sc)?;
             (t.jobs, t.groups)
         }
         None => (sc.generate(seed), Vec::new()),
@@ -85,4 +101,112 @@ pub fn run(a: Args) -> Result<()> {
         print!("{}", report.table());
     }
     Ok(())
+}
+
+fn read_trace(path: &std::path::Path, sc: &Scenario) -> Result<trace::Trace> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--trace {}: cannot read the file", path.display()))?;
+    Ok(trace::parse(&text, &path.display().to_string(), sc)?)
+}
+
+/// Most seeds one `--seeds` may name.
+const MAX_SEEDS: usize = 1_000;
+
+/// `1-10`, `1,4,7`, `1-3,9`: the seeds in the order given, each once.
+fn parse_seeds(list: &str) -> Result<Vec<u64>> {
+    let bad = |part: &str| {
+        anyhow::anyhow!(
+            "--seeds {list:?}: {part:?} is not a seed or a range; write e.g. `1-10` or `1,4,7`"
+        )
+    };
+    let mut seeds = Vec::new();
+    for part in list.split(',').map(str::trim) {
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse::<u64>(), b.trim().parse::<u64>()),
+            None => (part.parse::<u64>(), part.parse::<u64>()),
+        };
+        let (Ok(lo), Ok(hi)) = (lo, hi) else {
+            return Err(bad(part));
+        };
+        if hi < lo {
+            bail!("--seeds {list:?}: the range {part:?} runs backwards; write it low-high");
+        }
+        if hi - lo >= MAX_SEEDS as u64 || seeds.len() + (hi - lo) as usize >= MAX_SEEDS {
+            bail!("--seeds {list:?}: more than {MAX_SEEDS} seeds; name fewer");
+        }
+        for s in lo..=hi {
+            if !seeds.contains(&s) {
+                seeds.push(s);
+            }
+        }
+    }
+    Ok(seeds)
+}
+
+/// One run per seed, on as many threads as the machine has cores.
+fn run_seeds(
+    sc: &Scenario,
+    trace: Option<&trace::Trace>,
+    policy: PolicyKind,
+    seeds: &[u64],
+) -> Result<sim::SeedTable> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(seeds.len());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: std::sync::Mutex<Vec<Option<Result<sim::Report>>>> =
+        std::sync::Mutex::new((0..seeds.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&seed) = seeds.get(i) else {
+                    break;
+                };
+                let (jobs, groups) = match trace {
+                    Some(t) => (t.jobs.clone(), t.groups.clone()),
+                    None => (sc.generate(seed), Vec::new()),
+                };
+                let opts = SimOptions {
+                    policy,
+                    seed,
+                    timeline: false,
+                };
+                let started = Instant::now();
+                let r = sim::run(sc, jobs, &groups, &opts)
+                    .map(|mut r| {
+                        r.sim_wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+                        r
+                    })
+                    .with_context(|| format!("seed {seed}"));
+                if let Ok(mut slots) = results.lock() {
+                    slots[i] = Some(r);
+                }
+            });
+        }
+    });
+    let runs = results
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a simulation thread panicked"))))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(sim::SeedTable::new(runs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_seeds;
+
+    #[test]
+    fn seeds_are_ranges_and_lists_and_bad_ones_are_named() {
+        assert_eq!(parse_seeds("1-3").unwrap(), vec![1, 2, 3]);
+        assert_eq!(parse_seeds("4, 1-2,4").unwrap(), vec![4, 1, 2]);
+        let e = parse_seeds("1-x").unwrap_err().to_string();
+        assert!(e.contains("\"1-x\" is not a seed"), "{e}");
+        let e = parse_seeds("5-1").unwrap_err().to_string();
+        assert!(e.contains("runs backwards"), "{e}");
+        let e = parse_seeds("1-100000").unwrap_err().to_string();
+        assert!(e.contains("more than 1000 seeds"), "{e}");
+    }
 }

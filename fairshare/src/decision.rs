@@ -127,10 +127,15 @@ pub struct Explanation {
     pub team_ratio: f64,
     /// What stops it, as of the last pass that examined it.
     pub blocked: Blocked,
-    /// Protected leases and when the first of them lapses.
+    /// Leases inside their min runtime (their contract protects them).
     pub protected_leases: u32,
-    /// Earliest protection lapse.
+    /// When the first of those contracts lapses.
     pub next_lapse: Option<Time>,
+    /// Leases past their min runtime but in the preemption cooldown (they displaced
+    /// work, or were displaced, a short while ago): not preemptible yet either.
+    pub cooling_leases: u32,
+    /// When the first cooldown ends.
+    pub next_cool: Option<Time>,
     /// The same, for people.
     pub text: String,
 }
@@ -163,14 +168,33 @@ impl Explanation {
             Blocked::OverCap { cap } => format!("team is at its cap of {cap} GPUs"),
             Blocked::NotReached => "work ranked ahead took the free capacity".into(),
         };
-        if let (true, Some(t)) = (self.protected_leases > 0, self.next_lapse) {
-            s += &format!(
-                "; {} protected leases, the first lapses in {}",
+        if let Some(t) = self.next_lapse.filter(|_| self.protected_leases > 0) {
+            s += &not_yet(
                 self.protected_leases,
-                format_duration(t.saturating_sub(now))
+                "within its min runtime, which lapses",
+                "within their min runtime, the first lapses",
+                t.saturating_sub(now),
+            );
+        }
+        if let Some(t) = self.next_cool.filter(|_| self.cooling_leases > 0) {
+            s += &not_yet(
+                self.cooling_leases,
+                "in the preemption cooldown, which ends",
+                "in the preemption cooldown, the first ends",
+                t.saturating_sub(now),
             );
         }
         s
+    }
+}
+
+/// "; 1 lease is …, which lapses in 5m" or "; 3 leases are …, the first lapses in 5m".
+fn not_yet(n: u32, one: &str, many: &str, left: u64) -> String {
+    let left = format_duration(left);
+    if n == 1 {
+        format!("; 1 lease is {one} in {left}")
+    } else {
+        format!("; {n} leases are {many} in {left}")
     }
 }
 

@@ -94,6 +94,8 @@ impl ProjectLedger {
 pub struct Ledger {
     model: UsageModel,
     projects: Vec<ProjectLedger>,
+    /// When the first usage was recorded: the window is only covered from then on.
+    since: Option<Time>,
 }
 
 impl Ledger {
@@ -102,6 +104,7 @@ impl Ledger {
         Ledger {
             model,
             projects: vec![ProjectLedger::default(); groups],
+            since: None,
         }
     }
 
@@ -114,6 +117,7 @@ impl Ledger {
     /// end). Times must not go backwards per project.
     pub fn add_rate(&mut self, g: GroupId, now: Time, delta: Rates) {
         let model = self.model;
+        self.since.get_or_insert(now);
         let p = &mut self.projects[g.idx()];
         let new_rate: [u64; CHANNELS] =
             std::array::from_fn(|c| p.rate[c].saturating_add_signed(delta[c]));
@@ -169,6 +173,31 @@ impl Ledger {
         }
     }
 
+    /// When usage was first recorded (`None` before any).
+    pub fn since(&self) -> Option<Time> {
+        self.since
+    }
+
+    /// Puts back when usage was first recorded, from a snapshot.
+    pub fn set_since(&mut self, since: Option<Time>) {
+        self.since = since;
+    }
+
+    /// How much of the lookback has history as of `now`, in seconds: the window, or
+    /// the part of it since usage was first recorded (for the half-life model, the
+    /// kernel's integral over that part). Budgets and served ratios divide by this, so
+    /// a group receiving exactly its share reads 1.0 on a fresh cluster too.
+    pub fn covered_secs(&self, now: Time) -> f64 {
+        let age = self.since.map_or(0, |s| now.saturating_sub(s)) as f64;
+        match self.model {
+            UsageModel::Window { secs } => age.min(secs as f64),
+            UsageModel::HalfLife { .. } => {
+                let tau = self.model.effective_secs();
+                tau * (1.0 - (-age / tau).exp())
+            }
+        }
+    }
+
     /// What `g` holds right now, per channel.
     pub fn rate(&self, g: GroupId) -> [u64; CHANNELS] {
         self.projects[g.idx()].rate
@@ -219,6 +248,23 @@ mod tests {
         );
         // Alternating 1/0 per second: 5 GPU-seconds in any 10 s window.
         assert_eq!(l.usage(G, 999)[0], 5.0);
+    }
+
+    #[test]
+    fn the_covered_window_grows_from_the_first_usage_to_the_lookback() {
+        let mut l = Ledger::new(UsageModel::Window { secs: 100 }, 2);
+        assert_eq!(l.covered_secs(50), 0.0);
+        l.add_rate(G, 1_000, gpus(2));
+        assert_eq!(l.covered_secs(1_000), 0.0);
+        assert_eq!(l.covered_secs(1_040), 40.0);
+        assert_eq!(l.covered_secs(5_000), 100.0);
+        // Usage over the covered part is exactly rate × covered.
+        assert_eq!(l.usage(G, 1_040)[0], 2.0 * l.covered_secs(1_040));
+        let mut h = Ledger::new(UsageModel::HalfLife { secs: 3600 }, 2);
+        h.add_rate(G, 0, gpus(1));
+        let tau = 3600.0 / std::f64::consts::LN_2;
+        assert!((h.covered_secs(3600) - tau / 2.0).abs() < 1e-6);
+        assert!((h.usage(G, 3600)[0] - h.covered_secs(3600)).abs() < 1e-6);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Served ratios: how well each group is served against its share.
 //!
 //! `ratio(g) = (usage over the lookback + current allocation × H) / (share × capacity ×
-//! (lookback + H))`, with H the allocation horizon. History dominates (the 7-day
+//! (covered lookback + H))`, with H the allocation horizon and the covered lookback
+//! the part of the window since usage was first recorded (all of it after a week), so
+//! a group that receives exactly its share reads 1.0 from the first hour. History dominates (the 7-day
 //! window of the design), while the allocation term makes a start or a stop move the
 //! ratio at once: one pass cannot hand a group everything before its usage catches
 //! up, and a preemption's "after" ratios mean something. With DRF the numerator is
@@ -73,7 +75,7 @@ impl Ratios {
             cap,
             drf: cfg.drf,
             horizon,
-            scale: cap[0] * (ledger.model().effective_secs() + horizon),
+            scale: cap[0] * (ledger.covered_secs(now) + horizon),
         }
     }
 

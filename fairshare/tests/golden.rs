@@ -214,21 +214,33 @@ fn ranking_ties_break_by_tree_order() {
 
 #[test]
 fn served_ratio_formula() {
-    // ratio = (usage + allocation × H) / (share × capacity × (window + H)).
+    // ratio = (usage + allocation × H) / (share × capacity × (covered window + H)),
+    // the covered window being the part of the lookback since usage began.
     let t = tree(&[("a", None, 1.0), ("b", None, 1.0)]);
     let mut s = Scheduler::new(PolicyConfig::default(), t, nodes("c", 1, 8)).expect("valid");
     let a = s.submit(0, job("a", 4, HOUR)).expect("submits");
     s.schedule(0);
     let r = s.group_ratios(HOUR);
     let ga = s.tree().find("a").expect("a").idx();
-    let den = 0.5 * 8.0 * (7.0 * DAY as f64 + DAY as f64);
+    let den = 0.5 * 8.0 * (HOUR as f64 + DAY as f64);
     let want = (4.0 * HOUR as f64 + 4.0 * DAY as f64) / den;
     assert!((r[ga] - want).abs() < 1e-12, "{} vs {want}", r[ga]);
+    // Receiving exactly its share (4 of 8 GPUs at a half share) reads 1.0 from the
+    // first hour, not an eighth of it.
+    assert!((r[ga] - 1.0).abs() < 1e-12, "{}", r[ga]);
     let lease = s.workload(a).and_then(|w| w.lease).expect("running");
     s.lease_ended(HOUR, lease, LeaseEnd::Completed)
         .expect("ends");
     let r = s.group_ratios(HOUR);
     assert!((r[ga] - 4.0 * HOUR as f64 / den).abs() < 1e-12);
+    // Once the window is covered, it is the whole lookback.
+    let den = 0.5 * 8.0 * (7.0 * DAY as f64 + DAY as f64);
+    let r = s.group_ratios(7 * DAY + HOUR / 2);
+    assert!(
+        (r[ga] - 4.0 * (HOUR / 2) as f64 / den).abs() < 1e-12,
+        "{}",
+        r[ga]
+    );
     // Eight days later the window has forgotten it.
     assert_eq!(s.group_ratios(9 * DAY)[ga], 0.0);
 }

@@ -355,10 +355,42 @@ fn explanations_name_the_ratio_and_the_obstacle() {
     );
     assert!(
         e[0].text
-            .contains("1 protected leases, the first lapses in 1h59m"),
+            .contains("1 lease is within its min runtime, which lapses in 1h59m"),
         "{}",
         e[0].text
     );
+}
+
+#[test]
+fn explanations_call_the_cooldown_a_cooldown_not_protection() {
+    // y's 10-minute job displaces x's unfunded work: once its 10 minutes are up it is
+    // held by the preemption cooldown (30 min), not by its contract.
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let free = s.submit(0, job("x", 8, 0)).unwrap();
+    s.schedule(0);
+    let y = s.submit(10, job("y", 8, 10 * MINUTE)).unwrap();
+    s.schedule(10);
+    s.lease_ended(70, lease_of(&s, free), LeaseEnd::Revoked)
+        .unwrap();
+    assert_eq!(starts(&s.schedule(70))[0].0, y);
+    let e = s.explain(80);
+    assert!(
+        e[0].text
+            .contains("; 1 lease is within its min runtime, which lapses in 9m50s"),
+        "{}",
+        e[0].text
+    );
+    assert!(!e[0].text.contains("cooldown"), "{}", e[0].text);
+    let later = 70 + 20 * MINUTE;
+    let e = s.explain(later);
+    assert_eq!((e[0].protected_leases, e[0].cooling_leases), (0, 1));
+    assert!(
+        e[0].text
+            .contains("; 1 lease is in the preemption cooldown, which ends in 10m"),
+        "{}",
+        e[0].text
+    );
+    assert!(!e[0].text.contains("min runtime"), "{}", e[0].text);
 }
 
 #[test]
@@ -418,10 +450,17 @@ fn half_life_usage_decays() {
     s.schedule(0);
     s.lease_ended(HOUR, lease_of(&s, a), LeaseEnd::Completed)
         .unwrap();
-    let gx = s.tree().find("x").unwrap().idx();
-    let r1 = s.group_ratios(HOUR)[gx];
-    let r2 = s.group_ratios(HOUR + DAY)[gx];
-    assert!((r2 / r1 - 0.5).abs() < 1e-6, "{r1} → {r2}");
+    let gx = s.tree().find("x").unwrap();
+    let u1 = s.usage_gpu_secs(gx, HOUR);
+    let u2 = s.usage_gpu_secs(gx, HOUR + DAY);
+    assert!((u2 / u1 - 0.5).abs() < 1e-6, "{u1} → {u2}");
+    // The ratio's divisor, the decay kernel's weight since usage began, grows over
+    // that day as well: the ratio falls by more than half.
+    let (r1, r2) = (
+        s.group_ratios(HOUR)[gx.idx()],
+        s.group_ratios(HOUR + DAY)[gx.idx()],
+    );
+    assert!(r2 < r1 / 2.0, "{r1} → {r2}");
 }
 
 #[test]

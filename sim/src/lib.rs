@@ -19,7 +19,7 @@ use allot_fairshare::scheduler::{Baseline, LeaseEnd, Scheduler};
 use allot_fairshare::time::{Secs, Time, DAY};
 use allot_fairshare::tree::{GroupId, OrgTree};
 use allot_fairshare::workload::{LeaseId, RevokeWhy, WorkloadId};
-pub use report::{Report, Timeline};
+pub use report::{Report, SeedTable, Spread, Timeline};
 use rng::Rng;
 pub use scenario::{Job, Scenario, ScenarioError};
 use std::cmp::Reverse;

@@ -373,3 +373,147 @@ impl Report {
         s
     }
 }
+
+/// One measure over several seeds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Spread {
+    /// What is measured, as the table names it.
+    pub measure: String,
+    /// Lowest value.
+    pub min: f64,
+    /// Median (the mean of the middle two for an even count).
+    pub median: f64,
+    /// Highest value.
+    pub max: f64,
+}
+
+/// The same scenario and policy over several seeds: each run and the spread of each
+/// measure (`allotd simulate --seeds 1-10`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeedTable {
+    /// Policy name.
+    pub policy: String,
+    /// Scenario name.
+    pub scenario: String,
+    /// The seeds, in order.
+    pub seeds: Vec<u64>,
+    /// Min / median / max of each measure.
+    pub spread: Vec<Spread>,
+    /// Every run.
+    pub runs: Vec<Report>,
+}
+
+impl Report {
+    /// The figures a seed table compares, named: fairness, occupancy, waits of every
+    /// class (p90, p99), the largest gangs' p90, preemptions and work lost.
+    pub fn measures(&self) -> Vec<(String, f64)> {
+        let mut m = vec![
+            ("mean ratio".to_string(), self.fairness.mean_ratio),
+            ("worst ratio".to_string(), self.fairness.min_ratio),
+            ("occupancy".to_string(), self.occupancy),
+        ];
+        for (class, w) in &self.wait_s {
+            m.push((format!("{class} p90 s"), w.p90 as f64));
+            m.push((format!("{class} p99 s"), w.p99 as f64));
+        }
+        m.push((
+            format!("{}-node gang p90 s", self.largest_gang_wait_s.nodes),
+            self.largest_gang_wait_s.p90 as f64,
+        ));
+        m.push(("preemptions".to_string(), self.preemptions as f64));
+        m.push(("lost GPU-h".to_string(), self.lost_gpu_hours));
+        m.push(("wall s".to_string(), self.sim_wall_s));
+        m
+    }
+}
+
+impl SeedTable {
+    /// The spread of every measure over `runs` (one per seed, in seed order).
+    pub fn new(runs: Vec<Report>) -> Self {
+        let first = runs.first();
+        let names: Vec<String> = first
+            .map(|r| r.measures().into_iter().map(|(k, _)| k).collect())
+            .unwrap_or_default();
+        let per_run: Vec<Vec<(String, f64)>> = runs.iter().map(Report::measures).collect();
+        let spread = names
+            .into_iter()
+            .map(|name| {
+                let mut v: Vec<f64> = per_run
+                    .iter()
+                    .filter_map(|m| m.iter().find(|(k, _)| *k == name).map(|x| x.1))
+                    .collect();
+                v.sort_by(f64::total_cmp);
+                let n = v.len();
+                let median = match n {
+                    0 => 0.0,
+                    _ if n % 2 == 1 => v[n / 2],
+                    _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+                };
+                Spread {
+                    measure: name,
+                    min: v.first().copied().unwrap_or(0.0),
+                    median,
+                    max: v.last().copied().unwrap_or(0.0),
+                }
+            })
+            .collect();
+        SeedTable {
+            policy: first.map(|r| r.policy.clone()).unwrap_or_default(),
+            scenario: first.map(|r| r.scenario.clone()).unwrap_or_default(),
+            seeds: runs.iter().map(|r| r.seed).collect(),
+            spread,
+            runs,
+        }
+    }
+
+    /// The table for people: one row per measure, min / median / max, then a column
+    /// per seed.
+    pub fn table(&self) -> String {
+        let fmt = |name: &str, x: f64| {
+            if name.ends_with("ratio") || name == "occupancy" {
+                format!("{x:.3}")
+            } else if name == "wall s" {
+                format!("{x:.1}")
+            } else {
+                format!("{x:.0}")
+            }
+        };
+        let mut s = format!(
+            "scenario {} · policy {} · seeds {}\n\n{:<22} {:>9} {:>9} {:>9}",
+            self.scenario,
+            self.policy,
+            self.seeds
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            "measure",
+            "min",
+            "median",
+            "max"
+        );
+        for seed in &self.seeds {
+            s += &format!(" {:>9}", format!("seed {seed}"));
+        }
+        s.push('\n');
+        for sp in &self.spread {
+            s += &format!(
+                "{:<22} {:>9} {:>9} {:>9}",
+                sp.measure,
+                fmt(&sp.measure, sp.min),
+                fmt(&sp.measure, sp.median),
+                fmt(&sp.measure, sp.max)
+            );
+            for r in &self.runs {
+                let v = r
+                    .measures()
+                    .into_iter()
+                    .find(|(k, _)| *k == sp.measure)
+                    .map_or(String::from("-"), |(_, x)| fmt(&sp.measure, x));
+                s += &format!(" {v:>9}");
+            }
+            s.push('\n');
+        }
+        s
+    }
+}

@@ -34,6 +34,9 @@ pub struct Facts {
     pub next_lease: u64,
     /// The latest time the core has seen.
     pub last_now: Time,
+    /// When the ledger first recorded usage (the covered part of the window starts
+    /// there); absent from older snapshots, read then as "the whole window".
+    pub usage_since: Option<Time>,
 }
 
 impl Default for Facts {
@@ -48,6 +51,7 @@ impl Default for Facts {
             next_workload: 1,
             next_lease: 1,
             last_now: 0,
+            usage_since: None,
         }
     }
 }
@@ -176,6 +180,7 @@ impl Scheduler {
             next_workload: self.st.next_workload,
             next_lease: self.st.next_lease,
             last_now: self.st.last_now,
+            usage_since: self.st.ledger.since(),
         }
     }
 
@@ -204,6 +209,9 @@ impl Scheduler {
                 s.st.ledger.restore(g, p.clone());
             }
         }
+        // An older snapshot with usage does not say since when: the whole window.
+        let since = f.usage_since.or((!f.usage.is_empty()).then_some(0));
+        s.st.ledger.set_since(since);
         for w in &f.workloads {
             let project = s
                 .tree

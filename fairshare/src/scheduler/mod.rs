@@ -308,7 +308,12 @@ impl Scheduler {
     pub fn explain(&self, now: Time) -> Vec<Explanation> {
         let ctx = self.explain_context(now);
         let mut projects: Vec<GroupId> = self.tree.projects().to_vec();
-        projects.sort_by(|a, b| ctx.0.ratio(*a).total_cmp(&ctx.0.ratio(*b)).then(a.cmp(b)));
+        projects.sort_by(|a, b| {
+            ctx.ratios
+                .ratio(*a)
+                .total_cmp(&ctx.ratios.ratio(*b))
+                .then(a.cmp(b))
+        });
         let mut out = Vec::new();
         for p in projects {
             let mut cur = self.queues[p.idx()].cursor(now, self.aging());
@@ -334,25 +339,34 @@ impl Scheduler {
         Some(self.explanation(now, &ctx, w))
     }
 
-    /// What every explanation at `now` shares: ratios, protected leases and the
-    /// first lapse.
-    fn explain_context(&self, now: Time) -> (Ratios, u32, Option<Time>) {
-        let next_lapse = self
-            .st
-            .protected
-            .range((now + 1, LeaseId(0))..)
-            .next()
-            .map(|x| x.0);
-        let protected = self.st.protected.range((now + 1, LeaseId(0))..).count() as u32;
-        (self.ratios_at(now), protected, next_lapse)
+    /// What every explanation at `now` shares: ratios, and the leases not yet
+    /// preemptible, told apart by why (a min-runtime contract or the cooldown).
+    fn explain_context(&self, now: Time) -> ExplainContext {
+        let mut cx = ExplainContext {
+            ratios: self.ratios_at(now),
+            protected: 0,
+            next_lapse: None,
+            cooling: 0,
+            next_cool: None,
+        };
+        for &(t, lid) in self.st.protected.range((now + 1, LeaseId(0))..) {
+            match self.st.leases.get(&lid).map(|l| l.protected_until) {
+                Some(until) if until > now => {
+                    cx.protected += 1;
+                    cx.next_lapse = Some(cx.next_lapse.map_or(until, |x| x.min(until)));
+                }
+                _ => {
+                    cx.cooling += 1;
+                    // The set is ordered by this time: the first seen is the earliest.
+                    cx.next_cool.get_or_insert(t);
+                }
+            }
+        }
+        cx
     }
 
-    fn explanation(
-        &self,
-        now: Time,
-        (r, protected, next_lapse): &(Ratios, u32, Option<Time>),
-        w: &Workload,
-    ) -> Explanation {
+    fn explanation(&self, now: Time, cx: &ExplainContext, w: &Workload) -> Explanation {
+        let r = &cx.ratios;
         let p = w.project;
         let team = self.tree.team_of(p);
         let blocked = w
@@ -367,8 +381,10 @@ impl Scheduler {
             team_ratio: r.ratio(team),
             text: String::new(),
             blocked,
-            protected_leases: *protected,
-            next_lapse: *next_lapse,
+            protected_leases: cx.protected,
+            next_lapse: cx.next_lapse,
+            cooling_leases: cx.cooling,
+            next_cool: cx.next_cool,
         };
         e.text = e.render(now);
         e
@@ -441,6 +457,15 @@ impl Scheduler {
         d.actions.append(&mut self.st.outbox);
         d
     }
+}
+
+/// What every explanation at one instant shares.
+struct ExplainContext {
+    ratios: Ratios,
+    protected: u32,
+    next_lapse: Option<Time>,
+    cooling: u32,
+    next_cool: Option<Time>,
 }
 
 /// The negation of an allocation.
