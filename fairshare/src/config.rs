@@ -22,6 +22,16 @@ pub const DEFAULT_COOLDOWN: Secs = 30 * MINUTE;
 pub const DEFAULT_MAX_PREEMPTION_PLANS: u32 = 16;
 /// Gangs holding reservations at once.
 pub const DEFAULT_MAX_RESERVATIONS: u32 = 2;
+/// Work a resumable lease is taken to lose when revoked: the checkpoint ladder asks
+/// it to save first, so at most the time since its last periodic checkpoint.
+pub const DEFAULT_CHECKPOINT_LOSS: Secs = 10 * MINUTE;
+/// GPUs of small, short work each user may run funded after the project's budget is
+/// spent (a debug allowance outside the budget): one node of 8 GPUs, so a person
+/// whose team spent its week still debugs in seconds.
+pub const DEFAULT_ALLOWANCE_GPUS: u32 = 16;
+/// The longest time limit work may declare to run on the allowance: debug runs and
+/// interactive sessions, not training.
+pub const DEFAULT_ALLOWANCE_MAX_TIME: Secs = 8 * HOUR;
 /// Workloads looked at per pass, like Slurm's `default_queue_depth`, so a pass stays
 /// cheap with tens of thousands pending.
 pub const DEFAULT_MAX_EXAMINED: u32 = 2_000;
@@ -55,6 +65,15 @@ pub struct PolicyConfig {
     pub max_reservations: u32,
     /// Workloads examined per pass.
     pub max_examined: u32,
+    /// Work a resumable lease loses when revoked (what victim choice weighs).
+    #[serde(deserialize_with = "de_duration")]
+    pub checkpoint_loss: Secs,
+    /// GPUs per user of small, short protected work funded outside a spent budget
+    /// (0 turns the allowance off).
+    pub allowance_gpus: u32,
+    /// The longest time limit such work may declare.
+    #[serde(deserialize_with = "de_duration")]
+    pub allowance_max_time: Secs,
 }
 
 /// Which usage model.
@@ -81,11 +100,25 @@ impl Default for PolicyConfig {
             max_preemption_plans: DEFAULT_MAX_PREEMPTION_PLANS,
             max_reservations: DEFAULT_MAX_RESERVATIONS,
             max_examined: DEFAULT_MAX_EXAMINED,
+            checkpoint_loss: DEFAULT_CHECKPOINT_LOSS,
+            allowance_gpus: DEFAULT_ALLOWANCE_GPUS,
+            allowance_max_time: DEFAULT_ALLOWANCE_MAX_TIME,
         }
     }
 }
 
 impl PolicyConfig {
+    /// Whether work of `shape` may run on the allowance: protected, one node, at most
+    /// `allowance_gpus`, with a time limit no longer than `allowance_max_time`.
+    pub fn allowance_shape(&self, shape: &crate::queue::Shape) -> bool {
+        shape.protected
+            && shape.nodes == 1
+            && shape.gpus <= self.allowance_gpus
+            && shape
+                .time_limit
+                .is_some_and(|tl| tl <= self.allowance_max_time)
+    }
+
     /// The ledger model these settings describe.
     pub fn usage(&self) -> UsageModel {
         match self.usage_model {

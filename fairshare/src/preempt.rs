@@ -14,7 +14,7 @@ use crate::config::PolicyConfig;
 use crate::queue::Shape;
 use crate::ratios::{Ratios, Res};
 use crate::scheduler::access::View;
-use crate::time::Time;
+use crate::time::{Secs, Time};
 use crate::tree::{GroupId, OrgTree};
 use crate::workload::{Lease, LeaseId, NodeGpus, RevokeWhy, WorkloadId};
 
@@ -34,12 +34,13 @@ pub(crate) struct WholeKeys {
 }
 
 /// Funded leases on a node, and the sums that give the work they would lose at any
-/// `now` no earlier than the latest start: GPUs, GPUs × start, the latest start.
-type WholeKey = Option<(u32, u64, u128, Time)>;
+/// `now` no earlier than the latest start: GPUs and GPUs × start of the leases that
+/// cannot resume, the latest start, and the fixed loss of those that can.
+type WholeKey = Option<(u32, u64, u128, Time, u64)>;
 
 impl WholeKeys {
     /// Funded victims and their cost if `node` is emptied at `now`, or `None`.
-    fn get<V: View>(&mut self, st: &V, node: NodeId, now: Time) -> Option<(u32, u64)> {
+    fn get<V: View>(&mut self, st: &V, node: NodeId, now: Time, loss: Secs) -> Option<(u32, u64)> {
         let c = st.cluster();
         if self.keys.len() < c.len() {
             self.keys.resize(c.len(), None);
@@ -48,25 +49,26 @@ impl WholeKeys {
         let key = match self.keys[node.idx()] {
             Some((at, key)) if at == stamp => key,
             _ => {
-                let key = Self::read(st, node);
+                let key = Self::read(st, node, loss);
                 self.keys[node.idx()] = Some((stamp, key));
                 key
             }
         };
-        let (funded, gpus, gpu_starts, latest) = key?;
+        let (funded, gpus, gpu_starts, latest, fixed) = key?;
         if latest > now {
             // Not seen in practice (leases start at the core's clock); read afresh.
-            return Self::read_at(st, node, now);
+            return Self::read_at(st, node, now, loss);
         }
         Some((
             funded,
-            (u128::from(now) * u128::from(gpus) - gpu_starts) as u64,
+            (u128::from(now) * u128::from(gpus) - gpu_starts) as u64 + fixed,
         ))
     }
 
-    fn read<V: View>(st: &V, node: NodeId) -> WholeKey {
+    fn read<V: View>(st: &V, node: NodeId, loss: Secs) -> WholeKey {
         let soft = st.cluster().node(node).soft;
-        let (mut funded, mut gpus, mut gpu_starts, mut latest) = (0u32, 0u64, 0u128, 0);
+        let (mut funded, mut gpus, mut gpu_starts, mut latest, mut fixed) =
+            (0u32, 0u64, 0u128, 0, 0u64);
         for &lid in st.node_leases(node) {
             let Some(l) = st.lease(lid) else {
                 continue;
@@ -75,14 +77,18 @@ impl WholeKeys {
                 return None;
             }
             funded += u32::from(l.funded);
-            gpus += u64::from(l.gpus);
-            gpu_starts += u128::from(l.gpus) * u128::from(l.start);
             latest = latest.max(l.start);
+            if l.resumable {
+                fixed += l.loss_at(l.start, loss);
+            } else {
+                gpus += u64::from(l.gpus);
+                gpu_starts += u128::from(l.gpus) * u128::from(l.start);
+            }
         }
-        Some((funded, gpus, gpu_starts, latest))
+        Some((funded, gpus, gpu_starts, latest, fixed))
     }
 
-    fn read_at<V: View>(st: &V, node: NodeId, now: Time) -> Option<(u32, u64)> {
+    fn read_at<V: View>(st: &V, node: NodeId, now: Time, loss: Secs) -> Option<(u32, u64)> {
         let soft = st.cluster().node(node).soft;
         let (mut funded, mut cost) = (0u32, 0u64);
         for &lid in st.node_leases(node) {
@@ -93,7 +99,7 @@ impl WholeKeys {
                 return None;
             }
             funded += u32::from(l.funded);
-            cost += u64::from(l.gpus) * now.saturating_sub(l.start);
+            cost += l.loss_at(now, loss);
         }
         Some((funded, cost))
     }
@@ -144,6 +150,7 @@ struct Planner<'a, V> {
     tree: &'a OrgTree,
     r: &'a Ratios,
     hysteresis: f64,
+    loss: Secs,
     now: Time,
     by: WorkloadId,
     p: GroupId,
@@ -197,9 +204,10 @@ impl<V: View> Planner<'_, V> {
             if !whole && on_node & n.healthy == 0 {
                 continue; // frees only failed GPUs
             }
-            cands.push((l, u64::from(l.gpus) * self.now.saturating_sub(l.start)));
+            cands.push((l, l.loss_at(self.now, self.loss)));
         }
-        cands.sort_by_key(|(l, cost)| (l.funded, *cost, l.id));
+        // Free occupancy first, then the least work lost, then the youngest.
+        cands.sort_by_key(|(l, cost)| (l.funded, *cost, std::cmp::Reverse(l.start), l.id));
         let mut have = n.free();
         let mut cpu_free = n.spec.cpu.saturating_sub(n.cpu_used + n.claimed_cpu);
         let mut mem_free = n.spec.memory_gb.saturating_sub(n.mem_used + n.claimed_mem);
@@ -294,7 +302,7 @@ impl<V: View> Planner<'_, V> {
                             && n.spec.gpus >= s.gpus
                     })
                     .filter_map(|id| {
-                        keys.get(self.st, id, self.now)
+                        keys.get(self.st, id, self.now, self.loss)
                             .map(|(funded, cost)| std::cmp::Reverse((funded, cost, id)))
                     })
                     .collect();
@@ -395,6 +403,7 @@ pub(crate) fn plan<V: View>(
         tree,
         r,
         hysteresis: cfg.hysteresis,
+        loss: cfg.checkpoint_loss,
         now,
         by,
         p,
@@ -412,11 +421,21 @@ pub(crate) fn plan<V: View>(
     }
 }
 
-/// Nodes to reserve for a gang of `shape`: per cluster the `k` nodes whose leases
-/// end protection soonest; returns them and when the last one is free.
-pub(crate) fn reserve<V: View>(st: &V, now: Time, s: &Shape) -> Option<(Vec<NodeId>, Time)> {
+/// Nodes to reserve for a gang of `shape`, and when the last one is free: per
+/// cluster the `k` nodes that make the gang's cost least, where the cost of a set is
+/// the gang's GPUs idle-waiting until the set's latest protection lapse plus the work
+/// its leases would lose when the reservation takes the nodes back (a lease whose
+/// time limit ends first loses nothing; resumable work loses `loss` at most). So a
+/// node running hours of work that cannot resume is reserved only when waiting for
+/// others would cost more.
+pub(crate) fn reserve<V: View>(
+    st: &V,
+    now: Time,
+    s: &Shape,
+    loss: Secs,
+) -> Option<(Vec<NodeId>, Time)> {
     let c = st.cluster();
-    let mut per_cluster: Vec<Vec<(Time, NodeId)>> = vec![Vec::new(); c.cluster_names().len()];
+    let mut per_cluster: Vec<Vec<(Time, u64, NodeId)>> = vec![Vec::new(); c.cluster_names().len()];
     for (id, n) in c.nodes() {
         if n.state != NodeState::Ready
             || n.claimed != 0
@@ -428,27 +447,60 @@ pub(crate) fn reserve<V: View>(st: &V, now: Time, s: &Shape) -> Option<(Vec<Node
         {
             continue;
         }
-        let mut at = now;
-        for &lid in st.node_leases(id) {
-            if let Some(l) = st.lease(lid) {
-                if l.revoke.is_none() {
-                    at = at.max(l.preemptible_at);
+        let leases: Vec<&Lease> = st
+            .node_leases(id)
+            .iter()
+            .filter_map(|&lid| st.lease(lid))
+            .filter(|l| l.revoke.is_none())
+            .collect();
+        let at = leases.iter().map(|l| l.preemptible_at).fold(now, Time::max);
+        let lost: u64 = leases
+            .iter()
+            .filter(|l| l.ends_by.is_none_or(|end| end > at))
+            .map(|l| l.loss_at(at, loss))
+            .sum();
+        per_cluster[n.cluster as usize].push((at, lost, id));
+    }
+    let k = s.nodes as usize;
+    let gang_gpus = u128::from(s.gpus) * k as u128;
+    let mut best: Option<(u128, Time, Vec<NodeId>)> = None;
+    for mut v in per_cluster {
+        if v.len() < k {
+            continue;
+        }
+        // Sweep the start time over the nodes' lapses; keep the k least losses among
+        // the nodes free by then (a max-heap of k).
+        v.sort();
+        let mut heap: std::collections::BinaryHeap<(u64, Time, NodeId)> =
+            std::collections::BinaryHeap::new();
+        let mut sum: u128 = 0;
+        let mut here: Option<(u128, Time, Vec<(u64, Time, NodeId)>)> = None;
+        for &(at, lost, id) in &v {
+            heap.push((lost, at, id));
+            sum += u128::from(lost);
+            if heap.len() > k {
+                if let Some((l, _, _)) = heap.pop() {
+                    sum -= u128::from(l);
+                }
+            }
+            if heap.len() == k {
+                let start = at.max(now + 1);
+                let cost = gang_gpus * u128::from(start - now) + sum;
+                if here.as_ref().is_none_or(|h| cost < h.0) {
+                    here = Some((cost, start, heap.iter().copied().collect()));
                 }
             }
         }
-        per_cluster[n.cluster as usize].push((at, id));
-    }
-    let mut best: Option<(Time, Vec<NodeId>)> = None;
-    for mut v in per_cluster {
-        if (v.len() as u32) < s.nodes {
+        let Some((cost, _, chosen)) = here else {
             continue;
-        }
-        v.sort();
-        v.truncate(s.nodes as usize);
-        let start = v.last().map_or(now, |x| x.0).max(now + 1);
-        if best.as_ref().is_none_or(|b| start < b.0) {
-            best = Some((start, v.into_iter().map(|x| x.1).collect()));
+        };
+        // The set's start is the latest lapse among the nodes chosen.
+        let start = chosen.iter().map(|x| x.1).max().unwrap_or(now).max(now + 1);
+        if best.as_ref().is_none_or(|b| (cost, start) < (b.0, b.1)) {
+            let mut nodes: Vec<NodeId> = chosen.into_iter().map(|x| x.2).collect();
+            nodes.sort();
+            best = Some((cost, start, nodes));
         }
     }
-    best.map(|(t, nodes)| (nodes, t))
+    best.map(|(_, t, nodes)| (nodes, t))
 }

@@ -202,9 +202,26 @@ pub struct Lease {
     pub revoke: Option<Revocation>,
     /// Started on a node reserved for this gang, so the gang may reclaim it.
     pub backfill_for: Option<WorkloadId>,
+    /// Its workload resumes from a checkpoint: revoking it loses at most the work
+    /// since the last one, not the whole run.
+    pub resumable: bool,
+    /// When its time limit ends it, if it has one.
+    pub ends_by: Option<Time>,
+    /// Funded by its user's allowance, not the project's budget (which it does not
+    /// charge): the user, to give the GPUs back to.
+    pub allowance: Option<String>,
 }
 
 impl Lease {
+    /// GPU-seconds of work revoking it at `now` would throw away: everything since
+    /// its start, or for resumable work at most `checkpoint_loss` of it (the core
+    /// does not know when it last checkpointed, so it assumes the worst).
+    pub fn loss_at(&self, now: Time, checkpoint_loss: Secs) -> u64 {
+        let ran = now.saturating_sub(self.start);
+        let lost = if self.resumable { checkpoint_loss } else { ran };
+        u64::from(self.gpus) * lost
+    }
+
     /// GPUs, CPU cores and GB of memory it holds across all nodes.
     pub fn alloc(&self) -> [f64; 3] {
         let n = self.placement.len() as f64;

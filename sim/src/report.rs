@@ -95,6 +95,9 @@ pub struct Report {
     pub drain_revocations: u64,
     /// Work redone after revocations, GPU-hours.
     pub lost_gpu_hours: f64,
+    /// The same by cause: `preempted-unfunded` (free occupancy taken back),
+    /// `preempted-funded` (rebalancing after a contract), `reservation`, `drain`.
+    pub lost_gpu_hours_by: BTreeMap<String, f64>,
     /// Waits of the largest gangs.
     pub largest_gang_wait_s: GangWait,
     /// Workloads submitted.
@@ -138,6 +141,7 @@ pub(crate) struct Builder {
     pub preemptions: u64,
     pub drain_revocations: u64,
     pub lost_gpu_s: u64,
+    lost_by: BTreeMap<&'static str, u64>,
     pub submitted: u64,
     pub faults: u64,
     pub reservations: u64,
@@ -165,6 +169,7 @@ impl Builder {
             preemptions: 0,
             drain_revocations: 0,
             lost_gpu_s: 0,
+            lost_by: BTreeMap::new(),
             submitted: 0,
             faults: 0,
             reservations: 0,
@@ -210,6 +215,12 @@ impl Builder {
                 self.next_sample += HOUR;
             }
         }
+    }
+
+    /// Records work lost to a revocation, by its cause.
+    pub fn lost(&mut self, cause: &'static str, gpu_s: u64) {
+        self.lost_gpu_s += gpu_s;
+        *self.lost_by.entry(cause).or_default() += gpu_s;
     }
 
     /// Records a first start (or a censored wait at the end).
@@ -292,6 +303,11 @@ impl Builder {
             preemptions: self.preemptions,
             drain_revocations: self.drain_revocations,
             lost_gpu_hours: round4(self.lost_gpu_s as f64 / 3_600.0),
+            lost_gpu_hours_by: self
+                .lost_by
+                .iter()
+                .map(|(k, v)| (k.to_string(), round4(*v as f64 / 3_600.0)))
+                .collect(),
             largest_gang_wait_s,
             submitted: self.submitted,
             faults: self.faults,

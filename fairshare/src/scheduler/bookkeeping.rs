@@ -19,6 +19,30 @@ pub(super) fn protection(w: &Workload, funded: bool, cooldown: u64) -> u64 {
 }
 
 impl State {
+    /// GPUs `user` holds or has claimed on the allowance.
+    pub(super) fn allowance_held(&self, user: &str) -> u32 {
+        let claimed: u32 = self
+            .claims
+            .iter()
+            .filter(|(_, c)| c.allowance)
+            .filter_map(|(id, _)| self.workloads.get(id))
+            .filter(|w| w.spec.user == user)
+            .map(|w| w.spec.total_gpus())
+            .sum();
+        self.allowance.get(user).copied().unwrap_or(0) + claimed
+    }
+
+    /// Whether workload `w`, whose project's budget is spent, may run funded on its
+    /// user's allowance (`claimed`: it already holds an allowance claim).
+    pub(super) fn allowance_fits(&self, cfg: &PolicyConfig, w: &Workload, claimed: bool) -> bool {
+        let s = Shape::of(&w.spec);
+        if !cfg.allowance_shape(&s) {
+            return false;
+        }
+        let others = self.allowance_held(&w.spec.user) - if claimed { s.gpus } else { 0 };
+        others + s.gpus <= cfg.allowance_gpus
+    }
+
     /// Ends workload `id` in `state` and takes it out of its project's demand.
     pub(super) fn finish(&mut self, id: WorkloadId, state: WorkloadState) {
         if let Some(w) = self.workloads.get_mut(&id) {
@@ -106,7 +130,7 @@ impl State {
         cooldown: u64,
         id: WorkloadId,
         placement: Vec<NodeGpus>,
-        funded: bool,
+        (funded, allowance): (bool, bool),
         backfill_for: Option<WorkloadId>,
         why: StartWhy,
     ) -> Action {
@@ -143,9 +167,17 @@ impl State {
                 i64::from(gpus),
                 i64::from(cpu) * nodes,
                 i64::from(mem) * nodes,
-                if funded { i64::from(gpus) } else { 0 },
+                if funded && !allowance {
+                    i64::from(gpus)
+                } else {
+                    0
+                },
             ],
         );
+        let allowance = (funded && allowance).then(|| s.user.clone());
+        if let Some(user) = &allowance {
+            *self.allowance.entry(user.clone()).or_default() += gpus;
+        }
         if preemptible_at > now && preemptible_at != Time::MAX {
             self.protected.insert((preemptible_at, lid));
         }
@@ -168,6 +200,9 @@ impl State {
             funded,
             revoke: None,
             backfill_for,
+            resumable: s.resumable,
+            ends_by: s.time_limit.map(|tl| now.saturating_add(tl)),
+            allowance,
         };
         self.leases.insert(lid, lease);
         Action::Start {
@@ -200,9 +235,21 @@ impl State {
                 -i64::from(l.gpus),
                 -i64::from(l.cpu_per_node * nodes),
                 -i64::from(l.mem_per_node * nodes),
-                if l.funded { -i64::from(l.gpus) } else { 0 },
+                if l.funded && l.allowance.is_none() {
+                    -i64::from(l.gpus)
+                } else {
+                    0
+                },
             ],
         );
+        if let Some(user) = &l.allowance {
+            if let Some(held) = self.allowance.get_mut(user) {
+                *held -= l.gpus.min(*held);
+                if *held == 0 {
+                    self.allowance.remove(user);
+                }
+            }
+        }
         self.protected.remove(&(l.preemptible_at, lid));
         Some(l)
     }
@@ -311,9 +358,10 @@ impl State {
         &mut self,
         now: Time,
         tree: &OrgTree,
-        cooldown: u64,
+        cfg: &PolicyConfig,
         out: &mut Vec<Action>,
     ) {
+        let cooldown = cfg.cooldown;
         let ids: Vec<WorkloadId> = self.claims.keys().copied().collect();
         for id in ids {
             let Some(claim) = self.claims.get(&id).cloned() else {
@@ -333,8 +381,9 @@ impl State {
                 w.spec.mem_per_node_gb,
             );
             let project = w.project;
-            let funded = w.spec.min_runtime > 0
-                && (self.protect_forever || !self.budget_spent(tree, project, now));
+            let within_budget = self.protect_forever || !self.budget_spent(tree, project, now);
+            let allowance = !within_budget && claim.allowance && self.allowance_fits(cfg, w, true);
+            let funded = w.spec.min_runtime > 0 && (within_budget || allowance);
             let usable = claim.nodes.iter().all(|p| {
                 let n = self.cluster.node(p.node);
                 n.state == NodeState::Ready && (p.gpus & n.healthy).count_ones() >= g && n.offers(g)
@@ -376,7 +425,15 @@ impl State {
                         w.last_preempted.get_or_insert(now);
                     }
                 }
-                out.push(self.start_lease(now, cooldown, id, placement, funded, None, why));
+                out.push(self.start_lease(
+                    now,
+                    cooldown,
+                    id,
+                    placement,
+                    (funded, allowance),
+                    None,
+                    why,
+                ));
                 continue;
             }
             if claim.kind == ClaimKind::Preemption && !self.victims_pending(&claim) {

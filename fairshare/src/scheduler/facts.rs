@@ -112,6 +112,9 @@ pub struct LeaseFacts {
     /// The reservation it backfills.
     #[serde(default)]
     pub backfill_for: Option<WorkloadId>,
+    /// Funded by its user's allowance rather than the project's budget.
+    #[serde(default)]
+    pub allowance: bool,
 }
 
 impl Scheduler {
@@ -163,6 +166,7 @@ impl Scheduler {
                     funded: l.funded,
                     revoke: l.revoke.as_ref().map(|r| (r.not_before, r.why.clone())),
                     backfill_for: l.backfill_for,
+                    allowance: l.allowance.is_some(),
                 })
                 .collect(),
             usage: self
@@ -252,6 +256,13 @@ impl Scheduler {
             w.lease = Some(l.id);
             let project = w.project;
             let (cpu, mem) = (w.spec.cpu_per_node, w.spec.mem_per_node_gb);
+            let resumable = w.spec.resumable;
+            let ends_by = w.spec.time_limit.map(|tl| l.start.saturating_add(tl));
+            let allowance = (l.funded && l.allowance).then(|| w.spec.user.clone());
+            if let Some(user) = &allowance {
+                *s.st.allowance.entry(user.clone()).or_default() +=
+                    l.placement.iter().map(|p| p.gpus.count_ones()).sum::<u32>();
+            }
             let soft = l.revoke.is_none() && l.preemptible_at <= now;
             for p in &l.placement {
                 if p.node.idx() >= s.st.cluster.len() {
@@ -289,6 +300,9 @@ impl Scheduler {
                         why: why.clone(),
                     }),
                     backfill_for: l.backfill_for,
+                    resumable,
+                    ends_by,
+                    allowance,
                 },
             );
         }
@@ -344,6 +358,13 @@ impl Scheduler {
                         StartWhy::Backfill { reservation_of, .. } => Some(*reservation_of),
                         _ => None,
                     };
+                    // A funded start while the project's budget was spent ran on the
+                    // allowance: the ledger replayed so far says so, as it told the
+                    // pass (budgets are read at the pass's instant, before its starts).
+                    let project = w.project;
+                    let allowance = *funded
+                        && !self.st.protect_forever
+                        && self.st.budget_spent(&self.tree, project, now);
                     self.st.drop_claim(*workload);
                     self.st.next_lease = lease.0;
                     self.st.start_lease(
@@ -351,7 +372,7 @@ impl Scheduler {
                         cooldown,
                         *workload,
                         placement.clone(),
-                        *funded,
+                        (*funded, allowance),
                         backfill_for,
                         why.clone(),
                     );

@@ -124,6 +124,8 @@ pub struct Claim {
     pub cpu_per_node: u32,
     /// Memory set aside on each node, GB.
     pub mem_per_node: u32,
+    /// Made for work funded by its user's allowance.
+    pub allowance: bool,
 }
 
 /// Why GPUs are claimed.
@@ -174,6 +176,8 @@ struct State {
     recent: Vec<(Time, GroupId, GroupId)>,
     /// What gang preemption plans learnt about emptying nodes, until each changes.
     whole_keys: crate::preempt::WholeKeys,
+    /// GPUs each user runs on the allowance (leases only; claims are counted apart).
+    allowance: BTreeMap<String, u32>,
 }
 
 impl Scheduler {
@@ -202,6 +206,7 @@ impl Scheduler {
                 last_now: 0,
                 recent: Vec::new(),
                 whole_keys: Default::default(),
+                allowance: BTreeMap::new(),
             },
             baseline: None,
             queues: vec![ProjectQueue::default(); n],
@@ -417,7 +422,7 @@ impl Scheduler {
             .recent
             .retain(|e| e.0.saturating_add(cooldown) >= now);
         self.st
-            .process_claims(now, &self.tree, cooldown, &mut d.actions);
+            .process_claims(now, &self.tree, &self.cfg, &mut d.actions);
         // Ratios look ahead: preemption claimants count as started, leases being
         // revoked as gone. A reservation is not allocation: others still run there.
         let mut claimed_alloc: Vec<(GroupId, [f64; 3])> = self

@@ -58,6 +58,8 @@ struct Candidate {
     id: WorkloadId,
     project: GroupId,
     funded: bool,
+    /// Funded by its user's allowance (its project's budget is spent).
+    allowance: bool,
     shape: Shape,
     /// Its allocation (GPUs, CPUs, memory), charged to the ratios when it is placed.
     alloc: [f64; 3],
@@ -181,7 +183,7 @@ impl<'c> Pass<'c> {
         st: &mut State,
         r: &mut Ratios,
         d: &mut Decisions,
-        (id, p, funded): (WorkloadId, GroupId, bool),
+        (id, p, funded, allowance): (WorkloadId, GroupId, bool, bool),
         placement: Vec<NodeGpus>,
         backfill_for: Option<WorkloadId>,
         why: StartWhy,
@@ -196,7 +198,7 @@ impl<'c> Pass<'c> {
             self.cfg.cooldown,
             id,
             placement,
-            funded,
+            (funded, allowance),
             backfill_for,
             why,
         );
@@ -213,18 +215,28 @@ impl<'c> Pass<'c> {
         }
     }
 
-    /// Whether `p`'s work of `shape` runs funded: protected work within the budget
-    /// (always, under the baseline); the budget is read once per project and pass.
-    fn funded(&mut self, st: &State, p: GroupId, shape: &Shape) -> bool {
+    /// Whether workload `id` of `p`, of `shape`, runs funded, and whether on its
+    /// user's allowance: protected work within the budget (always, under the
+    /// baseline), else small short work while its user's allowance lasts; the budget
+    /// is read once per project and pass.
+    fn funded(&mut self, st: &State, p: GroupId, id: WorkloadId, shape: &Shape) -> (bool, bool) {
         if !shape.protected {
-            return false;
+            return (false, false);
         }
         if self.baseline.is_some() {
-            return true;
+            return (true, false);
         }
         let now = self.now;
         let tree = self.tree;
-        !*self.budget_ok[p.idx()].get_or_insert_with(|| st.budget_spent(tree, p, now))
+        let spent = *self.budget_ok[p.idx()].get_or_insert_with(|| st.budget_spent(tree, p, now));
+        if !spent {
+            return (true, false);
+        }
+        let allowance = st
+            .workloads
+            .get(&id)
+            .is_some_and(|w| st.allowance_fits(self.cfg, w, false));
+        (allowance, allowance)
     }
 
     /// Runs the pass: rounds of pick a project, take its next workload that could
@@ -321,7 +333,7 @@ impl<'c> Pass<'c> {
             let no_preempt = !s.protected
                 || !room.can_preempt
                 || self.preempt_dead.contains(&(p, *s))
-                || self.budget_ok[p.idx()] == Some(true);
+                || (self.budget_ok[p.idx()] == Some(true) && !self.cfg.allowance_shape(s));
             let no_reserve = s.nodes == 1
                 || !s.protected
                 || !room.can_reserve
@@ -357,7 +369,7 @@ impl<'c> Pass<'c> {
             Some(ClaimKind::Reservation { start }) => Some(start),
             None => None,
         };
-        let funded = self.funded(st, p, &shape);
+        let (funded, allowance) = self.funded(st, p, id, &shape);
         if funded && self.over_team_cap(st, p, id, shape, gpus) {
             return;
         }
@@ -365,6 +377,7 @@ impl<'c> Pass<'c> {
             id,
             project: p,
             funded,
+            allowance,
             shape,
             alloc,
         };
@@ -417,7 +430,15 @@ impl<'c> Pass<'c> {
             rank: self.examined,
             ratio: r.ratio(c.project),
         };
-        self.launch(st, r, d, (c.id, c.project, c.funded), placement, None, why);
+        self.launch(
+            st,
+            r,
+            d,
+            (c.id, c.project, c.funded, c.allowance),
+            placement,
+            None,
+            why,
+        );
         true
     }
 
@@ -445,7 +466,7 @@ impl<'c> Pass<'c> {
                 st,
                 r,
                 d,
-                (c.id, c.project, c.funded),
+                (c.id, c.project, c.funded, c.allowance),
                 placement,
                 Some(holder),
                 why,
@@ -519,6 +540,7 @@ impl<'c> Pass<'c> {
                 nodes: plan.claim,
                 cpu_per_node: shape.cpu,
                 mem_per_node: shape.mem,
+                allowance: c.allowance,
             },
         );
         self.charge(r, p, c.funded, &c.alloc);
@@ -537,7 +559,9 @@ impl<'c> Pass<'c> {
         {
             return None;
         }
-        let Some((nodes, start)) = crate::preempt::reserve(st, self.now, &shape) else {
+        let Some((nodes, start)) =
+            crate::preempt::reserve(st, self.now, &shape, self.cfg.checkpoint_loss)
+        else {
             self.reserve_dead.insert((p, shape));
             return None;
         };
@@ -555,6 +579,7 @@ impl<'c> Pass<'c> {
                 nodes: claim_nodes,
                 cpu_per_node: 0,
                 mem_per_node: 0,
+                allowance: false,
             },
         );
         self.reservations += 1;

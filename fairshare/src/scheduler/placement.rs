@@ -62,10 +62,14 @@ pub(super) fn backfill_placement(
         let ClaimKind::Reservation { start } = c.kind else {
             continue;
         };
-        let leaves_in_time = now.saturating_add(hold) <= start
-            || w.spec
-                .time_limit
-                .is_some_and(|tl| now.saturating_add(tl) <= start);
+        let ends_in_time = w
+            .spec
+            .time_limit
+            .is_some_and(|tl| now.saturating_add(tl) <= start);
+        // Work that cannot resume would lose its whole run when the reservation takes
+        // the node back: it must end before, not merely become preemptible.
+        let leaves_in_time =
+            ends_in_time || (w.spec.resumable && now.saturating_add(hold) <= start);
         if start <= now || !leaves_in_time {
             continue;
         }
