@@ -71,6 +71,16 @@ proptest! {
         }
     }
 
+    /// Property 7: the allowance funds only small, short work of projects whose
+    /// budget is spent, within each user's GPUs; backfill that cannot resume ends
+    /// before the reservation it borrows from starts.
+    #[test]
+    fn the_allowance_and_backfill_keep_their_bounds((setup, ops) in any_case()) {
+        let r = run(&setup, &ops);
+        assert_clean(&r, Prop::Allowance)?;
+        assert_clean(&r, Prop::Backfill)?;
+    }
+
     /// Property 6, conservation: every accepted workload stays known; pending +
     /// running + ended = submitted; pending_len, leases and demand agree with the
     /// workloads; each state is the one its history implies; final states stay final.
@@ -168,6 +178,7 @@ fn generated_cases_exercise_every_path() {
         ("reservations", s.reserves),
         ("requeues", s.requeues),
         ("node losses", s.node_lost),
+        ("allowance starts", s.allowance_starts),
     ];
     let missing: Vec<_> = counts.iter().filter(|c| c.1 == 0).collect();
     assert!(missing.is_empty(), "never reached: {missing:?} in {s:?}");

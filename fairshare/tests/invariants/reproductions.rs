@@ -104,6 +104,7 @@ fn a_victim_does_not_take_back_within_the_cooldown() {
             max_reservations: 2,
             max_plans: 16,
             drf: false,
+            allowance_gpus: 0,
         },
     };
     // Projects of tree 1 by index: 0 c, 1 a1, 2 a2, 3 b1.
@@ -164,6 +165,7 @@ fn a_reservation_is_not_its_groups_allocation() {
             max_reservations: 1,
             max_plans: 16,
             drf: false,
+            allowance_gpus: 0,
         },
     };
     // Projects of tree 2 by index: 0 a, 1 b.
@@ -218,6 +220,7 @@ fn equal_ratios_do_not_preempt_both_ways() {
             max_reservations: 2,
             max_plans: 16,
             drf: false,
+            allowance_gpus: 0,
         },
     };
     // Projects of tree 0 by index: 2 a2, 3 b, 4 a1.
@@ -267,6 +270,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             max_reservations: 1,
             max_plans: 16,
             drf: false,
+            allowance_gpus: 0,
         },
     };
     let ops: Vec<Op> = vec![
@@ -512,6 +516,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
             max_reservations: 0,
             max_plans: 16,
             drf: false,
+            allowance_gpus: 0,
         },
     };
     let ops: Vec<Op> = vec![

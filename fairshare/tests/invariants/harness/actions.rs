@@ -37,6 +37,7 @@ impl Shell {
             return;
         };
         let spec = &w.spec;
+        self.check_allowance_start(&w, &lease, funded, why);
 
         // Gang shape: k distinct nodes of one cluster, exactly gpus_per_node on each.
         if spec.nodes > 1 {

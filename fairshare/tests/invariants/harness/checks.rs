@@ -195,4 +195,62 @@ impl Shell {
             self.fail(Prop::Books, b);
         }
     }
+
+    /// At each start: an allowance lease is funded, of an allowance shape, started
+    /// while its project's budget is spent; its user's allowance leases stay within
+    /// `allowance_gpus`. Backfill that cannot resume ends before its reservation.
+    pub(super) fn check_allowance_start(
+        &mut self,
+        w: &allot_fairshare::Workload,
+        lease: &allot_fairshare::Lease,
+        funded: bool,
+        why: &allot_fairshare::StartWhy,
+    ) {
+        let cfg = self.sch.config().clone();
+        if let allot_fairshare::StartWhy::Backfill { starts, .. } = why {
+            let ends = w.spec.time_limit.map(|tl| self.now + tl);
+            if !w.spec.resumable && ends.is_none_or(|e| e > *starts) {
+                self.fail(
+                    Prop::Backfill,
+                    format!(
+                        "{:?} cannot resume, backfills until {ends:?} a reservation starting at {starts}",
+                        w.id
+                    ),
+                );
+            }
+        }
+        let Some(user) = &lease.allowance else {
+            return;
+        };
+        self.stats.allowance_starts += 1;
+        let shape = allot_fairshare::queue::Shape::of(&w.spec);
+        let mut bad = Vec::new();
+        if !funded || !cfg.allowance_shape(&shape) || user != &w.spec.user {
+            bad.push(format!(
+                "{:?} on the allowance: funded {funded}, shape {shape:?}, user {user}",
+                w.id
+            ));
+        }
+        if !self.sch.budget_spent(w.project, self.now) {
+            bad.push(format!(
+                "{:?} on the allowance while its project's budget is not spent",
+                w.id
+            ));
+        }
+        let held: u32 = self
+            .sch
+            .leases()
+            .filter(|l| l.allowance.as_deref() == Some(user.as_str()))
+            .map(|l| l.gpus)
+            .sum();
+        if held > cfg.allowance_gpus {
+            bad.push(format!(
+                "{user} holds {held} allowance GPUs, more than allowance_gpus = {}",
+                cfg.allowance_gpus
+            ));
+        }
+        for b in bad {
+            self.fail(Prop::Allowance, b);
+        }
+    }
 }

@@ -30,6 +30,7 @@ pub(crate) struct Policy {
     pub(crate) max_reservations: u32,
     pub(crate) max_plans: u32,
     pub(crate) drf: bool,
+    pub(crate) allowance_gpus: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -79,9 +80,19 @@ fn policy() -> impl Strategy<Value = Policy> {
         0u32..=2,
         prop_oneof![1 => Just(1u32), 3 => Just(16u32)],
         prop::bool::weighted(0.25),
+        prop_oneof![Just(0u32), Just(2u32), Just(16u32)],
     )
         .prop_map(
-            |(lookback, half_life, hysteresis, cooldown, max_reservations, max_plans, drf)| {
+            |(
+                lookback,
+                half_life,
+                hysteresis,
+                cooldown,
+                max_reservations,
+                max_plans,
+                drf,
+                allowance_gpus,
+            )| {
                 Policy {
                     lookback,
                     half_life,
@@ -90,6 +101,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                     max_reservations,
                     max_plans,
                     drf,
+                    allowance_gpus,
                 }
             },
         )
@@ -350,6 +362,7 @@ pub(super) fn policy_config(p: &Policy) -> PolicyConfig {
         max_reservations: p.max_reservations,
         max_preemption_plans: p.max_plans,
         drf: p.drf,
+        allowance_gpus: p.allowance_gpus,
         ..PolicyConfig::default()
     }
 }

@@ -43,6 +43,11 @@ pub(crate) enum Prop {
     Revokes,
     /// Every workload is accounted for, in the state its history implies.
     Books,
+    /// Allowance leases: small, short, funded, within each user's GPUs, and only
+    /// while the project's budget is spent.
+    Allowance,
+    /// Backfill of work that cannot resume ends before its reservation starts.
+    Backfill,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -85,6 +90,7 @@ pub(crate) struct Stats {
     pub(crate) reserves: u64,
     pub(crate) requeues: u64,
     pub(crate) node_lost: u64,
+    pub(crate) allowance_starts: u64,
 }
 
 impl Stats {
@@ -103,6 +109,7 @@ impl Stats {
         self.reserves += o.reserves;
         self.requeues += o.requeues;
         self.node_lost += o.node_lost;
+        self.allowance_starts += o.allowance_starts;
     }
 }
 

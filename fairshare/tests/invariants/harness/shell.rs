@@ -99,7 +99,8 @@ impl Shell {
         let p = projects[s.project % projects.len()];
         let spec = WorkloadSpec {
             project: self.sch.tree().group(p).name.clone(),
-            user: "u".into(),
+            // Two users, so the allowance is counted per user.
+            user: format!("u{}", s.priority.rem_euclid(2)),
             class: "batch".into(),
             gpus_per_node: s.gpus,
             nodes: s.nodes,
