@@ -32,6 +32,11 @@ pub const DEFAULT_ALLOWANCE_GPUS: u32 = 16;
 /// The longest time limit work may declare to run on the allowance: debug runs and
 /// interactive sessions, not training.
 pub const DEFAULT_ALLOWANCE_MAX_TIME: Secs = 8 * HOUR;
+/// Whether a gang whose project's budget is spent may hold a reservation (one at a
+/// time, never the last free one): it then takes back only free occupancy when the
+/// reservation starts and waits for funded leases to end by their time limits, so
+/// a 16-node gang waits hours, not days, once its team has spent its week.
+pub const DEFAULT_UNFUNDED_RESERVATIONS: bool = true;
 /// Workloads looked at per pass, like Slurm's `default_queue_depth`, so a pass stays
 /// cheap with tens of thousands pending.
 pub const DEFAULT_MAX_EXAMINED: u32 = 2_000;
@@ -74,6 +79,8 @@ pub struct PolicyConfig {
     /// The longest time limit such work may declare.
     #[serde(deserialize_with = "de_duration")]
     pub allowance_max_time: Secs,
+    /// Whether an unfunded gang may hold a reservation (see the default).
+    pub unfunded_reservations: bool,
 }
 
 /// Which usage model.
@@ -103,6 +110,7 @@ impl Default for PolicyConfig {
             checkpoint_loss: DEFAULT_CHECKPOINT_LOSS,
             allowance_gpus: DEFAULT_ALLOWANCE_GPUS,
             allowance_max_time: DEFAULT_ALLOWANCE_MAX_TIME,
+            unfunded_reservations: DEFAULT_UNFUNDED_RESERVATIONS,
         }
     }
 }

@@ -427,12 +427,15 @@ pub(crate) fn plan<V: View>(
 /// its leases would lose when the reservation takes the nodes back (a lease whose
 /// time limit ends first loses nothing; resumable work loses `loss` at most). So a
 /// node running hours of work that cannot resume is reserved only when waiting for
-/// others would cost more.
+/// others would cost more. For an unfunded gang (`funded` false) a funded lease is
+/// never taken: its node is free when its time limit ends it, and a node with a
+/// funded lease without one is not reserved.
 pub(crate) fn reserve<V: View>(
     st: &V,
     now: Time,
     s: &Shape,
     loss: Secs,
+    funded: bool,
 ) -> Option<(Vec<NodeId>, Time)> {
     let c = st.cluster();
     let mut per_cluster: Vec<Vec<(Time, u64, NodeId)>> = vec![Vec::new(); c.cluster_names().len()];
@@ -453,7 +456,19 @@ pub(crate) fn reserve<V: View>(
             .filter_map(|&lid| st.lease(lid))
             .filter(|l| l.revoke.is_none())
             .collect();
-        let at = leases.iter().map(|l| l.preemptible_at).fold(now, Time::max);
+        let free_at = |l: &Lease| {
+            if funded || !l.funded {
+                Some(l.preemptible_at)
+            } else {
+                l.ends_by
+            }
+        };
+        let Some(at) = leases
+            .iter()
+            .try_fold(now, |at, l| free_at(l).map(|t| at.max(t)))
+        else {
+            continue;
+        };
         let lost: u64 = leases
             .iter()
             .filter(|l| l.ends_by.is_none_or(|end| end > at))

@@ -452,7 +452,9 @@ impl State {
                             let soft = l.placement.iter().any(|x| {
                                 x.node == p.node && self.cluster.node(x.node).soft & x.gpus != 0
                             });
-                            if l.revoke.is_none() && (soft || l.backfill_for == Some(id)) {
+                            // An unfunded gang (now) takes back only free occupancy.
+                            let may = soft && ((claim.funded && funded) || !l.funded);
+                            if l.revoke.is_none() && (may || l.backfill_for == Some(id)) {
                                 self.revoke_at(lid, now, RevokeWhy::Reservation { by: id });
                             }
                         }

@@ -126,6 +126,10 @@ pub struct Claim {
     pub mem_per_node: u32,
     /// Made for work funded by its user's allowance.
     pub allowance: bool,
+    /// Made for funded work. A reservation for an unfunded gang (its project's
+    /// budget is spent) takes back only free occupancy when it starts, and waits for
+    /// funded leases to end by their time limits.
+    pub funded: bool,
 }
 
 /// Why GPUs are claimed.

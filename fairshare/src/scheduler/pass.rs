@@ -541,6 +541,7 @@ impl<'c> Pass<'c> {
                 cpu_per_node: shape.cpu,
                 mem_per_node: shape.mem,
                 allowance: c.allowance,
+                funded: c.funded,
             },
         );
         self.charge(r, p, c.funded, &c.alloc);
@@ -552,15 +553,27 @@ impl<'c> Pass<'c> {
     /// from when they come free; returns its start.
     fn try_reserve(&mut self, st: &mut State, d: &mut Decisions, c: Candidate) -> Option<Time> {
         let (id, p, shape) = (c.id, c.project, c.shape);
-        if shape.nodes <= 1
-            || !c.funded
-            || self.reservations >= self.cfg.max_reservations
-            || self.reserve_dead.contains(&(p, shape))
+        // An unfunded gang (its budget is spent) may hold one reservation at a time,
+        // and never the last one left, so it does not starve while funded gangs keep
+        // theirs.
+        let unfunded_held = st
+            .claims
+            .values()
+            .filter(|x| matches!(x.kind, ClaimKind::Reservation { .. }) && !x.funded)
+            .count();
+        let room = if c.funded {
+            self.reservations < self.cfg.max_reservations
+        } else {
+            self.cfg.unfunded_reservations
+                && unfunded_held == 0
+                && self.reservations + 1 < self.cfg.max_reservations
+        };
+        if shape.nodes <= 1 || !shape.protected || !room || self.reserve_dead.contains(&(p, shape))
         {
             return None;
         }
         let Some((nodes, start)) =
-            crate::preempt::reserve(st, self.now, &shape, self.cfg.checkpoint_loss)
+            crate::preempt::reserve(st, self.now, &shape, self.cfg.checkpoint_loss, c.funded)
         else {
             self.reserve_dead.insert((p, shape));
             return None;
@@ -580,6 +593,7 @@ impl<'c> Pass<'c> {
                 cpu_per_node: 0,
                 mem_per_node: 0,
                 allowance: false,
+                funded: c.funded,
             },
         );
         self.reservations += 1;

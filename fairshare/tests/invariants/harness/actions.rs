@@ -242,6 +242,19 @@ impl Shell {
                         ),
                     );
                 }
+                // Free occupancy never takes funded work: an unfunded gang's
+                // reservation (its budget spent) revokes only unfunded leases and its
+                // own backfill.
+                let holder_unfunded = self
+                    .sch
+                    .workload(*by)
+                    .is_some_and(|w| self.sch.budget_spent(w.project, now));
+                if holder_unfunded && l.funded && l.backfill_for != Some(*by) {
+                    self.fail(
+                        Prop::Protection,
+                        format!("funded {lid:?} revoked for the unfunded reservation of {by:?}"),
+                    );
+                }
             }
             RevokeWhy::Drain { .. } => {
                 self.stats.drain_revokes += 1;
