@@ -1,7 +1,19 @@
 //! `allotd simulate`: read the scenario and trace, run the core on a virtual clock,
 //! print the report.
+//!
+//! `--policy fifo|sjf` runs the Helios study's strict-order baselines instead
+//! ([`allot_sim::strict`]): they need a scenario whose `[trace]` is in the Helios
+//! format with `clusters_separately = true` (`scenarios/philly-vc.toml`), and print
+//! one row per cluster. They are deterministic and run until every job has ended, so
+//! `--seed`, `--seeds`, `--days` and `--svg` do not apply. Such a scenario under
+//! `fairshare` or `priority` is refused with a pointer to fifo/sjf: allot's policy
+//! replays Philly through `scenarios/philly.toml` and `--trace` (one shared cluster,
+//! the VCs as teams), which is the comparison it is built for.
 
-use allot_sim::{self as sim, scenario::AI2, trace, PolicyKind, Scenario, SimOptions};
+use allot_sim::scenario::TraceFormat;
+use allot_sim::{
+    self as sim, helios, scenario::AI2, strict, trace, PolicyKind, Scenario, SimOptions,
+};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -15,7 +27,8 @@ pub struct Args {
     /// Replay this CSV trace instead of the scenario's workload classes.
     #[arg(long)]
     trace: Option<PathBuf>,
-    /// `fairshare` (allot) or `priority` (the static-priority baseline).
+    /// `fairshare` (allot), `priority` (the static-priority baseline), or the Helios
+    /// study's strict-order baselines `fifo` and `sjf` (a Helios-format scenario).
     #[arg(long, default_value = "fairshare")]
     policy: String,
     /// Seed (default: the scenario's).
@@ -34,26 +47,34 @@ pub struct Args {
     /// Write plots (team shares, waits, occupancy) as SVG files into this directory.
     #[arg(long)]
     svg: Option<PathBuf>,
+    /// `fifo`/`sjf`: write every job's start to this CSV
+    /// (`cluster,line,submit_s,duration_s,gpus,start_s,queue_s`).
+    #[arg(long)]
+    per_job: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> Result<()> {
     let policy = match a.policy.as_str() {
         "fairshare" => PolicyKind::FairShare,
         "priority" => PolicyKind::Priority,
-        other => bail!("--policy {other:?}: use `fairshare` or `priority`"),
+        "fifo" => return run_strict(a, strict::Order::Fifo),
+        "sjf" => return run_strict(a, strict::Order::Sjf),
+        other => bail!("--policy {other:?}: use `fairshare`, `priority`, `fifo` or `sjf`"),
     };
-    let (text, file) = if a.scenario == "ai2" {
-        (AI2.to_string(), "ai2 (built-in)".to_string())
-    } else {
-        let text = std::fs::read_to_string(&a.scenario).with_context(|| {
-            format!(
-                "--scenario {}: cannot read the file (or name a built-in: ai2)",
-                a.scenario
-            )
-        })?;
-        (text, a.scenario.clone())
+    if a.per_job.is_some() {
+        bail!("--per-job applies to --policy fifo and sjf");
+    }
+    let mut sc = read_scenario(&a.scenario)?;
+    let trace_path = match sc.trace.as_ref().map(|t| t.format) {
+        Some(TraceFormat::Helios) => bail!(
+            "--scenario {}: its [trace] is a Helios trace with each cluster simulated \
+             separately; run it with --policy fifo or --policy sjf (allot's policy replays \
+             Philly with --scenario scenarios/philly.toml --trace FILE)",
+            a.scenario
+        ),
+        Some(TraceFormat::Allot) => a.trace.clone().or_else(|| sc.trace_path(scenario_file(&a))),
+        None => a.trace.clone(),
     };
-    let mut sc = Scenario::parse(&text, &file)?;
     if let Some(d) = a.days {
         if d == 0 {
             bail!("--days 0: simulate at least 1 day");
@@ -62,7 +83,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     if let Some(list) = &a.seeds {
         let seeds = parse_seeds(list)?;
-        let trace = match &a.trace {
+        let trace = match &trace_path {
             Some(path) => Some(read_trace(path, &sc)?),
             None => None,
         };
@@ -75,7 +96,7 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     let seed = a.seed.unwrap_or(sc.seed);
-    let (jobs, groups) = match &a.trace {
+    let (jobs, groups) = match &trace_path {
         Some(path) => {
             let t = read_trace(path, &sc)?;
             (t.jobs, t.groups)
@@ -94,6 +115,80 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(dir) = &a.svg {
         crate::svg::write_all(dir, &report)
             .with_context(|| format!("--svg {}: cannot write plots", dir.display()))?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+fn read_scenario(name: &str) -> Result<Scenario> {
+    let (text, file) = if name == "ai2" {
+        (AI2.to_string(), "ai2 (built-in)".to_string())
+    } else {
+        let text = std::fs::read_to_string(name).with_context(|| {
+            format!("--scenario {name}: cannot read the file (or name a built-in: ai2)")
+        })?;
+        (text, name.to_string())
+    };
+    Ok(Scenario::parse(&text, &file)?)
+}
+
+/// The scenario's file, against which its `[trace] path` is resolved (a built-in:
+/// the working directory).
+fn scenario_file(a: &Args) -> &std::path::Path {
+    if a.scenario == "ai2" {
+        std::path::Path::new("ai2")
+    } else {
+        std::path::Path::new(&a.scenario)
+    }
+}
+
+/// `--policy fifo|sjf`: every cluster of a Helios trace, separately.
+fn run_strict(a: Args, order: strict::Order) -> Result<()> {
+    let flag = format!("--policy {}", order.name());
+    for (given, what) in [
+        (a.seed.is_some(), "--seed"),
+        (a.seeds.is_some(), "--seeds"),
+        (a.days.is_some(), "--days"),
+        (a.svg.is_some(), "--svg"),
+    ] {
+        if given {
+            bail!(
+                "{what} does not apply to {flag}: it is deterministic and runs until every job \
+                 has ended"
+            );
+        }
+    }
+    let sc = read_scenario(&a.scenario)?;
+    if sc.trace.as_ref().map(|t| t.format) != Some(TraceFormat::Helios) {
+        bail!(
+            "{flag} needs a scenario whose [trace] has format = \"helios\" and \
+             clusters_separately = true (e.g. scenarios/philly-vc.toml); --scenario {} has none",
+            a.scenario
+        );
+    }
+    let path = match &a.trace {
+        Some(p) => p.clone(),
+        None => sc
+            .trace_path(scenario_file(&a))
+            .context("the scenario names no trace")?,
+    };
+    let started = Instant::now();
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("trace {}: cannot read the file", path.display()))?;
+    let tr = helios::parse(&text, &path.display().to_string(), &sc)?;
+    let parse_wall_s = started.elapsed().as_secs_f64();
+    tracing::info!(scenario = %sc.name, policy = order.name(), rows = tr.clusters.iter().map(|c| c.jobs.len()).sum::<usize>(), "simulating");
+    let started = Instant::now();
+    let mut report = strict::run(&sc.name, &tr, order).map_err(|e| anyhow::anyhow!(e))?;
+    report.sim_wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+    report.parse_wall_s = (parse_wall_s * 1000.0).round() / 1000.0;
+    if let Some(out) = &a.per_job {
+        std::fs::write(out, report.per_job_csv())
+            .with_context(|| format!("--per-job {}: cannot write the file", out.display()))?;
     }
     if a.json {
         println!("{}", serde_json::to_string(&report)?);

@@ -7,9 +7,11 @@
 //! the clock to the next event or wake-up. It integrates each team's received and
 //! entitled GPU-hours (the ideal of [`allot_fairshare::entitlement`]) as it goes.
 
+pub mod helios;
 pub mod report;
 pub mod rng;
 pub mod scenario;
+pub mod strict;
 pub mod trace;
 
 use allot_fairshare::cluster::{NodeId, NodeState};

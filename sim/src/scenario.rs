@@ -279,6 +279,53 @@ pub struct Scenario {
     /// Baseline settings.
     #[serde(default)]
     pub baseline: BaselineSpec,
+    /// The trace this scenario replays, if it names one.
+    #[serde(default)]
+    pub trace: Option<TraceSpec>,
+}
+
+/// How a scenario's trace is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TraceFormat {
+    /// allot's own CSV ([`crate::trace`]): replayed through the policy core.
+    Allot,
+    /// The Helios study's raw CSV ([`crate::helios`]): one strict-order run
+    /// ([`crate::strict`]) per cluster.
+    Helios,
+}
+
+/// `[trace]`: the trace a scenario replays.
+///
+/// - `path`: the CSV, relative to the scenario file's directory (`--trace` overrides
+///   it).
+/// - `format`: `allot` (default) or `helios`.
+/// - `from`, `to`: the submit window, `YYYY-MM-DD HH:MM:SS` UTC, both inclusive;
+///   jobs outside it are left out (`helios` only).
+/// - `clusters_separately`: each `[[clusters]]` table is its own system with its own
+///   queue (a job runs on the cluster its trace row names); required for `helios`,
+///   which is how the Helios study simulates Philly's virtual clusters.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceSpec {
+    /// The CSV, relative to the scenario file.
+    pub path: String,
+    /// Its format.
+    #[serde(default = "default_format")]
+    pub format: TraceFormat,
+    /// First submit time kept (UTC).
+    #[serde(default)]
+    pub from: Option<String>,
+    /// Last submit time kept (UTC).
+    #[serde(default)]
+    pub to: Option<String>,
+    /// Each cluster simulated on its own.
+    #[serde(default)]
+    pub clusters_separately: bool,
+}
+
+fn default_format() -> TraceFormat {
+    TraceFormat::Allot
 }
 
 fn default_days() -> u32 {
@@ -391,6 +438,9 @@ impl Scenario {
                 ));
             }
         }
+        if let Some(tr) = &self.trace {
+            self.check_trace(tr, &err)?;
+        }
         for (j, t) in self.teams.iter().enumerate() {
             if !(t.demand.is_finite() && t.demand >= 0.0) {
                 return Err(err(
@@ -400,6 +450,10 @@ impl Scenario {
                 ));
             }
         }
+        if self.trace.is_some() && self.teams.is_empty() {
+            // The trace names the teams (allot) or has none (helios).
+            return Ok(());
+        }
         self.tree_specs(&[])
             .and_then(|specs| {
                 allot_fairshare::tree::OrgTree::new(&specs)
@@ -407,6 +461,82 @@ impl Scenario {
                     .map_err(|e| e.to_string())
             })
             .map_err(|m| err("teams", "teams".into(), m))
+    }
+
+    fn check_trace(
+        &self,
+        tr: &TraceSpec,
+        err: &dyn Fn(&str, String, String) -> ScenarioError,
+    ) -> Result<(), ScenarioError> {
+        if tr.path.trim().is_empty() {
+            return Err(err(
+                "trace.path",
+                "trace.path".into(),
+                "name the CSV file, relative to this scenario".into(),
+            ));
+        }
+        let mut bounds = Vec::new();
+        for (key, v) in [("from", &tr.from), ("to", &tr.to)] {
+            let Some(v) = v else { continue };
+            if tr.format != TraceFormat::Helios {
+                return Err(err(
+                    &format!("trace.{key}"),
+                    format!("trace.{key}"),
+                    "a submit window applies to format = \"helios\" only".into(),
+                ));
+            }
+            let t = crate::helios::parse_time(v).ok_or_else(|| {
+                err(
+                    &format!("trace.{key}"),
+                    format!("trace.{key}"),
+                    format!("{v:?} is not a time: write YYYY-MM-DD HH:MM:SS (UTC)"),
+                )
+            })?;
+            bounds.push(t);
+        }
+        if let [from, to] = bounds[..] {
+            if from > to {
+                return Err(err(
+                    "trace.to",
+                    "trace.to".into(),
+                    "is before trace.from".into(),
+                ));
+            }
+        }
+        if tr.format == TraceFormat::Helios {
+            if !tr.clusters_separately {
+                return Err(err(
+                    "trace.format",
+                    "trace.clusters_separately".into(),
+                    "a helios trace runs each cluster on its own: set clusters_separately = true"
+                        .into(),
+                ));
+            }
+            for (i, c) in self.clusters.iter().enumerate() {
+                if self.clusters[..i].iter().any(|o| o.name == c.name) {
+                    return Err(err(
+                        &format!("clusters.{i}.name"),
+                        format!("clusters[{i}].name"),
+                        format!("{:?} names two clusters; the trace's rows name one", c.name),
+                    ));
+                }
+            }
+        } else if tr.clusters_separately {
+            return Err(err(
+                "trace.clusters_separately",
+                "trace.clusters_separately".into(),
+                "only format = \"helios\" runs clusters separately".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The scenario's trace file, resolved against the directory of the scenario
+    /// file `scenario_file` (a built-in scenario: the working directory).
+    pub fn trace_path(&self, scenario_file: &std::path::Path) -> Option<std::path::PathBuf> {
+        let tr = self.trace.as_ref()?;
+        let dir = scenario_file.parent().unwrap_or(std::path::Path::new(""));
+        Some(dir.join(&tr.path))
     }
 
     /// Node list of all clusters.

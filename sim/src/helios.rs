@@ -1,0 +1,392 @@
+//! The Helios study's raw trace format, read for [`crate::strict`]'s per-cluster runs.
+//!
+//! Header `timestamp,duration,num_gpus,gpu_time,cluster` (columns in any order; the
+//! Helios artifact's `cluster_log.csv` names `submit_time`, `gpu_num` and `vc` are
+//! accepted too). `timestamp` is `YYYY-MM-DD HH:MM:SS`, read as UTC (the study's
+//! simulator used the machine's local zone; its figures are reproduced under
+//! `TZ=UTC`). `duration` is seconds, a fraction cut to whole seconds as the study's
+//! input step did (`astype(int)`). `num_gpus` is a whole number. `cluster` names one
+//! of the scenario's `[[clusters]]` (a virtual cluster, VC). Other columns
+//! (`gpu_time`, `user`, `jobname`, `state`) are ignored.
+//!
+//! A row that cannot be read (a cell that is not a time or a number, a missing
+//! cell) is an error naming `file:line` and the field. A row that reads but cannot
+//! be simulated is left out and counted in [`TraceDrops`], in this order of causes:
+//! no GPUs (`num_gpus ≤ 0`), a cluster the scenario does not have, submitted before
+//! the window's `from` or after its `to` (both UTC, inclusive), a duration under one
+//! second, more GPUs than its cluster has. (The Helios code drops the first three and
+//! loops for ever on the other two.)
+//!
+//! Times are seconds from the origin: the first simulated job's submit time, shared
+//! by all clusters. Each cluster's jobs are in submit order, ties in file order (the
+//! Helios code's ties follow pandas' unstable sort: on the Philly input FIFO's mean
+//! wait moves by 0.3% between the two).
+
+use crate::scenario::{Scenario, ScenarioError};
+use crate::strict::Job;
+use allot_fairshare::time::Time;
+use serde::Serialize;
+
+/// One cluster's jobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterJobs {
+    /// The scenario's cluster name (the VC id).
+    pub name: String,
+    /// Nodes.
+    pub nodes: u32,
+    /// GPUs per node.
+    pub gpus_per_node: u32,
+    /// Its jobs, by submit time, ties in file order.
+    pub jobs: Vec<Job>,
+}
+
+/// Rows of the trace that were read but are not simulated.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TraceDrops {
+    /// `num_gpus` of 0 or less.
+    pub no_gpus: u64,
+    /// A `cluster` the scenario has no `[[clusters]]` table for.
+    pub unknown_cluster: u64,
+    /// Submitted before the window.
+    pub before_window: u64,
+    /// Submitted after the window.
+    pub after_window: u64,
+    /// A duration under one second.
+    pub no_duration: u64,
+    /// More GPUs than the cluster has in all.
+    pub too_many_gpus: u64,
+}
+
+impl TraceDrops {
+    /// All rows left out.
+    pub fn total(&self) -> u64 {
+        self.no_gpus
+            + self.unknown_cluster
+            + self.before_window
+            + self.after_window
+            + self.no_duration
+            + self.too_many_gpus
+    }
+
+    /// `18 unknown cluster, 5649 before the window, …` (causes that occurred).
+    pub fn text(&self) -> String {
+        let parts: Vec<String> = [
+            (self.no_gpus, "no GPUs"),
+            (self.unknown_cluster, "unknown cluster"),
+            (self.before_window, "before the window"),
+            (self.after_window, "after the window"),
+            (self.no_duration, "no duration"),
+            (self.too_many_gpus, "more GPUs than the cluster"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, why)| format!("{n} {why}"))
+        .collect();
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            format!("{} rows: {}", self.total(), parts.join(", "))
+        }
+    }
+}
+
+/// A parsed Helios trace, split by cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeliosTrace {
+    /// The file, as named in errors and reports.
+    pub file: String,
+    /// Unix second of the origin (`None` when no job is simulated).
+    pub origin: Option<i64>,
+    /// Every scenario cluster, in the scenario's order (empty ones too).
+    pub clusters: Vec<ClusterJobs>,
+    /// Rows left out.
+    pub dropped: TraceDrops,
+}
+
+impl HeliosTrace {
+    /// The origin as `YYYY-MM-DD HH:MM:SS UTC`.
+    pub fn origin_text(&self) -> String {
+        self.origin.map_or_else(
+            || "none: no job".into(),
+            |t| format!("{} UTC", format_time(t)),
+        )
+    }
+}
+
+const COLUMNS: [(&str, &[&str]); 4] = [
+    ("timestamp", &["timestamp", "submit_time"]),
+    ("duration", &["duration"]),
+    ("num_gpus", &["num_gpus", "gpu_num"]),
+    ("cluster", &["cluster", "vc"]),
+];
+const IGNORED: [&str; 4] = ["gpu_time", "user", "jobname", "state"];
+
+/// Reads a Helios trace for `scenario`'s clusters and `[trace]` window; `file` names
+/// it in errors.
+pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<HeliosTrace, ScenarioError> {
+    let err = |line: usize, field: &str, message: String| ScenarioError {
+        file: file.into(),
+        line,
+        field: field.into(),
+        message,
+    };
+    let window = scenario.trace.as_ref();
+    let bound = |s: &Option<String>| s.as_deref().and_then(parse_time);
+    let from = window.and_then(|w| bound(&w.from));
+    let to = window.and_then(|w| bound(&w.to));
+    let mut lines = text.lines().enumerate();
+    let (header_line, header): (usize, Vec<String>) = loop {
+        match lines.next() {
+            Some((_, l)) if l.trim().is_empty() => continue,
+            Some((i, l)) => break (i + 1, l.split(',').map(|h| h.trim().to_string()).collect()),
+            None => return Err(err(1, "header", "empty file: expected a CSV header".into())),
+        }
+    };
+    let known = || {
+        let mut k: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+        k.extend(IGNORED);
+        k.join(",")
+    };
+    let mut cols = [usize::MAX; 4];
+    for (i, h) in header.iter().enumerate() {
+        match COLUMNS
+            .iter()
+            .position(|(_, names)| names.contains(&h.as_str()))
+        {
+            Some(c) if cols[c] != usize::MAX => {
+                return Err(err(
+                    header_line,
+                    h,
+                    format!("a second {} column", COLUMNS[c].0),
+                ))
+            }
+            Some(c) => cols[c] = i,
+            None if IGNORED.contains(&h.as_str()) => {}
+            None => {
+                return Err(err(
+                    header_line,
+                    h,
+                    format!("unknown column; the Helios format has {}", known()),
+                ))
+            }
+        }
+    }
+    for (c, &at) in cols.iter().enumerate() {
+        if at == usize::MAX {
+            return Err(err(
+                header_line,
+                COLUMNS[c].0,
+                "required column is missing from the header".into(),
+            ));
+        }
+    }
+    let mut dropped = TraceDrops::default();
+    // (cluster index, unix submit, duration, gpus, line)
+    let mut rows: Vec<(usize, i64, u64, u32, usize)> = Vec::new();
+    for (i, line) in lines {
+        let ln = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        if cells.len() != header.len() {
+            return Err(err(
+                ln,
+                "row",
+                format!("has {} cells, the header has {}", cells.len(), header.len()),
+            ));
+        }
+        let cell = |c: usize| -> Result<&str, ScenarioError> {
+            let s = cells[cols[c]];
+            if s.is_empty() {
+                Err(err(ln, COLUMNS[c].0, "is empty".into()))
+            } else {
+                Ok(s)
+            }
+        };
+        let ts = cell(0)?;
+        let submit = parse_time(ts).ok_or_else(|| {
+            err(
+                ln,
+                "timestamp",
+                format!("{ts:?} is not a time: write YYYY-MM-DD HH:MM:SS (UTC)"),
+            )
+        })?;
+        let d = cell(1)?;
+        let duration = d
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| err(ln, "duration", format!("{d:?} is not a number of seconds")))?;
+        let g = cell(2)?;
+        let gpus = g
+            .parse::<i64>()
+            .map_err(|_| err(ln, "num_gpus", format!("{g:?} is not a whole number")))?;
+        let vc = cell(3)?;
+        if gpus <= 0 {
+            dropped.no_gpus += 1;
+            continue;
+        }
+        let Some(ci) = scenario.clusters.iter().position(|c| c.name == vc) else {
+            dropped.unknown_cluster += 1;
+            continue;
+        };
+        if from.is_some_and(|f| submit < f) {
+            dropped.before_window += 1;
+            continue;
+        }
+        if to.is_some_and(|t| submit > t) {
+            dropped.after_window += 1;
+            continue;
+        }
+        // Whole seconds, cut as the study's input step did.
+        let secs = duration.trunc();
+        if secs < 1.0 {
+            dropped.no_duration += 1;
+            continue;
+        }
+        let c = &scenario.clusters[ci];
+        if gpus as u64 > u64::from(c.nodes) * u64::from(c.gpus_per_node) {
+            dropped.too_many_gpus += 1;
+            continue;
+        }
+        rows.push((ci, submit, secs as u64, gpus as u32, ln));
+    }
+    let origin = rows.iter().map(|r| r.1).min();
+    let mut clusters: Vec<ClusterJobs> = scenario
+        .clusters
+        .iter()
+        .map(|c| ClusterJobs {
+            name: c.name.clone(),
+            nodes: c.nodes,
+            gpus_per_node: c.gpus_per_node,
+            jobs: Vec::new(),
+        })
+        .collect();
+    let t0 = origin.unwrap_or(0);
+    for (ci, submit, duration, gpus, line) in rows {
+        clusters[ci].jobs.push(Job {
+            submit: (submit - t0) as Time,
+            duration,
+            gpus,
+            line,
+        });
+    }
+    for c in &mut clusters {
+        c.jobs.sort_by_key(|j| j.submit);
+    }
+    Ok(HeliosTrace {
+        file: file.into(),
+        origin,
+        clusters,
+        dropped,
+    })
+}
+
+/// `YYYY-MM-DD HH:MM:SS` (or with a `T`) as a Unix second, read as UTC.
+pub fn parse_time(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let b = s.as_bytes();
+    if b.len() != 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !(b[10] == b' ' || b[10] == b'T')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let p = &s[r];
+        if p.bytes().all(|c| c.is_ascii_digit()) {
+            p.parse().ok()
+        } else {
+            None
+        }
+    };
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let days_in = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&mo)
+        || d < 1
+        || d > days_in[(mo - 1) as usize]
+        || h > 23
+        || mi > 59
+        || se > 59
+    {
+        return None;
+    }
+    Some(days_from_civil(y, mo, d) * 86_400 + h * 3_600 + mi * 60 + se)
+}
+
+/// A Unix second as `YYYY-MM-DD HH:MM:SS` (UTC).
+pub fn format_time(t: i64) -> String {
+    let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        secs / 3_600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+// Howard Hinnant's algorithms (proleptic Gregorian calendar).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{format_time, parse_time};
+
+    #[test]
+    fn times_are_utc_seconds_and_round_trip() {
+        assert_eq!(parse_time("1970-01-01 00:00:00"), Some(0));
+        assert_eq!(parse_time("2017-10-01 00:00:00"), Some(1_506_816_000));
+        assert_eq!(parse_time("2016-02-29T23:59:59"), Some(1_456_790_399));
+        for bad in [
+            "2017-02-29 00:00:00",
+            "2017-10-01 24:00:00",
+            "2017-10-01",
+            "x",
+        ] {
+            assert_eq!(parse_time(bad), None, "{bad}");
+        }
+        for t in [0, 1_506_816_045, 1_456_790_399, 4_102_444_800] {
+            assert_eq!(parse_time(&format_time(t)), Some(t));
+        }
+    }
+}
