@@ -421,6 +421,9 @@ pub(crate) fn plan<V: View>(
     }
 }
 
+/// A node a reservation could take: the work it would lose, when it is free, which.
+type Reservable = (u64, Time, NodeId);
+
 /// Nodes to reserve for a gang of `shape`, and when the last one is free: per
 /// cluster the `k` nodes that make the gang's cost least, where the cost of a set is
 /// the gang's GPUs idle-waiting until the set's latest protection lapse plus the work
@@ -486,10 +489,10 @@ pub(crate) fn reserve<V: View>(
         // Sweep the start time over the nodes' lapses; keep the k least losses among
         // the nodes free by then (a max-heap of k).
         v.sort();
-        let mut heap: std::collections::BinaryHeap<(u64, Time, NodeId)> =
+        let mut heap: std::collections::BinaryHeap<Reservable> =
             std::collections::BinaryHeap::new();
         let mut sum: u128 = 0;
-        let mut here: Option<(u128, Time, Vec<(u64, Time, NodeId)>)> = None;
+        let mut here: Option<(u128, Time, Vec<Reservable>)> = None;
         for &(at, lost, id) in &v {
             heap.push((lost, at, id));
             sum += u128::from(lost);

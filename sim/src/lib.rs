@@ -248,16 +248,26 @@ pub fn run(
                         ran
                     };
                     js.remaining = js.remaining.saturating_sub(ran - lost);
-                    rep.lost_gpu_s += r.gpus * lost;
-                    match r.revoke {
-                        Some(RevokeWhy::Preempted { .. } | RevokeWhy::Reservation { .. }) => {
-                            rep.preemptions += 1
+                    let cause = match r.revoke {
+                        Some(RevokeWhy::Preempted { unfunded, .. }) => {
+                            rep.preemptions += 1;
+                            if unfunded {
+                                "preempted-unfunded"
+                            } else {
+                                "preempted-funded"
+                            }
+                        }
+                        Some(RevokeWhy::Reservation { .. }) => {
+                            rep.preemptions += 1;
+                            "reservation"
                         }
                         Some(RevokeWhy::Drain { .. } | RevokeWhy::DrainNow { .. }) => {
-                            rep.drain_revocations += 1
+                            rep.drain_revocations += 1;
+                            "drain"
                         }
-                        _ => {}
-                    }
+                        _ => "cancelled",
+                    };
+                    rep.lost(cause, r.gpus * lost);
                     release(&mut recv, &mut busy, &mut busy_unfunded, &r);
                     core.lease_ended(t, lid, LeaseEnd::Revoked)
                         .map_err(|e| SimError::Core(e.to_string()))?;
