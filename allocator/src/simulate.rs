@@ -88,12 +88,7 @@ pub fn run(a: Args) -> Result<()> {
             None => None,
         };
         let table = run_seeds(&sc, trace.as_ref(), policy, &seeds)?;
-        if a.json {
-            println!("{}", serde_json::to_string(&table)?);
-        } else {
-            print!("{}", table.table());
-        }
-        return Ok(());
+        return print(a.json, &table, sim::SeedTable::table);
     }
     let seed = a.seed.unwrap_or(sc.seed);
     let (jobs, groups) = match &trace_path {
@@ -111,17 +106,12 @@ pub fn run(a: Args) -> Result<()> {
     tracing::info!(scenario = %sc.name, policy = policy.name(), seed, jobs = jobs.len(), "simulating");
     let started = Instant::now();
     let mut report = sim::run(&sc, jobs, &groups, &opts)?;
-    report.sim_wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+    report.sim_wall_s = wall_s(started);
     if let Some(dir) = &a.svg {
         crate::svg::write_all(dir, &report)
             .with_context(|| format!("--svg {}: cannot write plots", dir.display()))?;
     }
-    if a.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print!("{}", report.table());
-    }
-    Ok(())
+    print(a.json, &report, sim::Report::table)
 }
 
 fn read_scenario(name: &str) -> Result<Scenario> {
@@ -180,20 +170,30 @@ fn run_strict(a: Args, order: strict::Order) -> Result<()> {
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("trace {}: cannot read the file", path.display()))?;
     let tr = helios::parse(&text, &path.display().to_string(), &sc)?;
-    let parse_wall_s = started.elapsed().as_secs_f64();
+    let parse_wall_s = wall_s(started);
     tracing::info!(scenario = %sc.name, policy = order.name(), rows = tr.clusters.iter().map(|c| c.jobs.len()).sum::<usize>(), "simulating");
     let started = Instant::now();
     let mut report = strict::run(&sc.name, &tr, order).map_err(|e| anyhow::anyhow!(e))?;
-    report.sim_wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
-    report.parse_wall_s = (parse_wall_s * 1000.0).round() / 1000.0;
+    report.sim_wall_s = wall_s(started);
+    report.parse_wall_s = parse_wall_s;
     if let Some(out) = &a.per_job {
         std::fs::write(out, report.per_job_csv())
             .with_context(|| format!("--per-job {}: cannot write the file", out.display()))?;
     }
-    if a.json {
-        println!("{}", serde_json::to_string(&report)?);
+    print(a.json, &report, strict::StrictReport::table)
+}
+
+/// Seconds since `started`, to the millisecond (what reports print as wall time).
+fn wall_s(started: Instant) -> f64 {
+    (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+/// Prints a report: one JSON object, or its table for people.
+fn print<T: serde::Serialize>(json: bool, report: &T, table: fn(&T) -> String) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
     } else {
-        print!("{}", report.table());
+        print!("{}", table(report));
     }
     Ok(())
 }
@@ -270,7 +270,7 @@ fn run_seeds(
                 let started = Instant::now();
                 let r = sim::run(sc, jobs, &groups, &opts)
                     .map(|mut r| {
-                        r.sim_wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+                        r.sim_wall_s = wall_s(started);
                         r
                     })
                     .with_context(|| format!("seed {seed}"));

@@ -81,6 +81,13 @@ pub struct PolicyConfig {
     pub allowance_max_time: Secs,
     /// Whether an unfunded gang may hold a reservation (see the default).
     pub unfunded_reservations: bool,
+    /// Decide by the rules of 0.4 and earlier (no allowance, no unfunded
+    /// reservations, victims and reserved nodes by GPU-time and lapse alone, backfill
+    /// by lapse): only for re-running the passes those releases journaled as
+    /// `Schedule`, so that replaying them decides what was decided. Never read from
+    /// a file.
+    #[serde(skip)]
+    pub rules_of_0_4: bool,
 }
 
 /// Which usage model.
@@ -111,11 +118,28 @@ impl Default for PolicyConfig {
             allowance_gpus: DEFAULT_ALLOWANCE_GPUS,
             allowance_max_time: DEFAULT_ALLOWANCE_MAX_TIME,
             unfunded_reservations: DEFAULT_UNFUNDED_RESERVATIONS,
+            rules_of_0_4: false,
         }
     }
 }
 
 impl PolicyConfig {
+    /// These settings under the rules of 0.4 and earlier (see `rules_of_0_4`).
+    pub fn as_of_0_4(&self) -> PolicyConfig {
+        PolicyConfig {
+            allowance_gpus: 0,
+            unfunded_reservations: false,
+            rules_of_0_4: true,
+            ..self.clone()
+        }
+    }
+
+    /// What a resumable victim is taken to lose (see `Lease::loss_at`); `None` under
+    /// the rules of 0.4.
+    pub fn victim_loss(&self) -> Option<Secs> {
+        (!self.rules_of_0_4).then_some(self.checkpoint_loss)
+    }
+
     /// Whether work of `shape` may run on the allowance: protected, one node, at most
     /// `allowance_gpus`, with a time limit no longer than `allowance_max_time`.
     pub fn allowance_shape(&self, shape: &crate::queue::Shape) -> bool {

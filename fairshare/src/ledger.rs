@@ -185,8 +185,8 @@ impl Ledger {
 
     /// How much of the lookback has history as of `now`, in seconds: the window, or
     /// the part of it since usage was first recorded (for the half-life model, the
-    /// kernel's integral over that part). Budgets and served ratios divide by this, so
-    /// a group receiving exactly its share reads 1.0 on a fresh cluster too.
+    /// kernel's integral over that part). The served ratios people read divide by
+    /// this, so a group receiving exactly its share reads 1.0 on a fresh cluster too.
     pub fn covered_secs(&self, now: Time) -> f64 {
         let age = self.since.map_or(0, |s| now.saturating_sub(s)) as f64;
         match self.model {

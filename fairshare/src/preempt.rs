@@ -40,7 +40,13 @@ type WholeKey = Option<(u32, u64, u128, Time, u64)>;
 
 impl WholeKeys {
     /// Funded victims and their cost if `node` is emptied at `now`, or `None`.
-    fn get<V: View>(&mut self, st: &V, node: NodeId, now: Time, loss: Secs) -> Option<(u32, u64)> {
+    fn get<V: View>(
+        &mut self,
+        st: &V,
+        node: NodeId,
+        now: Time,
+        loss: Option<Secs>,
+    ) -> Option<(u32, u64)> {
         let c = st.cluster();
         if self.keys.len() < c.len() {
             self.keys.resize(c.len(), None);
@@ -65,7 +71,7 @@ impl WholeKeys {
         ))
     }
 
-    fn read<V: View>(st: &V, node: NodeId, loss: Secs) -> WholeKey {
+    fn read<V: View>(st: &V, node: NodeId, loss: Option<Secs>) -> WholeKey {
         let soft = st.cluster().node(node).soft;
         let (mut funded, mut gpus, mut gpu_starts, mut latest, mut fixed) =
             (0u32, 0u64, 0u128, 0, 0u64);
@@ -78,7 +84,7 @@ impl WholeKeys {
             }
             funded += u32::from(l.funded);
             latest = latest.max(l.start);
-            if l.resumable {
+            if l.resumable && loss.is_some() {
                 fixed += l.loss_at(l.start, loss);
             } else {
                 gpus += u64::from(l.gpus);
@@ -88,7 +94,7 @@ impl WholeKeys {
         Some((funded, gpus, gpu_starts, latest, fixed))
     }
 
-    fn read_at<V: View>(st: &V, node: NodeId, now: Time, loss: Secs) -> Option<(u32, u64)> {
+    fn read_at<V: View>(st: &V, node: NodeId, now: Time, loss: Option<Secs>) -> Option<(u32, u64)> {
         let soft = st.cluster().node(node).soft;
         let (mut funded, mut cost) = (0u32, 0u64);
         for &lid in st.node_leases(node) {
@@ -150,7 +156,7 @@ struct Planner<'a, V> {
     tree: &'a OrgTree,
     r: &'a Ratios,
     hysteresis: f64,
-    loss: Secs,
+    loss: Option<Secs>,
     now: Time,
     by: WorkloadId,
     p: GroupId,
@@ -403,7 +409,7 @@ pub(crate) fn plan<V: View>(
         tree,
         r,
         hysteresis: cfg.hysteresis,
-        loss: cfg.checkpoint_loss,
+        loss: cfg.victim_loss(),
         now,
         by,
         p,
@@ -428,7 +434,7 @@ type Reservable = (u64, Time, NodeId);
 /// cluster the `k` nodes that make the gang's cost least, where the cost of a set is
 /// the gang's GPUs idle-waiting until the set's latest protection lapse plus the work
 /// its leases would lose when the reservation takes the nodes back (a lease whose
-/// time limit ends first loses nothing; resumable work loses `loss` at most). So a
+/// time limit ends first loses nothing; resumable work loses `loss`). So a
 /// node running hours of work that cannot resume is reserved only when waiting for
 /// others would cost more. For an unfunded gang (`funded` false) a funded lease is
 /// never taken: its node is free when its time limit ends it, and a node with a
@@ -437,7 +443,7 @@ pub(crate) fn reserve<V: View>(
     st: &V,
     now: Time,
     s: &Shape,
-    loss: Secs,
+    loss: Option<Secs>,
     funded: bool,
 ) -> Option<(Vec<NodeId>, Time)> {
     let c = st.cluster();
@@ -472,9 +478,10 @@ pub(crate) fn reserve<V: View>(
         else {
             continue;
         };
+        // Under the rules of 0.4 (no `loss`) the earliest lapse alone decides.
         let lost: u64 = leases
             .iter()
-            .filter(|l| l.ends_by.is_none_or(|end| end > at))
+            .filter(|l| loss.is_some() && l.ends_by.is_none_or(|end| end > at))
             .map(|l| l.loss_at(at, loss))
             .sum();
         per_cluster[n.cluster as usize].push((at, lost, id));

@@ -1,9 +1,12 @@
 //! Served ratios: how well each group is served against its share.
 //!
 //! `ratio(g) = (usage over the lookback + current allocation × H) / (share × capacity ×
-//! (covered lookback + H))`, with H the allocation horizon and the covered lookback
-//! the part of the window since usage was first recorded (all of it after a week), so
-//! a group that receives exactly its share reads 1.0 from the first hour. History dominates (the 7-day
+//! (W + H))`, with H the allocation horizon. The policy takes W = the whole lookback:
+//! its comparisons (and the hysteresis) mean what they meant in every release, so a
+//! journal replayed by a later release decides as it did. What people read takes W =
+//! the covered lookback, the part of the window since usage was first recorded (all
+//! of it after a week), so a group receiving exactly its share reads 1.0 from the
+//! first hour; only the unit differs, never the order. History dominates (the 7-day
 //! window of the design), while the allocation term makes a start or a stop move the
 //! ratio at once: one pass cannot hand a group everything before its usage catches
 //! up, and a preemption's "after" ratios mean something. With DRF the numerator is
@@ -31,13 +34,14 @@ pub struct Ratios {
 }
 
 impl Ratios {
-    /// Ratios as of `now`, with `extra` allocation (claims) added per project.
+    /// Ratios as of `now` over `window` seconds of history (see the module), with
+    /// `extra` allocation (claims) added per project.
     pub fn compute(
         cfg: &PolicyConfig,
         tree: &OrgTree,
         ledger: &Ledger,
         cluster: &Cluster,
-        now: Time,
+        (now, window): (Time, f64),
         extra: &[(GroupId, Res)],
     ) -> Self {
         let n = tree.len();
@@ -75,7 +79,7 @@ impl Ratios {
             cap,
             drf: cfg.drf,
             horizon,
-            scale: cap[0] * (ledger.covered_secs(now) + horizon),
+            scale: cap[0] * (window + horizon),
         }
     }
 

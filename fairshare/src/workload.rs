@@ -214,11 +214,17 @@ pub struct Lease {
 
 impl Lease {
     /// GPU-seconds of work revoking it at `now` would throw away: everything since
-    /// its start, or for resumable work at most `checkpoint_loss` of it (the core
-    /// does not know when it last checkpointed, so it assumes the worst).
-    pub fn loss_at(&self, now: Time, checkpoint_loss: Secs) -> u64 {
+    /// its start, or for resumable work `checkpoint_loss` (the core does not know when
+    /// it last checkpointed, so it charges every resumable lease the same, which also
+    /// keeps freshly restarted work from being the cheapest victim again). Without
+    /// `checkpoint_loss` (the rules of 0.4, see [`crate::PolicyConfig::victim_loss`])
+    /// every lease counts its GPU-time since its start.
+    pub fn loss_at(&self, now: Time, checkpoint_loss: Option<Secs>) -> u64 {
         let ran = now.saturating_sub(self.start);
-        let lost = if self.resumable { checkpoint_loss } else { ran };
+        let lost = match checkpoint_loss {
+            Some(cap) if self.resumable => cap,
+            _ => ran,
+        };
         u64::from(self.gpus) * lost
     }
 

@@ -8,7 +8,7 @@ use allot_fairshare::{
     Action, Blocked, CoreError, LeaseEnd, NodeId, NodeState, PolicyConfig, RevokeWhy, Scheduler,
     WorkloadState,
 };
-use common::{gang, job, nodes, revokes, sched, starts, tree};
+use common::{gang, job, nodes, reserves, revokes, sched, starts, tree};
 
 fn two_teams() -> allot_fairshare::OrgTree {
     tree(&[("x", None, 1.0), ("y", None, 1.0)])
@@ -811,4 +811,59 @@ fn a_refusal_marks_only_the_node_that_refused() {
         assert!(starts(&d).is_empty(), "{:?}", d.actions);
     }
     assert_eq!(s.workload(g).expect("known").state, WorkloadState::Pending);
+}
+
+#[test]
+fn the_victim_is_the_lease_that_loses_the_least_work() {
+    // Two unfunded leases share a node: one cannot resume and has run 1 h, the other
+    // can and has run 2 h. Counting GPU-hours since start would take the younger;
+    // the work lost is 1 h for it and at most checkpoint_loss (10 min) for the other.
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let old_resumable = s.submit(0, job("x", 4, 0)).unwrap();
+    s.schedule(0);
+    let mut young = job("x", 4, 0);
+    young.resumable = false;
+    let young = s.submit(HOUR, young).unwrap();
+    s.schedule(HOUR);
+    s.submit(2 * HOUR, job("y", 4, HOUR)).unwrap();
+    let d = s.schedule(2 * HOUR);
+    assert_eq!(revokes(&d), vec![(lease_of(&s, old_resumable), 2 * HOUR)]);
+    assert!(s.workload(young).unwrap().lease.is_some());
+}
+
+#[test]
+fn a_gang_whose_budget_is_spent_reserves_and_takes_back_only_free_occupancy() {
+    let cfg = PolicyConfig {
+        lookback: HOUR,
+        ..PolicyConfig::default()
+    };
+    let mut s = Scheduler::new(cfg, two_teams(), nodes("c", 2, 8)).unwrap();
+    // x spends its hour's budget (half of 16 GPUs for the hour); y runs funded work
+    // that its time limit ends at 2 h.
+    let spend = s.submit(0, job("x", 8, HOUR)).unwrap();
+    let mut limited = job("y", 8, 10 * MINUTE);
+    limited.time_limit = Some(2 * HOUR);
+    let limited = s.submit(0, limited).unwrap();
+    s.schedule(0);
+    s.lease_ended(HOUR, lease_of(&s, spend), LeaseEnd::Completed)
+        .unwrap();
+    let free = s.submit(HOUR, job("y", 8, 0)).unwrap();
+    let g = s.submit(HOUR, gang("x", 2, 8, HOUR)).unwrap();
+    let d = s.schedule(HOUR);
+    assert!(s.budget_spent(s.workload(g).unwrap().project, HOUR));
+    // The funded lease is waited for, to its time limit, not preempted.
+    assert_eq!(reserves(&d), vec![(g, 2 * HOUR)]);
+    assert!(revokes(&d).is_empty(), "{:?}", d.actions);
+    let funded = lease_of(&s, limited);
+    s.lease_ended(2 * HOUR, funded, LeaseEnd::TimeLimit)
+        .unwrap();
+    let d = s.schedule(2 * HOUR);
+    // At the start only the free occupancy is taken back.
+    let unfunded = lease_of(&s, free);
+    assert_eq!(revokes(&d), vec![(unfunded, 2 * HOUR)]);
+    s.lease_ended(2 * HOUR + 60, unfunded, LeaseEnd::Revoked)
+        .unwrap();
+    let d = s.schedule(2 * HOUR + 60);
+    // It starts (funded by now: the one-hour window has let go of the spending).
+    assert_eq!(starts(&d), vec![(g, lease_of(&s, g), true)]);
 }

@@ -135,12 +135,8 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<HeliosTrace,
     let from = window.and_then(|w| bound(&w.from));
     let to = window.and_then(|w| bound(&w.to));
     let mut lines = text.lines().enumerate();
-    let (header_line, header): (usize, Vec<String>) = loop {
-        match lines.next() {
-            Some((_, l)) if l.trim().is_empty() => continue,
-            Some((i, l)) => break (i + 1, l.split(',').map(|h| h.trim().to_string()).collect()),
-            None => return Err(err(1, "header", "empty file: expected a CSV header".into())),
-        }
+    let Some((header_line, header)) = crate::trace::csv_header(&mut lines) else {
+        return Err(err(1, "header", "empty file: expected a CSV header".into()));
     };
     let known = || {
         let mut k: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
@@ -185,17 +181,11 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<HeliosTrace,
     let mut rows: Vec<(usize, i64, u64, u32, usize)> = Vec::new();
     for (i, line) in lines {
         let ln = i + 1;
-        if line.trim().is_empty() {
+        let Some(cells) =
+            crate::trace::csv_row(line, header.len()).map_err(|m| err(ln, "row", m))?
+        else {
             continue;
-        }
-        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
-        if cells.len() != header.len() {
-            return Err(err(
-                ln,
-                "row",
-                format!("has {} cells, the header has {}", cells.len(), header.len()),
-            ));
-        }
+        };
         let cell = |c: usize| -> Result<&str, ScenarioError> {
             let s = cells[cols[c]];
             if s.is_empty() {

@@ -44,17 +44,13 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
         message,
     };
     let mut lines = text.lines().enumerate();
-    let header: Vec<String> = loop {
-        match lines.next() {
-            Some((_, l)) if l.trim().is_empty() => continue,
-            Some((_, l)) => break l.split(',').map(|h| h.trim().to_string()).collect(),
-            None => return Err(err(1, "header", "empty file: expected a CSV header".into())),
-        }
+    let Some((header_line, header)) = csv_header(&mut lines) else {
+        return Err(err(1, "header", "empty file: expected a CSV header".into()));
     };
     for h in &header {
         if !KNOWN.contains(&h.as_str()) {
             return Err(err(
-                1,
+                header_line,
                 h,
                 format!("unknown column; known columns are {}", KNOWN.join(",")),
             ));
@@ -63,7 +59,7 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
     for r in REQUIRED {
         if !header.iter().any(|h| h == r) {
             return Err(err(
-                1,
+                header_line,
                 r,
                 "required column is missing from the header".into(),
             ));
@@ -76,17 +72,9 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
     let mut seen = std::collections::BTreeSet::new();
     for (i, line) in lines {
         let ln = i + 1;
-        if line.trim().is_empty() {
+        let Some(cells) = csv_row(line, header.len()).map_err(|m| err(ln, "row", m))? else {
             continue;
-        }
-        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
-        if cells.len() != header.len() {
-            return Err(err(
-                ln,
-                "row",
-                format!("has {} cells, the header has {}", cells.len(), header.len()),
-            ));
-        }
+        };
         let get = |k: usize| cols[k].map(|c| cells[c]).filter(|s| !s.is_empty());
         let num = |k: usize, what: &str| -> Result<Option<u64>, ScenarioError> {
             get(k)
@@ -172,4 +160,27 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
     }
     jobs.sort_by_key(|j| j.submit);
     Ok(Trace { jobs, groups })
+}
+
+/// The header of a CSV text: its first non-blank line, as (1-based line, trimmed
+/// names). Both trace formats read their files with this and [`csv_row`].
+pub(crate) fn csv_header(
+    lines: &mut std::iter::Enumerate<std::str::Lines<'_>>,
+) -> Option<(usize, Vec<String>)> {
+    lines
+        .find(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| (i + 1, l.split(',').map(|h| h.trim().to_string()).collect()))
+}
+
+/// The trimmed cells of a row, `None` for a blank line; the error says how many
+/// cells it has against the header's `width`.
+pub(crate) fn csv_row(line: &str, width: usize) -> Result<Option<Vec<&str>>, String> {
+    if line.trim().is_empty() {
+        return Ok(None);
+    }
+    let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+    if cells.len() != width {
+        return Err(format!("has {} cells, the header has {width}", cells.len()));
+    }
+    Ok(Some(cells))
 }

@@ -214,3 +214,42 @@ fn every_shipped_scenario_parses() {
         assert!(!sc.clusters.is_empty(), "{file}");
     }
 }
+
+#[test]
+fn a_seed_table_spreads_every_measure_and_lost_work_adds_up_by_cause() {
+    let sc = small();
+    let runs: Vec<Report> = [1u64, 2, 3]
+        .iter()
+        .map(|&seed| {
+            let opts = SimOptions {
+                policy: PolicyKind::FairShare,
+                seed,
+                timeline: false,
+            };
+            sim::run(&sc, sc.generate(seed), &[], &opts).expect("runs")
+        })
+        .collect();
+    for r in &runs {
+        let by_cause: f64 = r.lost_gpu_hours_by.values().sum();
+        assert!(
+            (by_cause - r.lost_gpu_hours).abs() < 1e-3,
+            "{:?} vs {}",
+            r.lost_gpu_hours_by,
+            r.lost_gpu_hours
+        );
+    }
+    let mut means: Vec<f64> = runs.iter().map(|r| r.fairness.mean_ratio).collect();
+    means.sort_by(f64::total_cmp);
+    let t = sim::SeedTable::new(runs);
+    assert_eq!(t.seeds, vec![1, 2, 3]);
+    let mean = t
+        .spread
+        .iter()
+        .find(|s| s.measure == "mean ratio")
+        .expect("mean ratio measured");
+    assert_eq!(
+        (mean.min, mean.median, mean.max),
+        (means[0], means[1], means[2])
+    );
+    assert!(t.table().contains("seed 3"), "{}", t.table());
+}

@@ -123,7 +123,9 @@ impl Allocator {
             } => a.changed = self.health(at, node, *verdict, gpus, reasons, drains, &mut a)?,
             Input::RecheckHeld { node } => a.changed = self.recheck_held(at, node, &mut a)?,
             Input::Schedule => {
-                let d = self.core.schedule(at);
+                // Only journals of 0.4 and earlier hold passes as `Schedule`: re-run
+                // by their rules, they decide again what was decided then.
+                let d = self.core.schedule_by_0_4_rules(at);
                 // Claims and reservations are plans the next pass makes again: only
                 // decisions are facts to keep.
                 a.changed = !d.actions.is_empty();

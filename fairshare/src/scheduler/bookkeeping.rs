@@ -39,7 +39,8 @@ impl State {
         if !cfg.allowance_shape(&s) {
             return false;
         }
-        let others = self.allowance_held(&w.spec.user) - if claimed { s.gpus } else { 0 };
+        let mine = if claimed { s.gpus } else { 0 };
+        let others = self.allowance_held(&w.spec.user).saturating_sub(mine);
         others + s.gpus <= cfg.allowance_gpus
     }
 
@@ -452,8 +453,8 @@ impl State {
                             let soft = l.placement.iter().any(|x| {
                                 x.node == p.node && self.cluster.node(x.node).soft & x.gpus != 0
                             });
-                            // An unfunded gang (now) takes back only free occupancy.
-                            let may = soft && ((claim.funded && funded) || !l.funded);
+                            // A gang unfunded now takes back only free occupancy.
+                            let may = soft && (funded || !l.funded);
                             if l.revoke.is_none() && (may || l.backfill_for == Some(id)) {
                                 self.revoke_at(lid, now, RevokeWhy::Reservation { by: id });
                             }

@@ -294,14 +294,15 @@ impl Scheduler {
             .collect()
     }
 
-    /// Ratios from usage and live leases alone (no pass in progress).
+    /// Ratios people read: from usage and live leases alone (no pass in progress),
+    /// over the covered part of the window.
     fn ratios_at(&self, now: Time) -> Ratios {
         Ratios::compute(
             &self.cfg,
             &self.tree,
             &self.st.ledger,
             &self.st.cluster,
-            now,
+            (now, self.st.ledger.covered_secs(now)),
             &[],
         )
     }
@@ -413,6 +414,16 @@ impl Scheduler {
         }
     }
 
+    /// Runs one pass at `now` by the rules of 0.4 and earlier: what replaying a
+    /// `Schedule` entry those releases journaled must do to decide what they decided.
+    pub fn schedule_by_0_4_rules(&mut self, now: Time) -> Decisions {
+        let then = self.cfg.as_of_0_4();
+        let today = std::mem::replace(&mut self.cfg, then);
+        let d = self.schedule(now);
+        self.cfg = today;
+        d
+    }
+
     /// Runs one scheduling pass at `now`.
     pub fn schedule(&mut self, now: Time) -> Decisions {
         let now = self.clock(now);
@@ -449,7 +460,7 @@ impl Scheduler {
             &self.tree,
             &self.st.ledger,
             &self.st.cluster,
-            now,
+            (now, self.st.ledger.model().effective_secs()),
             &claimed_alloc,
         );
 

@@ -456,7 +456,7 @@ impl<'c> Pass<'c> {
             return false;
         }
         if let Some((holder, start, placement)) =
-            backfill_placement(st, &s, c.id, c.funded, self.now, self.cfg.cooldown)
+            backfill_placement(st, &s, c.id, c.funded, self.now, self.cfg)
         {
             let why = StartWhy::Backfill {
                 reservation_of: holder,
@@ -573,7 +573,7 @@ impl<'c> Pass<'c> {
             return None;
         }
         let Some((nodes, start)) =
-            crate::preempt::reserve(st, self.now, &shape, self.cfg.checkpoint_loss, c.funded)
+            crate::preempt::reserve(st, self.now, &shape, self.cfg.victim_loss(), c.funded)
         else {
             self.reserve_dead.insert((p, shape));
             return None;

@@ -53,10 +53,11 @@ pub(super) fn backfill_placement(
     id: WorkloadId,
     funded: bool,
     now: Time,
-    cooldown: u64,
+    cfg: &PolicyConfig,
 ) -> Option<(WorkloadId, Time, Vec<NodeGpus>)> {
     let w = st.workloads.get(&id)?;
-    let hold = protection(w, funded, cooldown);
+    let hold = protection(w, funded, cfg.cooldown);
+    let may_resume = w.spec.resumable || cfg.rules_of_0_4;
     let mut best: Option<(u32, WorkloadId, Time, NodeId)> = None;
     for (holder, c) in &st.claims {
         let ClaimKind::Reservation { start } = c.kind else {
@@ -68,8 +69,7 @@ pub(super) fn backfill_placement(
             .is_some_and(|tl| now.saturating_add(tl) <= start);
         // Work that cannot resume would lose its whole run when the reservation takes
         // the node back: it must end before, not merely become preemptible.
-        let leaves_in_time =
-            ends_in_time || (w.spec.resumable && now.saturating_add(hold) <= start);
+        let leaves_in_time = ends_in_time || (may_resume && now.saturating_add(hold) <= start);
         if start <= now || !leaves_in_time {
             continue;
         }

@@ -91,3 +91,16 @@ pub fn revokes(d: &Decisions) -> Vec<(LeaseId, u64)> {
         })
         .collect()
 }
+
+/// Reservations in a decision list: (gang, start).
+pub fn reserves(d: &Decisions) -> Vec<(WorkloadId, u64)> {
+    d.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Reserve {
+                workload, start, ..
+            } => Some((*workload, *start)),
+            _ => None,
+        })
+        .collect()
+}
