@@ -218,6 +218,7 @@ impl State {
     /// Removes a lease and gives its GPUs, host share and ledger rate back.
     pub(super) fn release(&mut self, now: Time, lid: LeaseId) -> Option<Lease> {
         let l = self.leases.remove(&lid)?;
+        self.revoking.remove(&lid);
         let nodes = l.placement.len() as u32;
         for p in &l.placement {
             self.cluster.update(p.node, |n| {
@@ -262,6 +263,7 @@ impl State {
             return;
         };
         l.revoke = None;
+        self.revoking.remove(&lid);
         let (workload, placement, lapsed) =
             (l.workload, l.placement.clone(), l.preemptible_at <= now);
         if lapsed {
@@ -284,6 +286,7 @@ impl State {
             not_before,
             why: why.clone(),
         });
+        self.revoking.insert(lid);
         let (workload, placement) = (l.workload, l.placement.clone());
         for p in placement {
             self.cluster.update(p.node, |n| n.soft &= !p.gpus);

@@ -281,6 +281,9 @@ impl Scheduler {
             if l.preemptible_at > now && l.preemptible_at != Time::MAX {
                 s.st.protected.insert((l.preemptible_at, l.id));
             }
+            if l.revoke.is_some() {
+                s.st.revoking.insert(l.id);
+            }
             s.st.leases.insert(
                 l.id,
                 Lease {

@@ -166,6 +166,8 @@ struct State {
     node_leases: Vec<Vec<LeaseId>>,
     claims: BTreeMap<WorkloadId, Claim>,
     protected: BTreeSet<(Time, LeaseId)>,
+    /// Leases being revoked: the pass reads them as gone without scanning every lease.
+    revoking: BTreeSet<LeaseId>,
     outbox: Vec<Action>,
     dequeue: Vec<WorkloadId>,
     demand: Vec<u64>,
@@ -199,6 +201,7 @@ impl Scheduler {
                 leases: BTreeMap::new(),
                 claims: BTreeMap::new(),
                 protected: BTreeSet::new(),
+                revoking: BTreeSet::new(),
                 outbox: Vec::new(),
                 dequeue: Vec::new(),
                 demand: vec![0; n],
@@ -450,9 +453,9 @@ impl Scheduler {
             .collect();
         claimed_alloc.extend(
             self.st
-                .leases
-                .values()
-                .filter(|l| l.revoke.is_some())
+                .revoking
+                .iter()
+                .filter_map(|lid| self.st.leases.get(lid))
                 .map(|l| (l.project, neg(l.alloc()))),
         );
         let mut r = Ratios::compute(
