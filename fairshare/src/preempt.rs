@@ -75,11 +75,11 @@ impl WholeKeys {
         let soft = st.cluster().node(node).soft;
         let (mut funded, mut gpus, mut gpu_starts, mut latest, mut fixed) =
             (0u32, 0u64, 0u128, 0, 0u64);
-        for &lid in st.node_leases(node) {
-            let Some(l) = st.lease(lid) else {
+        for e in st.node_leases(node) {
+            let Some(l) = st.lease(e.id) else {
                 continue;
             };
-            if l.revoke.is_some() || on(l, node) & soft == 0 {
+            if l.revoke.is_some() || e.gpus & soft == 0 {
                 return None;
             }
             funded += u32::from(l.funded);
@@ -97,11 +97,11 @@ impl WholeKeys {
     fn read_at<V: View>(st: &V, node: NodeId, now: Time, loss: Option<Secs>) -> Option<(u32, u64)> {
         let soft = st.cluster().node(node).soft;
         let (mut funded, mut cost) = (0u32, 0u64);
-        for &lid in st.node_leases(node) {
-            let Some(l) = st.lease(lid) else {
+        for e in st.node_leases(node) {
+            let Some(l) = st.lease(e.id) else {
                 continue;
             };
-            if l.revoke.is_some() || on(l, node) & soft == 0 {
+            if l.revoke.is_some() || e.gpus & soft == 0 {
                 return None;
             }
             funded += u32::from(l.funded);
@@ -162,6 +162,8 @@ struct Planner<'a, V> {
     p: GroupId,
     s: &'a Shape,
     req: Res,
+    /// Per group: 0 not yet known, 1 no lease of it may be taken, 2 some may.
+    takeable: Vec<std::cell::Cell<u8>>,
 }
 
 impl<V: View> Planner<'_, V> {
@@ -182,6 +184,38 @@ impl<V: View> Planner<'_, V> {
         (req_after + self.hysteresis < victim_after).then_some((gv, req_after, victim_after))
     }
 
+    /// Whether [`Self::fair`] could take some lease of `project` (with nothing taken
+    /// yet: taking more only lowers the victim's ratio after), known per group once a
+    /// plan.
+    fn may_take(&self, project: GroupId) -> bool {
+        let cell = &self.takeable[project.idx()];
+        if cell.get() == 0 {
+            let may = self.tree.diverging(self.p, project).is_some_and(|(gr, gv)| {
+                !reaches(self.st.recent_preemptions(), gv, gr)
+                    && self.r.ratio_with(gr, self.req) + self.hysteresis < self.r.ratio(gv)
+            });
+            cell.set(if may { 2 } else { 1 });
+        }
+        cell.get() == 2
+    }
+
+    /// Whether `node` could give the request room at all, from the node index alone:
+    /// its free GPUs and those of leases that may be taken. Rules most nodes out
+    /// without looking a lease up; never rules out one that [`Self::node`] would plan.
+    fn could_clear(&self, node: NodeId, whole: bool) -> bool {
+        let n = self.st.cluster().node(node);
+        let mut reach = n.free();
+        for e in self.st.node_leases(node) {
+            let takeable = e.gpus & n.soft != 0 && (!e.funded || self.may_take(e.project));
+            if takeable {
+                reach |= e.gpus & n.healthy;
+            } else if whole {
+                return false;
+            }
+        }
+        reach.count_ones() >= self.s.gpus
+    }
+
     /// Victims on one node that make room for one node's share of the request; with
     /// `whole`, every lease on the node must go.
     fn node(&self, node: NodeId, whole: bool) -> Option<NodePlan> {
@@ -192,15 +226,16 @@ impl<V: View> Planner<'_, V> {
         if n.state != NodeState::Ready
             || (n.healthy & n.all()).count_ones() < s.gpus
             || !n.offers(s.gpus)
+            || !self.could_clear(node, whole)
         {
             return None;
         }
         let mut cands: Vec<(&Lease, u64)> = Vec::new();
-        for &lid in self.st.node_leases(node) {
-            let Some(l) = self.st.lease(lid) else {
+        for e in self.st.node_leases(node) {
+            let Some(l) = self.st.lease(e.id) else {
                 continue;
             };
-            let on_node = on(l, node);
+            let on_node = e.gpus;
             if l.revoke.is_some() || on_node & n.soft == 0 {
                 if whole {
                     return None; // a gang needs every lease gone
@@ -419,6 +454,7 @@ pub(crate) fn plan<V: View>(
             f64::from(s.cpu) * n,
             f64::from(s.mem) * n,
         ],
+        takeable: vec![std::cell::Cell::new(0); tree.len()],
     };
     if s.nodes == 1 {
         planner.single()
@@ -462,7 +498,7 @@ pub(crate) fn reserve<V: View>(
         let leases: Vec<&Lease> = st
             .node_leases(id)
             .iter()
-            .filter_map(|&lid| st.lease(lid))
+            .filter_map(|e| st.lease(e.id))
             .filter(|l| l.revoke.is_none())
             .collect();
         let free_at = |l: &Lease| {

@@ -165,6 +165,7 @@ pub fn run(
     let (mut busy, mut busy_unfunded) = (0u64, 0u64);
     let mut down_gpus = 0u64;
     let mut entitlement_dirty = true;
+    let mut next_pass: Time = 0;
 
     loop {
         let t_arrive = jobs
@@ -299,9 +300,18 @@ pub fn run(
                 }
             }
         }
-        // One pass for everything that happened at t.
-        let d = core.schedule(t);
-        rep.passes += 1;
+        // One pass for everything that happened at t, unless the last was too recent:
+        // then one when the interval is up.
+        let d = if t < next_pass {
+            if wakes.insert(next_pass) {
+                push(&mut heap, next_pass, Ev::Wake);
+            }
+            allot_fairshare::Decisions::default()
+        } else {
+            next_pass = t + sc.pass_interval;
+            rep.passes += 1;
+            core.schedule(t)
+        };
         for a in d.actions {
             match a {
                 Action::Start {

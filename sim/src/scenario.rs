@@ -259,6 +259,11 @@ pub struct Scenario {
     /// Seed for every random draw.
     #[serde(default)]
     pub seed: u64,
+    /// At most one scheduling pass per this much simulated time, as `allotd` with
+    /// `server.min_pass_interval`; 0 (the default) runs a pass at every event's
+    /// second, as `allotd` does with its 20 ms debounce.
+    #[serde(default, deserialize_with = "de_duration")]
+    pub pass_interval: Secs,
     /// Policy settings (defaults as in `PolicyConfig`).
     #[serde(default)]
     pub policy: PolicyConfig,

@@ -81,6 +81,11 @@ impl State {
         used >= budget
     }
 
+    /// The leases on `node`, as a list the caller may hold while it changes them.
+    pub(super) fn lease_ids_on(&self, node: NodeId) -> Vec<LeaseId> {
+        self.node_leases[node.idx()].iter().map(|e| e.id).collect()
+    }
+
     /// Funded leases whose protection lapsed become preemption candidates.
     pub(super) fn lapse_protection(&mut self, now: Time) {
         while let Some(&(t, lid)) = self.protected.first() {
@@ -158,7 +163,12 @@ impl State {
                 n.cpu_used += cpu;
                 n.mem_used += mem;
             });
-            self.node_leases[p.node.idx()].push(lid);
+            self.node_leases[p.node.idx()].push(NodeLease {
+                id: lid,
+                project: w.project,
+                funded,
+                gpus: p.gpus,
+            });
         }
         let nodes = placement.len() as i64;
         self.ledger.add_rate(
@@ -228,7 +238,7 @@ impl State {
                 n.mem_used -= l.mem_per_node.min(n.mem_used);
                 n.forget_refusals();
             });
-            self.node_leases[p.node.idx()].retain(|x| *x != lid);
+            self.node_leases[p.node.idx()].retain(|x| x.id != lid);
         }
         self.ledger.add_rate(
             l.project,
@@ -302,8 +312,8 @@ impl State {
     /// True while a lease holding some of the claim's GPUs is still being revoked.
     fn victims_pending(&self, claim: &Claim) -> bool {
         claim.nodes.iter().any(|p| {
-            self.node_leases[p.node.idx()].iter().any(|lid| {
-                self.leases.get(lid).is_some_and(|l| {
+            self.node_leases[p.node.idx()].iter().any(|e| {
+                self.leases.get(&e.id).is_some_and(|l| {
                     l.revoke.is_some()
                         && l.placement
                             .iter()
@@ -449,7 +459,7 @@ impl State {
             if let ClaimKind::Reservation { start } = claim.kind {
                 if now >= start {
                     for p in &claim.nodes {
-                        for lid in self.node_leases[p.node.idx()].clone() {
+                        for lid in self.lease_ids_on(p.node) {
                             let Some(l) = self.leases.get(&lid) else {
                                 continue;
                             };

@@ -276,7 +276,12 @@ impl Scheduler {
                     n.cpu_used += cpu;
                     n.mem_used += mem;
                 });
-                s.st.node_leases[p.node.idx()].push(l.id);
+                s.st.node_leases[p.node.idx()].push(NodeLease {
+                    id: l.id,
+                    project,
+                    funded: l.funded,
+                    gpus: p.gpus,
+                });
             }
             if l.preemptible_at > now && l.preemptible_at != Time::MAX {
                 s.st.protected.insert((l.preemptible_at, l.id));

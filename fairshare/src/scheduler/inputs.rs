@@ -302,7 +302,7 @@ impl Scheduler {
             self.withdraw_drain_revocations(now, node);
         }
         if state != NodeState::Ready {
-            for lid in self.st.node_leases[node.idx()].clone() {
+            for lid in self.st.lease_ids_on(node) {
                 let Some(l) = self.st.leases.get(&lid) else {
                     continue;
                 };
@@ -324,7 +324,7 @@ impl Scheduler {
     /// (they run on under their contracts), unless another node of the lease still
     /// drains.
     fn withdraw_drain_revocations(&mut self, now: Time, node: NodeId) {
-        for lid in self.st.node_leases[node.idx()].clone() {
+        for lid in self.st.lease_ids_on(node) {
             let Some(l) = self.st.leases.get(&lid) else {
                 continue;
             };

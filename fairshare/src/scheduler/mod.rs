@@ -163,7 +163,7 @@ struct State {
     ledger: Ledger,
     workloads: BTreeMap<WorkloadId, Workload>,
     leases: BTreeMap<LeaseId, Lease>,
-    node_leases: Vec<Vec<LeaseId>>,
+    node_leases: Vec<Vec<NodeLease>>,
     claims: BTreeMap<WorkloadId, Claim>,
     protected: BTreeSet<(Time, LeaseId)>,
     /// Leases being revoked: the pass reads them as gone without scanning every lease.
@@ -491,6 +491,20 @@ struct ExplainContext {
     next_cool: Option<Time>,
 }
 
+/// A lease as the per-node index keeps it: what a preemption plan reads to rule a
+/// node out before it looks the lease up (none of it changes while the lease runs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeLease {
+    /// The lease.
+    pub id: LeaseId,
+    /// Its project.
+    pub project: GroupId,
+    /// Whether it runs funded.
+    pub funded: bool,
+    /// The GPUs it holds on this node.
+    pub gpus: u64,
+}
+
 /// The negation of an allocation.
 pub(crate) fn neg(x: [f64; 3]) -> [f64; 3] {
     [-x[0], -x[1], -x[2]]
@@ -504,7 +518,7 @@ pub(crate) mod access {
     pub(crate) trait View {
         fn cluster(&self) -> &Cluster;
         fn lease(&self, id: LeaseId) -> Option<&Lease>;
-        fn node_leases(&self, n: NodeId) -> &[LeaseId];
+        fn node_leases(&self, n: NodeId) -> &[NodeLease];
         fn recent_preemptions(&self) -> &[(Time, GroupId, GroupId)];
     }
 }
@@ -516,7 +530,7 @@ impl access::View for State {
     fn lease(&self, id: LeaseId) -> Option<&Lease> {
         self.leases.get(&id)
     }
-    fn node_leases(&self, n: NodeId) -> &[LeaseId] {
+    fn node_leases(&self, n: NodeId) -> &[NodeLease] {
         &self.node_leases[n.idx()]
     }
     fn recent_preemptions(&self) -> &[(Time, GroupId, GroupId)] {
