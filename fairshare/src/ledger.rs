@@ -78,8 +78,19 @@ pub struct ProjectLedger {
 
 impl ProjectLedger {
     fn cum_at(&self, t: Time) -> [u64; CHANNELS] {
-        // Index of the last point at or before t.
-        let i = self.points.partition_point(|p| p.t <= t);
+        // Index of the last point at or before t. Almost every read is of now (past
+        // the last point) or of the window's start (within the first two: add_rate
+        // drops the points before it), so those are looked at first.
+        let n = self.points.len();
+        let i = if self.points.back().is_none_or(|p| p.t <= t) {
+            n
+        } else if self.points[0].t > t {
+            0
+        } else if n < 2 || self.points[1].t > t {
+            1
+        } else {
+            self.points.partition_point(|p| p.t <= t)
+        };
         if i == 0 {
             return [0; CHANNELS];
         }
