@@ -14,6 +14,7 @@ use crate::config::PolicyConfig;
 use crate::queue::Shape;
 use crate::ratios::{Ratios, Res};
 use crate::scheduler::access::View;
+use crate::scheduler::NodeLease;
 use crate::time::{Secs, Time};
 use crate::tree::{GroupId, OrgTree};
 use crate::workload::{Lease, LeaseId, NodeGpus, RevokeWhy, WorkloadId};
@@ -75,11 +76,8 @@ impl WholeKeys {
         let soft = st.cluster().node(node).soft;
         let (mut funded, mut gpus, mut gpu_starts, mut latest, mut fixed) =
             (0u32, 0u64, 0u128, 0, 0u64);
-        for e in st.node_leases(node) {
-            let Some(l) = st.lease(e.id) else {
-                continue;
-            };
-            if l.revoke.is_some() || e.gpus & soft == 0 {
+        for l in st.node_leases(node) {
+            if st.revoking(l.id) || l.gpus & soft == 0 {
                 return None;
             }
             funded += u32::from(l.funded);
@@ -87,8 +85,8 @@ impl WholeKeys {
             if l.resumable && loss.is_some() {
                 fixed += l.loss_at(l.start, loss);
             } else {
-                gpus += u64::from(l.gpus);
-                gpu_starts += u128::from(l.gpus) * u128::from(l.start);
+                gpus += u64::from(l.lease_gpus);
+                gpu_starts += u128::from(l.lease_gpus) * u128::from(l.start);
             }
         }
         Some((funded, gpus, gpu_starts, latest, fixed))
@@ -97,11 +95,8 @@ impl WholeKeys {
     fn read_at<V: View>(st: &V, node: NodeId, now: Time, loss: Option<Secs>) -> Option<(u32, u64)> {
         let soft = st.cluster().node(node).soft;
         let (mut funded, mut cost) = (0u32, 0u64);
-        for e in st.node_leases(node) {
-            let Some(l) = st.lease(e.id) else {
-                continue;
-            };
-            if l.revoke.is_some() || e.gpus & soft == 0 {
+        for l in st.node_leases(node) {
+            if st.revoking(l.id) || l.gpus & soft == 0 {
                 return None;
             }
             funded += u32::from(l.funded);
@@ -484,6 +479,7 @@ pub(crate) fn reserve<V: View>(
 ) -> Option<(Vec<NodeId>, Time)> {
     let c = st.cluster();
     let mut per_cluster: Vec<Vec<(Time, u64, NodeId)>> = vec![Vec::new(); c.cluster_names().len()];
+    let mut leases: Vec<&NodeLease> = Vec::new();
     for (id, n) in c.nodes() {
         if n.state != NodeState::Ready
             || n.claimed != 0
@@ -495,13 +491,9 @@ pub(crate) fn reserve<V: View>(
         {
             continue;
         }
-        let leases: Vec<&Lease> = st
-            .node_leases(id)
-            .iter()
-            .filter_map(|e| st.lease(e.id))
-            .filter(|l| l.revoke.is_none())
-            .collect();
-        let free_at = |l: &Lease| {
+        leases.clear();
+        leases.extend(st.node_leases(id).iter().filter(|e| !st.revoking(e.id)));
+        let free_at = |l: &NodeLease| {
             if funded || !l.funded {
                 Some(l.preemptible_at)
             } else {

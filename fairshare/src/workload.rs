@@ -212,6 +212,23 @@ pub struct Lease {
     pub allowance: Option<String>,
 }
 
+/// GPU-seconds a lease of `gpus` started at `start` loses if revoked at `now` (see
+/// [`Lease::loss_at`]).
+pub(crate) fn work_lost(
+    gpus: u32,
+    start: Time,
+    resumable: bool,
+    now: Time,
+    checkpoint_loss: Option<Secs>,
+) -> u64 {
+    let ran = now.saturating_sub(start);
+    let lost = match checkpoint_loss {
+        Some(cap) if resumable => cap,
+        _ => ran,
+    };
+    u64::from(gpus) * lost
+}
+
 impl Lease {
     /// GPU-seconds of work revoking it at `now` would throw away: everything since
     /// its start, or for resumable work `checkpoint_loss` (the core does not know when
@@ -220,12 +237,7 @@ impl Lease {
     /// `checkpoint_loss` (the rules of 0.4, see [`crate::PolicyConfig::victim_loss`])
     /// every lease counts its GPU-time since its start.
     pub fn loss_at(&self, now: Time, checkpoint_loss: Option<Secs>) -> u64 {
-        let ran = now.saturating_sub(self.start);
-        let lost = match checkpoint_loss {
-            Some(cap) if self.resumable => cap,
-            _ => ran,
-        };
-        u64::from(self.gpus) * lost
+        work_lost(self.gpus, self.start, self.resumable, now, checkpoint_loss)
     }
 
     /// GPUs, CPU cores and GB of memory it holds across all nodes.

@@ -81,6 +81,13 @@ impl State {
         used >= budget
     }
 
+    /// Enters `lease` in the per-node index of every node it holds.
+    pub(super) fn index_lease(&mut self, lease: &Lease) {
+        for p in &lease.placement {
+            self.node_leases[p.node.idx()].push(NodeLease::of(lease, p.gpus));
+        }
+    }
+
     /// The leases on `node`, as a list the caller may hold while it changes them.
     pub(super) fn lease_ids_on(&self, node: NodeId) -> Vec<LeaseId> {
         self.node_leases[node.idx()].iter().map(|e| e.id).collect()
@@ -163,12 +170,6 @@ impl State {
                 n.cpu_used += cpu;
                 n.mem_used += mem;
             });
-            self.node_leases[p.node.idx()].push(NodeLease {
-                id: lid,
-                project: w.project,
-                funded,
-                gpus: p.gpus,
-            });
         }
         let nodes = placement.len() as i64;
         self.ledger.add_rate(
@@ -215,6 +216,7 @@ impl State {
             ends_by: s.time_limit.map(|tl| now.saturating_add(tl)),
             allowance,
         };
+        self.index_lease(&lease);
         self.leases.insert(lid, lease);
         Action::Start {
             lease: lid,

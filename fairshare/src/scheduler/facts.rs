@@ -276,12 +276,6 @@ impl Scheduler {
                     n.cpu_used += cpu;
                     n.mem_used += mem;
                 });
-                s.st.node_leases[p.node.idx()].push(NodeLease {
-                    id: l.id,
-                    project,
-                    funded: l.funded,
-                    gpus: p.gpus,
-                });
             }
             if l.preemptible_at > now && l.preemptible_at != Time::MAX {
                 s.st.protected.insert((l.preemptible_at, l.id));
@@ -289,9 +283,7 @@ impl Scheduler {
             if l.revoke.is_some() {
                 s.st.revoking.insert(l.id);
             }
-            s.st.leases.insert(
-                l.id,
-                Lease {
+            let lease = Lease {
                     id: l.id,
                     workload: l.workload,
                     project,
@@ -311,8 +303,9 @@ impl Scheduler {
                     resumable,
                     ends_by,
                     allowance,
-                },
-            );
+                };
+            s.st.index_lease(&lease);
+            s.st.leases.insert(l.id, lease);
         }
         s.st.recent = f
             .recent

@@ -503,6 +503,38 @@ pub(crate) struct NodeLease {
     pub funded: bool,
     /// The GPUs it holds on this node.
     pub gpus: u64,
+    /// The GPUs it holds in all.
+    pub lease_gpus: u32,
+    /// Its start.
+    pub start: Time,
+    /// When it may be preempted (`Lease::preemptible_at`).
+    pub preemptible_at: Time,
+    /// When its time limit ends it, if it has one.
+    pub ends_by: Option<Time>,
+    /// Whether its work resumes from a checkpoint.
+    pub resumable: bool,
+}
+
+impl NodeLease {
+    /// `lease`'s entry on a node where it holds `gpus`.
+    fn of(lease: &Lease, gpus: u64) -> Self {
+        NodeLease {
+            id: lease.id,
+            project: lease.project,
+            funded: lease.funded,
+            gpus,
+            lease_gpus: lease.gpus,
+            start: lease.start,
+            preemptible_at: lease.preemptible_at,
+            ends_by: lease.ends_by,
+            resumable: lease.resumable,
+        }
+    }
+
+    /// As [`Lease::loss_at`].
+    pub fn loss_at(&self, now: Time, checkpoint_loss: Option<crate::time::Secs>) -> u64 {
+        crate::workload::work_lost(self.lease_gpus, self.start, self.resumable, now, checkpoint_loss)
+    }
 }
 
 /// The negation of an allocation.
@@ -519,6 +551,7 @@ pub(crate) mod access {
         fn cluster(&self) -> &Cluster;
         fn lease(&self, id: LeaseId) -> Option<&Lease>;
         fn node_leases(&self, n: NodeId) -> &[NodeLease];
+        fn revoking(&self, id: LeaseId) -> bool;
         fn recent_preemptions(&self) -> &[(Time, GroupId, GroupId)];
     }
 }
@@ -532,6 +565,9 @@ impl access::View for State {
     }
     fn node_leases(&self, n: NodeId) -> &[NodeLease] {
         &self.node_leases[n.idx()]
+    }
+    fn revoking(&self, id: LeaseId) -> bool {
+        self.revoking.contains(&id)
     }
     fn recent_preemptions(&self) -> &[(Time, GroupId, GroupId)] {
         &self.recent
