@@ -24,6 +24,11 @@ pub struct ServerSection {
     /// The scheduling pass also runs this often when nothing happens.
     #[serde(deserialize_with = "de_duration")]
     pub schedule_interval: u64,
+    /// Passes that changes ask for come at most this often (0: 20 ms after each
+    /// change). A large fleet batches its changes so; `allotd simulate` models it
+    /// with a scenario's `pass_interval`. At most `schedule_interval`.
+    #[serde(deserialize_with = "de_duration")]
+    pub min_pass_interval: u64,
     /// Most open gRPC connections in all; one more is closed at once. Lowered to the
     /// descriptor limit less a reserve for the journal and agents' files.
     pub max_connections: usize,
@@ -104,6 +109,7 @@ impl Default for ServerSection {
             state_dir: "/var/lib/allot/allotd".into(),
             lost_grace: 120,
             schedule_interval: 10,
+            min_pass_interval: 0,
             max_connections: 4096,
             max_connections_per_peer: 256,
             idle_timeout: 300,
@@ -274,6 +280,15 @@ impl ServerConfig {
                 format!(
                     "{}: use a share of nodes in (0, 1], e.g. 0.5",
                     r.breaker.max_share
+                ),
+            ));
+        }
+        if r.server.min_pass_interval > r.server.schedule_interval.max(1) {
+            return Err(err(
+                "server.min_pass_interval",
+                format!(
+                    "{} s is longer than server.schedule_interval ({} s), which runs a pass anyway; use at most that, or 0s for a pass after each change",
+                    r.server.min_pass_interval, r.server.schedule_interval
                 ),
             ));
         }
@@ -471,6 +486,20 @@ mod tests {
             assert_eq!(e.field, "server.master_ports", "{e}");
             assert!(e.to_string().contains("29500-29999"), "{e}");
         }
+    }
+
+    #[test]
+    fn min_pass_interval_is_at_most_the_schedule_interval() {
+        let cfg = |v: &str| {
+            ServerConfig::parse(
+                &format!("[server]\nschedule_interval = \"10s\"\nmin_pass_interval = \"{v}\"\n[[group]]\nname = \"p\"\nweight = 1\n"),
+                "a.toml",
+            )
+        };
+        assert_eq!(cfg("5s").expect("valid").server.min_pass_interval, 5);
+        let e = cfg("1m").unwrap_err();
+        assert!(e.to_string().contains("server.min_pass_interval"), "{e}");
+        assert!(e.to_string().contains("schedule_interval (10 s)"), "{e}");
     }
 
     #[test]

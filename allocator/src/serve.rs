@@ -373,14 +373,17 @@ impl Server {
         }
     }
 
-    /// The scheduling loop: after changes (debounced 20 ms), at the core's wake-up,
-    /// and every `schedule_interval`.
+    /// The scheduling loop: after changes (debounced 20 ms, and no sooner than
+    /// `min_pass_interval` after the last pass), at the core's wake-up, and every
+    /// `schedule_interval`.
     pub async fn schedule_loop(self: Arc<Self>) {
         let watchdog = allot_common::systemd::watchdog_interval();
         // The watchdog is fed from this loop, so a wedged state lock stops the pings.
         let interval = watchdog.unwrap_or(Duration::MAX).min(Duration::from_secs(
             self.cfg.server.schedule_interval.max(1),
         ));
+        let min_gap = Duration::from_secs(self.cfg.server.min_pass_interval);
+        let mut last_pass = std::time::Instant::now();
         loop {
             let wake = *self.next_wakeup.lock().unwrap_or_else(|e| e.into_inner());
             let until = wake
@@ -388,9 +391,14 @@ impl Server {
                 .unwrap_or(interval)
                 .min(interval);
             tokio::select! {
-                _ = self.kick.notified() => tokio::time::sleep(Duration::from_millis(20)).await,
+                _ = self.kick.notified() => {
+                    let debounce = Duration::from_millis(20)
+                        .max(min_gap.saturating_sub(last_pass.elapsed()));
+                    tokio::time::sleep(debounce).await;
+                }
                 _ = tokio::time::sleep(until) => {}
             }
+            last_pass = std::time::Instant::now();
             self.mark_lost();
             self.recheck_held();
             self.pass();

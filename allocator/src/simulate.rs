@@ -7,7 +7,7 @@
 //! one row per cluster. They are deterministic and run until every job has ended, so
 //! `--seed`, `--seeds`, `--days` and `--svg` do not apply. Such a scenario under
 //! `fairshare` or `priority` is refused with a pointer to fifo/sjf: allot's policy
-//! replays Philly through `scenarios/philly.toml` and `--trace` (one shared cluster,
+//! replays Philly through `scenarios/philly.toml` (one shared cluster,
 //! the VCs as teams), which is the comparison it is built for.
 
 use allot_sim::scenario::TraceFormat;
@@ -69,7 +69,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(TraceFormat::Helios) => bail!(
             "--scenario {}: its [trace] is a Helios trace with each cluster simulated \
              separately; run it with --policy fifo or --policy sjf (allot's policy replays \
-             Philly with --scenario scenarios/philly.toml --trace FILE)",
+             Philly with --scenario scenarios/philly.toml)",
             a.scenario
         ),
         Some(TraceFormat::Allot) => a.trace.clone().or_else(|| sc.trace_path(scenario_file(&a))),

@@ -185,10 +185,13 @@ impl<V: View> Planner<'_, V> {
     fn may_take(&self, project: GroupId) -> bool {
         let cell = &self.takeable[project.idx()];
         if cell.get() == 0 {
-            let may = self.tree.diverging(self.p, project).is_some_and(|(gr, gv)| {
-                !reaches(self.st.recent_preemptions(), gv, gr)
-                    && self.r.ratio_with(gr, self.req) + self.hysteresis < self.r.ratio(gv)
-            });
+            let may = self
+                .tree
+                .diverging(self.p, project)
+                .is_some_and(|(gr, gv)| {
+                    !reaches(self.st.recent_preemptions(), gv, gr)
+                        && self.r.ratio_with(gr, self.req) + self.hysteresis < self.r.ratio(gv)
+                });
             cell.set(if may { 2 } else { 1 });
         }
         cell.get() == 2

@@ -20,6 +20,11 @@
 //!    a digest of all the decisions (to compare builds of the core), and what
 //!    explaining every pending workload costs against explaining one.
 //! 3. The built-in `ai2` month (1,024 GPUs, 30 days, ~63k workloads), one policy run.
+//! 4. `scale`: `scenarios/ai2-100k.toml`, the ai2 month at 12,500 nodes × 8 GPUs
+//!    (100,000 GPUs, ~6.1M workloads), under allot's policy: wall time, passes,
+//!    events, and what a pass and an event cost on average (`ALLOT_BENCH_DAYS` runs
+//!    fewer days). Then the whole Philly trace (`scenarios/philly.toml`, 82k jobs over
+//!    109 days) under allot's policy.
 
 use allot_fairshare::time::HOUR;
 use allot_fairshare::{
@@ -307,6 +312,69 @@ fn main() {
     if want("ai2") {
         ai2();
     }
+    if want("scale") {
+        scale();
+    }
+}
+
+/// A scenario shipped under `scenarios/`, with the path its `[trace]` is read from.
+fn shipped(file: &str) -> (Scenario, std::path::PathBuf) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scenarios")
+        .join(file);
+    let text = std::fs::read_to_string(&path).expect("the scenario is shipped");
+    (Scenario::parse(&text, file).expect("it parses"), path)
+}
+
+/// The 100,000-GPU month and the whole Philly trace (figure 4).
+fn scale() {
+    let (mut sc, _) = shipped("ai2-100k.toml");
+    if let Some(days) = std::env::var("ALLOT_BENCH_DAYS")
+        .ok()
+        .and_then(|d| d.parse().ok())
+    {
+        sc.days = days;
+    }
+    let opts = SimOptions {
+        policy: PolicyKind::FairShare,
+        seed: sc.seed,
+        timeline: false,
+    };
+    let t = Instant::now();
+    let jobs = sc.generate(sc.seed);
+    let generated = t.elapsed().as_secs_f64();
+    let r = sim::run(&sc, jobs, &[], &opts).expect("runs");
+    let wall = t.elapsed().as_secs_f64();
+    println!(
+        "scale: {} days of {} GPUs (pass at most every {} s): {wall:.1} s wall ({generated:.1} s \
+         generating), {} workloads, {} events, {} passes; {:.2} ms of run per pass, \
+         {:.1} us per event; occupancy {:.3}, mean ratio {:.3}",
+        sc.days,
+        r.gpus,
+        sc.pass_interval,
+        r.submitted,
+        r.events,
+        r.passes,
+        (wall - generated) * 1e3 / r.passes.max(1) as f64,
+        (wall - generated) * 1e6 / r.events.max(1) as f64,
+        r.occupancy,
+        r.fairness.mean_ratio
+    );
+    let (sc, path) = shipped("philly.toml");
+    let trace_path = sc.trace_path(&path).expect("philly.toml names its trace");
+    let t = Instant::now();
+    let text = std::fs::read_to_string(&trace_path).expect("the trace is shipped");
+    let tr = allot_sim::trace::parse(&text, &trace_path.display().to_string(), &sc)
+        .expect("the trace parses");
+    let r = sim::run(&sc, tr.jobs, &tr.groups, &opts).expect("runs");
+    println!(
+        "philly: the whole trace ({} jobs, {} days) under fairshare: {:.2} s wall ({} events, {} passes)",
+        r.submitted,
+        sc.days,
+        t.elapsed().as_secs_f64(),
+        r.events,
+        r.passes
+    );
 }
 
 /// The pass at 20,000 pending (figure 1).

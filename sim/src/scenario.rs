@@ -13,6 +13,9 @@ use std::collections::BTreeMap;
 /// The built-in scenario modelled on the published setting.
 pub const AI2: &str = include_str!("ai2.toml");
 
+/// The longest `pass_interval` a scenario may ask for.
+pub const MAX_PASS_INTERVAL: Secs = HOUR;
+
 /// A scenario file that could not be used: file, line, field and fix, like every
 /// config error.
 pub type ScenarioError = allot_common::config_error::ConfigError;
@@ -71,7 +74,19 @@ pub struct TeamSpec {
     /// Projects; none means the team itself is the project.
     #[serde(default)]
     pub projects: Vec<ProjectSpec>,
+    /// Users submitting its work, each workload from one drawn at random (1: the
+    /// single user `TEAM-user`; more: `TEAM-user1` …). Per-user limits such as the
+    /// debug allowance follow.
+    #[serde(default = "one_user")]
+    pub users: u32,
 }
+
+fn one_user() -> u32 {
+    1
+}
+
+/// Most users a scenario's team may have.
+pub const MAX_USERS: u32 = 100_000;
 
 /// How long a run takes.
 #[derive(Debug, Clone, Deserialize)]
@@ -371,6 +386,16 @@ impl Scenario {
         if self.days == 0 {
             return Err(err("days", "days".into(), "must be at least 1".into()));
         }
+        if self.pass_interval > MAX_PASS_INTERVAL {
+            return Err(err(
+                "pass_interval",
+                "pass_interval".into(),
+                format!(
+                    "{} s: at most 1h (work would wait that long for a pass); 0 runs one at every event",
+                    self.pass_interval
+                ),
+            ));
+        }
         if self.clusters.is_empty() {
             return Err(err(
                 "clusters",
@@ -452,6 +477,13 @@ impl Scenario {
                     &format!("teams.{j}.demand"),
                     format!("teams ({}).demand", t.name),
                     "must be a non-negative number".into(),
+                ));
+            }
+            if !(1..=MAX_USERS).contains(&t.users) {
+                return Err(err(
+                    &format!("teams.{j}.users"),
+                    format!("teams ({}).users", t.name),
+                    format!("{}: use 1 to {MAX_USERS}", t.users),
                 ));
             }
         }
@@ -672,6 +704,17 @@ impl Scenario {
                 let work = c.duration.sample(&mut rng);
                 let resumable = rng.unit() < c.resumable;
                 let priority = pk[rng.pick(&pw)];
+                // Drawn last, and only for several users, so a one-user scenario's
+                // month stays what it was.
+                let user = if team.users > 1 {
+                    format!(
+                        "{}-user{}",
+                        team.name,
+                        1 + rng.next_u64() % u64::from(team.users)
+                    )
+                } else {
+                    format!("{}-user", team.name)
+                };
                 seq += 1;
                 jobs.push((
                     submit,
@@ -682,7 +725,7 @@ impl Scenario {
                         work,
                         spec: WorkloadSpec {
                             project,
-                            user: format!("{}-user", team.name),
+                            user,
                             class: c.name.clone(),
                             gpus_per_node: gpus,
                             nodes,

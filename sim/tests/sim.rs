@@ -209,6 +209,14 @@ fn every_shipped_scenario_parses() {
             include_str!("../../scenarios/philly.toml"),
         ),
         ("sim/src/ai2.toml", AI2),
+        (
+            "scenarios/ai2-100k.toml",
+            include_str!("../../scenarios/ai2-100k.toml"),
+        ),
+        (
+            "scenarios/philly-vc.toml",
+            include_str!("../../scenarios/philly-vc.toml"),
+        ),
     ] {
         let sc = Scenario::parse(text, file).unwrap_or_else(|e| panic!("{e}"));
         assert!(!sc.clusters.is_empty(), "{file}");
@@ -252,4 +260,59 @@ fn a_seed_table_spreads_every_measure_and_lost_work_adds_up_by_cause() {
         (means[0], means[1], means[2])
     );
     assert!(t.table().contains("seed 3"), "{}", t.table());
+}
+
+#[test]
+fn a_pass_interval_batches_events_into_fewer_passes_and_work_still_runs() {
+    let every_event = small();
+    let mut batched = small();
+    batched.pass_interval = 600;
+    let a = run(&every_event, PolicyKind::FairShare);
+    let b = run(&batched, PolicyKind::FairShare);
+    let most = u64::from(batched.days) * 86_400 / 600 + 1;
+    assert!(b.passes <= most, "{} passes, at most {most}", b.passes);
+    assert!(b.passes * 3 < a.passes, "{} vs {}", b.passes, a.passes);
+    assert_eq!(a.submitted, b.submitted);
+    // Batching delays starts, it does not stop them: the cluster stays busy.
+    assert!(
+        b.occupancy > 0.8 * a.occupancy,
+        "{} vs {}",
+        b.occupancy,
+        a.occupancy
+    );
+    let e = Scenario::parse(
+        &AI2.replace("seed = 20241", "seed = 20241\npass_interval = \"2h\""),
+        "slow.toml",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("pass_interval"), "{e}");
+    assert!(e.to_string().contains("at most 1h"), "{e}");
+}
+
+#[test]
+fn a_team_of_several_users_spreads_its_work_over_them() {
+    let text = AI2.replace(
+        "name = \"juliet\"\nweight = 5\ndemand = 0.5",
+        "name = \"juliet\"\nweight = 5\ndemand = 0.5\nusers = 3",
+    );
+    let sc = Scenario::parse(&text, "users.toml").expect("parses");
+    let mut users = std::collections::BTreeSet::new();
+    for j in sc
+        .generate(sc.seed)
+        .iter()
+        .filter(|j| j.spec.project == "juliet")
+    {
+        users.insert(j.spec.user.clone());
+    }
+    let want: std::collections::BTreeSet<String> =
+        (1..=3).map(|k| format!("juliet-user{k}")).collect();
+    assert_eq!(users, want);
+    // One user (the default) keeps the name, and the month, of before.
+    assert!(Scenario::parse(AI2, "ai2")
+        .expect("parses")
+        .generate(1)
+        .iter()
+        .all(|j| j.spec.user.ends_with("-user")));
+    let e = Scenario::parse(&text.replace("users = 3", "users = 0"), "users.toml").unwrap_err();
+    assert!(e.to_string().contains("teams (juliet).users"), "{e}");
 }

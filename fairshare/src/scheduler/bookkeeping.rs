@@ -49,6 +49,7 @@ impl State {
         if let Some(w) = self.workloads.get_mut(&id) {
             w.state = state;
             w.lease = None;
+            self.finished.push(id);
             let g = u64::from(w.spec.total_gpus());
             self.demand[w.project.idx()] -= g.min(self.demand[w.project.idx()]);
         }

@@ -239,7 +239,9 @@ impl Scheduler {
                 last_preempted: w.last_preempted,
                 blocked: None,
             };
-            if !w.state.is_final() {
+            if w.state.is_final() {
+                s.st.finished.push(w.id);
+            } else {
                 s.st.demand[project.idx()] += u64::from(w.spec.total_gpus());
             }
             if w.state == WorkloadState::Pending {
@@ -284,26 +286,26 @@ impl Scheduler {
                 s.st.revoking.insert(l.id);
             }
             let lease = Lease {
-                    id: l.id,
-                    workload: l.workload,
-                    project,
-                    placement: l.placement.clone(),
-                    gpus: l.placement.iter().map(|p| p.gpus.count_ones()).sum(),
-                    cpu_per_node: cpu,
-                    mem_per_node: mem,
-                    start: l.start,
-                    protected_until: l.protected_until,
-                    preemptible_at: l.preemptible_at,
-                    funded: l.funded,
-                    revoke: l.revoke.as_ref().map(|(t, why)| Revocation {
-                        not_before: *t,
-                        why: why.clone(),
-                    }),
-                    backfill_for: l.backfill_for,
-                    resumable,
-                    ends_by,
-                    allowance,
-                };
+                id: l.id,
+                workload: l.workload,
+                project,
+                placement: l.placement.clone(),
+                gpus: l.placement.iter().map(|p| p.gpus.count_ones()).sum(),
+                cpu_per_node: cpu,
+                mem_per_node: mem,
+                start: l.start,
+                protected_until: l.protected_until,
+                preemptible_at: l.preemptible_at,
+                funded: l.funded,
+                revoke: l.revoke.as_ref().map(|(t, why)| Revocation {
+                    not_before: *t,
+                    why: why.clone(),
+                }),
+                backfill_for: l.backfill_for,
+                resumable,
+                ends_by,
+                allowance,
+            };
             s.st.index_lease(&lease);
             s.st.leases.insert(l.id, lease);
         }

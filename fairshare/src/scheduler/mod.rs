@@ -168,6 +168,8 @@ struct State {
     protected: BTreeSet<(Time, LeaseId)>,
     /// Leases being revoked: the pass reads them as gone without scanning every lease.
     revoking: BTreeSet<LeaseId>,
+    /// Workloads that ended since they were last forgotten.
+    finished: Vec<WorkloadId>,
     outbox: Vec<Action>,
     dequeue: Vec<WorkloadId>,
     demand: Vec<u64>,
@@ -202,6 +204,7 @@ impl Scheduler {
                 claims: BTreeMap::new(),
                 protected: BTreeSet::new(),
                 revoking: BTreeSet::new(),
+                finished: Vec::new(),
                 outbox: Vec::new(),
                 dequeue: Vec::new(),
                 demand: vec![0; n],
@@ -270,7 +273,16 @@ impl Scheduler {
     /// Forgets finished workloads so long runs keep constant memory; returns how many.
     pub fn forget_finished(&mut self) -> usize {
         let before = self.st.workloads.len();
-        self.st.workloads.retain(|_, w| !w.state.is_final());
+        for id in std::mem::take(&mut self.st.finished) {
+            if self
+                .st
+                .workloads
+                .get(&id)
+                .is_some_and(|w| w.state.is_final())
+            {
+                self.st.workloads.remove(&id);
+            }
+        }
         before - self.st.workloads.len()
     }
 
@@ -533,7 +545,13 @@ impl NodeLease {
 
     /// As [`Lease::loss_at`].
     pub fn loss_at(&self, now: Time, checkpoint_loss: Option<crate::time::Secs>) -> u64 {
-        crate::workload::work_lost(self.lease_gpus, self.start, self.resumable, now, checkpoint_loss)
+        crate::workload::work_lost(
+            self.lease_gpus,
+            self.start,
+            self.resumable,
+            now,
+            checkpoint_loss,
+        )
     }
 }
 
