@@ -373,9 +373,9 @@ impl Server {
         }
     }
 
-    /// The scheduling loop: after changes (debounced 20 ms, and no sooner than
-    /// `min_pass_interval` after the last pass), at the core's wake-up, and every
-    /// `schedule_interval`.
+    /// The scheduling loop: after changes (debounced 20 ms) and at the core's
+    /// wake-up, either no sooner than `min_pass_interval` after the last pass; and
+    /// every `schedule_interval`.
     pub async fn schedule_loop(self: Arc<Self>) {
         let watchdog = allot_common::systemd::watchdog_interval();
         // The watchdog is fed from this loop, so a wedged state lock stops the pings.
@@ -386,9 +386,12 @@ impl Server {
         let mut last_pass = std::time::Instant::now();
         loop {
             let wake = *self.next_wakeup.lock().unwrap_or_else(|e| e.into_inner());
+            // The core's wake-ups wait out min_pass_interval too (a pass cut short
+            // asks for one a second later); the watchdog's interval does not.
             let until = wake
                 .map(|w| Duration::from_secs(w.saturating_sub(now())))
                 .unwrap_or(interval)
+                .max(min_gap.saturating_sub(last_pass.elapsed()))
                 .min(interval);
             tokio::select! {
                 _ = self.kick.notified() => {

@@ -228,7 +228,7 @@ impl<V: View> Planner<'_, V> {
         {
             return None;
         }
-        let mut cands: Vec<(&Lease, u64)> = Vec::new();
+        let mut cands: Vec<(&Lease, u64, u64)> = Vec::new();
         for e in self.st.node_leases(node) {
             let Some(l) = self.st.lease(e.id) else {
                 continue;
@@ -243,10 +243,10 @@ impl<V: View> Planner<'_, V> {
             if !whole && on_node & n.healthy == 0 {
                 continue; // frees only failed GPUs
             }
-            cands.push((l, l.loss_at(self.now, self.loss)));
+            cands.push((l, l.loss_at(self.now, self.loss), on_node));
         }
         // Free occupancy first, then the least work lost, then the youngest.
-        cands.sort_by_key(|(l, cost)| (l.funded, *cost, std::cmp::Reverse(l.start), l.id));
+        cands.sort_by_key(|(l, cost, _)| (l.funded, *cost, std::cmp::Reverse(l.start), l.id));
         let mut have = n.free();
         let mut cpu_free = n.spec.cpu.saturating_sub(n.cpu_used + n.claimed_cpu);
         let mut mem_free = n.spec.memory_gb.saturating_sub(n.mem_used + n.claimed_mem);
@@ -258,7 +258,7 @@ impl<V: View> Planner<'_, V> {
             victims: Vec::new(),
             have: 0,
         };
-        for (l, cost) in cands {
+        for (l, cost, on_node) in cands {
             let done = have.count_ones() >= s.gpus && cpu_free >= s.cpu && mem_free >= s.mem;
             if done && !whole {
                 break;
@@ -276,7 +276,7 @@ impl<V: View> Planner<'_, V> {
             } else {
                 (None, None)
             };
-            have |= on(l, node) & n.healthy;
+            have |= on_node & n.healthy;
             cpu_free += l.cpu_per_node;
             mem_free += l.mem_per_node;
             plan.cost += cost;
@@ -414,14 +414,6 @@ fn reaches(edges: &[(Time, GroupId, GroupId)], from: GroupId, to: GroupId) -> bo
     false
 }
 
-/// The GPUs lease `l` holds on `node`.
-fn on(l: &Lease, node: NodeId) -> u64 {
-    l.placement
-        .iter()
-        .find(|x| x.node == node)
-        .map_or(0, |x| x.gpus)
-}
-
 /// Plans a preemption for workload `by` of `shape` in project `p`, or None; `keys`
 /// is the pass's knowledge of whole nodes (see [`WholeKeys`]).
 #[allow(clippy::too_many_arguments)]
@@ -482,7 +474,6 @@ pub(crate) fn reserve<V: View>(
 ) -> Option<(Vec<NodeId>, Time)> {
     let c = st.cluster();
     let mut per_cluster: Vec<Vec<(Time, u64, NodeId)>> = vec![Vec::new(); c.cluster_names().len()];
-    let mut leases: Vec<&NodeLease> = Vec::new();
     for (id, n) in c.nodes() {
         if n.state != NodeState::Ready
             || n.claimed != 0
@@ -494,8 +485,7 @@ pub(crate) fn reserve<V: View>(
         {
             continue;
         }
-        leases.clear();
-        leases.extend(st.node_leases(id).iter().filter(|e| !st.revoking(e.id)));
+        let leases = || st.node_leases(id).iter().filter(|e| !st.revoking(e.id));
         let free_at = |l: &NodeLease| {
             if funded || !l.funded {
                 Some(l.preemptible_at)
@@ -503,15 +493,11 @@ pub(crate) fn reserve<V: View>(
                 l.ends_by
             }
         };
-        let Some(at) = leases
-            .iter()
-            .try_fold(now, |at, l| free_at(l).map(|t| at.max(t)))
-        else {
+        let Some(at) = leases().try_fold(now, |at, l| free_at(l).map(|t| at.max(t))) else {
             continue;
         };
         // Under the rules of 0.4 (no `loss`) the earliest lapse alone decides.
-        let lost: u64 = leases
-            .iter()
+        let lost: u64 = leases()
             .filter(|l| loss.is_some() && l.ends_by.is_none_or(|end| end > at))
             .map(|l| l.loss_at(at, loss))
             .sum();

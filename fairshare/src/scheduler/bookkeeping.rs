@@ -315,14 +315,9 @@ impl State {
     /// True while a lease holding some of the claim's GPUs is still being revoked.
     fn victims_pending(&self, claim: &Claim) -> bool {
         claim.nodes.iter().any(|p| {
-            self.node_leases[p.node.idx()].iter().any(|e| {
-                self.leases.get(&e.id).is_some_and(|l| {
-                    l.revoke.is_some()
-                        && l.placement
-                            .iter()
-                            .any(|x| x.node == p.node && x.gpus & p.gpus != 0)
-                })
-            })
+            self.node_leases[p.node.idx()]
+                .iter()
+                .any(|e| e.gpus & p.gpus != 0 && self.revoking.contains(&e.id))
         })
     }
 

@@ -286,6 +286,51 @@ impl Scheduler {
         before - self.st.workloads.len()
     }
 
+    /// Where the indexes the core derives from its leases and workloads (per-node
+    /// leases, leases being revoked, workloads ended) disagree with them: empty when
+    /// sound. Property tests call it after every pass.
+    pub fn index_errors(&self) -> Vec<String> {
+        let st = &self.st;
+        let mut bad = Vec::new();
+        let revoking: BTreeSet<LeaseId> = st
+            .leases
+            .values()
+            .filter(|l| l.revoke.is_some())
+            .map(|l| l.id)
+            .collect();
+        if revoking != st.revoking {
+            bad.push(format!(
+                "leases being revoked {revoking:?}, the index says {:?}",
+                st.revoking
+            ));
+        }
+        let mut want: Vec<Vec<NodeLease>> = vec![Vec::new(); st.node_leases.len()];
+        for l in st.leases.values() {
+            for p in &l.placement {
+                want[p.node.idx()].push(NodeLease::of(l, p.gpus));
+            }
+        }
+        for (i, (have, mut want)) in st.node_leases.iter().zip(want).enumerate() {
+            let mut have = have.clone();
+            have.sort_by_key(|e| e.id);
+            want.sort_by_key(|e| e.id);
+            if have != want {
+                bad.push(format!("node {i}: index {have:?}, leases {want:?}"));
+            }
+        }
+        let unlisted = st
+            .workloads
+            .values()
+            .filter(|w| w.state.is_final() && !st.finished.contains(&w.id))
+            .count();
+        if unlisted > 0 {
+            bad.push(format!(
+                "{unlisted} ended workloads that forget_finished would keep"
+            ));
+        }
+        bad
+    }
+
     /// GPU-seconds `group` consumed over the lookback as of `now` (decayed for the
     /// half-life model): what `allot share` reports as received.
     pub fn usage_gpu_secs(&self, group: GroupId, now: Time) -> f64 {
@@ -505,7 +550,7 @@ struct ExplainContext {
 
 /// A lease as the per-node index keeps it: what a preemption plan reads to rule a
 /// node out before it looks the lease up (none of it changes while the lease runs).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct NodeLease {
     /// The lease.
     pub id: LeaseId,

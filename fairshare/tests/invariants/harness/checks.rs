@@ -191,6 +191,7 @@ impl Shell {
                 ));
             }
         }
+        bad.extend(self.sch.index_errors());
         for b in bad {
             self.fail(Prop::Books, b);
         }
