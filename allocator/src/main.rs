@@ -89,6 +89,11 @@ then: allotd serve --config {}",
     Ok(())
 }
 
+/// mimalloc: allocation-heavy work (the simulator above all) runs faster than on
+/// glibc's allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     allot_common::logging::init("warn");
     let cli = Cli::parse();

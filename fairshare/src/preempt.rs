@@ -329,7 +329,7 @@ impl<V: View> Planner<'_, V> {
             if (set.len() as u32) < s.nodes {
                 continue;
             }
-            let mut order: std::collections::BinaryHeap<std::cmp::Reverse<(u32, u64, NodeId)>> =
+            let mut order: Vec<(u32, u64, NodeId)> =
                 set.iter()
                     .map(|&i| NodeId(i))
                     .filter(|&id| {
@@ -342,14 +342,23 @@ impl<V: View> Planner<'_, V> {
                     })
                     .filter_map(|id| {
                         keys.get(self.st, id, self.now, self.loss)
-                            .map(|(funded, cost)| std::cmp::Reverse((funded, cost, id)))
+                            .map(|(funded, cost)| (funded, cost, id))
                     })
                     .collect();
-            if (order.len() as u32) < s.nodes {
+            let k = s.nodes as usize;
+            if order.len() < k {
                 continue;
             }
-            let mut plans: Vec<NodePlan> = Vec::with_capacity(s.nodes as usize);
-            while let Some(std::cmp::Reverse((funded, cost, id))) = order.pop() {
+            // The k cheapest first (keys are unique by node): the rest is sorted only
+            // if some of them cannot be planned after all.
+            order.select_nth_unstable(k - 1);
+            order[..k].sort_unstable();
+            let mut plans: Vec<NodePlan> = Vec::with_capacity(k);
+            for i in 0..order.len() {
+                if i == k {
+                    order[k..].sort_unstable();
+                }
+                let (funded, cost, id) = order[i];
                 let Some(np) = self.node(id, true) else {
                     continue;
                 };
@@ -512,7 +521,8 @@ pub(crate) fn reserve<V: View>(
         }
         // Sweep the start time over the nodes' lapses; keep the k least losses among
         // the nodes free by then (a max-heap of k).
-        v.sort();
+        // Node ids are unique, so the unstable sort gives the same order, faster.
+        v.sort_unstable();
         let mut heap: std::collections::BinaryHeap<Reservable> =
             std::collections::BinaryHeap::new();
         let mut sum: u128 = 0;

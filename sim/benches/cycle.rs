@@ -33,6 +33,10 @@ use allot_fairshare::{
 use allot_sim::{self as sim, rng::Rng, scenario::AI2, PolicyKind, Scenario, SimOptions};
 use std::time::Instant;
 
+/// The allocator allotd runs the simulator on.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     allot_common::stats::percentile_of(v, p).unwrap_or(0.0)
 }

@@ -218,7 +218,7 @@ impl State {
             allowance,
         };
         self.index_lease(&lease);
-        self.leases.insert(lid, lease);
+        self.leases.insert(lid, Box::new(lease));
         Action::Start {
             lease: lid,
             workload: id,
@@ -266,7 +266,7 @@ impl State {
             }
         }
         self.protected.remove(&(l.preemptible_at, lid));
-        Some(l)
+        Some(*l)
     }
 
     /// Takes back a revocation that has not come due: the lease is preemptible again

@@ -247,7 +247,7 @@ impl Scheduler {
             if w.state == WorkloadState::Pending {
                 s.enqueue(&work);
             }
-            s.st.workloads.insert(w.id, work);
+            s.st.workloads.insert(w.id, Box::new(work));
         }
         let now = f.last_now;
         for l in &f.leases {
@@ -307,7 +307,7 @@ impl Scheduler {
                 allowance,
             };
             s.st.index_lease(&lease);
-            s.st.leases.insert(l.id, lease);
+            s.st.leases.insert(l.id, Box::new(lease));
         }
         s.st.recent = f
             .recent

@@ -28,7 +28,7 @@ impl Scheduler {
             blocked: None,
         };
         self.enqueue(&w);
-        self.st.workloads.insert(id, w);
+        self.st.workloads.insert(id, Box::new(w));
         Ok(id)
     }
 
@@ -116,9 +116,14 @@ impl Scheduler {
     }
 
     pub(super) fn enqueue(&mut self, w: &Workload) {
-        self.queues[w.project.idx()].insert(Shape::of(&w.spec), w.spec.priority, w.submit, w.id);
+        self.enqueue_at(QueueKey::of(w));
+    }
+
+    /// Queues work by its place alone (a requeue need not copy the workload).
+    fn enqueue_at(&mut self, k: QueueKey) {
+        self.queues[k.project.idx()].insert(k.shape, k.priority, k.submit, k.id);
         self.st.pending += 1;
-        if w.spec.nodes > 1 && w.spec.min_runtime > 0 {
+        if k.shape.nodes > 1 && k.shape.protected {
             self.st.pending_gangs += 1;
         }
     }
@@ -254,8 +259,8 @@ impl Scheduler {
             if preempted {
                 w.last_preempted = Some(now);
             }
-            let w = w.clone();
-            self.enqueue(&w);
+            let key = QueueKey::of(w);
+            self.enqueue_at(key);
         } else {
             self.st.finish(wid, next);
         }
@@ -375,5 +380,29 @@ impl Scheduler {
             self.st.drop_claims_holding(node, bit);
         }
         Ok(())
+    }
+}
+
+/// Where a pending workload waits: its project's queue, at its shape and priority, in
+/// submit order.
+#[derive(Debug, Clone, Copy)]
+struct QueueKey {
+    project: GroupId,
+    shape: Shape,
+    priority: i32,
+    submit: Time,
+    id: WorkloadId,
+}
+
+impl QueueKey {
+    /// The place of `w`.
+    fn of(w: &Workload) -> Self {
+        QueueKey {
+            project: w.project,
+            shape: Shape::of(&w.spec),
+            priority: w.spec.priority,
+            submit: w.submit,
+            id: w.id,
+        }
     }
 }

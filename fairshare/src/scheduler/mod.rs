@@ -161,8 +161,10 @@ pub struct Scheduler {
 struct State {
     cluster: Cluster,
     ledger: Ledger,
-    workloads: BTreeMap<WorkloadId, Workload>,
-    leases: BTreeMap<LeaseId, Lease>,
+    /// Boxed: 2M pending at 100,000 GPUs, and a B-tree moves its values on every
+    /// insert and remove.
+    workloads: BTreeMap<WorkloadId, Box<Workload>>,
+    leases: BTreeMap<LeaseId, Box<Lease>>,
     node_leases: Vec<Vec<NodeLease>>,
     claims: BTreeMap<WorkloadId, Claim>,
     protected: BTreeSet<(Time, LeaseId)>,
@@ -242,17 +244,17 @@ impl Scheduler {
 
     /// A workload by id.
     pub fn workload(&self, id: WorkloadId) -> Option<&Workload> {
-        self.st.workloads.get(&id)
+        self.st.workloads.get(&id).map(|w| &**w)
     }
 
     /// A lease by id.
     pub fn lease(&self, id: LeaseId) -> Option<&Lease> {
-        self.st.leases.get(&id)
+        self.st.leases.get(&id).map(|l| &**l)
     }
 
     /// All live leases in id order.
     pub fn leases(&self) -> impl Iterator<Item = &Lease> {
-        self.st.leases.values()
+        self.st.leases.values().map(|l| &**l)
     }
 
     /// Claims (preemption and reservation) in workload order.
@@ -624,7 +626,7 @@ impl access::View for State {
         &self.cluster
     }
     fn lease(&self, id: LeaseId) -> Option<&Lease> {
-        self.leases.get(&id)
+        self.leases.get(&id).map(|l| &**l)
     }
     fn node_leases(&self, n: NodeId) -> &[NodeLease] {
         &self.node_leases[n.idx()]
