@@ -329,22 +329,22 @@ impl<V: View> Planner<'_, V> {
             if (set.len() as u32) < s.nodes {
                 continue;
             }
-            let mut order: Vec<(u32, u64, NodeId)> =
-                set.iter()
-                    .map(|&i| NodeId(i))
-                    .filter(|&id| {
-                        // What `node` refuses whatever the leases, and too small nodes.
-                        let n = c.node(id);
-                        n.state == NodeState::Ready
-                            && (n.healthy & n.all()).count_ones() >= s.gpus
-                            && n.offers(s.gpus)
-                            && n.spec.gpus >= s.gpus
-                    })
-                    .filter_map(|id| {
-                        keys.get(self.st, id, self.now, self.loss)
-                            .map(|(funded, cost)| (funded, cost, id))
-                    })
-                    .collect();
+            let mut order: Vec<(u32, u64, NodeId)> = set
+                .iter()
+                .map(|&i| NodeId(i))
+                .filter(|&id| {
+                    // What `node` refuses whatever the leases, and too small nodes.
+                    let n = c.node(id);
+                    n.state == NodeState::Ready
+                        && (n.healthy & n.all()).count_ones() >= s.gpus
+                        && n.offers(s.gpus)
+                        && n.spec.gpus >= s.gpus
+                })
+                .filter_map(|id| {
+                    keys.get(self.st, id, self.now, self.loss)
+                        .map(|(funded, cost)| (funded, cost, id))
+                })
+                .collect();
             let k = s.nodes as usize;
             if order.len() < k {
                 continue;
