@@ -12,8 +12,10 @@ pub const DEFAULT_WINDOW: Secs = 7 * DAY;
 pub const DEFAULT_ALLOCATION_HORIZON: Secs = DAY;
 /// Default aging: one priority point per hour of waiting …
 pub const DEFAULT_AGING_PER_HOUR: u32 = 1;
-/// … up to this many points, so aging orders but never overturns priorities wholesale.
-pub const DEFAULT_AGING_CAP: u32 = 24;
+/// … up to this many points: less than a band of 10, so waiting work rises above fresh
+/// work of its band but never past the next band (a day-old backlog lifted by 24
+/// outranked debug work, which then waited for its own aging behind it).
+pub const DEFAULT_AGING_CAP: u32 = 9;
 /// Default hysteresis between served ratios before funded work is preempted.
 pub const DEFAULT_HYSTERESIS: f64 = 0.05;
 /// Default protection after a preempted workload restarts.

@@ -320,17 +320,25 @@ fn priority_and_aging_order_a_project() {
     // Priority 10 beats one hour of aging.
     assert_eq!(starts(&s.schedule(HOUR))[0].0, new_high);
     let _ = old_low;
-    // Thirty hours of waiting (capped at 24 points) beats priority 10.
-    let mut s = sched(two_teams(), nodes("c", 1, 1));
-    let blocker = s.submit(0, job("x", 1, HOUR)).unwrap();
-    s.schedule(0);
-    let old_low = s.submit(0, job("x", 1, HOUR)).unwrap();
-    let mut hi = job("x", 1, HOUR);
-    hi.priority = 10;
-    s.submit(30 * HOUR, hi).unwrap();
-    s.lease_ended(30 * HOUR, lease_of(&s, blocker), LeaseEnd::Completed)
-        .unwrap();
-    assert_eq!(starts(&s.schedule(30 * HOUR))[0].0, old_low);
+    // Thirty hours of waiting (capped at 9 points) beats priority 5, never the next
+    // band (10).
+    for (prio, old_first) in [(5, true), (10, false)] {
+        let mut s = sched(two_teams(), nodes("c", 1, 1));
+        let blocker = s.submit(0, job("x", 1, HOUR)).unwrap();
+        s.schedule(0);
+        let old_low = s.submit(0, job("x", 1, HOUR)).unwrap();
+        let mut hi = job("x", 1, HOUR);
+        hi.priority = prio;
+        let fresh = s.submit(30 * HOUR, hi).unwrap();
+        s.lease_ended(30 * HOUR, lease_of(&s, blocker), LeaseEnd::Completed)
+            .unwrap();
+        let first = starts(&s.schedule(30 * HOUR))[0].0;
+        assert_eq!(
+            first,
+            if old_first { old_low } else { fresh },
+            "priority {prio}"
+        );
+    }
 }
 
 #[test]
