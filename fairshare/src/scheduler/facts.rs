@@ -245,7 +245,7 @@ impl Scheduler {
                 s.st.demand[project.idx()] += u64::from(w.spec.total_gpus());
             }
             if w.state == WorkloadState::Pending {
-                s.enqueue(&work);
+                s.enqueue(QueueKey::of(&work));
             }
             s.st.workloads.insert(w.id, Box::new(work));
         }

@@ -27,7 +27,7 @@ impl Scheduler {
             last_preempted: None,
             blocked: None,
         };
-        self.enqueue(&w);
+        self.enqueue(QueueKey::of(&w));
         self.st.workloads.insert(id, Box::new(w));
         Ok(id)
     }
@@ -115,26 +115,22 @@ impl Scheduler {
         Ok(())
     }
 
-    pub(super) fn enqueue(&mut self, w: &Workload) {
-        self.enqueue_at(QueueKey::of(w));
-    }
-
-    /// Queues work by its place alone (a requeue need not copy the workload).
-    fn enqueue_at(&mut self, k: QueueKey) {
+    /// Queues work at its place (taken by key, so a requeue need not copy the workload).
+    pub(super) fn enqueue(&mut self, k: QueueKey) {
         self.queues[k.project.idx()].insert(k.shape, k.priority, k.submit, k.id);
         self.st.pending += 1;
-        if k.shape.nodes > 1 && k.shape.protected {
+        if k.is_gang() {
             self.st.pending_gangs += 1;
         }
     }
 
     pub(super) fn dequeue(&mut self, id: WorkloadId) {
-        let Some(w) = self.st.workloads.get(&id) else {
+        let Some(k) = self.st.workloads.get(&id).map(|w| QueueKey::of(w)) else {
             return;
         };
-        if self.queues[w.project.idx()].remove(Shape::of(&w.spec), w.spec.priority, w.submit, id) {
+        if self.queues[k.project.idx()].remove(k.shape, k.priority, k.submit, k.id) {
             self.st.pending -= 1;
-            if w.spec.nodes > 1 && w.spec.min_runtime > 0 {
+            if k.is_gang() {
                 self.st.pending_gangs -= 1;
             }
         }
@@ -260,7 +256,7 @@ impl Scheduler {
                 w.last_preempted = Some(now);
             }
             let key = QueueKey::of(w);
-            self.enqueue_at(key);
+            self.enqueue(key);
         } else {
             self.st.finish(wid, next);
         }
@@ -386,7 +382,7 @@ impl Scheduler {
 /// Where a pending workload waits: its project's queue, at its shape and priority, in
 /// submit order.
 #[derive(Debug, Clone, Copy)]
-struct QueueKey {
+pub(super) struct QueueKey {
     project: GroupId,
     shape: Shape,
     priority: i32,
@@ -396,7 +392,7 @@ struct QueueKey {
 
 impl QueueKey {
     /// The place of `w`.
-    fn of(w: &Workload) -> Self {
+    pub(super) fn of(w: &Workload) -> Self {
         QueueKey {
             project: w.project,
             shape: Shape::of(&w.spec),
@@ -404,5 +400,10 @@ impl QueueKey {
             submit: w.submit,
             id: w.id,
         }
+    }
+
+    /// A protected gang: what reservations are for (`State::pending_gangs`).
+    fn is_gang(&self) -> bool {
+        self.shape.nodes > 1 && self.shape.protected
     }
 }

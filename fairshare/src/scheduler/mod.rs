@@ -35,6 +35,7 @@ use std::collections::{BTreeMap, BTreeSet};
 pub use baseline::Baseline;
 use bookkeeping::protection;
 pub use facts::{Facts, LeaseFacts, NodeFacts, WorkloadFacts};
+use inputs::QueueKey;
 use pass::Pass;
 
 /// How a lease ended, as the shell saw it (journaled by allotd by these names).
