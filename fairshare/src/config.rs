@@ -12,10 +12,13 @@ pub const DEFAULT_WINDOW: Secs = 7 * DAY;
 pub const DEFAULT_ALLOCATION_HORIZON: Secs = DAY;
 /// Default aging: one priority point per hour of waiting …
 pub const DEFAULT_AGING_PER_HOUR: u32 = 1;
-/// … up to this many points: less than a band of 10, so waiting work rises above fresh
-/// work of its band but never past the next band (a day-old backlog lifted by 24
-/// outranked debug work, which then waited for its own aging behind it).
-pub const DEFAULT_AGING_CAP: u32 = 9;
+/// … up to this many points (and never past the top of its band, see below).
+pub const DEFAULT_AGING_CAP: u32 = 24;
+/// Default width of a priority band (debug 20, interactive 10, batch 0): aging lifts
+/// waiting work above fresh work of its own band but never into the next, so a
+/// day-old backlog of batch does not outrank debug work (at 100,000 GPUs every debug
+/// job then waited 5 h for its own aging behind it).
+pub const DEFAULT_PRIORITY_BAND: u32 = 10;
 /// Default hysteresis between served ratios before funded work is preempted.
 pub const DEFAULT_HYSTERESIS: f64 = 0.05;
 /// Default protection after a preempted workload restarts.
@@ -59,6 +62,8 @@ pub struct PolicyConfig {
     pub aging_per_hour: u32,
     /// Most points aging adds.
     pub aging_cap: u32,
+    /// Width of a priority band; aging never lifts work into the next (0: no bands).
+    pub priority_band: u32,
     /// Ratio margin the requester must stay under the victim's group by.
     pub hysteresis: f64,
     /// Protection after a preempted workload restarts.
@@ -84,7 +89,7 @@ pub struct PolicyConfig {
     /// Whether an unfunded gang may hold a reservation (see the default).
     pub unfunded_reservations: bool,
     /// Decide by the rules of 0.4 and earlier (no allowance, no unfunded
-    /// reservations, victims and reserved nodes by GPU-time and lapse alone, backfill
+    /// reservations, no priority bands, victims and reserved nodes by GPU-time and lapse alone, backfill
     /// by lapse): only for re-running the passes those releases journaled as
     /// `Schedule`, so that replaying them decides what was decided. Never read from
     /// a file.
@@ -110,6 +115,7 @@ impl Default for PolicyConfig {
             allocation_horizon: DEFAULT_ALLOCATION_HORIZON,
             aging_per_hour: DEFAULT_AGING_PER_HOUR,
             aging_cap: DEFAULT_AGING_CAP,
+            priority_band: DEFAULT_PRIORITY_BAND,
             hysteresis: DEFAULT_HYSTERESIS,
             cooldown: DEFAULT_COOLDOWN,
             drf: false,
@@ -133,6 +139,16 @@ impl PolicyConfig {
             unfunded_reservations: false,
             rules_of_0_4: true,
             ..self.clone()
+        }
+    }
+
+    /// The band aging stays inside; none under the rules of 0.4 (aging by the cap
+    /// alone).
+    pub fn aging_band(&self) -> u32 {
+        if self.rules_of_0_4 {
+            0
+        } else {
+            self.priority_band
         }
     }
 

@@ -168,6 +168,9 @@ pub struct Aging {
     pub per_hour: u32,
     /// Most points.
     pub cap: u32,
+    /// Width of a priority band (0: no bands): aging lifts work at most to the top of
+    /// its own band, never into the next.
+    pub band: u32,
 }
 
 impl Aging {
@@ -176,7 +179,13 @@ impl Aging {
         let waited = now.saturating_sub(submit);
         let bonus =
             (waited.saturating_mul(u64::from(self.per_hour)) / 3_600).min(u64::from(self.cap));
-        i64::from(priority) + bonus as i64
+        let raised = i64::from(priority) + bonus as i64;
+        if self.band == 0 {
+            return raised;
+        }
+        let band = i64::from(self.band);
+        let top = i64::from(priority).div_euclid(band) * band + band - 1;
+        raised.min(top)
     }
 }
 
@@ -333,6 +342,7 @@ mod tests {
         let aging = Aging {
             per_hour: 1,
             cap: 100,
+            band: 0,
         };
         // At 4h: w1 = 0+4, w2 = 5+1, w3 = 5+1, w4 = 0+3.
         let mut c = q.cursor(4 * 3_600, aging);
@@ -342,6 +352,7 @@ mod tests {
         let capped = Aging {
             per_hour: 1,
             cap: 6,
+            band: 0,
         };
         let mut c = q.cursor(10 * 3_600, capped);
         let order: Vec<_> = std::iter::from_fn(|| c.next(|_| false).map(|x| x.0 .0)).collect();
@@ -385,6 +396,7 @@ mod tests {
         let aging = Aging {
             per_hour: 1,
             cap: 8,
+            band: 10,
         };
         let now = 40 * 1_800;
         let mut want: Vec<_> = all

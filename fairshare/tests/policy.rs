@@ -320,23 +320,39 @@ fn priority_and_aging_order_a_project() {
     // Priority 10 beats one hour of aging.
     assert_eq!(starts(&s.schedule(HOUR))[0].0, new_high);
     let _ = old_low;
-    // Thirty hours of waiting (capped at 9 points) beats priority 5, never the next
-    // band (10).
-    for (prio, old_first) in [(5, true), (10, false)] {
-        let mut s = sched(two_teams(), nodes("c", 1, 1));
+    // Thirty hours of waiting lifts work to the top of its band of 10, never into the
+    // next: priority 0 rises over a fresh 5 (to 9), never over a fresh 10; priority 5
+    // rises to 9, not to 5 + 24, so never over 10 either. With no bands the cap of 24
+    // alone lifts 0 over 10 (and 5 over 20).
+    for (band, old_prio, fresh_prio, old_first) in [
+        (10, 0, 5, true),
+        (10, 0, 10, false),
+        (10, 5, 10, false),
+        (10, 10, 15, true),
+        (10, 10, 20, false),
+        (0, 0, 10, true),
+        (0, 5, 20, true),
+    ] {
+        let cfg = PolicyConfig {
+            priority_band: band,
+            ..PolicyConfig::default()
+        };
+        let mut s = Scheduler::new(cfg, two_teams(), nodes("c", 1, 1)).unwrap();
         let blocker = s.submit(0, job("x", 1, HOUR)).unwrap();
         s.schedule(0);
-        let old_low = s.submit(0, job("x", 1, HOUR)).unwrap();
+        let mut old = job("x", 1, HOUR);
+        old.priority = old_prio;
+        let old = s.submit(0, old).unwrap();
         let mut hi = job("x", 1, HOUR);
-        hi.priority = prio;
+        hi.priority = fresh_prio;
         let fresh = s.submit(30 * HOUR, hi).unwrap();
         s.lease_ended(30 * HOUR, lease_of(&s, blocker), LeaseEnd::Completed)
             .unwrap();
         let first = starts(&s.schedule(30 * HOUR))[0].0;
         assert_eq!(
             first,
-            if old_first { old_low } else { fresh },
-            "priority {prio}"
+            if old_first { old } else { fresh },
+            "band {band}: aged {old_prio} against fresh {fresh_prio}"
         );
     }
 }

@@ -474,6 +474,7 @@ impl Scheduler {
         Aging {
             per_hour: self.cfg.aging_per_hour,
             cap: self.cfg.aging_cap,
+            band: self.cfg.aging_band(),
         }
     }
 
