@@ -30,6 +30,11 @@ pub const DEFAULT_MAX_RESERVATIONS: u32 = 2;
 /// Work a resumable lease is taken to lose when revoked: the checkpoint ladder asks
 /// it to save first, so at most the time since its last periodic checkpoint.
 pub const DEFAULT_CHECKPOINT_LOSS: Secs = 10 * MINUTE;
+/// Most work one preemption may throw away, per GPU it gains for the requester: 2 h,
+/// so that a debug job may still take an 8-GPU resumable lease (10 min × 8 = 80
+/// GPU-minutes for 1 GPU) but nobody's request discards a day of a non-resumable
+/// gang's run (in the ai2 month 31 such revocations threw away 14,000 GPU-hours).
+pub const DEFAULT_MAX_LOSS_PER_GPU: Secs = 2 * HOUR;
 /// GPUs of small, short work each user may run funded after the project's budget is
 /// spent (a debug allowance outside the budget): one node of 8 GPUs, so a person
 /// whose team spent its week still debugs in seconds.
@@ -80,6 +85,10 @@ pub struct PolicyConfig {
     /// Work a resumable lease loses when revoked (what victim choice weighs).
     #[serde(deserialize_with = "de_duration")]
     pub checkpoint_loss: Secs,
+    /// Most work a preemption may lose per GPU it gains (GPU-seconds lost ÷ GPUs
+    /// claimed); plans that would lose more are not made.
+    #[serde(deserialize_with = "de_duration")]
+    pub max_loss_per_gpu: Secs,
     /// GPUs per user of small, short protected work funded outside a spent budget
     /// (0 turns the allowance off).
     pub allowance_gpus: u32,
@@ -123,6 +132,7 @@ impl Default for PolicyConfig {
             max_reservations: DEFAULT_MAX_RESERVATIONS,
             max_examined: DEFAULT_MAX_EXAMINED,
             checkpoint_loss: DEFAULT_CHECKPOINT_LOSS,
+            max_loss_per_gpu: DEFAULT_MAX_LOSS_PER_GPU,
             allowance_gpus: DEFAULT_ALLOWANCE_GPUS,
             allowance_max_time: DEFAULT_ALLOWANCE_MAX_TIME,
             unfunded_reservations: DEFAULT_UNFUNDED_RESERVATIONS,
@@ -149,6 +159,16 @@ impl PolicyConfig {
             0
         } else {
             self.priority_band
+        }
+    }
+
+    /// Most GPU-seconds a plan claiming `gpus` GPUs may lose; unbounded under the
+    /// rules of 0.4.
+    pub fn plan_loss_budget(&self, gpus: u32) -> u64 {
+        if self.rules_of_0_4 {
+            u64::MAX
+        } else {
+            self.max_loss_per_gpu.saturating_mul(u64::from(gpus))
         }
     }
 

@@ -152,6 +152,8 @@ struct Planner<'a, V> {
     r: &'a Ratios,
     hysteresis: f64,
     loss: Option<Secs>,
+    /// Most work the plan may lose (GPU-seconds).
+    budget: u64,
     now: Time,
     by: WorkloadId,
     p: GroupId,
@@ -303,7 +305,7 @@ impl<V: View> Planner<'_, V> {
             .take(PLAN_SCAN_NODES)
             .filter_map(|node| self.node(node, false))
             // No victims means free placement failed there for host reasons.
-            .filter(|np| !np.victims.is_empty())
+            .filter(|np| !np.victims.is_empty() && np.cost <= self.budget)
             .min_by_key(|np| (np.funded, np.cost, np.node))?;
         let free = c.node(b.node).free();
         let from_free = lowest_bits(free, s.gpus);
@@ -373,6 +375,9 @@ impl<V: View> Planner<'_, V> {
             }
             let funded: u32 = plans.iter().map(|x| x.funded).sum();
             let cost: u64 = plans.iter().map(|x| x.cost).sum();
+            if cost > self.budget {
+                continue;
+            }
             if best.as_ref().is_none_or(|b| (funded, cost) < (b.0, b.1)) {
                 best = Some((funded, cost, plans));
             }
@@ -444,6 +449,7 @@ pub(crate) fn plan<V: View>(
         r,
         hysteresis: cfg.hysteresis,
         loss: cfg.victim_loss(),
+        budget: cfg.plan_loss_budget(s.gpus * s.nodes),
         now,
         by,
         p,

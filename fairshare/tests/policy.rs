@@ -856,6 +856,54 @@ fn the_victim_is_the_lease_that_loses_the_least_work() {
 }
 
 #[test]
+fn no_preemption_throws_away_more_than_two_hours_a_gpu() {
+    // Free occupancy of 8 GPUs that cannot resume: revoking it loses all it ran. A
+    // 1-GPU request may lose at most 2 h (max_loss_per_gpu): after 10 min (80
+    // GPU-minutes) the lease is taken, after 3 h (24 GPU-hours) it is not, and the
+    // request waits.
+    for (ran, taken) in [(10 * MINUTE, true), (3 * HOUR, false)] {
+        let mut s = sched(two_teams(), nodes("c", 1, 8));
+        let mut free = job("x", 8, 0);
+        free.resumable = false;
+        let free = s.submit(0, free).unwrap();
+        s.schedule(0);
+        let debug = s.submit(ran, job("y", 1, HOUR)).unwrap();
+        let d = s.schedule(ran);
+        let want = if taken {
+            vec![(lease_of(&s, free), ran)]
+        } else {
+            vec![]
+        };
+        assert_eq!(revokes(&d), want, "after {ran} s");
+        assert_eq!(
+            s.workload(debug).unwrap().state,
+            WorkloadState::Pending,
+            "after {ran} s"
+        );
+    }
+    // Resumable, the same lease loses only checkpoint_loss (8 × 10 min) after 3 h.
+    let mut s = sched(two_teams(), nodes("c", 1, 8));
+    let free = s.submit(0, job("x", 8, 0)).unwrap();
+    s.schedule(0);
+    s.submit(3 * HOUR, job("y", 1, HOUR)).unwrap();
+    let d = s.schedule(3 * HOUR);
+    assert_eq!(revokes(&d), vec![(lease_of(&s, free), 3 * HOUR)]);
+    // With no bound (the rules of 0.4 had none) 24 GPU-hours are thrown away.
+    let cfg = PolicyConfig {
+        max_loss_per_gpu: 30 * 24 * HOUR,
+        ..PolicyConfig::default()
+    };
+    let mut s = Scheduler::new(cfg, two_teams(), nodes("c", 1, 8)).unwrap();
+    let mut free = job("x", 8, 0);
+    free.resumable = false;
+    let free = s.submit(0, free).unwrap();
+    s.schedule(0);
+    s.submit(3 * HOUR, job("y", 1, HOUR)).unwrap();
+    let d = s.schedule(3 * HOUR);
+    assert_eq!(revokes(&d), vec![(lease_of(&s, free), 3 * HOUR)]);
+}
+
+#[test]
 fn a_gang_whose_budget_is_spent_reserves_and_takes_back_only_free_occupancy() {
     let cfg = PolicyConfig {
         lookback: HOUR,

@@ -109,6 +109,14 @@ proptest! {
         assert_clean(&run(&setup, &ops), Prop::Cooldown)?;
     }
 
+    /// Property 8: no preemption throws away more than `max_loss_per_gpu` for each
+    /// GPU its requester asks (resumable victims lose `checkpoint_loss`, the rest all
+    /// they ran).
+    #[test]
+    fn preemption_loses_at_most_its_budget((setup, ops) in any_case()) {
+        assert_clean(&run(&setup, &ops), Prop::Loss)?;
+    }
+
     /// Property 5: funded preemptions at one instant, with nothing but revoked leases'
     /// ends reported between them, form no cycle among the groups they compare (where
     /// requester's and victim's paths diverge), and respect the hysteresis they
@@ -151,11 +159,13 @@ proptest! {
 /// properties above are not vacuously true.
 #[test]
 fn generated_cases_exercise_every_path() {
-    let mut runner =
-        TestRunner::new_with_rng(config(64), TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    let mut runner = TestRunner::new_with_rng(
+        config(256),
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
     let strategy = any_case();
     let mut total = Stats::default();
-    for _ in 0..64 {
+    for _ in 0..256 {
         let (setup, ops) = strategy
             .new_tree(&mut runner)
             .expect("strategy generates")

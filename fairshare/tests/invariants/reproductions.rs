@@ -105,6 +105,7 @@ fn a_victim_does_not_take_back_within_the_cooldown() {
             max_plans: 16,
             drf: false,
             allowance_gpus: 0,
+            max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
         },
     };
     // Projects of tree 1 by index: 0 c, 1 a1, 2 a2, 3 b1.
@@ -166,6 +167,7 @@ fn a_reservation_is_not_its_groups_allocation() {
             max_plans: 16,
             drf: false,
             allowance_gpus: 0,
+            max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
         },
     };
     // Projects of tree 2 by index: 0 a, 1 b.
@@ -221,6 +223,7 @@ fn equal_ratios_do_not_preempt_both_ways() {
             max_plans: 16,
             drf: false,
             allowance_gpus: 0,
+            max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
         },
     };
     // Projects of tree 0 by index: 2 a2, 3 b, 4 a1.
@@ -271,6 +274,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             max_plans: 16,
             drf: false,
             allowance_gpus: 0,
+            max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
         },
     };
     let ops: Vec<Op> = vec![
@@ -517,6 +521,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
             max_plans: 16,
             drf: false,
             allowance_gpus: 0,
+            max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
         },
     };
     let ops: Vec<Op> = vec![

@@ -222,6 +222,7 @@ impl Shell {
                         format!("{by:?} asks for no protection yet preempted {lid:?}"),
                     );
                 }
+                self.preemption_loss(*by, &l);
                 if !*unfunded {
                     self.funded_preemption(
                         *by,
@@ -309,6 +310,33 @@ impl Shell {
             .retain(|_, e| !matches!(e, Ev::End(l, LeaseEnd::Revoked) if *l == lid));
         self.revoked_at.remove(&lid);
         self.last_revoke.remove(&lid);
+    }
+
+    /// Adds what revoking `victim` throws away to `by`'s plan in this pass, and
+    /// fails once the plan loses more than `max_loss_per_gpu` per GPU `by` asks.
+    fn preemption_loss(&mut self, by: WorkloadId, victim: &Lease) {
+        let now = self.now;
+        let Some(gpus) = self
+            .sch
+            .workload(by)
+            .map(|w| w.spec.gpus_per_node * w.spec.nodes)
+        else {
+            self.fail(Prop::Loss, format!("preempted by unknown {by:?}"));
+            return;
+        };
+        let lost = self.plan_loss.entry(by).or_default();
+        *lost += victim.loss_at(now, self.victim_loss);
+        let (lost, budget) = (*lost, self.max_loss_per_gpu * u64::from(gpus));
+        if lost > budget {
+            self.fail(
+                Prop::Loss,
+                format!(
+                    "{by:?} ({gpus} GPUs) preempts {:?}: its plan loses {lost} GPU-s, more \
+                     than {} s per GPU",
+                    victim.id, self.max_loss_per_gpu
+                ),
+            );
+        }
     }
 
     fn funded_preemption(

@@ -31,6 +31,7 @@ pub(crate) struct Policy {
     pub(crate) max_plans: u32,
     pub(crate) drf: bool,
     pub(crate) allowance_gpus: u32,
+    pub(crate) max_loss_per_gpu: Secs,
 }
 
 #[derive(Debug, Clone)]
@@ -81,6 +82,7 @@ fn policy() -> impl Strategy<Value = Policy> {
         prop_oneof![1 => Just(1u32), 3 => Just(16u32)],
         prop::bool::weighted(0.25),
         prop_oneof![Just(0u32), Just(2u32), Just(16u32)],
+        prop_oneof![1 => Just(10 * MINUTE), 2 => Just(2 * HOUR), 1 => Just(30 * DAY)],
     )
         .prop_map(
             |(
@@ -92,6 +94,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                 max_plans,
                 drf,
                 allowance_gpus,
+                max_loss_per_gpu,
             )| {
                 Policy {
                     lookback,
@@ -102,6 +105,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                     max_plans,
                     drf,
                     allowance_gpus,
+                    max_loss_per_gpu,
                 }
             },
         )
@@ -363,6 +367,7 @@ pub(super) fn policy_config(p: &Policy) -> PolicyConfig {
         max_preemption_plans: p.max_plans,
         drf: p.drf,
         allowance_gpus: p.allowance_gpus,
+        max_loss_per_gpu: p.max_loss_per_gpu,
         ..PolicyConfig::default()
     }
 }

@@ -19,6 +19,9 @@ impl Shell {
         Shell {
             cooldown: cfg.cooldown,
             hysteresis: cfg.hysteresis,
+            victim_loss: cfg.victim_loss(),
+            max_loss_per_gpu: cfg.max_loss_per_gpu,
+            plan_loss: BTreeMap::new(),
             sch: Scheduler::new(cfg, tree, nodes).expect("valid scheduler"),
             save,
             now: 0,
@@ -315,6 +318,7 @@ impl Shell {
     /// One scheduling pass, carried out and checked.
     pub(super) fn pass(&mut self) {
         let d = self.sch.schedule(self.now);
+        self.plan_loss.clear();
         for a in &d.actions {
             match a {
                 Action::Start {
