@@ -479,12 +479,14 @@ type Reservable = (u64, Time, NodeId);
 /// node running hours of work that cannot resume is reserved only when waiting for
 /// others would cost more. For an unfunded gang (`funded` false) a funded lease is
 /// never taken: its node is free when its time limit ends it, and a node with a
-/// funded lease without one is not reserved.
+/// funded lease without one is not reserved. No set losing more than `budget` is
+/// reserved (`PolicyConfig::plan_loss_budget`, as for preemption).
 pub(crate) fn reserve<V: View>(
     st: &V,
     now: Time,
     s: &Shape,
     loss: Option<Secs>,
+    budget: u64,
     funded: bool,
 ) -> Option<(Vec<NodeId>, Time)> {
     let c = st.cluster();
@@ -541,7 +543,7 @@ pub(crate) fn reserve<V: View>(
                     sum -= u128::from(l);
                 }
             }
-            if heap.len() == k {
+            if heap.len() == k && sum <= u128::from(budget) {
                 let start = at.max(now + 1);
                 let cost = gang_gpus * u128::from(start - now) + sum;
                 if here.as_ref().is_none_or(|h| cost < h.0) {

@@ -904,6 +904,36 @@ fn no_preemption_throws_away_more_than_two_hours_a_gpu() {
 }
 
 #[test]
+fn a_gang_neither_preempts_nor_reserves_past_its_loss_budget() {
+    // Two nodes of non-resumable free occupancy that have run 3 h: taking both loses
+    // 2 × 8 × 3 h = 48 GPU-hours, more than 16 GPUs × 2 h. The gang neither preempts
+    // them nor reserves their nodes; it starts when they end. Resumable, they lose
+    // 16 × 10 min and are taken at once.
+    for resumable in [false, true] {
+        let mut s = sched(two_teams(), nodes("c", 2, 8));
+        let mut free = job("x", 8, 0);
+        free.resumable = resumable;
+        let a = s.submit(0, free.clone()).unwrap();
+        let b = s.submit(0, free).unwrap();
+        s.schedule(0);
+        let g = s.submit(3 * HOUR, gang("y", 2, 8, HOUR)).unwrap();
+        let d = s.schedule(3 * HOUR);
+        if resumable {
+            assert_eq!(revokes(&d).len(), 2, "{:?}", d.actions);
+            continue;
+        }
+        assert!(revokes(&d).is_empty(), "{:?}", d.actions);
+        assert!(reserves(&d).is_empty(), "{:?}", d.actions);
+        for w in [a, b] {
+            s.lease_ended(4 * HOUR, lease_of(&s, w), LeaseEnd::Completed)
+                .unwrap();
+        }
+        let d = s.schedule(4 * HOUR);
+        assert_eq!(starts(&d), vec![(g, lease_of(&s, g), true)]);
+    }
+}
+
+#[test]
 fn a_gang_whose_budget_is_spent_reserves_and_takes_back_only_free_occupancy() {
     let cfg = PolicyConfig {
         lookback: HOUR,

@@ -572,9 +572,15 @@ impl<'c> Pass<'c> {
         {
             return None;
         }
-        let Some((nodes, start)) =
-            crate::preempt::reserve(st, self.now, &shape, self.cfg.victim_loss(), c.funded)
-        else {
+        let budget = self.cfg.plan_loss_budget(shape.gpus * shape.nodes);
+        let Some((nodes, start)) = crate::preempt::reserve(
+            st,
+            self.now,
+            &shape,
+            self.cfg.victim_loss(),
+            budget,
+            c.funded,
+        ) else {
             self.reserve_dead.insert((p, shape));
             return None;
         };
