@@ -98,8 +98,8 @@ pub struct PolicyConfig {
     /// Whether an unfunded gang may hold a reservation (see the default).
     pub unfunded_reservations: bool,
     /// Decide by the rules of 0.4 and earlier (no allowance, no unfunded
-    /// reservations, no priority bands, victims and reserved nodes by GPU-time and lapse alone, backfill
-    /// by lapse): only for re-running the passes those releases journaled as
+    /// reservations, no priority bands, no bound on the work a plan loses, victims and
+    /// reserved nodes by GPU-time and lapse alone, backfill by lapse): only for re-running the passes those releases journaled as
     /// `Schedule`, so that replaying them decides what was decided. Never read from
     /// a file.
     #[serde(skip)]

@@ -7,7 +7,8 @@
 //! the stop, compared where their paths in the tree diverge (Kueue's fair-sharing rule),
 //! which rules out preemption cycles. Victims are chosen per node so that the freed
 //! GPUs fit: unfunded first, then cheapest (GPU-seconds at risk), and the node needing
-//! the fewest funded victims and the least lost work wins.
+//! the fewest funded victims and the least lost work wins. No plan, and no reservation,
+//! loses more than `max_loss_per_gpu` for each GPU its requester asks.
 
 use crate::cluster::{lowest_bits, NodeId, NodeState};
 use crate::config::PolicyConfig;
