@@ -103,6 +103,14 @@ pub enum Blocked {
     Unfunded,
     /// Nothing it may preempt would make room (protected, or better-served groups).
     NothingPreemptible,
+    /// Preemption could make room, but would throw away more of others' work than
+    /// `max_loss_per_gpu` allows for its GPUs.
+    PreemptionTooDear {
+        /// GPU-seconds the cheapest way would throw away.
+        lost_gpu_s: u64,
+        /// GPU-seconds it may throw away.
+        most_gpu_s: u64,
+    },
     /// Baseline policy only: its team is at its concurrent-GPU cap.
     OverCap {
         /// The team's cap.
@@ -165,6 +173,15 @@ impl Explanation {
             ),
             Blocked::Unfunded => "budget spent: runs unfunded, only on idle GPUs".into(),
             Blocked::NothingPreemptible => "nothing may be preempted for it yet".into(),
+            Blocked::PreemptionTooDear {
+                lost_gpu_s,
+                most_gpu_s,
+            } => format!(
+                "preempting for it would throw away {:.1} GPU-hours of others' work, more \
+                 than the {:.1} allowed for its size (policy.max_loss_per_gpu)",
+                *lost_gpu_s as f64 / 3_600.0,
+                *most_gpu_s as f64 / 3_600.0
+            ),
             Blocked::OverCap { cap } => format!("team is at its cap of {cap} GPUs"),
             Blocked::NotReached => "work ranked ahead took the free capacity".into(),
         };

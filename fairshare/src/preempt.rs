@@ -113,6 +113,21 @@ pub(crate) struct Victim {
     pub why: RevokeWhy,
 }
 
+/// Why no plan was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NoPlan {
+    /// Nothing the requester may take would make room.
+    Nothing,
+    /// Room could be made, but the cheapest way loses `least` GPU-seconds, more than
+    /// `budget` (`max_loss_per_gpu` for each GPU asked).
+    TooDear {
+        /// GPU-seconds the cheapest plan would lose.
+        least: u64,
+        /// GPU-seconds the requester's plan may lose.
+        budget: u64,
+    },
+}
+
 /// Victims and the GPUs the requester claims.
 pub(crate) struct Plan {
     pub victims: Vec<Victim>,
@@ -155,6 +170,8 @@ struct Planner<'a, V> {
     loss: Option<Secs>,
     /// Most work the plan may lose (GPU-seconds).
     budget: u64,
+    /// The least a plan refused for `budget` would have lost.
+    over_budget: std::cell::Cell<Option<u64>>,
     now: Time,
     by: WorkloadId,
     p: GroupId,
@@ -298,6 +315,16 @@ impl<V: View> Planner<'_, V> {
         fits.then_some(plan)
     }
 
+    /// Whether a plan losing `cost` may be made; remembers the least refused.
+    fn within_budget(&self, cost: u64) -> bool {
+        if cost <= self.budget {
+            return true;
+        }
+        let least = self.over_budget.get().map_or(cost, |c| c.min(cost));
+        self.over_budget.set(Some(least));
+        false
+    }
+
     /// Single-node work: the best node among the first few that preemption can clear.
     fn single(&self) -> Option<Plan> {
         let (s, c) = (self.s, self.st.cluster());
@@ -306,7 +333,7 @@ impl<V: View> Planner<'_, V> {
             .take(PLAN_SCAN_NODES)
             .filter_map(|node| self.node(node, false))
             // No victims means free placement failed there for host reasons.
-            .filter(|np| !np.victims.is_empty() && np.cost <= self.budget)
+            .filter(|np| !np.victims.is_empty() && self.within_budget(np.cost))
             .min_by_key(|np| (np.funded, np.cost, np.node))?;
         let free = c.node(b.node).free();
         let from_free = lowest_bits(free, s.gpus);
@@ -376,7 +403,7 @@ impl<V: View> Planner<'_, V> {
             }
             let funded: u32 = plans.iter().map(|x| x.funded).sum();
             let cost: u64 = plans.iter().map(|x| x.cost).sum();
-            if cost > self.budget {
+            if !self.within_budget(cost) {
                 continue;
             }
             if best.as_ref().is_none_or(|b| (funded, cost) < (b.0, b.1)) {
@@ -429,8 +456,8 @@ fn reaches(edges: &[(Time, GroupId, GroupId)], from: GroupId, to: GroupId) -> bo
     false
 }
 
-/// Plans a preemption for workload `by` of `shape` in project `p`, or None; `keys`
-/// is the pass's knowledge of whole nodes (see [`WholeKeys`]).
+/// Plans a preemption for workload `by` of `shape` in project `p`, or says why none;
+/// `keys` is the pass's knowledge of whole nodes (see [`WholeKeys`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn plan<V: View>(
     keys: &mut WholeKeys,
@@ -442,7 +469,7 @@ pub(crate) fn plan<V: View>(
     by: WorkloadId,
     p: GroupId,
     s: &Shape,
-) -> Option<Plan> {
+) -> Result<Plan, NoPlan> {
     let n = f64::from(s.nodes);
     let planner = Planner {
         st,
@@ -451,6 +478,7 @@ pub(crate) fn plan<V: View>(
         hysteresis: cfg.hysteresis,
         loss: cfg.victim_loss(),
         budget: cfg.plan_loss_budget(s.gpus * s.nodes),
+        over_budget: std::cell::Cell::new(None),
         now,
         by,
         p,
@@ -462,11 +490,18 @@ pub(crate) fn plan<V: View>(
         ],
         takeable: vec![std::cell::Cell::new(0); tree.len()],
     };
-    if s.nodes == 1 {
+    let plan = if s.nodes == 1 {
         planner.single()
     } else {
         planner.gang(keys)
-    }
+    };
+    plan.ok_or(match planner.over_budget.get() {
+        Some(least) => NoPlan::TooDear {
+            least,
+            budget: planner.budget,
+        },
+        None => NoPlan::Nothing,
+    })
 }
 
 /// A node a reservation could take: the work it would lose, when it is free, which.

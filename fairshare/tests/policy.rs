@@ -880,6 +880,25 @@ fn no_preemption_throws_away_more_than_two_hours_a_gpu() {
             WorkloadState::Pending,
             "after {ran} s"
         );
+        if !taken {
+            // The user reads why: what taking the lease would throw away, and the bound.
+            let e = s.explain_workload(ran, debug).expect("pending");
+            assert_eq!(
+                e.blocked,
+                Blocked::PreemptionTooDear {
+                    lost_gpu_s: 8 * 3 * HOUR,
+                    most_gpu_s: 2 * HOUR,
+                }
+            );
+            assert!(
+                e.text.contains(
+                    "would throw away 24.0 GPU-hours of others' work, more than the 2.0 \
+                     allowed for its size (policy.max_loss_per_gpu)"
+                ),
+                "{}",
+                e.text
+            );
+        }
     }
     // Resumable, the same lease loses only checkpoint_loss (8 × 10 min) after 3 h.
     let mut s = sched(two_teams(), nodes("c", 1, 8));

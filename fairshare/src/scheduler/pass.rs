@@ -8,6 +8,7 @@ use super::placement::{backfill_capacity, backfill_placement, free_placement};
 use super::{neg, Baseline, Claim, ClaimKind, State};
 use crate::config::PolicyConfig;
 use crate::decision::{Action, Blocked, Decisions, StartWhy};
+use crate::preempt::NoPlan;
 use crate::queue::{Aging, Cursor, ProjectQueue, Shape};
 use crate::ratios::Ratios;
 use crate::time::Time;
@@ -71,6 +72,8 @@ enum Preempt {
     Claimed,
     /// A plan was tried and found nothing it may take.
     NothingPreemptible,
+    /// Room could be made, but only by throwing away more work than the bound.
+    TooDear { least: u64, budget: u64 },
     /// Not tried: unfunded, out of plans, or the shape already failed this pass.
     NotTried,
 }
@@ -395,6 +398,12 @@ impl<'c> Pass<'c> {
         match self.try_preempt(st, r, c) {
             Preempt::Claimed => return,
             Preempt::NothingPreemptible => blocked = Blocked::NothingPreemptible,
+            Preempt::TooDear { least, budget } => {
+                blocked = Blocked::PreemptionTooDear {
+                    lost_gpu_s: least,
+                    most_gpu_s: budget,
+                }
+            }
             Preempt::NotTried => {}
         }
         if let Some(start) = self.try_reserve(st, d, c) {
@@ -510,7 +519,7 @@ impl<'c> Pass<'c> {
             return Preempt::NotTried;
         }
         self.plans_left -= 1;
-        let Some(plan) = crate::preempt::plan(
+        let plan = crate::preempt::plan(
             &mut self.whole_keys,
             st,
             self.tree,
@@ -520,9 +529,16 @@ impl<'c> Pass<'c> {
             id,
             p,
             &shape,
-        ) else {
-            self.preempt_dead.insert((p, shape));
-            return Preempt::NothingPreemptible;
+        );
+        let plan = match plan {
+            Ok(plan) => plan,
+            Err(why) => {
+                self.preempt_dead.insert((p, shape));
+                return match why {
+                    NoPlan::Nothing => Preempt::NothingPreemptible,
+                    NoPlan::TooDear { least, budget } => Preempt::TooDear { least, budget },
+                };
+            }
         };
         for v in &plan.victims {
             if let Some(l) = st.leases.get(&v.lease) {
