@@ -99,9 +99,9 @@ pub struct PolicyConfig {
     pub unfunded_reservations: bool,
     /// Decide by the rules of 0.4 and earlier (no allowance, no unfunded
     /// reservations, no priority bands, no bound on the work a plan loses, victims and
-    /// reserved nodes by GPU-time and lapse alone, backfill by lapse): only for re-running the passes those releases journaled as
-    /// `Schedule`, so that replaying them decides what was decided. Never read from
-    /// a file.
+    /// reserved nodes by GPU-time and lapse alone, backfill by lapse): only for
+    /// re-running the passes those releases journaled as `Schedule`, so that replaying
+    /// them decides what was decided. Never read from a file.
     #[serde(skip)]
     pub rules_of_0_4: bool,
 }
@@ -162,13 +162,14 @@ impl PolicyConfig {
         }
     }
 
-    /// Most GPU-seconds a plan claiming `gpus` GPUs may lose; unbounded under the
-    /// rules of 0.4.
-    pub fn plan_loss_budget(&self, gpus: u32) -> u64 {
+    /// Most GPU-seconds a preemption or reservation for work of `shape` may lose;
+    /// unbounded under the rules of 0.4.
+    pub fn plan_loss_budget(&self, shape: &crate::queue::Shape) -> u64 {
         if self.rules_of_0_4 {
             u64::MAX
         } else {
-            self.max_loss_per_gpu.saturating_mul(u64::from(gpus))
+            self.max_loss_per_gpu
+                .saturating_mul(u64::from(shape.gpus) * u64::from(shape.nodes))
         }
     }
 

@@ -12,6 +12,7 @@
 
 use crate::cluster::{lowest_bits, NodeId, NodeState};
 use crate::config::PolicyConfig;
+use crate::decision::Blocked;
 use crate::queue::Shape;
 use crate::ratios::{Ratios, Res};
 use crate::scheduler::access::View;
@@ -111,21 +112,6 @@ impl WholeKeys {
 pub(crate) struct Victim {
     pub lease: LeaseId,
     pub why: RevokeWhy,
-}
-
-/// Why no plan was made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum NoPlan {
-    /// Nothing the requester may take would make room.
-    Nothing,
-    /// Room could be made, but the cheapest way loses `least` GPU-seconds, more than
-    /// `budget` (`max_loss_per_gpu` for each GPU asked).
-    TooDear {
-        /// GPU-seconds the cheapest plan would lose.
-        least: u64,
-        /// GPU-seconds the requester's plan may lose.
-        budget: u64,
-    },
 }
 
 /// Victims and the GPUs the requester claims.
@@ -456,8 +442,9 @@ fn reaches(edges: &[(Time, GroupId, GroupId)], from: GroupId, to: GroupId) -> bo
     false
 }
 
-/// Plans a preemption for workload `by` of `shape` in project `p`, or says why none;
-/// `keys` is the pass's knowledge of whole nodes (see [`WholeKeys`]).
+/// Plans a preemption for workload `by` of `shape` in project `p`, or says why none
+/// (`NothingPreemptible`, or `PreemptionTooDear` when only plans over the loss bound
+/// were found); `keys` is the pass's knowledge of whole nodes (see [`WholeKeys`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn plan<V: View>(
     keys: &mut WholeKeys,
@@ -469,7 +456,7 @@ pub(crate) fn plan<V: View>(
     by: WorkloadId,
     p: GroupId,
     s: &Shape,
-) -> Result<Plan, NoPlan> {
+) -> Result<Plan, Blocked> {
     let n = f64::from(s.nodes);
     let planner = Planner {
         st,
@@ -477,7 +464,7 @@ pub(crate) fn plan<V: View>(
         r,
         hysteresis: cfg.hysteresis,
         loss: cfg.victim_loss(),
-        budget: cfg.plan_loss_budget(s.gpus * s.nodes),
+        budget: cfg.plan_loss_budget(s),
         over_budget: std::cell::Cell::new(None),
         now,
         by,
@@ -496,11 +483,11 @@ pub(crate) fn plan<V: View>(
         planner.gang(keys)
     };
     plan.ok_or(match planner.over_budget.get() {
-        Some(least) => NoPlan::TooDear {
-            least,
-            budget: planner.budget,
+        Some(least) => Blocked::PreemptionTooDear {
+            lost_gpu_s: least,
+            most_gpu_s: planner.budget,
         },
-        None => NoPlan::Nothing,
+        None => Blocked::NothingPreemptible,
     })
 }
 

@@ -8,7 +8,6 @@ use super::placement::{backfill_capacity, backfill_placement, free_placement};
 use super::{neg, Baseline, Claim, ClaimKind, State};
 use crate::config::PolicyConfig;
 use crate::decision::{Action, Blocked, Decisions, StartWhy};
-use crate::preempt::NoPlan;
 use crate::queue::{Aging, Cursor, ProjectQueue, Shape};
 use crate::ratios::Ratios;
 use crate::time::Time;
@@ -70,10 +69,8 @@ struct Candidate {
 enum Preempt {
     /// Victims are being revoked and their GPUs claimed for it.
     Claimed,
-    /// A plan was tried and found nothing it may take.
-    NothingPreemptible,
-    /// Room could be made, but only by throwing away more work than the bound.
-    TooDear { least: u64, budget: u64 },
+    /// A plan was tried and made none, for this reason.
+    Refused(Blocked),
     /// Not tried: unfunded, out of plans, or the shape already failed this pass.
     NotTried,
 }
@@ -397,13 +394,7 @@ impl<'c> Pass<'c> {
         let mut blocked = Self::no_room(st, c);
         match self.try_preempt(st, r, c) {
             Preempt::Claimed => return,
-            Preempt::NothingPreemptible => blocked = Blocked::NothingPreemptible,
-            Preempt::TooDear { least, budget } => {
-                blocked = Blocked::PreemptionTooDear {
-                    lost_gpu_s: least,
-                    most_gpu_s: budget,
-                }
-            }
+            Preempt::Refused(why) => blocked = why,
             Preempt::NotTried => {}
         }
         if let Some(start) = self.try_reserve(st, d, c) {
@@ -519,7 +510,7 @@ impl<'c> Pass<'c> {
             return Preempt::NotTried;
         }
         self.plans_left -= 1;
-        let plan = crate::preempt::plan(
+        let plan = match crate::preempt::plan(
             &mut self.whole_keys,
             st,
             self.tree,
@@ -529,15 +520,11 @@ impl<'c> Pass<'c> {
             id,
             p,
             &shape,
-        );
-        let plan = match plan {
+        ) {
             Ok(plan) => plan,
             Err(why) => {
                 self.preempt_dead.insert((p, shape));
-                return match why {
-                    NoPlan::Nothing => Preempt::NothingPreemptible,
-                    NoPlan::TooDear { least, budget } => Preempt::TooDear { least, budget },
-                };
+                return Preempt::Refused(why);
             }
         };
         for v in &plan.victims {
@@ -588,13 +575,12 @@ impl<'c> Pass<'c> {
         {
             return None;
         }
-        let budget = self.cfg.plan_loss_budget(shape.gpus * shape.nodes);
         let Some((nodes, start)) = crate::preempt::reserve(
             st,
             self.now,
             &shape,
             self.cfg.victim_loss(),
-            budget,
+            self.cfg.plan_loss_budget(&shape),
             c.funded,
         ) else {
             self.reserve_dead.insert((p, shape));

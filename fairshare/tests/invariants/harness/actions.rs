@@ -2,6 +2,7 @@
 //! and the checks each action must pass as it is carried out.
 
 use super::{Ev, Live, Prop, Shell};
+use allot_fairshare::queue::Shape;
 use allot_fairshare::time::Time;
 use allot_fairshare::workload::NodeGpus;
 use allot_fairshare::{
@@ -315,25 +316,26 @@ impl Shell {
     /// Adds what revoking `victim` throws away to `by`'s plan in this pass, and
     /// fails once the plan loses more than `max_loss_per_gpu` per GPU `by` asks.
     fn preemption_loss(&mut self, by: WorkloadId, victim: &Lease) {
-        let now = self.now;
-        let Some(gpus) = self
+        let cfg = self.sch.config();
+        let Some(budget) = self
             .sch
             .workload(by)
-            .map(|w| w.spec.gpus_per_node * w.spec.nodes)
+            .map(|w| cfg.plan_loss_budget(&Shape::of(&w.spec)))
         else {
             self.fail(Prop::Loss, format!("preempted by unknown {by:?}"));
             return;
         };
+        let loss = victim.loss_at(self.now, cfg.victim_loss());
         let lost = self.plan_loss.entry(by).or_default();
-        *lost += victim.loss_at(now, self.victim_loss);
-        let (lost, budget) = (*lost, self.max_loss_per_gpu * u64::from(gpus));
+        *lost += loss;
+        let lost = *lost;
         if lost > budget {
             self.fail(
                 Prop::Loss,
                 format!(
-                    "{by:?} ({gpus} GPUs) preempts {:?}: its plan loses {lost} GPU-s, more \
-                     than {} s per GPU",
-                    victim.id, self.max_loss_per_gpu
+                    "{by:?} preempts {:?}: its plan loses {lost} GPU-s, more than its \
+                     budget of {budget}",
+                    victim.id
                 ),
             );
         }

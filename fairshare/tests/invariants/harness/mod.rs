@@ -119,10 +119,6 @@ pub(crate) struct Shell {
     pub(crate) sch: Scheduler,
     cooldown: Secs,
     hysteresis: f64,
-    /// What a victim is taken to lose (`PolicyConfig::victim_loss`) and the most one
-    /// requester's plan may lose per GPU.
-    victim_loss: Option<Secs>,
-    max_loss_per_gpu: Secs,
     /// Work lost so far to each requester's plan in the current pass (a requester
     /// whose claim was lost plans afresh in a later pass, within the same budget).
     plan_loss: BTreeMap<WorkloadId, u64>,

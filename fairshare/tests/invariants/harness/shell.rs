@@ -19,8 +19,6 @@ impl Shell {
         Shell {
             cooldown: cfg.cooldown,
             hysteresis: cfg.hysteresis,
-            victim_loss: cfg.victim_loss(),
-            max_loss_per_gpu: cfg.max_loss_per_gpu,
             plan_loss: BTreeMap::new(),
             sch: Scheduler::new(cfg, tree, nodes).expect("valid scheduler"),
             save,
