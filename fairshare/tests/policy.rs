@@ -988,3 +988,92 @@ fn a_gang_whose_budget_is_spent_reserves_and_takes_back_only_free_occupancy() {
     // It starts (funded by now: the one-hour window has let go of the spending).
     assert_eq!(starts(&d), vec![(g, lease_of(&s, g), true)]);
 }
+
+#[test]
+fn free_occupancy_leaves_the_headroom_to_protected_work() {
+    // 16 GPUs, 1/8 kept free: of 16 one-GPU batch jobs 14 start, and a 2-GPU debug
+    // job then starts at once on the 2 left, preempting nobody.
+    let cfg = PolicyConfig {
+        protected_headroom: 0.125,
+        ..PolicyConfig::default()
+    };
+    let mut s = Scheduler::new(cfg.clone(), two_teams(), nodes("c", 2, 8)).unwrap();
+    for _ in 0..16 {
+        s.submit(0, job("y", 1, 0)).unwrap();
+    }
+    assert_eq!(starts(&s.schedule(0)).len(), 14);
+    assert_eq!(s.cluster().free_total(), 2);
+    let debug = s.submit(60, job("x", 2, HOUR)).unwrap();
+    let d = s.schedule(60);
+    assert_eq!(starts(&d).iter().map(|x| x.0).collect::<Vec<_>>(), [debug]);
+    assert!(revokes(&d).is_empty());
+    // With no headroom the batch backlog takes every GPU and the same debug job
+    // preempts.
+    let cfg = PolicyConfig {
+        protected_headroom: 0.0,
+        ..cfg
+    };
+    let mut s = Scheduler::new(cfg, two_teams(), nodes("c", 2, 8)).unwrap();
+    for _ in 0..16 {
+        s.submit(0, job("y", 1, 0)).unwrap();
+    }
+    assert_eq!(starts(&s.schedule(0)).len(), 16);
+    s.submit(60, job("x", 2, HOUR)).unwrap();
+    assert_eq!(revokes(&s.schedule(60)).len(), 2);
+}
+
+#[test]
+fn occupancy_that_does_not_fit_above_the_headroom_is_not_jumped() {
+    // y runs 12 one-GPU jobs (4 GPUs free, 2 kept). x, served worse, asks for 3: it
+    // does not fit above the headroom, and y's next 1-GPU job, ranked below it, may
+    // not take the GPUs x waits for.
+    let cfg = PolicyConfig {
+        protected_headroom: 0.125,
+        ..PolicyConfig::default()
+    };
+    let mut s = Scheduler::new(cfg, two_teams(), nodes("c", 2, 8)).unwrap();
+    for _ in 0..12 {
+        s.submit(0, job("y", 1, 0)).unwrap();
+    }
+    assert_eq!(starts(&s.schedule(0)).len(), 12);
+    let wide = s.submit(60, job("x", 3, 0)).unwrap();
+    let narrow = s.submit(60, job("y", 1, 0)).unwrap();
+    assert!(starts(&s.schedule(60)).is_empty());
+    for w in [wide, narrow] {
+        assert_eq!(s.workload(w).unwrap().state, WorkloadState::Pending);
+    }
+    // A share outside 0..=0.5 is refused, naming the field.
+    let bad = PolicyConfig {
+        protected_headroom: 0.9,
+        ..PolicyConfig::default()
+    };
+    let e = Scheduler::new(bad, two_teams(), nodes("c", 1, 8)).unwrap_err();
+    assert!(e.to_string().contains("policy.protected_headroom"), "{e}");
+}
+
+#[test]
+fn a_soft_drain_lets_work_that_cannot_checkpoint_run_for_its_grace() {
+    // One node drains at 1 h. Resumable free occupancy checkpoints at once; work that
+    // cannot resume runs on for drain_grace (a day) unless it ends first. Under the
+    // rules of 0.4 it was revoked at its lapse.
+    for (grace, want) in [(DAY, HOUR + DAY), (0, HOUR)] {
+        let cfg = PolicyConfig {
+            drain_grace: grace,
+            ..PolicyConfig::default()
+        };
+        let mut s = Scheduler::new(cfg, two_teams(), nodes("c", 1, 8)).unwrap();
+        let resumable = s.submit(0, job("x", 4, 0)).unwrap();
+        let mut spec = job("y", 4, 0);
+        spec.resumable = false;
+        let fragile = s.submit(0, spec).unwrap();
+        s.schedule(0);
+        let (lr, lf) = (lease_of(&s, resumable), lease_of(&s, fragile));
+        s.set_node_state(HOUR, NodeId(0), NodeState::Draining)
+            .unwrap();
+        let mut r = revokes(&s.schedule(HOUR));
+        r.sort();
+        let mut expect = vec![(lr, HOUR), (lf, want)];
+        expect.sort();
+        assert_eq!(r, expect, "drain_grace {grace}");
+    }
+}

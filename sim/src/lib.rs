@@ -87,6 +87,37 @@ struct Run {
     revoke: Option<RevokeWhy>,
     /// Revocations so far (withdrawn ones included).
     revokes: u32,
+    /// The nodes it holds.
+    nodes: Vec<u32>,
+}
+
+/// Leases per node, and the faulted nodes whose repair waits for them to leave: a host
+/// is reset or rebooted once empty, so a soft drain's repair starts when its last
+/// lease ends.
+struct Hosts {
+    leases: Vec<u32>,
+    awaiting_repair: Vec<bool>,
+}
+
+impl Hosts {
+    fn occupy(&mut self, r: &Run) {
+        for &n in &r.nodes {
+            self.leases[n as usize] += 1;
+        }
+    }
+
+    /// Takes `r` off its nodes; returns those now empty and waiting for repair.
+    fn vacate(&mut self, r: &Run) -> Vec<u32> {
+        let mut ready = Vec::new();
+        for &n in &r.nodes {
+            let i = n as usize;
+            self.leases[i] = self.leases[i].saturating_sub(1);
+            if self.leases[i] == 0 && std::mem::take(&mut self.awaiting_repair[i]) {
+                ready.push(n);
+            }
+        }
+        ready
+    }
 }
 
 struct JobState {
@@ -166,6 +197,10 @@ pub fn run(
     let mut down_gpus = 0u64;
     let mut entitlement_dirty = true;
     let mut next_pass: Time = 0;
+    let mut hosts = Hosts {
+        leases: vec![0; core.cluster().len()],
+        awaiting_repair: vec![false; core.cluster().len()],
+    };
 
     loop {
         let t_arrive = jobs
@@ -233,6 +268,9 @@ pub fn run(
                     };
                     js.remaining = js.remaining.saturating_sub(ran);
                     release(&mut recv, &mut busy, &mut busy_unfunded, &r);
+                    for n in hosts.vacate(&r) {
+                        push(&mut heap, t + sc.faults.repair, Ev::Repair(n));
+                    }
                     core.lease_ended(t, lid, end)
                         .map_err(|e| SimError::Core(e.to_string()))?;
                     entitlement_dirty = true;
@@ -278,6 +316,9 @@ pub fn run(
                     };
                     rep.lost(cause, r.gpus * lost);
                     release(&mut recv, &mut busy, &mut busy_unfunded, &r);
+                    for n in hosts.vacate(&r) {
+                        push(&mut heap, t + sc.faults.repair, Ev::Repair(n));
+                    }
                     core.lease_ended(t, lid, LeaseEnd::Revoked)
                         .map_err(|e| SimError::Core(e.to_string()))?;
                     entitlement_dirty = true;
@@ -296,7 +337,11 @@ pub fn run(
                     core.set_node_state(t, id, state)
                         .map_err(|e| SimError::Core(e.to_string()))?;
                     rep.faults += 1;
-                    push(&mut heap, t + sc.faults.repair, Ev::Repair(node));
+                    if hosts.leases[node as usize] == 0 {
+                        push(&mut heap, t + sc.faults.repair, Ev::Repair(node));
+                    } else {
+                        hosts.awaiting_repair[node as usize] = true;
+                    }
                     entitlement_dirty = true;
                 }
                 Ev::Repair(node) => {
@@ -325,7 +370,7 @@ pub fn run(
                 Action::Start {
                     lease,
                     workload,
-                    placement: _,
+                    placement,
                     funded,
                     why: _,
                 } => {
@@ -350,7 +395,9 @@ pub fn run(
                         funded,
                         revoke: None,
                         revokes: 0,
+                        nodes: placement.iter().map(|p| p.node.0).collect(),
                     };
+                    hosts.occupy(&r);
                     recv[team] += r.gpus;
                     busy += r.gpus;
                     if !funded {
@@ -421,5 +468,40 @@ fn release(recv: &mut [u64], busy: &mut u64, busy_unfunded: &mut u64, r: &Run) {
     *busy -= r.gpus;
     if !r.funded {
         *busy_unfunded -= r.gpus;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_on(nodes: Vec<u32>) -> Run {
+        Run {
+            wid: WorkloadId(1),
+            start: 0,
+            gpus: 8,
+            team: 0,
+            funded: false,
+            revoke: None,
+            revokes: 0,
+            nodes,
+        }
+    }
+
+    #[test]
+    fn a_faulted_host_is_repaired_only_once_its_last_lease_left() {
+        let mut h = Hosts {
+            leases: vec![0; 4],
+            awaiting_repair: vec![false; 4],
+        };
+        let (gang, single) = (run_on(vec![2, 3]), run_on(vec![3]));
+        h.occupy(&gang);
+        h.occupy(&single);
+        h.awaiting_repair[3] = true;
+        assert!(h.vacate(&gang).is_empty(), "node 3 still runs a lease");
+        assert_eq!(h.vacate(&single), vec![3]);
+        // Once: a later lease end does not start a second repair.
+        h.occupy(&single);
+        assert!(h.vacate(&single).is_empty());
     }
 }

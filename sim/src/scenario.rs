@@ -193,13 +193,15 @@ fn default_mem_per_gpu() -> u32 {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Faults {
-    /// Rate of `drain` verdicts (leases end at their min-runtime lapse).
+    /// Rate of `drain` verdicts (resumable leases end at their min-runtime lapse, the
+    /// others when they finish or `policy.drain_grace` later).
     #[serde(default)]
     pub drain_per_node_day: f64,
     /// Rate of `drain-now` verdicts (leases end at once).
     #[serde(default)]
     pub drain_now_per_node_day: f64,
-    /// Time from the fault until the node is back.
+    /// Time the repair (reset or reboot plus checks) takes; it starts once the node's
+    /// last lease has left.
     #[serde(default = "default_repair", deserialize_with = "de_duration")]
     pub repair: Secs,
 }

@@ -283,8 +283,9 @@ impl Scheduler {
             .map_err(|e| CoreError::Config(e.to_string()))
     }
 
-    /// Changes a node's scheduling state. `Draining` revokes its leases at their
-    /// min-runtime lapse, `DrainNow` and `Down` at once.
+    /// Changes a node's scheduling state. `Draining` revokes its resumable leases at
+    /// their min-runtime lapse and the others `drain_grace` later (unless they end
+    /// first), `DrainNow` and `Down` at once.
     pub fn set_node_state(
         &mut self,
         now: Time,
@@ -303,12 +304,19 @@ impl Scheduler {
             self.withdraw_drain_revocations(now, node);
         }
         if state != NodeState::Ready {
+            let grace = self.cfg.drain_grace;
             for lid in self.st.lease_ids_on(node) {
                 let Some(l) = self.st.leases.get(&lid) else {
                     continue;
                 };
                 let (not_before, why) = match state {
-                    NodeState::Draining => (l.protected_until.max(now), RevokeWhy::Drain { node }),
+                    NodeState::Draining if l.resumable => {
+                        (l.protected_until.max(now), RevokeWhy::Drain { node })
+                    }
+                    NodeState::Draining => (
+                        l.protected_until.max(now.saturating_add(grace)),
+                        RevokeWhy::Drain { node },
+                    ),
                     _ => (now, RevokeWhy::DrainNow { node }),
                 };
                 let earlier = l.revoke.as_ref().is_none_or(|r| r.not_before > not_before);

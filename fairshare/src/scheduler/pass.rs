@@ -31,6 +31,11 @@ pub(super) struct Pass<'c> {
     preempt_dead: BTreeSet<(GroupId, Shape)>,
     reserve_dead: BTreeSet<(GroupId, Shape)>,
     backfill_dead: BTreeSet<(GroupId, Shape)>,
+    /// GPUs that free occupancy leaves free for protected work (`protected_headroom`).
+    headroom: u64,
+    /// Free occupancy starts no more this pass: the best-ranked did not fit above the
+    /// headroom, and nothing ranked below it may take the GPUs it waits for.
+    occupancy_closed: bool,
     plans_left: u32,
     examined: u32,
     /// The pass stopped with work it could not look at (examination or plan limit):
@@ -115,6 +120,12 @@ impl<'c> Pass<'c> {
             preempt_dead: BTreeSet::new(),
             reserve_dead: BTreeSet::new(),
             backfill_dead: BTreeSet::new(),
+            headroom: if baseline.is_some() {
+                0
+            } else {
+                cfg.headroom_gpus(st.cluster.total_gpus())
+            },
+            occupancy_closed: false,
             plans_left: cfg.max_preemption_plans,
             examined: 0,
             cut_short: false,
@@ -326,6 +337,7 @@ impl<'c> Pass<'c> {
         let most_whole = st.cluster.most_whole_free();
         let dead = |s: &Shape| {
             let no_free = self.free_dead.contains(s)
+                || (self.occupancy_closed && !s.protected)
                 || (s.nodes == 1 && s.gpus > largest_free)
                 || (s.nodes > 1 && s.nodes > most_whole);
             let no_backfill =
@@ -417,6 +429,10 @@ impl<'c> Pass<'c> {
         if self.free_dead.contains(&c.shape) {
             return false;
         }
+        if self.within_headroom(st, &c.shape) {
+            self.occupancy_closed = true;
+            return false;
+        }
         let Some(placement) = free_placement(&st.cluster, &c.shape) else {
             self.free_dead.insert(c.shape);
             return false;
@@ -440,6 +456,16 @@ impl<'c> Pass<'c> {
             why,
         );
         true
+    }
+
+    /// Whether free occupancy of `shape` would eat into the GPUs kept free for
+    /// protected work: a debug job or a session then starts at once on them instead of
+    /// preempting a batch run that started seconds before.
+    fn within_headroom(&self, st: &State, shape: &Shape) -> bool {
+        !shape.protected
+            && (self.occupancy_closed
+                || st.cluster.free_total()
+                    < self.headroom + u64::from(shape.gpus) * u64::from(shape.nodes))
     }
 
     /// Second way: backfill on reserved nodes, if it will be out of the way in time.

@@ -106,6 +106,8 @@ fn a_victim_does_not_take_back_within_the_cooldown() {
             drf: false,
             allowance_gpus: 0,
             max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
+            headroom: 0.0,
+            drain_grace: 0,
         },
     };
     // Projects of tree 1 by index: 0 c, 1 a1, 2 a2, 3 b1.
@@ -168,6 +170,8 @@ fn a_reservation_is_not_its_groups_allocation() {
             drf: false,
             allowance_gpus: 0,
             max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
+            headroom: 0.0,
+            drain_grace: 0,
         },
     };
     // Projects of tree 2 by index: 0 a, 1 b.
@@ -224,6 +228,8 @@ fn equal_ratios_do_not_preempt_both_ways() {
             drf: false,
             allowance_gpus: 0,
             max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
+            headroom: 0.0,
+            drain_grace: 0,
         },
     };
     // Projects of tree 0 by index: 2 a2, 3 b, 4 a1.
@@ -275,6 +281,8 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             drf: false,
             allowance_gpus: 0,
             max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
+            headroom: 0.0,
+            drain_grace: 0,
         },
     };
     let ops: Vec<Op> = vec![
@@ -522,6 +530,8 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
             drf: false,
             allowance_gpus: 0,
             max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
+            headroom: 0.0,
+            drain_grace: 0,
         },
     };
     let ops: Vec<Op> = vec![

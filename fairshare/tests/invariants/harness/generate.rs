@@ -32,6 +32,10 @@ pub(crate) struct Policy {
     pub(crate) drf: bool,
     pub(crate) allowance_gpus: u32,
     pub(crate) max_loss_per_gpu: Secs,
+    /// Share of the GPUs free occupancy leaves free (`protected_headroom`).
+    pub(crate) headroom: f64,
+    /// How long a soft drain lets work that cannot resume run on.
+    pub(crate) drain_grace: Secs,
 }
 
 #[derive(Debug, Clone)]
@@ -83,6 +87,8 @@ fn policy() -> impl Strategy<Value = Policy> {
         prop::bool::weighted(0.25),
         prop_oneof![Just(0u32), Just(2u32), Just(16u32)],
         prop_oneof![1 => Just(10 * MINUTE), 2 => Just(2 * HOUR), 1 => Just(30 * DAY)],
+        prop_oneof![2 => Just(0.0), 1 => Just(0.1), 1 => Just(0.25)],
+        prop_oneof![Just(0), Just(HOUR), Just(DAY)],
     )
         .prop_map(
             |(
@@ -95,6 +101,8 @@ fn policy() -> impl Strategy<Value = Policy> {
                 drf,
                 allowance_gpus,
                 max_loss_per_gpu,
+                headroom,
+                drain_grace,
             )| {
                 Policy {
                     lookback,
@@ -106,6 +114,8 @@ fn policy() -> impl Strategy<Value = Policy> {
                     drf,
                     allowance_gpus,
                     max_loss_per_gpu,
+                    headroom,
+                    drain_grace,
                 }
             },
         )
@@ -368,6 +378,8 @@ pub(super) fn policy_config(p: &Policy) -> PolicyConfig {
         drf: p.drf,
         allowance_gpus: p.allowance_gpus,
         max_loss_per_gpu: p.max_loss_per_gpu,
+        protected_headroom: p.headroom,
+        drain_grace: p.drain_grace,
         ..PolicyConfig::default()
     }
 }
