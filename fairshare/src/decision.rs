@@ -111,6 +111,14 @@ pub enum Blocked {
         /// GPU-seconds it may throw away.
         most_gpu_s: u64,
     },
+    /// Free occupancy waits: the GPUs free are kept for protected work
+    /// (`protected_headroom`), or go first to occupancy ranked ahead of it.
+    Headroom {
+        /// GPUs free now.
+        free: u64,
+        /// GPUs kept free for protected work.
+        kept: u64,
+    },
     /// Baseline policy only: its team is at its concurrent-GPU cap.
     OverCap {
         /// The team's cap.
@@ -181,6 +189,11 @@ impl Explanation {
                  than the {:.1} allowed for its size (policy.max_loss_per_gpu)",
                 *lost_gpu_s as f64 / 3_600.0,
                 *most_gpu_s as f64 / 3_600.0
+            ),
+            Blocked::Headroom { free, kept } => format!(
+                "{free} GPUs are free, but {kept} are kept for protected work \
+                 (policy.protected_headroom) and min-runtime-0 work ranked ahead waits \
+                 for the rest"
             ),
             Blocked::OverCap { cap } => format!("team is at its cap of {cap} GPUs"),
             Blocked::NotReached => "work ranked ahead took the free capacity".into(),

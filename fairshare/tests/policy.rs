@@ -1042,6 +1042,16 @@ fn occupancy_that_does_not_fit_above_the_headroom_is_not_jumped() {
     for w in [wide, narrow] {
         assert_eq!(s.workload(w).unwrap().state, WorkloadState::Pending);
     }
+    // Its user reads why: free GPUs, kept for protected work.
+    let e = s.explain_workload(60, wide).expect("pending");
+    assert_eq!(e.blocked, Blocked::Headroom { free: 4, kept: 2 });
+    assert!(
+        e.text.contains(
+            "4 GPUs are free, but 2 are kept for protected work (policy.protected_headroom)"
+        ),
+        "{}",
+        e.text
+    );
     // A share outside 0..=0.5 is refused, naming the field.
     let bad = PolicyConfig {
         protected_headroom: 0.9,

@@ -393,6 +393,7 @@ impl<'c> Pass<'c> {
             shape,
             alloc,
         };
+        let held = self.within_headroom(st, &shape);
         if self.try_free(st, r, d, c, reserved) {
             return;
         }
@@ -403,7 +404,14 @@ impl<'c> Pass<'c> {
         if self.try_backfill(st, r, d, c) {
             return;
         }
-        let mut blocked = Self::no_room(st, c);
+        let mut blocked = if held {
+            Blocked::Headroom {
+                free: st.cluster.free_total(),
+                kept: self.headroom,
+            }
+        } else {
+            Self::no_room(st, c)
+        };
         match self.try_preempt(st, r, c) {
             Preempt::Claimed => return,
             Preempt::Refused(why) => blocked = why,
