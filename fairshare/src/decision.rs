@@ -192,8 +192,8 @@ impl Explanation {
             ),
             Blocked::Headroom { free, kept } => format!(
                 "{free} GPUs are free, but {kept} are kept for protected work \
-                 (policy.protected_headroom) and min-runtime-0 work ranked ahead waits \
-                 for the rest"
+                 (policy.protected_headroom) and min-runtime-0 work takes the rest in \
+                 rank order"
             ),
             Blocked::OverCap { cap } => format!("team is at its cap of {cap} GPUs"),
             Blocked::NotReached => "work ranked ahead took the free capacity".into(),

@@ -87,36 +87,63 @@ struct Run {
     revoke: Option<RevokeWhy>,
     /// Revocations so far (withdrawn ones included).
     revokes: u32,
-    /// The nodes it holds.
-    nodes: Vec<u32>,
 }
 
-/// Leases per node, and the faulted nodes whose repair waits for them to leave: a host
-/// is reset or rebooted once empty, so a soft drain's repair starts when its last
-/// lease ends.
-struct Hosts {
-    leases: Vec<u32>,
-    awaiting_repair: Vec<bool>,
+/// Faulted nodes whose repair waits for their leases to leave: a host is reset or
+/// rebooted once empty (no GPU `used` in the core), so a soft drain's repair starts
+/// when its last lease ends.
+struct Repairs {
+    awaiting: Vec<bool>,
+    count: usize,
 }
 
-impl Hosts {
-    fn occupy(&mut self, r: &Run) {
-        for &n in &r.nodes {
-            self.leases[n as usize] += 1;
+impl Repairs {
+    fn new(nodes: usize) -> Self {
+        Repairs {
+            awaiting: vec![false; nodes],
+            count: 0,
         }
     }
 
-    /// Takes `r` off its nodes; returns those now empty and waiting for repair.
-    fn vacate(&mut self, r: &Run) -> Vec<u32> {
-        let mut ready = Vec::new();
-        for &n in &r.nodes {
-            let i = n as usize;
-            self.leases[i] = self.leases[i].saturating_sub(1);
-            if self.leases[i] == 0 && std::mem::take(&mut self.awaiting_repair[i]) {
-                ready.push(n);
-            }
+    /// `node` faulted: whether its repair starts now (it is empty); else it waits.
+    fn fault(&mut self, core: &Scheduler, node: NodeId) -> bool {
+        if core.cluster().node(node).used == 0 {
+            return true;
         }
-        ready
+        self.awaiting[node.idx()] = true;
+        self.count += 1;
+        false
+    }
+
+    /// Ends `lease` in the core; returns the nodes it left empty that wait for repair.
+    fn end_lease(
+        &mut self,
+        core: &mut Scheduler,
+        t: Time,
+        lease: LeaseId,
+        end: LeaseEnd,
+    ) -> Result<Vec<NodeId>, SimError> {
+        let waiting: Vec<NodeId> = if self.count == 0 {
+            Vec::new()
+        } else {
+            core.lease(lease)
+                .map(|l| l.placement.iter().map(|p| p.node))
+                .into_iter()
+                .flatten()
+                .filter(|n| self.awaiting[n.idx()])
+                .collect()
+        };
+        core.lease_ended(t, lease, end)
+            .map_err(|e| SimError::Core(e.to_string()))?;
+        let emptied: Vec<NodeId> = waiting
+            .into_iter()
+            .filter(|&n| core.cluster().node(n).used == 0)
+            .collect();
+        for n in &emptied {
+            self.awaiting[n.idx()] = false;
+            self.count -= 1;
+        }
+        Ok(emptied)
     }
 }
 
@@ -197,10 +224,7 @@ pub fn run(
     let mut down_gpus = 0u64;
     let mut entitlement_dirty = true;
     let mut next_pass: Time = 0;
-    let mut hosts = Hosts {
-        leases: vec![0; core.cluster().len()],
-        awaiting_repair: vec![false; core.cluster().len()],
-    };
+    let mut repairs = Repairs::new(core.cluster().len());
 
     loop {
         let t_arrive = jobs
@@ -268,11 +292,9 @@ pub fn run(
                     };
                     js.remaining = js.remaining.saturating_sub(ran);
                     release(&mut recv, &mut busy, &mut busy_unfunded, &r);
-                    for n in hosts.vacate(&r) {
-                        push(&mut heap, t + sc.faults.repair, Ev::Repair(n));
+                    for n in repairs.end_lease(&mut core, t, lid, end)? {
+                        push(&mut heap, t + sc.faults.repair, Ev::Repair(n.0));
                     }
-                    core.lease_ended(t, lid, end)
-                        .map_err(|e| SimError::Core(e.to_string()))?;
                     entitlement_dirty = true;
                 }
                 Ev::RevokeDone(lid, n) => {
@@ -316,11 +338,9 @@ pub fn run(
                     };
                     rep.lost(cause, r.gpus * lost);
                     release(&mut recv, &mut busy, &mut busy_unfunded, &r);
-                    for n in hosts.vacate(&r) {
-                        push(&mut heap, t + sc.faults.repair, Ev::Repair(n));
+                    for n in repairs.end_lease(&mut core, t, lid, LeaseEnd::Revoked)? {
+                        push(&mut heap, t + sc.faults.repair, Ev::Repair(n.0));
                     }
-                    core.lease_ended(t, lid, LeaseEnd::Revoked)
-                        .map_err(|e| SimError::Core(e.to_string()))?;
                     entitlement_dirty = true;
                 }
                 Ev::Fault(node, now_kind) => {
@@ -337,10 +357,8 @@ pub fn run(
                     core.set_node_state(t, id, state)
                         .map_err(|e| SimError::Core(e.to_string()))?;
                     rep.faults += 1;
-                    if hosts.leases[node as usize] == 0 {
+                    if repairs.fault(&core, id) {
                         push(&mut heap, t + sc.faults.repair, Ev::Repair(node));
-                    } else {
-                        hosts.awaiting_repair[node as usize] = true;
                     }
                     entitlement_dirty = true;
                 }
@@ -370,7 +388,7 @@ pub fn run(
                 Action::Start {
                     lease,
                     workload,
-                    placement,
+                    placement: _,
                     funded,
                     why: _,
                 } => {
@@ -395,9 +413,7 @@ pub fn run(
                         funded,
                         revoke: None,
                         revokes: 0,
-                        nodes: placement.iter().map(|p| p.node.0).collect(),
                     };
-                    hosts.occupy(&r);
                     recv[team] += r.gpus;
                     busy += r.gpus;
                     if !funded {
@@ -474,34 +490,60 @@ fn release(recv: &mut [u64], busy: &mut u64, busy_unfunded: &mut u64, r: &Run) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn run_on(nodes: Vec<u32>) -> Run {
-        Run {
-            wid: WorkloadId(1),
-            start: 0,
-            gpus: 8,
-            team: 0,
-            funded: false,
-            revoke: None,
-            revokes: 0,
-            nodes,
-        }
-    }
+    use allot_fairshare::tree::GroupSpec;
+    use allot_fairshare::{NodeSpec, PolicyConfig, WorkloadSpec};
 
     #[test]
     fn a_faulted_host_is_repaired_only_once_its_last_lease_left() {
-        let mut h = Hosts {
-            leases: vec![0; 4],
-            awaiting_repair: vec![false; 4],
+        let tree = OrgTree::new(&[GroupSpec {
+            name: "p".into(),
+            parent: None,
+            weight: 1.0,
+        }])
+        .expect("tree");
+        let node = NodeSpec {
+            name: "n0".into(),
+            cluster: "c".into(),
+            gpus: 8,
+            cpu: 128,
+            memory_gb: 2048,
         };
-        let (gang, single) = (run_on(vec![2, 3]), run_on(vec![3]));
-        h.occupy(&gang);
-        h.occupy(&single);
-        h.awaiting_repair[3] = true;
-        assert!(h.vacate(&gang).is_empty(), "node 3 still runs a lease");
-        assert_eq!(h.vacate(&single), vec![3]);
-        // Once: a later lease end does not start a second repair.
-        h.occupy(&single);
-        assert!(h.vacate(&single).is_empty());
+        let mut core = Scheduler::new(PolicyConfig::default(), tree, vec![node]).expect("core");
+        let job = WorkloadSpec {
+            project: "p".into(),
+            user: "u".into(),
+            class: "c".into(),
+            gpus_per_node: 4,
+            nodes: 1,
+            cpu_per_node: 0,
+            mem_per_node_gb: 0,
+            min_runtime: 0,
+            time_limit: None,
+            resumable: false,
+            priority: 0,
+            no_requeue: false,
+        };
+        for _ in 0..2 {
+            core.submit(0, job.clone()).expect("submit");
+        }
+        let leases: Vec<LeaseId> = core
+            .schedule(0)
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Start { lease, .. } => Some(*lease),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(leases.len(), 2);
+        let mut repairs = Repairs::new(1);
+        core.set_node_state(10, NodeId(0), NodeState::Draining)
+            .expect("drain");
+        assert!(!repairs.fault(&core, NodeId(0)), "two leases still run");
+        let first = repairs.end_lease(&mut core, 20, leases[0], LeaseEnd::Completed);
+        assert!(first.expect("ended").is_empty(), "one lease still runs");
+        let last = repairs.end_lease(&mut core, 30, leases[1], LeaseEnd::Completed);
+        assert_eq!(last.expect("ended"), vec![NodeId(0)]);
+        assert_eq!(repairs.count, 0, "repaired once");
     }
 }

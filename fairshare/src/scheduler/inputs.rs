@@ -304,19 +304,16 @@ impl Scheduler {
             self.withdraw_drain_revocations(now, node);
         }
         if state != NodeState::Ready {
-            let grace = self.cfg.drain_grace;
             for lid in self.st.lease_ids_on(node) {
                 let Some(l) = self.st.leases.get(&lid) else {
                     continue;
                 };
                 let (not_before, why) = match state {
-                    NodeState::Draining if l.resumable => {
-                        (l.protected_until.max(now), RevokeWhy::Drain { node })
+                    NodeState::Draining => {
+                        let grace = if l.resumable { 0 } else { self.cfg.drain_grace };
+                        let at = now.saturating_add(grace);
+                        (l.protected_until.max(at), RevokeWhy::Drain { node })
                     }
-                    NodeState::Draining => (
-                        l.protected_until.max(now.saturating_add(grace)),
-                        RevokeWhy::Drain { node },
-                    ),
                     _ => (now, RevokeWhy::DrainNow { node }),
                 };
                 let earlier = l.revoke.as_ref().is_none_or(|r| r.not_before > not_before);

@@ -394,7 +394,7 @@ impl<'c> Pass<'c> {
             alloc,
         };
         let held = self.within_headroom(st, &shape);
-        if self.try_free(st, r, d, c, reserved) {
+        if self.try_free(st, r, d, c, reserved, held) {
             return;
         }
         if let Some(start) = reserved {
@@ -424,8 +424,8 @@ impl<'c> Pass<'c> {
     }
 
     /// First way: free GPUs (for a gang holding a reservation too: whole nodes may
-    /// have come free elsewhere before it starts; its reservation is then given up).
-    /// Returns whether it started.
+    /// have come free elsewhere before it starts; its reservation is then given up),
+    /// unless `held` back by the headroom. Returns whether it started.
     fn try_free(
         &mut self,
         st: &mut State,
@@ -433,11 +433,12 @@ impl<'c> Pass<'c> {
         d: &mut Decisions,
         c: Candidate,
         reserved: Option<Time>,
+        held: bool,
     ) -> bool {
         if self.free_dead.contains(&c.shape) {
             return false;
         }
-        if self.within_headroom(st, &c.shape) {
+        if held {
             self.occupancy_closed = true;
             return false;
         }
