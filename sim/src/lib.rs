@@ -20,7 +20,7 @@ use allot_fairshare::entitlement::water_fill;
 use allot_fairshare::scheduler::{Baseline, LeaseEnd, Scheduler};
 use allot_fairshare::time::{Secs, Time, DAY};
 use allot_fairshare::tree::{GroupId, OrgTree};
-use allot_fairshare::workload::{LeaseId, RevokeWhy, WorkloadId};
+use allot_fairshare::workload::{LeaseId, RevokeWhy, WorkloadId, WorkloadState};
 pub use report::{Report, SeedTable, Spread, Timeline};
 use rng::Rng;
 pub use scenario::{Job, Scenario, ScenarioError};
@@ -150,6 +150,9 @@ impl Repairs {
 struct JobState {
     remaining: Secs,
     first_start: Option<Time>,
+    /// Its team (an index of the report's teams) and class (of the report's classes).
+    team: usize,
+    class: usize,
 }
 
 /// Runs a scenario (or the given trace jobs on its clusters and tree).
@@ -254,16 +257,21 @@ pub fn run(
             );
             let mut spec = j.spec.clone();
             (spec.project, spec.user) = (project, user);
-            core.submit(t, spec).map_err(|e| {
+            let wid = core.submit(t, spec).map_err(|e| {
                 SimError::Core(if j.line > 0 {
                     format!("trace line {}: {e}", j.line)
                 } else {
                     format!("workload of class {}: {e}", j.spec.class)
                 })
             })?;
+            let team = team_index[core.workload(wid).map_or(0, |w| w.project.idx())];
+            let class = rep.class_index(&j.spec.class);
+            rep.wait_begins(team, class, u64::from(j.spec.total_gpus()));
             job_state.push(JobState {
                 remaining: j.work,
                 first_start: None,
+                team,
+                class,
             });
             next_job += 1;
             entitlement_dirty = true;
@@ -341,6 +349,13 @@ pub fn run(
                     for n in repairs.end_lease(&mut core, t, lid, LeaseEnd::Revoked)? {
                         push(&mut heap, t + sc.faults.repair, Ev::Repair(n.0));
                     }
+                    if core
+                        .workload(r.wid)
+                        .is_some_and(|w| w.state == WorkloadState::Pending)
+                    {
+                        let js = &job_state[idx];
+                        rep.wait_begins(js.team, js.class, r.gpus);
+                    }
                     entitlement_dirty = true;
                 }
                 Ev::Fault(node, now_kind) => {
@@ -404,7 +419,8 @@ pub fn run(
                         None => js.remaining,
                     }
                     .max(1);
-                    let team = team_index[core.workload(workload).map_or(0, |w| w.project.idx())];
+                    let team = js.team;
+                    rep.wait_ends(team, js.class, u64::from(job.spec.total_gpus()));
                     let r = Run {
                         wid: workload,
                         start: t,

@@ -18,6 +18,11 @@ pub struct TeamRow {
     pub received_gpu_hours: f64,
     /// `min(1, received / entitled)`.
     pub ratio: f64,
+    /// GPU-hours it was entitled to at the moment but did not run, by the class of the
+    /// work it had waiting (in proportion to that work's GPUs): where its shortfall
+    /// waited. Moments served above entitlement are not netted against it, so the sum
+    /// is at least `entitled_gpu_hours - received_gpu_hours`.
+    pub shortfall_gpu_hours: BTreeMap<String, f64>,
 }
 
 /// Fairness summary.
@@ -132,6 +137,12 @@ pub(crate) struct Builder {
     total_gpus: u64,
     entitled: Vec<f64>,
     received: Vec<f64>,
+    /// Workload classes by first appearance; indices of `waiting` and `shortfall`.
+    classes: Vec<String>,
+    /// Per team and class: GPUs of work waiting to start.
+    waiting: Vec<Vec<u64>>,
+    /// Per team and class: GPU-seconds of entitlement not run (see [`TeamRow`]).
+    shortfall: Vec<Vec<f64>>,
     busy_s: f64,
     unfunded_s: f64,
     waits: BTreeMap<String, Vec<u64>>,
@@ -157,6 +168,9 @@ impl Builder {
             total_gpus,
             entitled: vec![0.0; teams.len()],
             received: vec![0.0; teams.len()],
+            classes: Vec::new(),
+            waiting: vec![Vec::new(); teams.len()],
+            shortfall: vec![Vec::new(); teams.len()],
             busy_s: 0.0,
             unfunded_s: 0.0,
             waits: BTreeMap::new(),
@@ -195,6 +209,14 @@ impl Builder {
         for i in 0..recv.len() {
             self.received[i] += recv[i] as f64 * dt;
             self.entitled[i] += ent[i] * dt;
+            let gap = ent[i] - recv[i] as f64;
+            let waiting: u64 = self.waiting[i].iter().sum();
+            if gap > 0.0 && waiting > 0 {
+                let per_gpu = gap * dt / waiting as f64;
+                for (s, &w) in self.shortfall[i].iter_mut().zip(&self.waiting[i]) {
+                    *s += per_gpu * w as f64;
+                }
+            }
         }
         self.busy_s += busy as f64 * dt;
         self.unfunded_s += unfunded as f64 * dt;
@@ -215,6 +237,33 @@ impl Builder {
                 self.next_sample += HOUR;
             }
         }
+    }
+
+    /// The index of workload class `name`, entered on first sight (scenarios have a
+    /// handful, so a scan).
+    pub fn class_index(&mut self, name: &str) -> usize {
+        if let Some(i) = self.classes.iter().position(|c| c == name) {
+            return i;
+        }
+        self.classes.push(name.to_string());
+        for v in &mut self.waiting {
+            v.push(0);
+        }
+        for v in &mut self.shortfall {
+            v.push(0.0);
+        }
+        self.classes.len() - 1
+    }
+
+    /// `gpus` of `team`'s work of class `class` (an index) begin to wait.
+    pub fn wait_begins(&mut self, team: usize, class: usize, gpus: u64) {
+        self.waiting[team][class] += gpus;
+    }
+
+    /// `gpus` of `team`'s waiting work of class `class` started.
+    pub fn wait_ends(&mut self, team: usize, class: usize, gpus: u64) {
+        let w = &mut self.waiting[team][class];
+        *w = w.saturating_sub(gpus);
     }
 
     /// Records work lost to a revocation, by its cause.
@@ -247,6 +296,13 @@ impl Builder {
                     entitled_gpu_hours: round4(e),
                     received_gpu_hours: round4(r),
                     ratio: round4(if e <= 0.0 { 1.0 } else { (r / e).min(1.0) }),
+                    shortfall_gpu_hours: self
+                        .classes
+                        .iter()
+                        .zip(&self.shortfall[i])
+                        .filter(|(_, s)| **s > 0.0)
+                        .map(|(c, s)| (c.clone(), round4(s / 3_600.0)))
+                        .collect(),
                 }
             })
             .collect();
@@ -337,17 +393,25 @@ impl Report {
             self.lost_gpu_hours
         );
         s += &format!(
-            "{:<14} {:>7} {:>12} {:>12} {:>7}\n",
-            "team", "share", "entitled h", "received h", "ratio"
+            "{:<14} {:>7} {:>12} {:>12} {:>7} {:>10}  {}\n",
+            "team", "share", "entitled h", "received h", "ratio", "short h", "mostly waiting"
         );
         for t in &self.teams {
+            let short: f64 = t.shortfall_gpu_hours.values().sum();
+            let mostly = t
+                .shortfall_gpu_hours
+                .iter()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map_or("-", |(c, _)| c.as_str());
             s += &format!(
-                "{:<14} {:>6.1}% {:>12.0} {:>12.0} {:>7.3}\n",
+                "{:<14} {:>6.1}% {:>12.0} {:>12.0} {:>7.3} {:>10.0}  {}\n",
                 t.name,
                 t.share * 100.0,
                 t.entitled_gpu_hours,
                 t.received_gpu_hours,
-                t.ratio
+                t.ratio,
+                short,
+                mostly
             );
         }
         s += &format!(
@@ -531,5 +595,55 @@ impl SeedTable {
             s.push('\n');
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allot_fairshare::tree::GroupSpec;
+
+    fn one_team() -> Builder {
+        let tree = OrgTree::new(&[GroupSpec {
+            name: "a".into(),
+            parent: None,
+            weight: 1.0,
+        }])
+        .expect("tree");
+        let teams = tree.teams().to_vec();
+        Builder::new(&tree, &teams, 16, false)
+    }
+
+    #[test]
+    fn shortfall_goes_to_the_waiting_classes_by_their_gpus_and_is_not_netted() {
+        let mut b = one_team();
+        let (batch, debug) = (b.class_index("batch"), b.class_index("debug"));
+        assert_eq!(b.class_index("batch"), batch, "a class keeps its index");
+        b.wait_begins(0, batch, 6);
+        b.wait_begins(0, debug, 2);
+        // An hour 8 GPUs short of entitlement: 6 to batch, 2 to debug.
+        b.integrate(0, HOUR, &[4], &[12.0], 4, 0);
+        b.wait_ends(0, debug, 2);
+        // An hour 2 short: all of it to batch, which alone waits now.
+        b.integrate(HOUR, 2 * HOUR, &[10], &[12.0], 10, 0);
+        // An hour 8 above entitlement: nothing taken back.
+        b.integrate(2 * HOUR, 3 * HOUR, &[12], &[4.0], 12, 0);
+        let r = b.finish("fairshare", "t", 1, 1, 3 * HOUR);
+        let t = &r.teams[0];
+        assert_eq!(t.shortfall_gpu_hours.get("batch"), Some(&8.0));
+        assert_eq!(t.shortfall_gpu_hours.get("debug"), Some(&2.0));
+        assert_eq!(t.entitled_gpu_hours - t.received_gpu_hours, 2.0);
+    }
+
+    #[test]
+    fn no_shortfall_without_waiting_work_or_below_entitlement() {
+        let mut b = one_team();
+        let batch = b.class_index("batch");
+        b.integrate(0, HOUR, &[4], &[12.0], 4, 0);
+        b.wait_begins(0, batch, 8);
+        b.integrate(HOUR, 2 * HOUR, &[12], &[12.0], 12, 0);
+        let r = b.finish("fairshare", "t", 1, 1, 2 * HOUR);
+        assert!(r.teams[0].shortfall_gpu_hours.is_empty());
+        assert!(r.table().contains("mostly waiting"));
     }
 }

@@ -238,6 +238,25 @@ fn a_seed_table_spreads_every_measure_and_lost_work_adds_up_by_cause() {
         })
         .collect();
     for r in &runs {
+        for t in &r.teams {
+            let short: f64 = t.shortfall_gpu_hours.values().sum();
+            let net = t.entitled_gpu_hours - t.received_gpu_hours;
+            assert!(short + 1e-3 >= net, "{}: shortfall {short} < {net}", t.name);
+            for class in t.shortfall_gpu_hours.keys() {
+                assert!(
+                    ["debug", "interactive", "training", "batch"].contains(&class.as_str()),
+                    "{class}"
+                );
+            }
+        }
+        // The backlog that keeps the cluster saturated is where shortfalls wait.
+        let of = |c: &str| -> f64 {
+            r.teams
+                .iter()
+                .filter_map(|t| t.shortfall_gpu_hours.get(c))
+                .sum()
+        };
+        assert!(of("batch") > of("debug") + of("interactive") + of("training"));
         let by_cause: f64 = r.lost_gpu_hours_by.values().sum();
         assert!(
             (by_cause - r.lost_gpu_hours).abs() < 1e-3,
