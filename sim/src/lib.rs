@@ -94,6 +94,7 @@ struct Run {
 /// when its last lease ends.
 struct Repairs {
     awaiting: Vec<bool>,
+    /// How many of `awaiting` are set: while none, a lease end looks nothing up.
     count: usize,
 }
 
@@ -419,8 +420,7 @@ pub fn run(
                         None => js.remaining,
                     }
                     .max(1);
-                    let team = js.team;
-                    rep.wait_ends(team, js.class, u64::from(job.spec.total_gpus()));
+                    let (team, class) = (js.team, js.class);
                     let r = Run {
                         wid: workload,
                         start: t,
@@ -430,6 +430,7 @@ pub fn run(
                         revoke: None,
                         revokes: 0,
                     };
+                    rep.wait_ends(team, class, r.gpus);
                     recv[team] += r.gpus;
                     busy += r.gpus;
                     if !funded {

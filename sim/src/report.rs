@@ -210,8 +210,11 @@ impl Builder {
             self.received[i] += recv[i] as f64 * dt;
             self.entitled[i] += ent[i] * dt;
             let gap = ent[i] - recv[i] as f64;
+            if gap <= 0.0 {
+                continue;
+            }
             let waiting: u64 = self.waiting[i].iter().sum();
-            if gap > 0.0 && waiting > 0 {
+            if waiting > 0 {
                 let per_gpu = gap * dt / waiting as f64;
                 for (s, &w) in self.shortfall[i].iter_mut().zip(&self.waiting[i]) {
                     *s += per_gpu * w as f64;
@@ -263,6 +266,7 @@ impl Builder {
     /// `gpus` of `team`'s waiting work of class `class` started.
     pub fn wait_ends(&mut self, team: usize, class: usize, gpus: u64) {
         let w = &mut self.waiting[team][class];
+        debug_assert!(*w >= gpus, "started more than waited");
         *w = w.saturating_sub(gpus);
     }
 
