@@ -83,6 +83,8 @@ struct Run {
     start: Time,
     gpus: u64,
     team: usize,
+    /// Its class, an index of the report's.
+    class: usize,
     funded: bool,
     revoke: Option<RevokeWhy>,
     /// Revocations so far (withdrawn ones included).
@@ -300,7 +302,7 @@ pub fn run(
                         LeaseEnd::Completed
                     };
                     js.remaining = js.remaining.saturating_sub(ran);
-                    release(&mut recv, &mut busy, &mut busy_unfunded, &r);
+                    release(&mut rep, t, &mut recv, &mut busy, &mut busy_unfunded, &r);
                     for n in repairs.end_lease(&mut core, t, lid, end)? {
                         push(&mut heap, t + sc.faults.repair, Ev::Repair(n.0));
                     }
@@ -346,7 +348,7 @@ pub fn run(
                         _ => "cancelled",
                     };
                     rep.lost(cause, r.gpus * lost);
-                    release(&mut recv, &mut busy, &mut busy_unfunded, &r);
+                    release(&mut rep, t, &mut recv, &mut busy, &mut busy_unfunded, &r);
                     for n in repairs.end_lease(&mut core, t, lid, LeaseEnd::Revoked)? {
                         push(&mut heap, t + sc.faults.repair, Ev::Repair(n.0));
                     }
@@ -426,6 +428,7 @@ pub fn run(
                         start: t,
                         gpus: u64::from(job.spec.total_gpus()),
                         team,
+                        class,
                         funded,
                         revoke: None,
                         revokes: 0,
@@ -485,6 +488,9 @@ pub fn run(
         }
     }
     rep.integrate(last_t, horizon, &recv, &ent, busy, busy_unfunded);
+    for r in running.values() {
+        rep.ran(r.team, r.class, r.funded, r.gpus * (horizon - r.start));
+    }
     for (i, j) in jobs.iter().enumerate().filter(|(_, j)| j.submit < horizon) {
         let started = job_state.get(i).and_then(|s| s.first_start).is_some();
         if !started {
@@ -496,7 +502,16 @@ pub fn run(
     Ok(rep.finish(opts.policy.name(), &sc.name, opts.seed, sc.days, horizon))
 }
 
-fn release(recv: &mut [u64], busy: &mut u64, busy_unfunded: &mut u64, r: &Run) {
+/// Run `r` ends at `t`: its GPUs leave the team's and the cluster's counts.
+fn release(
+    rep: &mut report::Builder,
+    t: Time,
+    recv: &mut [u64],
+    busy: &mut u64,
+    busy_unfunded: &mut u64,
+    r: &Run,
+) {
+    rep.ran(r.team, r.class, r.funded, r.gpus * (t - r.start));
     recv[r.team] -= r.gpus;
     *busy -= r.gpus;
     if !r.funded {

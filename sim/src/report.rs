@@ -23,6 +23,18 @@ pub struct TeamRow {
     /// waited. Moments served above entitlement are not netted against it, so the sum
     /// is at least `entitled_gpu_hours - received_gpu_hours`.
     pub shortfall_gpu_hours: BTreeMap<String, f64>,
+    /// `received_gpu_hours` by the class of the work that ran, funded and unfunded:
+    /// where a team served above its entitlement got the extra.
+    pub received_by: BTreeMap<String, Received>,
+}
+
+/// GPU-hours one class of a team's work ran.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Received {
+    /// Charged to the budget (or the user's allowance): protected by its contract.
+    pub funded_gpu_hours: f64,
+    /// Free occupancy, or protected work whose project's budget was spent.
+    pub unfunded_gpu_hours: f64,
 }
 
 /// Fairness summary.
@@ -143,6 +155,8 @@ pub(crate) struct Builder {
     waiting: Vec<Vec<u64>>,
     /// Per team and class: GPU-seconds of entitlement not run (see [`TeamRow`]).
     shortfall: Vec<Vec<f64>>,
+    /// Per team and class: GPU-seconds run, funded and unfunded.
+    ran: Vec<Vec<[f64; 2]>>,
     busy_s: f64,
     unfunded_s: f64,
     waits: BTreeMap<String, Vec<u64>>,
@@ -171,6 +185,7 @@ impl Builder {
             classes: Vec::new(),
             waiting: vec![Vec::new(); teams.len()],
             shortfall: vec![Vec::new(); teams.len()],
+            ran: vec![Vec::new(); teams.len()],
             busy_s: 0.0,
             unfunded_s: 0.0,
             waits: BTreeMap::new(),
@@ -255,6 +270,9 @@ impl Builder {
         for v in &mut self.shortfall {
             v.push(0.0);
         }
+        for v in &mut self.ran {
+            v.push([0.0; 2]);
+        }
         self.classes.len() - 1
     }
 
@@ -268,6 +286,12 @@ impl Builder {
         let w = &mut self.waiting[team][class];
         debug_assert!(*w >= gpus, "started more than waited");
         *w = w.saturating_sub(gpus);
+    }
+
+    /// A run of `team`'s work of class `class` (an index) held `gpu_s` GPU-seconds,
+    /// `funded` or not; told once, when it ends (or when the simulation does).
+    pub fn ran(&mut self, team: usize, class: usize, funded: bool, gpu_s: u64) {
+        self.ran[team][class][usize::from(!funded)] += gpu_s as f64;
     }
 
     /// Records work lost to a revocation, by its cause.
@@ -306,6 +330,19 @@ impl Builder {
                         .zip(&self.shortfall[i])
                         .filter(|(_, s)| **s > 0.0)
                         .map(|(c, s)| (c.clone(), round4(s / 3_600.0)))
+                        .collect(),
+                    received_by: self
+                        .classes
+                        .iter()
+                        .zip(&self.ran[i])
+                        .filter(|(_, x)| x[0] + x[1] > 0.0)
+                        .map(|(c, x)| {
+                            let got = Received {
+                                funded_gpu_hours: round4(x[0] / 3_600.0),
+                                unfunded_gpu_hours: round4(x[1] / 3_600.0),
+                            };
+                            (c.clone(), got)
+                        })
                         .collect(),
                 }
             })
@@ -397,8 +434,15 @@ impl Report {
             self.lost_gpu_hours
         );
         s += &format!(
-            "{:<14} {:>7} {:>12} {:>12} {:>7} {:>10}  {}\n",
-            "team", "share", "entitled h", "received h", "ratio", "short h", "mostly waiting"
+            "{:<14} {:>7} {:>12} {:>12} {:>11} {:>7} {:>10}  {}\n",
+            "team",
+            "share",
+            "entitled h",
+            "received h",
+            "unfunded h",
+            "ratio",
+            "short h",
+            "mostly waiting"
         );
         for t in &self.teams {
             let short: f64 = t.shortfall_gpu_hours.values().sum();
@@ -407,12 +451,14 @@ impl Report {
                 .iter()
                 .max_by(|a, b| a.1.total_cmp(b.1))
                 .map_or("-", |(c, _)| c.as_str());
+            let unfunded: f64 = t.received_by.values().map(|x| x.unfunded_gpu_hours).sum();
             s += &format!(
-                "{:<14} {:>6.1}% {:>12.0} {:>12.0} {:>7.3} {:>10.0}  {}\n",
+                "{:<14} {:>6.1}% {:>12.0} {:>12.0} {:>11.0} {:>7.3} {:>10.0}  {}\n",
                 t.name,
                 t.share * 100.0,
                 t.entitled_gpu_hours,
                 t.received_gpu_hours,
+                unfunded,
                 t.ratio,
                 short,
                 mostly
@@ -637,6 +683,26 @@ mod tests {
         assert_eq!(t.shortfall_gpu_hours.get("batch"), Some(&8.0));
         assert_eq!(t.shortfall_gpu_hours.get("debug"), Some(&2.0));
         assert_eq!(t.entitled_gpu_hours - t.received_gpu_hours, 2.0);
+    }
+
+    #[test]
+    fn what_ran_is_told_by_class_and_funding() {
+        let mut b = one_team();
+        let (training, batch) = (b.class_index("training"), b.class_index("batch"));
+        b.ran(0, training, true, 8 * HOUR);
+        b.ran(0, training, false, 2 * HOUR);
+        b.ran(0, batch, false, 3 * HOUR);
+        b.class_index("debug");
+        let r = b.finish("fairshare", "t", 1, 1, HOUR);
+        let by = &r.teams[0].received_by;
+        let t = by.get("training").expect("training ran");
+        assert_eq!((t.funded_gpu_hours, t.unfunded_gpu_hours), (8.0, 2.0));
+        assert_eq!(by.get("batch").map(|x| x.unfunded_gpu_hours), Some(3.0));
+        assert!(
+            !by.contains_key("debug"),
+            "a class that never ran is left out"
+        );
+        assert!(r.table().contains("unfunded h"));
     }
 
     #[test]

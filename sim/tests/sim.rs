@@ -248,6 +248,22 @@ fn a_seed_table_spreads_every_measure_and_lost_work_adds_up_by_cause() {
                     "{class}"
                 );
             }
+            // What ran, by class and funding, is all that was received.
+            let by_class: f64 = t
+                .received_by
+                .values()
+                .map(|x| x.funded_gpu_hours + x.unfunded_gpu_hours)
+                .sum();
+            assert!(
+                (by_class - t.received_gpu_hours).abs() < 1e-2,
+                "{}: {by_class} by class, {} received",
+                t.name,
+                t.received_gpu_hours
+            );
+            // Batch has no contract: it never runs funded.
+            if let Some(b) = t.received_by.get("batch") {
+                assert_eq!(b.funded_gpu_hours, 0.0, "{}", t.name);
+            }
         }
         // The backlog that keeps the cluster saturated is where shortfalls wait.
         let of = |c: &str| -> f64 {
