@@ -6,6 +6,8 @@ use serde::Deserialize;
 
 /// Default lookback: 7 days of usage.
 pub const DEFAULT_WINDOW: Secs = 7 * DAY;
+/// Default ranking memory: 0, the lookback itself (one window for budgets and ratios).
+pub const DEFAULT_RANKING_LOOKBACK: Secs = 0;
 /// Default weight of current allocation in the served ratio: 1 day, so that starting
 /// work moves a group's ratio at once (one burst cannot take everything) while history
 /// still dominates.
@@ -72,6 +74,11 @@ pub struct PolicyConfig {
     /// Window length, or the half-life.
     #[serde(deserialize_with = "de_duration")]
     pub lookback: Secs,
+    /// How far back the served ratios that rank groups look (same model), when it
+    /// is not the lookback: budgets keep the lookback, ranking remembers longer, so
+    /// a team short last week still goes first this week. 0: the lookback.
+    #[serde(deserialize_with = "de_duration")]
+    pub ranking_lookback: Secs,
     /// How much current allocation weighs in the served ratio (see DEFAULT).
     #[serde(deserialize_with = "de_duration")]
     pub allocation_horizon: Secs,
@@ -140,6 +147,7 @@ impl Default for PolicyConfig {
         PolicyConfig {
             usage_model: UsageModelKind::Window,
             lookback: DEFAULT_WINDOW,
+            ranking_lookback: DEFAULT_RANKING_LOOKBACK,
             allocation_horizon: DEFAULT_ALLOCATION_HORIZON,
             aging_per_hour: DEFAULT_AGING_PER_HOUR,
             aging_cap: DEFAULT_AGING_CAP,
@@ -170,6 +178,7 @@ impl PolicyConfig {
             unfunded_reservations: false,
             protected_headroom: 0.0,
             drain_grace: 0,
+            ranking_lookback: 0,
             rules_of_0_4: true,
             ..self.clone()
         }
@@ -230,12 +239,35 @@ impl PolicyConfig {
         }
     }
 
+    /// The model of the ranking's own ledger, when its memory differs from the
+    /// lookback's (`ranking_lookback`); `None`: ratios read the budget's ledger.
+    pub fn ranking_usage(&self) -> Option<UsageModel> {
+        if self.ranking_lookback == 0 || self.ranking_lookback == self.lookback {
+            return None;
+        }
+        Some(match self.usage_model {
+            UsageModelKind::Window => UsageModel::Window {
+                secs: self.ranking_lookback,
+            },
+            UsageModelKind::HalfLife => UsageModel::HalfLife {
+                secs: self.ranking_lookback,
+            },
+        })
+    }
+
     /// Checks ranges; the error names the field and the fix.
     pub fn validate(&self) -> Result<(), String> {
         if self.lookback < HOUR {
             return Err(format!(
                 "policy.lookback = {}s is too short; use at least 1h (default 7d)",
                 self.lookback
+            ));
+        }
+        if self.ranking_lookback != 0 && self.ranking_lookback < HOUR {
+            return Err(format!(
+                "policy.ranking_lookback = {}s is too short; use at least 1h, or 0 (the \
+                 lookback)",
+                self.ranking_lookback
             ));
         }
         if !(self.hysteresis.is_finite() && self.hysteresis >= 0.0) {

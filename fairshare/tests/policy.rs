@@ -461,6 +461,85 @@ fn submissions_that_can_never_fit_are_refused_with_the_field() {
     );
 }
 
+/// A day's window for budgets, four for ranking (`ranking_lookback`; 0: one window).
+fn ranking_cfg(ranking_lookback: u64) -> PolicyConfig {
+    PolicyConfig {
+        lookback: DAY,
+        ranking_lookback,
+        allocation_horizon: 1,
+        ..PolicyConfig::default()
+    }
+}
+
+/// x runs the only node funded for a day; two days later x and y each ask for it.
+/// Returns the scheduler and who started.
+fn after_x_ran_a_day(ranking_lookback: u64) -> (Scheduler, &'static str) {
+    let mut s = Scheduler::new(ranking_cfg(ranking_lookback), two_teams(), nodes("c", 1, 8))
+        .expect("valid");
+    let a = s.submit(0, job("x", 8, HOUR)).expect("submitted");
+    s.schedule(0);
+    s.lease_ended(DAY, lease_of(&s, a), LeaseEnd::Completed)
+        .expect("ended");
+    let x = s.submit(2 * DAY, job("x", 8, 0)).expect("submitted");
+    let y = s.submit(2 * DAY, job("y", 8, 0)).expect("submitted");
+    let started = starts(&s.schedule(2 * DAY));
+    assert_eq!(started.len(), 1, "one node");
+    let who = if started[0].0 == x {
+        "x"
+    } else {
+        assert_eq!(started[0].0, y);
+        "y"
+    };
+    (s, who)
+}
+
+#[test]
+fn the_ranking_remembers_past_the_budget_window() {
+    // One window: x's day is forgotten, the two tie and the tree's order decides.
+    assert_eq!(after_x_ran_a_day(0).1, "x");
+    // Four days of ranking memory: x is still better served, so y goes first …
+    let (s, who) = after_x_ran_a_day(4 * DAY);
+    assert_eq!(who, "y");
+    let gx = s.tree().find("x").unwrap();
+    assert!(s.group_ratios(2 * DAY)[gx.idx()] > 0.0);
+    // … while x's budget, a day's window, is whole again: its day of funded work no
+    // longer counts against it.
+    assert!(s.budget_spent(gx, DAY));
+    assert!(!s.budget_spent(gx, 2 * DAY));
+    assert_eq!(
+        s.usage_gpu_secs(gx, 2 * DAY),
+        0.0,
+        "received: the budget's window"
+    );
+}
+
+#[test]
+fn a_snapshot_keeps_the_rankings_memory() {
+    let (s, _) = after_x_ran_a_day(4 * DAY);
+    let now = 2 * DAY;
+    let gx = s.tree().find("x").unwrap();
+    let facts = s.facts();
+    assert!(!facts.ranking_usage.is_empty());
+    let back = Scheduler::from_facts(ranking_cfg(4 * DAY), two_teams(), &facts).unwrap();
+    assert_eq!(back.group_ratios(now), s.group_ratios(now));
+    // The same snapshot read with one window: x's day is forgotten.
+    let one_window = Scheduler::from_facts(ranking_cfg(0), two_teams(), &facts).unwrap();
+    assert_eq!(one_window.group_ratios(now)[gx.idx()], 0.0);
+    // A snapshot kept before the setting: the memory starts from the budget's records,
+    // which still hold x's day (a window drops a point only when the next comes).
+    let mut older = facts.clone();
+    older.ranking_usage.clear();
+    let back = Scheduler::from_facts(ranking_cfg(4 * DAY), two_teams(), &older).unwrap();
+    assert_eq!(back.group_ratios(now), s.group_ratios(now));
+    assert!(back.group_ratios(now)[gx.idx()] > 0.9);
+}
+
+#[test]
+fn a_too_short_ranking_lookback_is_refused_naming_the_field() {
+    let e = Scheduler::new(ranking_cfg(60), two_teams(), nodes("c", 1, 8)).unwrap_err();
+    assert!(e.to_string().contains("policy.ranking_lookback"), "{e}");
+}
+
 #[test]
 fn half_life_usage_decays() {
     let cfg = PolicyConfig {

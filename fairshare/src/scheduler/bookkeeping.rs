@@ -18,6 +18,20 @@ pub(super) fn protection(w: &Workload, funded: bool, cooldown: u64) -> u64 {
     w.spec.min_runtime.max(cool)
 }
 
+/// Changes what `project` holds from `now` by `delta`, in the budget's ledger and the
+/// ranking's (when it keeps its own). Free-standing: callers hold a workload borrowed.
+fn add_usage_rate(
+    (ledger, ranking): (&mut Ledger, &mut Option<Ledger>),
+    project: GroupId,
+    now: Time,
+    delta: crate::ledger::Rates,
+) {
+    ledger.add_rate(project, now, delta);
+    if let Some(r) = ranking {
+        r.add_rate(project, now, delta);
+    }
+}
+
 impl State {
     /// GPUs `user` holds or has claimed on the allowance.
     pub(super) fn allowance_held(&self, user: &str) -> u32 {
@@ -80,6 +94,15 @@ impl State {
             * self.cluster.total_gpus() as f64
             * self.ledger.model().effective_secs();
         used >= budget
+    }
+
+    /// The ledger the served ratios read: the ranking's own under `cfg`'s
+    /// `ranking_lookback`, else the budget's (and always under the rules of 0.4).
+    pub(super) fn ranking_ledger(&self, cfg: &PolicyConfig) -> &Ledger {
+        match &self.ranking {
+            Some(r) if cfg.ranking_usage().is_some() => r,
+            _ => &self.ledger,
+        }
     }
 
     /// Enters `lease` in the per-node index of every node it holds.
@@ -173,7 +196,8 @@ impl State {
             });
         }
         let nodes = placement.len() as i64;
-        self.ledger.add_rate(
+        add_usage_rate(
+            (&mut self.ledger, &mut self.ranking),
             w.project,
             now,
             [
@@ -243,7 +267,8 @@ impl State {
             });
             self.node_leases[p.node.idx()].retain(|x| x.id != lid);
         }
-        self.ledger.add_rate(
+        add_usage_rate(
+            (&mut self.ledger, &mut self.ranking),
             l.project,
             now,
             [

@@ -26,6 +26,9 @@ pub struct Facts {
     pub leases: Vec<LeaseFacts>,
     /// The usage ledger, by group name.
     pub usage: Vec<(String, ProjectLedger)>,
+    /// The ranking's own ledger (`ranking_lookback`), by group name; empty when the
+    /// ratios read `usage`.
+    pub ranking_usage: Vec<(String, ProjectLedger)>,
     /// Funded preemptions within the cooldown: (when, requester side, victim side).
     pub recent: Vec<(Time, String, String)>,
     /// The next workload id.
@@ -47,6 +50,7 @@ impl Default for Facts {
             workloads: Vec::new(),
             leases: Vec::new(),
             usage: Vec::new(),
+            ranking_usage: Vec::new(),
             recent: Vec::new(),
             next_workload: 1,
             next_lease: 1,
@@ -169,12 +173,13 @@ impl Scheduler {
                     allowance: l.allowance.is_some(),
                 })
                 .collect(),
-            usage: self
-                .tree
-                .groups()
-                .map(|(g, grp)| (grp.name.clone(), self.st.ledger.project(g).clone()))
-                .filter(|(_, p)| *p != ProjectLedger::default())
-                .collect(),
+            usage: self.usage_records(&self.st.ledger),
+            ranking_usage: self
+                .st
+                .ranking
+                .as_ref()
+                .map(|l| self.usage_records(l))
+                .unwrap_or_default(),
             recent: self
                 .st
                 .recent
@@ -186,6 +191,15 @@ impl Scheduler {
             last_now: self.st.last_now,
             usage_since: self.st.ledger.since(),
         }
+    }
+
+    /// A ledger's non-empty records by group name.
+    fn usage_records(&self, ledger: &Ledger) -> Vec<(String, ProjectLedger)> {
+        self.tree
+            .groups()
+            .map(|(g, grp)| (grp.name.clone(), ledger.project(g).clone()))
+            .filter(|(_, p)| *p != ProjectLedger::default())
+            .collect()
     }
 
     /// Rebuilds a scheduler from its facts under `cfg` and `tree` (today's config):
@@ -216,6 +230,21 @@ impl Scheduler {
         // An older snapshot with usage does not say since when: the whole window.
         let since = f.usage_since.or((!f.usage.is_empty()).then_some(0));
         s.st.ledger.set_since(since);
+        if let Some(ranking) = &mut s.st.ranking {
+            // A snapshot kept without the ranking's ledger (the setting is new, or was
+            // off): its memory starts from the budget's.
+            let records = if f.ranking_usage.is_empty() {
+                &f.usage
+            } else {
+                &f.ranking_usage
+            };
+            for (name, p) in records {
+                if let Some(g) = s.tree.find(name) {
+                    ranking.restore(g, p.clone());
+                }
+            }
+            ranking.set_since(since);
+        }
         for w in &f.workloads {
             let project = s
                 .tree

@@ -162,6 +162,9 @@ pub struct Scheduler {
 struct State {
     cluster: Cluster,
     ledger: Ledger,
+    /// The ranking's own ledger when `ranking_lookback` differs from the lookback
+    /// (see [`State::ranking_ledger`]).
+    ranking: Option<Ledger>,
     /// Boxed: 2M pending at 100,000 GPUs, and a B-tree moves its values on every
     /// insert and remove.
     workloads: BTreeMap<WorkloadId, Box<Workload>>,
@@ -202,6 +205,7 @@ impl Scheduler {
                 node_leases: vec![Vec::new(); cluster.len()],
                 cluster,
                 ledger: Ledger::new(cfg.usage(), n),
+                ranking: cfg.ranking_usage().map(|m| Ledger::new(m, n)),
                 workloads: BTreeMap::new(),
                 leases: BTreeMap::new(),
                 claims: BTreeMap::new(),
@@ -349,7 +353,8 @@ impl Scheduler {
     }
 
     /// Served ratio of every group as of `now` (usage plus current allocation over
-    /// entitlement), indexed by group.
+    /// entitlement, over the ranking's memory: `ranking_lookback` when set), indexed
+    /// by group.
     pub fn group_ratios(&self, now: Time) -> Vec<f64> {
         let r = self.ratios_at(now);
         (0..self.tree.len())
@@ -360,12 +365,13 @@ impl Scheduler {
     /// Ratios people read: from usage and live leases alone (no pass in progress),
     /// over the covered part of the window.
     fn ratios_at(&self, now: Time) -> Ratios {
+        let ranking = self.st.ranking_ledger(&self.cfg);
         Ratios::compute(
             &self.cfg,
             &self.tree,
-            &self.st.ledger,
+            ranking,
             &self.st.cluster,
-            (now, self.st.ledger.covered_secs(now)),
+            (now, ranking.covered_secs(now)),
             &[],
         )
     }
@@ -519,12 +525,13 @@ impl Scheduler {
                 .filter_map(|lid| self.st.leases.get(lid))
                 .map(|l| (l.project, neg(l.alloc()))),
         );
+        let ranking = self.st.ranking_ledger(&self.cfg);
         let mut r = Ratios::compute(
             &self.cfg,
             &self.tree,
-            &self.st.ledger,
+            ranking,
             &self.st.cluster,
-            (now, self.st.ledger.model().effective_secs()),
+            (now, ranking.model().effective_secs()),
             &claimed_alloc,
         );
 

@@ -108,6 +108,7 @@ fn a_victim_does_not_take_back_within_the_cooldown() {
             max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
             headroom: 0.0,
             drain_grace: 0,
+            ranking_lookback: 0,
         },
     };
     // Projects of tree 1 by index: 0 c, 1 a1, 2 a2, 3 b1.
@@ -172,6 +173,7 @@ fn a_reservation_is_not_its_groups_allocation() {
             max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
             headroom: 0.0,
             drain_grace: 0,
+            ranking_lookback: 0,
         },
     };
     // Projects of tree 2 by index: 0 a, 1 b.
@@ -230,6 +232,7 @@ fn equal_ratios_do_not_preempt_both_ways() {
             max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
             headroom: 0.0,
             drain_grace: 0,
+            ranking_lookback: 0,
         },
     };
     // Projects of tree 0 by index: 2 a2, 3 b, 4 a1.
@@ -283,6 +286,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
             headroom: 0.0,
             drain_grace: 0,
+            ranking_lookback: 0,
         },
     };
     let ops: Vec<Op> = vec![
@@ -532,6 +536,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
             max_loss_per_gpu: allot_fairshare::config::DEFAULT_MAX_LOSS_PER_GPU,
             headroom: 0.0,
             drain_grace: 0,
+            ranking_lookback: 0,
         },
     };
     let ops: Vec<Op> = vec![

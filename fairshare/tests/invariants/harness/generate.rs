@@ -36,6 +36,8 @@ pub(crate) struct Policy {
     pub(crate) headroom: f64,
     /// How long a soft drain lets work that cannot resume run on.
     pub(crate) drain_grace: Secs,
+    /// The ranking's own memory (`ranking_lookback`; 0: the lookback).
+    pub(crate) ranking_lookback: Secs,
 }
 
 #[derive(Debug, Clone)]
@@ -89,6 +91,7 @@ fn policy() -> impl Strategy<Value = Policy> {
         prop_oneof![1 => Just(10 * MINUTE), 2 => Just(2 * HOUR), 1 => Just(30 * DAY)],
         prop_oneof![2 => Just(0.0), 1 => Just(0.1), 1 => Just(0.25)],
         prop_oneof![Just(0), Just(HOUR), Just(DAY)],
+        prop_oneof![2 => Just(0), 1 => Just(4 * DAY)],
     )
         .prop_map(
             |(
@@ -103,6 +106,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                 max_loss_per_gpu,
                 headroom,
                 drain_grace,
+                ranking_lookback,
             )| {
                 Policy {
                     lookback,
@@ -116,6 +120,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                     max_loss_per_gpu,
                     headroom,
                     drain_grace,
+                    ranking_lookback,
                 }
             },
         )
@@ -380,6 +385,7 @@ pub(super) fn policy_config(p: &Policy) -> PolicyConfig {
         max_loss_per_gpu: p.max_loss_per_gpu,
         protected_headroom: p.headroom,
         drain_grace: p.drain_grace,
+        ranking_lookback: p.ranking_lookback,
         ..PolicyConfig::default()
     }
 }
