@@ -229,30 +229,22 @@ impl PolicyConfig {
 
     /// The ledger model these settings describe.
     pub fn usage(&self) -> UsageModel {
-        match self.usage_model {
-            UsageModelKind::Window => UsageModel::Window {
-                secs: self.lookback,
-            },
-            UsageModelKind::HalfLife => UsageModel::HalfLife {
-                secs: self.lookback,
-            },
-        }
+        self.model_over(self.lookback)
     }
 
     /// The model of the ranking's own ledger, when its memory differs from the
     /// lookback's (`ranking_lookback`); `None`: ratios read the budget's ledger.
     pub fn ranking_usage(&self) -> Option<UsageModel> {
-        if self.ranking_lookback == 0 || self.ranking_lookback == self.lookback {
-            return None;
+        (self.ranking_lookback != 0 && self.ranking_lookback != self.lookback)
+            .then(|| self.model_over(self.ranking_lookback))
+    }
+
+    /// `usage_model` over `secs`.
+    fn model_over(&self, secs: Secs) -> UsageModel {
+        match self.usage_model {
+            UsageModelKind::Window => UsageModel::Window { secs },
+            UsageModelKind::HalfLife => UsageModel::HalfLife { secs },
         }
-        Some(match self.usage_model {
-            UsageModelKind::Window => UsageModel::Window {
-                secs: self.ranking_lookback,
-            },
-            UsageModelKind::HalfLife => UsageModel::HalfLife {
-                secs: self.ranking_lookback,
-            },
-        })
     }
 
     /// Checks ranges; the error names the field and the fix.

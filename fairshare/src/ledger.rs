@@ -92,7 +92,9 @@ impl ProjectLedger {
             self.points.partition_point(|p| p.t <= t)
         };
         if i == 0 {
-            return [0; CHANNELS];
+            // Before the first point nothing is known: a record that has dropped older
+            // points (one restored into a longer window) counts none of what they held.
+            return self.points.front().map_or([0; CHANNELS], |p| p.cum);
         }
         let p = &self.points[i - 1];
         let dt = t - p.t;
@@ -244,6 +246,22 @@ mod tests {
         assert_eq!(l.usage(G, 130)[0], 80.0 + 140.0);
         // Window [200, 300]: nothing left.
         assert_eq!(l.usage(G, 300)[0], 0.0);
+    }
+
+    #[test]
+    fn a_pruned_record_in_a_longer_window_counts_only_what_it_kept() {
+        let mut short = Ledger::new(UsageModel::Window { secs: 100 }, 2);
+        short.add_rate(G, 0, gpus(8)); // 8 GPUs over [0, 100) …
+        short.add_rate(G, 100, gpus(-8));
+        short.add_rate(G, 300, gpus(1)); // … dropped here; 1 GPU from t=300
+        let mut long = Ledger::new(UsageModel::Window { secs: 1_000 }, 2);
+        long.restore(G, short.project(G).clone());
+        assert_eq!(long.usage(G, 310)[0], 10.0, "not the 800 the record forgot");
+        // A record that kept everything is read whole.
+        let mut whole = Ledger::new(UsageModel::Window { secs: 1_000 }, 2);
+        whole.add_rate(G, 0, gpus(8));
+        whole.add_rate(G, 100, gpus(-8));
+        assert_eq!(whole.usage(G, 310)[0], 800.0);
     }
 
     #[test]

@@ -515,23 +515,29 @@ fn the_ranking_remembers_past_the_budget_window() {
 
 #[test]
 fn a_snapshot_keeps_the_rankings_memory() {
-    let (s, _) = after_x_ran_a_day(4 * DAY);
-    let now = 2 * DAY;
+    let (mut s, _) = after_x_ran_a_day(4 * DAY);
     let gx = s.tree().find("x").unwrap();
+    // y's run ends and x's starts: past its day-long window, the budget's record of x
+    // drops the day x ran, the ranking's keeps it.
+    let now = 2 * DAY + HOUR;
+    let y_run = s.leases().next().map(|l| l.id).expect("y runs");
+    s.lease_ended(now, y_run, LeaseEnd::Completed).unwrap();
+    assert_eq!(starts(&s.schedule(now)).len(), 1, "x starts");
     let facts = s.facts();
     assert!(!facts.ranking_usage.is_empty());
     let back = Scheduler::from_facts(ranking_cfg(4 * DAY), two_teams(), &facts).unwrap();
     assert_eq!(back.group_ratios(now), s.group_ratios(now));
-    // The same snapshot read with one window: x's day is forgotten.
-    let one_window = Scheduler::from_facts(ranking_cfg(0), two_teams(), &facts).unwrap();
-    assert_eq!(one_window.group_ratios(now)[gx.idx()], 0.0);
-    // A snapshot kept before the setting: the memory starts from the budget's records,
-    // which still hold x's day (a window drops a point only when the next comes).
+    // A snapshot kept before the setting: the memory starts from the budget's record,
+    // which no longer holds x's day.
     let mut older = facts.clone();
     older.ranking_usage.clear();
-    let back = Scheduler::from_facts(ranking_cfg(4 * DAY), two_teams(), &older).unwrap();
-    assert_eq!(back.group_ratios(now), s.group_ratios(now));
-    assert!(back.group_ratios(now)[gx.idx()] > 0.9);
+    let fresh = Scheduler::from_facts(ranking_cfg(4 * DAY), two_teams(), &older).unwrap();
+    let (remembered, forgot) = (
+        s.group_ratios(now)[gx.idx()],
+        fresh.group_ratios(now)[gx.idx()],
+    );
+    assert!(remembered > 0.9, "{remembered}");
+    assert!(forgot < 0.1, "{forgot}");
 }
 
 #[test]

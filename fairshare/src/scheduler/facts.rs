@@ -121,6 +121,15 @@ pub struct LeaseFacts {
     pub allowance: bool,
 }
 
+/// Puts `records` back into `ledger`, dropping groups `tree` no longer has.
+fn restore_records(tree: &OrgTree, ledger: &mut Ledger, records: &[(String, ProjectLedger)]) {
+    for (name, p) in records {
+        if let Some(g) = tree.find(name) {
+            ledger.restore(g, p.clone());
+        }
+    }
+}
+
 impl Scheduler {
     /// The core's facts, for a snapshot.
     pub fn facts(&self) -> Facts {
@@ -222,11 +231,7 @@ impl Scheduler {
                 x.healthy = healthy & x.all();
             });
         }
-        for (name, p) in &f.usage {
-            if let Some(g) = s.tree.find(name) {
-                s.st.ledger.restore(g, p.clone());
-            }
-        }
+        restore_records(&s.tree, &mut s.st.ledger, &f.usage);
         // An older snapshot with usage does not say since when: the whole window.
         let since = f.usage_since.or((!f.usage.is_empty()).then_some(0));
         s.st.ledger.set_since(since);
@@ -238,11 +243,7 @@ impl Scheduler {
             } else {
                 &f.ranking_usage
             };
-            for (name, p) in records {
-                if let Some(g) = s.tree.find(name) {
-                    ranking.restore(g, p.clone());
-                }
-            }
+            restore_records(&s.tree, ranking, records);
             ranking.set_since(since);
         }
         for w in &f.workloads {
