@@ -129,6 +129,7 @@ fn check_start(r: &pb::StartLeaseRequest) -> Result<(), FieldError> {
     check_optional_name("user", &r.user, MAX_NAME)?;
     check_optional_name("workload_id", &r.workload_id, MAX_NAME)?;
     check_text("checkpoint_hook", &r.checkpoint_hook, MAX_HOOK)?;
+    check_optional_name("warn_signal", &r.warn_signal, MAX_NAME)?;
     allot_common::fields::check_cwd("cwd", &r.cwd)
 }
 
@@ -147,6 +148,8 @@ pub fn lease_pb(l: &LeaseRecord) -> pb::Lease {
         time_limit_s: l.time_limit_s,
         checkpoint_hook: l.hook.clone(),
         grace_s: l.grace_s,
+        warn_signal: l.warn_signal.clone(),
+        warn_before_s: l.warn_before_s,
         state: match l.state {
             LeaseState::Starting => pb::LeaseState::Starting,
             LeaseState::Running => pb::LeaseState::Running,
@@ -346,6 +349,8 @@ impl AgentLocal for LocalApi {
             // its directory) with a clean environment: the login variables and
             // the default PATH, no variables of the agent's.
             cwd: r.cwd,
+            warn_signal: r.warn_signal,
+            warn_before_s: r.warn_before_s,
             ..StartSpec::default()
         };
         let (l, reaper) = self

@@ -30,10 +30,12 @@ pub struct AgentSection {
     /// How long SIGTERM may take before SIGKILL (reloadable).
     #[serde(deserialize_with = "de_duration")]
     pub term_grace: u64,
-    /// The time-limit warning goes this long before the limit; 0: none (reloadable).
+    /// The host's default time-limit warning for leases that ask for none, this long
+    /// before the limit; 0 (the default): none, since a program is never sent a
+    /// signal it did not ask for. A submission's `--signal` wins (reloadable).
     #[serde(deserialize_with = "de_duration")]
     pub time_limit_warning: u64,
-    /// The warning's signal, to the workload's process group (reloadable).
+    /// The default warning's signal, to the workload's process group (reloadable).
     pub time_limit_signal: String,
     /// Checkpoint hook for local leases (`allot lease start`) that name none;
     /// empty: straight to SIGTERM (reloadable). Work from allotd uses exactly the
@@ -90,7 +92,7 @@ impl Default for AgentSection {
             state_dir: "/var/lib/allot/agent".into(),
             default_grace: 120,
             term_grace: 30,
-            time_limit_warning: 300,
+            time_limit_warning: 0,
             time_limit_signal: "USR2".into(),
             default_checkpoint: String::new(),
             allocator: String::new(),

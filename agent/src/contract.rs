@@ -26,6 +26,16 @@ fn ms(s: u64) -> i64 {
     i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)
 }
 
+/// How long before its time limit `l` is warned: its own `--signal`, else the host's
+/// default (0: no warning).
+fn warning_before_ms(l: &LeaseRecord, t: Terms) -> i64 {
+    if l.warn_signal.is_empty() {
+        t.warning_before_ms
+    } else {
+        ms(l.warn_before_s)
+    }
+}
+
 /// The instants at which `l` next needs attention, with what is due then; earliest
 /// first. Empty when the lease is ended or its ladder is running.
 pub fn schedule(l: &LeaseRecord, t: Terms) -> Vec<(i64, Due)> {
@@ -35,8 +45,9 @@ pub fn schedule(l: &LeaseRecord, t: Terms) -> Vec<(i64, Due)> {
     let mut out = Vec::new();
     if let Some(limit) = l.time_limit_s {
         let end = l.start_ms.saturating_add(ms(limit));
-        if !l.warned && t.warning_before_ms > 0 {
-            out.push((end.saturating_sub(t.warning_before_ms), Due::Warn));
+        let before = warning_before_ms(l, t);
+        if !l.warned && before > 0 {
+            out.push((end.saturating_sub(before), Due::Warn));
         }
         out.push((end, Due::TimeLimit));
     }
@@ -146,6 +157,26 @@ mod tests {
         l.state = LeaseState::Revoking;
         l.not_before_ms = Some(end - 1);
         assert_eq!(due(&l, T, end), vec![Due::TimeLimit]);
+    }
+
+    #[test]
+    fn a_leases_own_warning_wins_and_none_is_sent_unasked() {
+        let mut l = lease();
+        l.time_limit_s = Some(3_600);
+        let end = 1_000_000 + 3_600_000;
+        let off = Terms {
+            warning_before_ms: 0,
+        };
+        // No warning asked, none by default: only the limit itself.
+        assert_eq!(schedule(&l, off), vec![(end, Due::TimeLimit)]);
+        // Asked for: its own lead, whatever the host's default.
+        l.warn_signal = "USR1".into();
+        l.warn_before_s = 300;
+        assert_eq!(
+            schedule(&l, off),
+            vec![(end - 300_000, Due::Warn), (end, Due::TimeLimit)]
+        );
+        assert_eq!(schedule(&l, T)[0], (end - 300_000, Due::Warn));
     }
 
     #[test]

@@ -110,6 +110,11 @@ pub struct LeaseRecord {
     pub revoke_cause: String,
     /// The time-limit warning was sent.
     pub warned: bool,
+    /// The warning this lease asked for before its time limit (a signal name);
+    /// empty: the host's default (`[agent] time_limit_warning`, off unless set).
+    pub warn_signal: String,
+    /// How long before the time limit its own warning goes, seconds.
+    pub warn_before_s: u64,
     /// Why the ladder runs (`revoked`, `time-limit`), kept for the end reason.
     pub ladder_reason: String,
     /// The rung that ended it.

@@ -152,6 +152,8 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
                 rank: c.rank,
                 output: c.output,
                 error: c.error,
+                warn_signal: l.warn_signal.clone(),
+                warn_before_s: l.warn_before_s,
                 lease_id: l.id.clone(),
                 gpu_uuids: l.gpu_uuids.clone(),
                 cpus: c.cpu_per_node,

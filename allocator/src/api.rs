@@ -6,8 +6,8 @@
 use crate::serve::{now, Server};
 use crate::state::{
     end_from_agent, end_from_agent_text, lease_from_wire, lease_wire, state_name, Ask, Command,
-    Denied, GpuCondition, GpuSeen, HostDrain, Input, NodeRec, Out, StartLease, Verdict, Who,
-    WorkRec,
+    Denied, GpuCondition, GpuSeen, HostDrain, Input, NodeRec, Out, StartLease, TimeWarning,
+    Verdict, Who, WorkRec,
 };
 use allot_fairshare::{CoreError, NodeSpec, NodeState, WorkloadSpec, WorkloadState};
 use allot_proto::v1 as pb;
@@ -77,6 +77,12 @@ pub fn workload_pb(w: &WorkRec, explanation: String) -> pb::Workload {
             env: Vec::new(),
             output: w.output.clone(),
             error: w.error.clone(),
+            warn_signal: w
+                .warn
+                .as_ref()
+                .map(|x| x.signal.clone())
+                .unwrap_or_default(),
+            warn_before_s: w.warn.as_ref().map_or(0, |x| x.before_s),
         }),
         state: state_pb(w.state) as i32,
         submit_unix: secs(w.submit),
@@ -122,7 +128,33 @@ pub fn allot_env(s: &StartLease) -> Vec<(String, String)> {
         v.push(("MASTER_PORT", s.master_port.to_string()));
         v.push(("PET_MASTER_PORT", s.master_port.to_string()));
     }
+    v.push(("PET_SIGNALS_TO_HANDLE", torchrun_signals(s)));
     v.into_iter().map(|(k, val)| (k.to_string(), val)).collect()
+}
+
+/// The signals torchrun is to catch and forward to its workers (it starts each in a
+/// session of its own, so a signal to its group never reaches them): its own
+/// default, and the checkpoint hook's and the time-limit warning's signals, so that
+/// a gang's ranks hear what the lease asks of them instead of torchrun dying of it.
+fn torchrun_signals(s: &StartLease) -> String {
+    let mut sigs: Vec<String> = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let hook = match s.hook.parse::<allot_checkpoint_hooks::Hook>() {
+        Ok(allot_checkpoint_hooks::Hook::Signal(name)) => Some(name),
+        _ => None,
+    };
+    let warn = s.warn.as_ref().map(|w| w.signal.clone());
+    for name in hook.into_iter().chain(warn) {
+        if let Some(sig) = allot_checkpoint_hooks::signal_named(&name) {
+            let n = sig.as_str().to_string();
+            if !sigs.contains(&n) {
+                sigs.push(n);
+            }
+        }
+    }
+    sigs.join(",")
 }
 
 /// The wire form of a command for an agent.
@@ -155,6 +187,12 @@ pub fn command_pb(cmd: &Command) -> pb::AllocatorMessage {
                 min_runtime_s: s.min_runtime,
                 time_limit_s: s.time_limit,
                 checkpoint_hook: s.hook.clone(),
+                warn_signal: s
+                    .warn
+                    .as_ref()
+                    .map(|w| w.signal.clone())
+                    .unwrap_or_default(),
+                warn_before_s: s.warn.as_ref().map_or(0, |w| w.before_s),
                 ..Default::default()
             }),
             argv: s.argv.clone(),
@@ -479,6 +517,36 @@ fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
     if s.user.trim().is_empty() {
         return bad("user", "required (the CLI sends $USER)".into());
     }
+    if !s.warn_signal.is_empty() {
+        if s.time_limit_s.is_none() {
+            return bad(
+                "warn_signal",
+                "a warning before the time limit needs a time limit; add --time-limit, or drop --signal".into(),
+            );
+        }
+        format!("signal:{}", s.warn_signal)
+            .parse::<allot_checkpoint_hooks::Hook>()
+            .map_err(|e| {
+                Status::invalid_argument(format!(
+                    "warn_signal: {:?} is not a signal a program can catch ({}); use e.g. USR2",
+                    s.warn_signal, e.why
+                ))
+            })?;
+        if s.warn_before_s > allot_fairshare::scheduler::MAX_CONTRACT {
+            return bad(
+                "warn_before_s",
+                format!(
+                    "{} s is longer than the longest contract (365d)",
+                    s.warn_before_s
+                ),
+            );
+        }
+    } else if s.warn_before_s != 0 {
+        return bad(
+            "warn_signal",
+            "warn_before_s is set without a signal; give both (--signal USR2@5m)".into(),
+        );
+    }
     Ok(())
 }
 
@@ -538,6 +606,13 @@ impl pb::workloads_server::Workloads for Api {
                 .collect(),
             output: s.output.clone(),
             error: s.error.clone(),
+            warn: (!s.warn_signal.is_empty()).then(|| TimeWarning {
+                // One spelling kept and shown: the name without its SIG prefix.
+                signal: allot_checkpoint_hooks::signal_named(&s.warn_signal)
+                    .map(|sig| sig.as_str().trim_start_matches("SIG").to_string())
+                    .unwrap_or_else(|| s.warn_signal.clone()),
+                before_s: s.warn_before_s,
+            }),
         };
         let a = self.0.commit(input).map_err(core_status)?;
         Ok(Response::new(pb::SubmitResponse {

@@ -37,6 +37,7 @@ pub fn spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
     check_optional_name("class", &s.class, MAX_NAME).map_err(status)?;
     check_argv("argv", &s.argv).map_err(status)?;
     check_text("checkpoint_hook", &s.checkpoint_hook, MAX_HOOK).map_err(status)?;
+    check_optional_name("warn_signal", &s.warn_signal, MAX_NAME).map_err(status)?;
     check_cwd("cwd", &s.cwd).map_err(status)?;
     check_env(
         "env",

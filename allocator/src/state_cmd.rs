@@ -268,6 +268,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
             env: Vec::new(),
             output: String::new(),
             error: String::new(),
+            warn: None,
         }];
         if k.is_multiple_of(4) {
             step.push(Input::Schedule);

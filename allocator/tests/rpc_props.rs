@@ -380,12 +380,17 @@ fn spec() -> BoxedStrategy<pb::WorkloadSpec> {
                 f(m, safe(&["", "out-%j-%n.log"]), text()),
                 f(m, safe(&["", "err-%j-%r"]), text()),
             ),
+            (
+                f(m, safe(&["", "USR2", "SIGUSR1"]), text()),
+                f(m, 0u64..120, u64s()),
+            ),
         )
             .prop_map(
                 |(
                     (project, user, class, gpus_per_node, nodes, cpu_per_node, mem_per_node_gb),
                     (min_runtime_s, time_limit_s, resumable, priority, argv, checkpoint_hook, no_requeue),
                     (cwd, env, output, error),
+                    (warn_signal, warn_before_s),
                 )| pb::WorkloadSpec {
                     project,
                     user,
@@ -405,6 +410,8 @@ fn spec() -> BoxedStrategy<pb::WorkloadSpec> {
                     env,
                     output,
                     error,
+                    warn_signal,
+                    warn_before_s,
                 },
             )
             .boxed()
@@ -433,11 +440,13 @@ fn start_lease() -> BoxedStrategy<pb::StartLeaseRequest> {
                 f(m, Just(0u32), adopt.clone()),
                 f(m, "[a-z0-9-]{0,10}", text()),
             ),
+            (f(m, safe(&["", "USR2"]), text()), f(m, 0u64..5, u64s())),
         )
             .prop_map(
                 |(
                     (gpus, min_runtime_s, time_limit_s, checkpoint_hook, grace_s),
                     (argv, user, adopt_pid, workload_id),
+                    (warn_signal, warn_before_s),
                 )| {
                     pb::StartLeaseRequest {
                         gpus,
@@ -450,6 +459,8 @@ fn start_lease() -> BoxedStrategy<pb::StartLeaseRequest> {
                         adopt_pid,
                         workload_id,
                         cwd: String::new(),
+                        warn_signal,
+                        warn_before_s,
                     }
                 },
             )
@@ -699,6 +710,9 @@ fn lease() -> BoxedStrategy<pb::Lease> {
                     end,
                     cgroup,
                     end_detail,
+                    // What an agent says of a lease's warning is not read back.
+                    warn_signal: String::new(),
+                    warn_before_s: 0,
                 },
             )
             .boxed()

@@ -167,6 +167,9 @@ pub struct StartArgs {
     /// How to ask for a checkpoint: signal:USR1, exec:CMD or http:URL.
     #[arg(long, value_name = "HOOK", value_parser = parse_hook)]
     checkpoint: Option<String>,
+    /// Warn the work with this signal DURATION before its time limit (as Slurm's --signal; DURATION absent: 60s) [absent: the agent's default, none unless set].
+    #[arg(long, value_name = "SIG[@DURATION]", value_parser = crate::usage::parse_signal)]
+    signal: Option<(String, u64)>,
     /// How long a checkpoint may take before SIGTERM [absent: the agent's default].
     #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
     grace: Option<u64>,
@@ -246,7 +249,8 @@ pub fn validate(cmd: &Local) -> Result<(), Usage> {
                     message: "say what the lease runs: a command after `--` (allot lease start --gpus 1 -- python train.py) or a running process with --adopt PID".into(),
                 });
             }
-            check_contract(&["lease", "start"], a.min_runtime, a.time_limit)
+            check_contract(&["lease", "start"], a.min_runtime, a.time_limit)?;
+            crate::usage::check_signal(&["lease", "start"], a.signal.as_ref(), a.time_limit)
         }
         Local::Gpus(GpusArgs {
             command: Some(GpusCommand::Clear { reason, .. }),
@@ -466,6 +470,8 @@ async fn dispatch(cmd: Local, socket: PathBuf) -> Result<(), Failure> {
                 cwd: std::env::current_dir()
                     .map(|d| d.to_string_lossy().into_owned())
                     .unwrap_or_default(),
+                warn_signal: a.signal.as_ref().map(|s| s.0.clone()).unwrap_or_default(),
+                warn_before_s: a.signal.as_ref().map_or(0, |s| s.1),
             };
             let l = client(&socket).await?.start_lease(req).await?.into_inner();
             if a.json {

@@ -86,6 +86,9 @@ pub struct SubmitArgs {
     /// How to ask for a checkpoint before preemption: signal:USR1, exec:CMD or http:URL.
     #[arg(long, value_name = "HOOK", value_parser = parse_hook)]
     checkpoint: Option<String>,
+    /// Warn the job with this signal DURATION before its time limit (as Slurm's --signal; DURATION absent: 60s) [absent: no warning; no signal is ever sent unasked].
+    #[arg(long, value_name = "SIG[@DURATION]", value_parser = crate::usage::parse_signal)]
+    signal: Option<(String, u64)>,
     /// Submit as this user; must be who your token proves [absent: that user].
     #[arg(long, value_name = "NAME")]
     user: Option<String>,
@@ -375,6 +378,7 @@ fn validate_submit(a: &SubmitArgs) -> Result<(), Usage> {
         return usage("--nodes 0: ask for 1 node, or N > 1 for a gang of N whole nodes".into());
     }
     check_contract(&["submit"], a.min_runtime, a.time_limit)?;
+    crate::usage::check_signal(&["submit"], a.signal.as_ref(), a.time_limit)?;
     if a.argv.is_empty() {
         return usage("say what the workload runs: a command after `--` (allot submit --project P --gpus 8 -- python train.py)".into());
     }
@@ -621,6 +625,8 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                     .collect(),
                 output: a.output.unwrap_or_default(),
                 error: a.error.unwrap_or_default(),
+                warn_signal: a.signal.as_ref().map(|s| s.0.clone()).unwrap_or_default(),
+                warn_before_s: a.signal.as_ref().map_or(0, |s| s.1),
             };
             let (project, gpus, nodes) = (spec.project.clone(), spec.gpus_per_node, spec.nodes);
             let id = WorkloadsClient::new(channel(&server).await?)

@@ -20,6 +20,49 @@ pub(crate) fn parse_hook(s: &str) -> Result<String, String> {
     }
 }
 
+/// A warning before the time limit as `--signal` takes it: `SIG[@DURATION]` (Slurm's
+/// `--signal`), the signal by name (`USR2`, `SIGUSR1`), the lead a duration (`5m`,
+/// `300` seconds); without `@`, 60 s as in Slurm. Returns the name and the lead.
+pub(crate) fn parse_signal(s: &str) -> Result<(String, u64), String> {
+    let (name, lead) = match s.split_once('@') {
+        Some((n, d)) => (
+            n,
+            crate::duration::parse(d).map_err(|e| format!("after @: {e}"))?,
+        ),
+        None => (s, 60),
+    };
+    let sig = allot_checkpoint_hooks::signal_named(name)
+        .filter(|_| !name.is_empty())
+        .ok_or_else(|| format!("{name:?} is not a signal; give SIG[@DURATION], e.g. USR2@5m"))?;
+    // KILL and STOP cannot be caught: a warning nobody can hear is refused here.
+    if matches!(
+        sig,
+        nix::sys::signal::Signal::SIGKILL | nix::sys::signal::Signal::SIGSTOP
+    ) {
+        return Err(format!(
+            "{name} cannot be caught, so it warns nobody; use e.g. USR2@5m"
+        ));
+    }
+    Ok((sig.as_str().trim_start_matches("SIG").to_string(), lead))
+}
+
+/// `--signal` without `--time-limit`: there is no limit to warn before.
+pub(crate) fn check_signal(
+    path: &'static [&'static str],
+    signal: Option<&(String, u64)>,
+    time_limit: Option<u64>,
+) -> Result<(), Usage> {
+    match (signal, time_limit) {
+        (Some((name, _)), None) => Err(Usage {
+            path,
+            message: format!(
+                "--signal {name} warns before the time limit, and there is none: add --time-limit"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// `--min-runtime` longer than `--time-limit`: the contract cannot be kept, so it is
 /// refused before anything is asked (`lease start` and `submit` say it alike).
 pub(crate) fn check_contract(
@@ -53,6 +96,25 @@ mod tests {
         );
         assert!(check_contract(&["submit"], 3_600, Some(3_600)).is_ok());
         assert!(check_contract(&["submit"], 7_200, None).is_ok());
+    }
+
+    #[test]
+    fn signals_are_read_as_slurm_writes_them() {
+        assert_eq!(parse_signal("USR2@5m"), Ok(("USR2".into(), 300)));
+        assert_eq!(parse_signal("sigusr1@90"), Ok(("USR1".into(), 90)));
+        assert_eq!(parse_signal("TERM"), Ok(("TERM".into(), 60)));
+        assert!(parse_signal("KILL@1m")
+            .unwrap_err()
+            .contains("cannot be caught"));
+        assert!(parse_signal("BOGUS@1m")
+            .unwrap_err()
+            .contains("SIG[@DURATION]"));
+        assert!(parse_signal("USR2@soon")
+            .unwrap_err()
+            .starts_with("after @"));
+        let e = check_signal(&["submit"], Some(&("USR2".into(), 60)), None).expect_err("no limit");
+        assert!(e.message.contains("add --time-limit"), "{}", e.message);
+        assert!(check_signal(&["submit"], Some(&("USR2".into(), 60)), Some(600)).is_ok());
     }
 
     #[test]

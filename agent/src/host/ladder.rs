@@ -136,8 +136,12 @@ impl Host {
                             continue;
                         };
                         l.warned = true;
+                        // Checked when the lease started; a row that no longer reads
+                        // falls back to the host's signal rather than none.
+                        let sig = allot_checkpoint_hooks::signal_named(&l.warn_signal)
+                            .unwrap_or(self.settings.warning_signal);
                         if alive {
-                            let _ = self.os.signal_group(l.pgid(), self.settings.warning_signal);
+                            let _ = self.os.signal_group(l.pgid(), sig);
                         }
                         let l = l.clone();
                         self.save(&l);
@@ -145,10 +149,7 @@ impl Host {
                             "contract",
                             &id,
                             "",
-                            &format!(
-                                "time-limit warning ({}) sent",
-                                self.settings.warning_signal.as_str()
-                            ),
+                            &format!("time-limit warning ({}) sent", sig.as_str()),
                         );
                     }
                     Due::TimeLimit | Due::Revoke => {

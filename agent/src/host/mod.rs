@@ -159,6 +159,11 @@ pub struct StartSpec {
     pub output: String,
     /// Stderr file pattern; empty: the agent's default.
     pub error: String,
+    /// The warning asked for before the time limit (a signal name); empty: none of
+    /// its own.
+    pub warn_signal: String,
+    /// How long before the time limit, seconds.
+    pub warn_before_s: u64,
     /// The allocator's lease id; empty: a local lease (`L-n`).
     pub lease_id: String,
     /// The allocator's choice of GPUs (UUIDs); empty: the agent picks.

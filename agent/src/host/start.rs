@@ -213,6 +213,7 @@ impl Host {
             ("min_runtime_s", spec.min_runtime_s),
             ("time_limit_s", spec.time_limit_s.unwrap_or(0)),
             ("grace_s", spec.grace_s),
+            ("warn_before_s", spec.warn_before_s),
         ] {
             if secs > MAX_CONTRACT {
                 return Err(HostError::Invalid {
@@ -261,6 +262,23 @@ impl Host {
                     message: format!(
                         "hook {hook:?} reaches {host:?}, which is neither loopback nor in [agent] hook_hosts; add it to hook_hosts in agent.toml to allow it"
                     ),
+                });
+            }
+        }
+        if !spec.warn_signal.is_empty() {
+            format!("signal:{}", spec.warn_signal)
+                .parse::<Hook>()
+                .map_err(|e| HostError::Invalid {
+                    field: "signal",
+                    message: format!(
+                        "{:?} is not a signal a program can catch ({}); use e.g. USR2@5m",
+                        spec.warn_signal, e.why
+                    ),
+                })?;
+            if spec.time_limit_s.is_none() {
+                return Err(HostError::Invalid {
+                    field: "signal",
+                    message: "a warning before the time limit needs --time-limit".into(),
                 });
             }
         }
@@ -380,6 +398,8 @@ impl Host {
             rank: spec.rank,
             output: spec.output.clone(),
             error: spec.error.clone(),
+            warn_signal: spec.warn_signal.clone(),
+            warn_before_s: spec.warn_before_s,
             ..Default::default()
         };
         let dir = lease_dir(&self.settings, &id);

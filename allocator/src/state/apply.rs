@@ -25,6 +25,7 @@ impl Allocator {
                 env,
                 output,
                 error,
+                warn,
             } => {
                 let id = self.core.submit(at, spec.clone())?;
                 self.work.insert(
@@ -48,6 +49,7 @@ impl Allocator {
                         output: output.clone(),
                         error: error.clone(),
                         runs: Vec::new(),
+                        warn: warn.clone(),
                     },
                 );
                 a.id = Some(id.0);

@@ -61,6 +61,10 @@ pub enum Input {
         /// Stderr file pattern.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         error: String,
+        /// The warning asked for before the time limit (none in journals before it
+        /// existed, whose agents sent their own default: that default is now off).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        warn: Option<super::TimeWarning>,
     },
     /// A user cancelled work.
     Cancel {

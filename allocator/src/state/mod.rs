@@ -100,6 +100,17 @@ fn effective(drains: &BTreeMap<String, DrainRec>) -> NodeState {
         .unwrap_or(NodeState::Ready)
 }
 
+/// The warning a workload asked for before its time limit (`--signal USR2@5m`, as
+/// Slurm's `--signal`): opt-in, so that no program is sent a signal it did not ask
+/// for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeWarning {
+    /// The signal's name (`USR2`), one a program can catch.
+    pub signal: String,
+    /// How long before the time limit, seconds.
+    pub before_s: u64,
+}
+
 /// A workload as the service shows it (kept in snapshots: serde defaults, so an
 /// older snapshot reads).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -156,6 +167,9 @@ pub struct WorkRec {
     /// Every run (lease) it had, oldest first: run N is `runs[N - 1]`.
     #[serde(default)]
     pub runs: Vec<RunRec>,
+    /// The warning it asked for before its time limit; none unless asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warn: Option<TimeWarning>,
 }
 
 /// One run of a workload: a lease, where its parts ran and what they were told.
@@ -342,6 +356,7 @@ impl Allocator {
             min_runtime: w.spec.min_runtime,
             time_limit: w.spec.time_limit,
             hook: w.hook.clone(),
+            warn: w.warn.clone(),
             argv: w.argv.clone(),
             cwd: w.cwd.clone(),
             env: w.env.clone(),

@@ -106,6 +106,8 @@ pub struct StartLease {
     pub time_limit: Option<u64>,
     /// Checkpoint hook spec.
     pub hook: String,
+    /// The warning it asked for before its time limit.
+    pub warn: Option<super::TimeWarning>,
     /// The command.
     pub argv: Vec<String>,
     /// Where it starts (absolute; empty: the agent's own directory).

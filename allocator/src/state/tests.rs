@@ -120,6 +120,7 @@ fn replaying_the_inputs_rebuilds_the_same_state() {
                 env: Vec::new(),
                 output: String::new(),
                 error: String::new(),
+                warn: None,
             },
         ));
         inputs.push((k, Input::Schedule));
@@ -443,6 +444,7 @@ fn batch(project: &str) -> Input {
         env: Vec::new(),
         output: String::new(),
         error: String::new(),
+        warn: None,
     }
 }
 
@@ -710,6 +712,7 @@ fn busy_day() -> Vec<(Time, Input)> {
         env: Vec::new(),
         output: String::new(),
         error: String::new(),
+        warn: None,
     };
     for k in 0..8u64 {
         let t = 1 + k * 600;
@@ -989,6 +992,7 @@ fn work(nodes: u32, gpus: u32) -> Input {
         env: vec![("WANDB_PROJECT".into(), "golf".into())],
         output: "out-%j-%n".into(),
         error: String::new(),
+        warn: None,
     }
 }
 

@@ -141,6 +141,16 @@ fn list(items: &[String], sep: &str) -> String {
     or_dash(&items.join(sep))
 }
 
+/// The warning asked for before the time limit, as `--signal` takes it (`USR2@5m`);
+/// empty: none.
+fn warning(s: &WorkloadSpec) -> String {
+    if s.warn_signal.is_empty() {
+        String::new()
+    } else {
+        format!("{}@{}", s.warn_signal, exact(s.warn_before_s))
+    }
+}
+
 /// A workload as JSON.
 pub fn workload_json(w: &Workload) -> Value {
     let s = spec(w);
@@ -159,6 +169,7 @@ pub fn workload_json(w: &Workload) -> Value {
         "priority": s.priority,
         "argv": s.argv,
         "checkpoint_hook": s.checkpoint_hook,
+        "signal": warning(s),
         "no_requeue": s.no_requeue,
         "cwd": s.cwd,
         "output": s.output,
@@ -294,6 +305,7 @@ pub fn status_text(w: &Workload, now: i64) -> String {
         ("resumable", yes_no(s.resumable).into()),
         ("requeue", requeue.into()),
         ("checkpoint", or_dash(&s.checkpoint_hook)),
+        ("warning", or_dash(&warning(s))),
         ("priority", s.priority.to_string()),
         ("submitted", when(w.submit_unix, now)),
         ("started", when(w.start_unix, now)),

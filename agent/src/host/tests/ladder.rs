@@ -145,6 +145,44 @@ fn the_time_limit_warns_the_group_once_then_runs_the_ladder() {
 }
 
 #[test]
+fn without_a_warning_asked_for_nothing_is_sent_before_the_limit() {
+    // The host's default is off; one lease asks for its own, another does not.
+    let mut t = T::with(|s| s.warning_before_ms = 0);
+    let t0 = t.now();
+    let quiet = t.start(StartSpec {
+        time_limit_s: Some(300),
+        ..spec(1, 0)
+    });
+    let asked = t.start(StartSpec {
+        time_limit_s: Some(300),
+        warn_signal: "USR1".into(),
+        warn_before_s: 30,
+        ..spec(1, 0)
+    });
+    assert_eq!(t.h.next_wakeup(t0), Some(t0 + 270_000));
+    t.os.set_now(t0 + 270_000);
+    assert!(t.tick().is_empty());
+    assert_eq!(t.os.signals(), [(asked.pid, Signal::SIGUSR1)]);
+    assert!(t
+        .events()
+        .iter()
+        .any(|e| e == "time-limit warning (SIGUSR1) sent"));
+    // At the limit both climb the ladder; the quiet one heard nothing before it.
+    t.os.set_now(t0 + 300_000);
+    assert_eq!(t.tick().len(), 2);
+    assert_eq!(t.os.signals().len(), 1);
+    assert!(!t.lease(&quiet.id).warned);
+    // A warning that is not a signal a program can catch is refused at the start.
+    let bad = t.try_start(StartSpec {
+        time_limit_s: Some(300),
+        warn_signal: "KILL".into(),
+        warn_before_s: 30,
+        ..spec(1, 0)
+    });
+    assert_eq!(invalid(bad), "signal");
+}
+
+#[test]
 fn the_time_limit_wins_over_a_revocation_due_at_the_same_tick() {
     let mut t = T::with(|s| s.warning_before_ms = 0);
     let t0 = t.now();
