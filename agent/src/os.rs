@@ -121,6 +121,8 @@ pub trait Os: Send + Sync {
     /// How a lease's workload ended, as its supervisor wrote it in the lease dir
     /// (`None`: not written, as when the supervisor itself was killed).
     fn read_exit(&self, lease_dir: &Path) -> Option<Exit>;
+    /// Whether file `path` exists (a workload's checkpoint marker).
+    fn file_exists(&self, path: &Path) -> bool;
 
     /// True if `p` still names the same live process (not a recycled pid).
     fn is_same(&self, p: ProcId) -> bool {
@@ -253,6 +255,10 @@ impl Os for RealOs {
 
     fn read_exit(&self, lease_dir: &Path) -> Option<Exit> {
         crate::supervisor::read_exit(&crate::process::exit_file(lease_dir))
+    }
+
+    fn file_exists(&self, path: &Path) -> bool {
+        path.is_file()
     }
 }
 

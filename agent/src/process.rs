@@ -96,6 +96,14 @@ pub fn identity(pid: i32) -> Option<ProcId> {
     })
 }
 
+/// Waits until process `p` is gone (or is no longer itself), for at most `limit`.
+pub fn wait_gone(p: ProcId, limit: std::time::Duration) {
+    let until = std::time::Instant::now() + limit;
+    while identity(p.pid) == Some(p) && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// True if `p` still names the same live process (not a recycled pid).
 pub fn is_same(p: ProcId) -> bool {
     identity(p.pid) == Some(p)

@@ -784,3 +784,78 @@ fn a_revoke_leaves_nothing_of_a_job_whatever_it_did_with_sessions() {
     }
     assert!(procs(&cgroup).is_empty());
 }
+
+/// The checkpoint signal goes where SIGTERM goes: every process of the lease's
+/// cgroup, so a worker its launcher started in a session of its own (as torchrun
+/// does) checkpoints too; a workload that dies of the signal did not checkpoint.
+/// Where the host gives leases cgroups (required under CI=true).
+#[test]
+fn the_checkpoint_signal_reaches_workers_in_their_own_sessions() {
+    let a = TestAgent::start("sessions", "");
+    // The launcher waits for its worker, which checkpoints in its own session.
+    let launcher = r#"setsid -w sh -c 'trap "touch \"$ALLOT_CHECKPOINT_DIR/worker-got-usr1\"; exit 0" USR1; while :; do sleep 0.2; done' &
+W=$!
+trap 'wait $W; exit 0' USR1
+while :; do sleep 0.2; done"#;
+    let flags = [
+        "--gpus",
+        "1",
+        "--checkpoint",
+        "signal:USR1",
+        "--grace",
+        "5s",
+    ];
+    let l = a.lease_start(&flags, launcher);
+    let lid = id(&l);
+    // And one that handles nothing: it dies of SIGUSR1.
+    let bare = id(&a.lease_start(&flags, "sleep 600"));
+    let cgroup = a.lease(&lid)["cgroup"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if cgroup.is_empty() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: every lease has a cgroup: {}",
+            a.log()
+        );
+        eprintln!("skipped: this host gives leases no cgroup");
+        return;
+    }
+    wait_for("the worker in its own session", LONG, || {
+        let procs = std::fs::read_to_string(std::path::Path::new(&cgroup).join("cgroup.procs"))
+            .unwrap_or_default();
+        procs
+            .lines()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .any(|p| {
+                allot_checkpoint_hooks::proc_stat(p)
+                    .is_some_and(|s| s.session != l["pid"].as_i64().unwrap_or(0) as i32)
+            })
+            .then_some(())
+    });
+    for lease in [&lid, &bare] {
+        a.json(&["lease", "revoke", lease, "--now", "--json"]);
+    }
+    let ended = a.wait_ended(&lid, LONG);
+    assert!(
+        a.checkpoint_dir(&lid).join("worker-got-usr1").exists(),
+        "the worker in its own session heard the hook: {ended}"
+    );
+    assert_eq!(
+        (&ended["end_reason"], &ended["ended_by"]),
+        (&"revoked".into(), &"checkpoint".into()),
+        "{ended}"
+    );
+    // Dying of the hook's own signal: revoked, and no checkpoint.
+    let ended = a.wait_ended(&bare, LONG);
+    assert_eq!(
+        (&ended["end_reason"], &ended["ended_by"]),
+        (&"revoked".into(), &"exited".into()),
+        "{ended}"
+    );
+    assert_eq!(
+        ended["end_detail"], "killed by SIGUSR1 after the checkpoint hook: no checkpoint",
+        "{ended}"
+    );
+}

@@ -208,10 +208,21 @@ fn with_causes(e: &dyn std::error::Error) -> String {
 fn fire(hook: &Hook, t: &Target, l: &Ladder) -> Fired {
     let grace = l.grace;
     match hook {
-        Hook::Signal(name) => match signal_named(name).map(|s| killpg(Pid::from_raw(t.pgid), s)) {
-            Some(Ok(())) => Fired::Asked(format!("sent {name} to group {}", t.pgid)),
-            Some(Err(e)) => Fired::Failed(format!("{name}: {e}")),
+        // Where SIGTERM goes: every process of the workload. A launcher that starts
+        // its workers in sessions of their own (torchrun) would otherwise be the only
+        // one asked, and die of it while no rank checkpoints.
+        Hook::Signal(name) => match signal_named(name) {
             None => Fired::Failed(format!("unknown signal {name}")),
+            Some(sig) => match &t.cgroup {
+                Some(dir) => match Cgroup::at(dir).signal(sig) {
+                    0 => Fired::Failed(format!("{name}: no process in {}", dir.display())),
+                    n => Fired::Asked(format!("sent {name} to the {n} processes of its cgroup")),
+                },
+                None => match killpg(Pid::from_raw(t.pgid), sig) {
+                    Ok(()) => Fired::Asked(format!("sent {name} to group {}", t.pgid)),
+                    Err(e) => Fired::Failed(format!("{name}: {e}")),
+                },
+            },
         },
         Hook::Exec(argv) => {
             let mut cmd = std::process::Command::new(&argv[0]);

@@ -7,10 +7,52 @@ use super::{lease_dir, lease_env, Host, LadderJob, ADOPTED_POLL_MS};
 use crate::contract::{self, Due};
 use crate::lease::{LeaseRecord, LeaseState, StepRecord};
 use crate::supervisor::Exit;
-use allot_checkpoint_hooks::{Ladder, Outcome, Target, DEFAULT_MARKER};
+use allot_checkpoint_hooks::{Ladder, Outcome, Rung, Target, DEFAULT_MARKER};
 use allot_fairshare::scheduler::MAX_CONTRACT;
 use allot_proto::v1::LeaseEnd;
 use std::time::Duration;
+
+/// How a ladder that began reads once the workload is gone: the rung that ended it
+/// and whether it checkpointed. `rung` is the ladder's own (`None`: the agent stopped
+/// while it ran, so only what the workload left tells); `marked`: the checkpoint
+/// marker (or the hook's acknowledgement) was seen. A workload says its checkpoint
+/// is done by the marker or by exiting; one that died of a signal after the hook
+/// (the hook's own, as a torchrun that does not handle SIGUSR1 does) did not
+/// checkpoint, whatever the rung.
+fn ladder_result(l: &LeaseRecord, rung: Option<Rung>, marked: bool) -> (Rung, bool) {
+    let hooked = !l.hook.is_empty();
+    match (rung, l.signal) {
+        _ if marked => (rung.unwrap_or(Rung::Checkpoint), true),
+        (Some(Rung::Checkpoint) | None, Some(_)) if hooked => (died_by(l), false),
+        (Some(Rung::Checkpoint), None) => (Rung::Checkpoint, true),
+        (None, None) if hooked => (Rung::Checkpoint, true),
+        (Some(r), _) => (r, false),
+        (None, _) => (died_by(l), false),
+    }
+}
+
+/// The rung a workload's death names: SIGTERM and SIGKILL are the ladder's own; any
+/// other end is the workload's.
+fn died_by(l: &LeaseRecord) -> Rung {
+    match l.signal {
+        Some(s) if s == nix::sys::signal::Signal::SIGTERM as i32 => Rung::Term,
+        Some(s) if s == nix::sys::signal::Signal::SIGKILL as i32 => Rung::Kill,
+        _ => Rung::Exited,
+    }
+}
+
+/// A rung's stored name (`checkpoint`, `term`, `kill`, `exited`).
+fn rung_name(r: Rung) -> String {
+    format!("{r:?}").to_lowercase()
+}
+
+/// The end a ladder causes: what it was started for.
+fn ladder_end(l: &LeaseRecord) -> LeaseEnd {
+    match LeaseEnd::from_name(&l.ladder_reason) {
+        LeaseEnd::TimeLimit => LeaseEnd::TimeLimit,
+        _ => LeaseEnd::Revoked,
+    }
+}
 
 impl Host {
     /// A workload the agent started ended (its supervisor, the agent's child, was
@@ -88,6 +130,37 @@ impl Host {
                 format!("pid {} vanished{when}: {}", l.pid, l.end_detail)
             }
         }
+    }
+
+    /// Ends lease `l`, whose ladder was running when the agent stopped and whose work
+    /// ended meanwhile: its end is the one the ladder was causing (revoked, cancelled
+    /// or preempted as allotd asked, or the time limit), never a plain exit, and it
+    /// checkpointed if the marker is there (what the ladder was doing was on disk
+    /// before its first signal). Returns what to say in the event log.
+    pub(super) fn end_cut_ladder(&self, l: &mut LeaseRecord, now_ms: i64) -> String {
+        let dir = lease_dir(&self.settings, &l.id);
+        if let Some(e) = self.os.read_exit(&dir) {
+            l.record_exit(&e);
+        }
+        let marked = self
+            .os
+            .file_exists(&dir.join("checkpoint").join(DEFAULT_MARKER));
+        let (rung, checkpointed) = ladder_result(l, None, marked);
+        l.end(now_ms, ladder_end(l), &rung_name(rung));
+        format!(
+            "its ladder ({}) was running when the agent stopped; the workload ended meanwhile{}: {}",
+            l.ladder_reason,
+            if checkpointed {
+                " after a checkpoint"
+            } else {
+                ", without a checkpoint"
+            },
+            if l.end_detail.is_empty() {
+                "end not seen"
+            } else {
+                &l.end_detail
+            }
+        )
     }
 
     /// The earliest instant the host needs the daemon's attention.
@@ -187,6 +260,7 @@ impl Host {
         );
         // A recycled pid must never be signalled: a gone process gets an empty ladder.
         let pgid = if alive { l.pgid() } else { i32::MAX };
+        let supervisor = l.supervisor_id();
         // An exec hook acts for the workload: as its user, with its login environment.
         let (run_as, user_env) = self.hook_user(&l.user);
         Some(LadderJob {
@@ -210,14 +284,24 @@ impl Host {
                 marker: DEFAULT_MARKER.into(),
                 hook_hosts: settings.hook_hosts.clone(),
             },
+            supervisor,
         })
     }
 
     /// A ladder finished.
     pub fn ladder_done(&mut self, id: &str, o: &Outcome, now_ms: i64) {
+        let dir = lease_dir(&self.settings, id);
         let Some(l) = self.leases.get_mut(id) else {
             return;
         };
+        // How the workload died decides whether it checkpointed; its supervisor may
+        // have recorded it before the waiter reported it.
+        if l.exit_code.is_none() && l.signal.is_none() {
+            if let Some(e) = self.os.read_exit(&dir) {
+                l.record_exit(&e);
+            }
+        }
+        let (rung, checkpointed) = ladder_result(l, Some(o.ended_by), o.checkpointed);
         l.steps = o
             .steps
             .iter()
@@ -228,11 +312,12 @@ impl Host {
             })
             .collect();
         if l.live() {
-            let how = match LeaseEnd::from_name(&l.ladder_reason) {
-                LeaseEnd::TimeLimit => LeaseEnd::TimeLimit,
-                _ => LeaseEnd::Revoked,
-            };
-            l.end(now_ms, how, &format!("{:?}", o.ended_by).to_lowercase());
+            let how = ladder_end(l);
+            l.end(now_ms, how, &rung_name(rung));
+            if !checkpointed && !l.hook.is_empty() && l.signal.is_some() {
+                l.end_detail
+                    .push_str(" after the checkpoint hook: no checkpoint");
+            }
         }
         let l = l.clone();
         self.save(&l);
@@ -247,7 +332,7 @@ impl Host {
             "",
             &format!(
                 "ended by {rung}{}: {}",
-                if o.checkpointed {
+                if checkpointed {
                     " after a checkpoint"
                 } else {
                     ""

@@ -192,6 +192,10 @@ pub struct LadderJob {
     pub target: Target,
     /// How.
     pub ladder: Ladder,
+    /// The workload's supervisor: the daemon waits (briefly) for it to record the
+    /// workload's exit before telling the host the ladder is done, so that the end
+    /// reads how the workload died.
+    pub supervisor: Option<crate::process::ProcId>,
 }
 
 /// One GPU as the agent shows it.

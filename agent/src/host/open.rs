@@ -75,7 +75,11 @@ impl Host {
                         "the agent stopped while starting it; never ran",
                     );
                 } else if !h.still_running(&l) {
-                    let msg = h.end_unreaped(&mut l, now_ms, true);
+                    let msg = if l.state == LeaseState::Checkpointing {
+                        h.end_cut_ladder(&mut l, now_ms)
+                    } else {
+                        h.end_unreaped(&mut l, now_ms, true)
+                    };
                     h.note("lease", &l.id, "", &msg);
                 } else {
                     if l.state == LeaseState::Checkpointing {

@@ -66,6 +66,8 @@ struct State {
     supervisors: BTreeMap<i32, i32>,
     /// What each lease dir's `exit.json` says.
     exits: BTreeMap<PathBuf, Exit>,
+    /// Files written by workloads (checkpoint markers).
+    files: std::collections::BTreeSet<PathBuf>,
     calls: Vec<Call>,
 }
 
@@ -126,6 +128,7 @@ impl FakeOs {
             missing_dirs: Vec::new(),
             supervisors: BTreeMap::new(),
             exits: BTreeMap::new(),
+            files: std::collections::BTreeSet::new(),
             calls: Vec::new(),
         })));
         // Init and the agent itself run, owned by root, each leading its group.
@@ -218,6 +221,11 @@ impl FakeOs {
     /// The supervisor of workload `pid`, if the fake started one.
     pub fn supervisor_of(&self, pid: i32) -> Option<i32> {
         self.state().supervisors.get(&pid).copied()
+    }
+
+    /// A workload writes file `path` (a checkpoint marker).
+    pub fn touch(&self, path: &Path) {
+        self.state().files.insert(path.to_path_buf());
     }
 
     /// The supervisor writes `exit` into `lease_dir`'s `exit.json`.
@@ -380,6 +388,10 @@ impl Os for FakeOs {
 
     fn read_exit(&self, lease_dir: &Path) -> Option<Exit> {
         self.state().exits.get(lease_dir).cloned()
+    }
+
+    fn file_exists(&self, path: &Path) -> bool {
+        self.state().files.contains(path)
     }
 
     fn work_dir(&self, dir: &Path, _who: &allot_checkpoint_hooks::RunAs) -> Result<(), String> {

@@ -253,6 +253,41 @@ fn an_exit_while_revoking_ends_the_lease() {
 }
 
 #[test]
+fn dying_of_the_hooks_own_signal_is_no_checkpoint() {
+    let mut t = T::new();
+    let l = t.start(StartSpec {
+        hook: "signal:USR1".into(),
+        ..spec(1, 0)
+    });
+    let now = t.now();
+    t.h.revoke(&l.id, true, "preempted", now).expect("revokes");
+    t.tick();
+    // It died of SIGUSR1 (a torchrun that does not handle it) and its supervisor
+    // recorded that before the waiter said so.
+    t.os.write_exit(
+        &t.lease_dir(&l.id),
+        Exit {
+            signal: Some(Signal::SIGUSR1 as i32),
+            ..Exit::default()
+        },
+    );
+    t.h.ladder_done(&l.id, &outcome(Rung::Checkpoint, false), now);
+    let r = t.lease(&l.id);
+    assert_eq!(
+        (r.end_reason.as_str(), r.ended_by.as_str()),
+        ("revoked", "exited")
+    );
+    assert_eq!(
+        r.end_detail,
+        "killed by SIGUSR1 after the checkpoint hook: no checkpoint"
+    );
+    assert!(t
+        .events()
+        .iter()
+        .any(|e| e.starts_with("ended by exited: ")));
+}
+
+#[test]
 fn an_exit_during_the_ladder_leaves_the_end_to_the_ladder() {
     let mut t = T::new();
     let l = t.start(spec(1, 0));

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::os::fake::Call;
+use allot_checkpoint_hooks::DEFAULT_MARKER;
 
 #[test]
 fn a_live_lease_is_readopted_and_its_timers_resume() {
@@ -329,5 +330,65 @@ fn a_drain_that_cannot_be_decoded_stops_the_start_naming_it() {
     assert_eq!(
         (d.by.as_str(), d.reason.as_str(), d.now),
         (CLUSTER, "rack", false)
+    );
+}
+
+/// A lease revoked with `hook`, its ladder begun, then the agent stopped; the
+/// workload ends `exit` while the agent is away, leaving the marker or not.
+fn cut_ladder(hook: &str, exit: Exit, marked: bool) -> LeaseRecord {
+    let mut t = T::new();
+    let l = t.start(StartSpec {
+        hook: hook.into(),
+        ..spec(1, 0)
+    });
+    let now = t.now();
+    t.h.revoke(&l.id, true, "cancelled by alice", now)
+        .expect("revokes");
+    assert_eq!(t.tick().len(), 1, "the ladder begins");
+    assert_eq!(
+        t.stored(&l.id).map(|s| s.state),
+        Some(LeaseState::Checkpointing),
+        "on disk before its first signal"
+    );
+    let dir = t.lease_dir(&l.id);
+    if marked {
+        t.os.touch(&dir.join("checkpoint").join(DEFAULT_MARKER));
+    }
+    t.os.write_exit(&dir, exit);
+    t.os.exit(l.pid);
+    t.os.advance(5_000);
+    let t = t.restart();
+    let r = t.lease(&l.id);
+    assert_eq!(t.stored(&l.id).map(|s| s.state), Some(LeaseState::Ended));
+    r
+}
+
+#[test]
+fn a_ladder_that_ends_while_the_agent_is_down_ends_as_the_ladder_would() {
+    // It checkpointed and exited 0: revoked after a checkpoint, never "exited".
+    let r = cut_ladder("signal:USR1", exited(Some(0)), true);
+    assert_eq!(
+        (r.end_reason.as_str(), r.ended_by.as_str(), r.exit_code),
+        ("revoked", "checkpoint", Some(0))
+    );
+    // It died of the hook's own signal without a marker: revoked, no checkpoint.
+    let usr1 = Exit {
+        signal: Some(Signal::SIGUSR1 as i32),
+        ..Exit::default()
+    };
+    let r = cut_ladder("signal:USR1", usr1, false);
+    assert_eq!(
+        (r.end_reason.as_str(), r.ended_by.as_str()),
+        ("revoked", "exited")
+    );
+    // No hook: SIGTERM ended it.
+    let term = Exit {
+        signal: Some(Signal::SIGTERM as i32),
+        ..Exit::default()
+    };
+    let r = cut_ladder("", term, false);
+    assert_eq!(
+        (r.end_reason.as_str(), r.ended_by.as_str()),
+        ("revoked", "term")
     );
 }
