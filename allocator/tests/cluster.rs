@@ -521,7 +521,8 @@ fn the_breaker_holds_automatic_drains_past_half_the_nodes() {
         "--json",
     ]);
     assert_eq!(n["state"], "draining", "{n}");
-    // With allotd gone the held hosts are alone: their health drains take effect.
+    // A hold is allotd's decision: with allotd killed, and after it is back, the held
+    // hosts keep holding, and the work on their healthy GPUs runs on.
     let held_index: Vec<usize> = (0..4)
         .filter(|i| held_nodes.contains(&Cluster::node_name(*i)) && Cluster::node_name(*i) != name)
         .collect();
@@ -534,11 +535,37 @@ fn the_breaker_holds_automatic_drains_past_half_the_nodes() {
     for &i in &held_index {
         assert!(host_drain(&c, i, true), "the host holds its drain too");
     }
+    let pids = c.agent_pids();
     c.kill9_server();
-    for i in held_index {
-        wait_for("a held host to drain itself", LONG, || {
-            host_drain(&c, i, false).then_some(())
+    let stays = "allotd is away: the health drain its circuit breaker held stays held";
+    for &i in &held_index {
+        wait_for("a held host to see allotd gone", LONG, || {
+            let ev = c.agent_json(i, &["events", "--json"]);
+            ev.as_array()
+                .is_some_and(|e| {
+                    e.iter()
+                        .any(|e| e["message"].as_str().unwrap_or("").starts_with(stays))
+                })
+                .then_some(())
         });
+        assert!(host_drain(&c, i, true), "still held with allotd away");
+    }
+    c.start_server();
+    c.wait_connected(4);
+    c.wait_passes(2);
+    for &i in &held_index {
+        assert!(host_drain(&c, i, true), "still held with allotd back");
+    }
+    for ((i, lease), pid) in pids {
+        if held_index.contains(&i) {
+            let l = c.agent_json(i, &["leases", "--json"]);
+            let live = l.as_array().is_some_and(|a| {
+                a.iter().any(|l| {
+                    l["id"] == lease.as_str() && l["state"] == "running" && l["pid"] == pid
+                })
+            });
+            assert!(live, "{lease} on node-{i} was touched: {l}");
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! circuit breaker decides). A lease a drain revoked remembers the drain's kind, and
 //! once no drain holds the host its revocation is withdrawn.
 
-use super::{Drain, Host, HostError, CLUSTER, HEALTH, LOCAL};
+use super::{Drain, Host, HostError, CLUSTER, HEALTH, HOLD_KEY, LOCAL};
 use crate::lease::LeaseState;
 
 impl Drain {
@@ -46,12 +46,45 @@ impl Host {
         if defer {
             return;
         }
-        // Alone again: a drain allotd's breaker was holding takes effect here.
+        if self.held_by_allotd() {
+            // allotd decided: a restart of allotd must not undo its decision.
+            if let Some(d) = &self.health_drain {
+                let why = format!(
+                    "allotd is away: the health drain its circuit breaker held stays held until allotd says otherwise: {}",
+                    d.reason
+                );
+                self.note("drain", "", "", &why);
+            }
+            return;
+        }
+        // Alone again, and allotd never decided on this drain: it takes effect here.
         self.enforce_health_drain(
             None,
             "allotd is away: the held health drain takes effect",
             now_ms,
         );
+    }
+
+    /// Whether the health drain now held is one allotd's breaker held (same reasons).
+    pub(super) fn held_by_allotd(&self) -> bool {
+        self.health_drain
+            .as_ref()
+            .is_some_and(|d| d.held && self.allotd_hold.as_deref() == Some(d.reason.as_str()))
+    }
+
+    /// Remembers (or forgets) that allotd's breaker held the health drain of
+    /// `reasons`; kept across restarts.
+    pub(super) fn set_allotd_hold(&mut self, reasons: Option<String>) {
+        if self.allotd_hold == reasons {
+            return;
+        }
+        let v = reasons
+            .as_ref()
+            .map(|r| serde_json::to_string(r).unwrap_or_default());
+        if let Err(e) = self.store.set(HOLD_KEY, v.as_deref()) {
+            tracing::warn!(error = %e, "cannot record allotd's hold of the health drain");
+        }
+        self.allotd_hold = reasons;
     }
 
     /// The health drain held for allotd's breaker comes into force (`now` overrides
@@ -66,6 +99,10 @@ impl Host {
             return false;
         };
         d.held = false;
+        self.set_allotd_hold(None);
+        let Some(d) = self.health_drain.as_mut() else {
+            return false;
+        };
         d.now = now.unwrap_or(d.now);
         let (now, summary) = (d.now, d.reason.clone());
         self.note("drain", "", "", &format!("{why}: {summary}"));
@@ -170,6 +207,11 @@ impl Host {
             (HEALTH, false) => {
                 if !self.defer_health {
                     return Ok(());
+                }
+                // allotd's decision, whether the drain waited for it or was in force.
+                let reasons = self.health_drain.as_ref().map(|d| d.reason.clone());
+                if reasons.is_some() {
+                    self.set_allotd_hold(reasons);
                 }
                 let Some(d) = self.health_drain.as_mut().filter(|d| !d.held) else {
                     return Ok(());

@@ -173,6 +173,8 @@ impl Host {
             .collect::<Vec<_>>()
             .join(", ");
         if v.host == HostVerdict::Ok {
+            // allotd's hold is kept: a restart's first verdicts may read ok before
+            // the kernel log is read again, and the same fault is the same decision.
             self.held_gpus.clear();
             if self.health_drain.take().is_some() {
                 self.note(
@@ -210,8 +212,10 @@ impl Host {
             by: HEALTH.into(),
             author: "health monitor".into(),
             at_ms: now_ms,
-            // A drain allotd let through stays through when its reasons change.
-            held: self.defer_health && self.health_drain.as_ref().is_none_or(|h| h.held),
+            // A drain allotd let through stays through when its reasons change; one
+            // its breaker held stays held for the same reasons, allotd away or not.
+            held: (self.defer_health && self.health_drain.as_ref().is_none_or(|h| h.held))
+                || self.allotd_hold.as_deref() == Some(summary.as_str()),
         };
         if self.health_drain.as_ref().map(|h| (&h.reason, h.now)) != Some((&d.reason, d.now)) {
             let verdict = match v.host {
@@ -222,11 +226,16 @@ impl Host {
             // Recorded held, then put in force unless allotd's breaker is to decide.
             self.health_drain = Some(Drain { held: true, ..d });
             if deferred {
+                let who = if self.held_by_allotd() {
+                    "allotd's circuit breaker held it"
+                } else {
+                    "allotd's circuit breaker decides"
+                };
                 self.note(
                     "drain",
                     "",
                     "",
-                    &format!("health verdict {verdict}: {summary}; allotd's circuit breaker decides (the host keeps serving its healthy GPUs meanwhile)"),
+                    &format!("health verdict {verdict}: {summary}; {who} (the host keeps serving its healthy GPUs meanwhile)"),
                 );
             } else {
                 self.enforce_health_drain(

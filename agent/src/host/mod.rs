@@ -38,6 +38,8 @@ pub use start::{job_env, DEFAULT_PATH};
 const ENDED_SHOWN: usize = 50;
 /// How often processes the agent did not start (adopted) are checked for exit.
 pub const ADOPTED_POLL_MS: i64 = 1_000;
+/// The settings key of the reasons of the health drain allotd's breaker held.
+const HOLD_KEY: &str = "health-hold";
 
 /// Why a request was refused; each names the field or state and the fix.
 #[derive(Debug, thiserror::Error)]
@@ -233,6 +235,10 @@ pub struct Host {
     health_drain: Option<Drain>,
     /// While allotd is connected its circuit breaker decides host-wide health drains.
     defer_health: bool,
+    /// The reasons of the health drain allotd's breaker held (kept across restarts):
+    /// a decision of allotd's, which stands while allotd is away, until allotd says
+    /// otherwise or the reasons change.
+    allotd_hold: Option<String>,
     /// Bus ids whose leases a GPU-only verdict ended or revoked: no new leases there.
     held_gpus: BTreeSet<String>,
     /// Leases written since the allocator's stream last took them.

@@ -3,7 +3,7 @@
 //! since the kernel may have given the pid to something else while the agent was
 //! away; ladders cut short by the stop run again.
 
-use super::{Drain, Host, HostError, Settings, CLUSTER, ENDED_SHOWN, LOCAL};
+use super::{Drain, Host, HostError, Settings, CLUSTER, ENDED_SHOWN, HOLD_KEY, LOCAL};
 use crate::lease::LeaseState;
 use crate::os::Os;
 use crate::store::{Store, StoreError};
@@ -57,6 +57,7 @@ impl Host {
             cluster_drain,
             health_drain: None,
             defer_health: false,
+            allotd_hold: store.get_json::<String>(HOLD_KEY)?,
             held_gpus: BTreeSet::new(),
             changed: std::sync::Mutex::new(Vec::new()),
             store,

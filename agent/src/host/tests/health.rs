@@ -288,6 +288,52 @@ fn when_allotd_goes_away_the_held_drain_takes_effect() {
 }
 
 #[test]
+fn a_drain_allotds_breaker_held_stays_held_while_allotd_is_away() {
+    let mut t = T::new();
+    let a = t.start(spec(1, 0));
+    let now = t.now();
+    t.h.set_defer_health(true, now);
+    t.verdict(nvlink("nvlink-errors"));
+    t.h.allocator_drain(HEALTH, false, false, "breaker open", now)
+        .expect("holds");
+    // allotd goes away (killed, restarted): its decision stands.
+    t.h.set_defer_health(false, now);
+    assert_eq!(t.h.drain_state(), None, "still held");
+    assert_eq!(t.state(&a.id), LeaseState::Running);
+    assert!(t.events().iter().any(|e| e.starts_with(
+        "allotd is away: the health drain its circuit breaker held stays held until allotd says otherwise"
+    )));
+    // And across a restart of the agent itself, as long as the reasons are the same.
+    let mut t = t.restart();
+    t.verdict(nvlink("nvlink-errors"));
+    assert_eq!(t.h.drain_state(), None, "held after the agent's restart");
+    assert_eq!(t.state(&a.id), LeaseState::Running);
+    // allotd, back, lets it through: in force, and the hold is forgotten.
+    let now = t.now();
+    t.h.set_defer_health(true, now);
+    t.h.allocator_drain(HEALTH, true, false, "", now)
+        .expect("lets it through");
+    assert!(t.h.drain_state().is_some());
+    assert_eq!(t.state(&a.id), LeaseState::Revoking);
+}
+
+#[test]
+fn new_reasons_while_allotd_is_away_are_the_hosts_to_decide() {
+    let mut t = T::new();
+    let a = t.start(spec(1, 0));
+    let now = t.now();
+    t.h.set_defer_health(true, now);
+    t.verdict(nvlink("nvlink-errors"));
+    t.h.allocator_drain(HEALTH, false, false, "breaker open", now)
+        .expect("holds");
+    t.h.set_defer_health(false, now);
+    // Another fault allotd never heard of: the host drains itself.
+    t.verdict(nvlink("nvlink-crc"));
+    assert_eq!(t.h.drain_state().map(|d| d.by.as_str()), Some(HEALTH));
+    assert_eq!(t.state(&a.id), LeaseState::Revoking);
+}
+
+#[test]
 fn a_drain_let_through_stays_through_when_its_reasons_change() {
     let mut t = T::new();
     let now = t.now();
