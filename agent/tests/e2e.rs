@@ -859,3 +859,60 @@ while :; do sleep 0.2; done"#;
         "{ended}"
     );
 }
+
+/// A fault cleared by `allot gpus clear` stays cleared across restarts, with the
+/// kernel log written as dmesg prints it (no sequence numbers): the restarted agent
+/// does not fail the GPU again, nor kill the work it re-adopted there.
+#[test]
+fn a_cleared_xid_does_not_come_back_when_the_agent_restarts() {
+    let mut a = TestAgent::start("cleared", "");
+    let gpus = a.json(&["gpus", "--json"]);
+    let pci = |i: usize| gpus["gpus"][i]["pci"].as_str().expect("pci").to_string();
+    let fault = |pci: &str| {
+        format!("[12345.678901] NVRM: Xid (PCI:{pci}): 79, pid=4242, name=python, GPU has fallen off the bus.")
+    };
+    a.kernel_log(&fault(&pci(0)));
+    wait_for("the GPU to fail", LONG, || {
+        let g = a.json(&["gpus", "--json"]);
+        (g["gpus"][0]["state"] == "failed").then_some(())
+    });
+    let out = a.allot(&["gpus", "clear", "0", "--reason", "nvidia-smi -r"]);
+    assert!(out.status.success(), "{out:?}");
+    wait_for("the host to be healthy", LONG, || {
+        let g = a.json(&["gpus", "--json"]);
+        (g["verdict"] == "ok").then_some(())
+    });
+    // Work on every GPU, the cleared one included.
+    let l = a.lease_start(&["--gpus", "8"], "sleep 600");
+    let lid = id(&l);
+    for _ in 0..2 {
+        a.kill9();
+        a.launch();
+    }
+    // A new fault on another GPU: by the time it is seen, the old line was read.
+    a.kernel_log(&fault(&pci(5)));
+    let g = wait_for("the new fault", LONG, || {
+        let g = a.json(&["gpus", "--json"]);
+        (g["gpus"][5]["state"] == "failed").then_some(g)
+    });
+    assert_eq!(
+        g["gpus"][0]["state"], "healthy",
+        "a cleared fault came back: {g}"
+    );
+    // The lease holds GPU 5 too, so it ends gpu-lost now, and not before: its end
+    // names the new fault's GPU, never the cleared one.
+    let ended = a.wait_ended(&lid, LONG);
+    assert_eq!(ended["end_reason"], "gpu-lost", "{ended}");
+    let ev = a.events();
+    let killed: Vec<&serde_json::Value> = ev
+        .iter()
+        .filter(|e| {
+            e["lease_id"] == lid.as_str()
+                && e["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("its GPU is gone")
+        })
+        .collect();
+    assert_eq!(killed.len(), 1, "{ev:?}");
+}

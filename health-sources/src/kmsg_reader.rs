@@ -3,9 +3,13 @@
 //!
 //! `/dev/kmsg` replays the whole ring buffer to a new reader, so an agent that
 //! restarts would act again on XIDs that a reset has cured since. [`KmsgMemory`]
-//! keeps, per GPU and boot, the sequence number its last reset cured, in a small file
-//! written atomically on each reset: older records of that GPU are history, newer ones
-//! (and every record of a GPU never reset) still count.
+//! keeps, per GPU and log, the position its last reset cured, in a small file written
+//! atomically on each reset: older records of that GPU are history, newer ones (and
+//! every record of a GPU never reset) still count, which is what keeps an uncured
+//! fault failed across restarts. A position is the record's sequence number in
+//! `/dev/kmsg`, and in a plain file (a copy, a dmesg-style log, `allotd dev`'s fake
+//! kernel log) the byte offset of the line's end: lines there carry no sequence
+//! number, and without one a cleared fault came back at every restart.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -25,13 +29,26 @@ pub fn boot_id() -> io::Result<String> {
     Ok(std::fs::read_to_string(BOOT_ID)?.trim().to_string())
 }
 
+/// Which log the positions of a [`KmsgMemory`] belong to: the boot, and for a plain
+/// file also the file itself (device and inode), whose offsets mean nothing in
+/// another file.
+pub fn log_identity(path: &Path, boot: &str) -> String {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => format!("{boot} file:{}:{}", m.dev(), m.ino()),
+        _ => boot.to_string(),
+    }
+}
+
 /// What was already acted on, across agent restarts: per GPU, the kernel-log sequence
 /// number up to which its XIDs were cured by a reset, in this boot.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KmsgMemory {
-    /// Boot the sequence numbers belong to.
+    /// The log the positions belong to: the boot id, with the file's device and
+    /// inode for a plain file ([`log_identity`]).
     pub boot_id: String,
-    /// Bus id → last sequence number before its latest reset.
+    /// Bus id → the position (sequence number, or byte offset in a plain file) of
+    /// the last record read before its latest reset.
     pub reset_through: BTreeMap<String, u64>,
 }
 
@@ -65,8 +82,8 @@ impl KmsgMemory {
         std::fs::rename(&tmp, path)
     }
 
-    /// Forgets other boots: after a reboot every GPU was reset and sequence numbers
-    /// start over.
+    /// Forgets other boots (and other files): after a reboot every GPU was reset and
+    /// sequence numbers start over.
     pub fn for_boot(&mut self, boot_id: &str) {
         if self.boot_id != boot_id {
             self.boot_id = boot_id.to_string();
@@ -83,6 +100,8 @@ pub struct KmsgReader {
     file: File,
     buf: Vec<u8>,
     pending: Vec<u8>,
+    /// Bytes of the lines returned so far (a plain file's position).
+    offset: u64,
 }
 
 impl KmsgReader {
@@ -97,7 +116,15 @@ impl KmsgReader {
             file,
             buf: vec![0; 16 * 1024],
             pending: Vec::new(),
+            offset: 0,
         })
+    }
+
+    /// Where the last line returned ends, in bytes from the start: a plain file's
+    /// position of that line (meaningless for `/dev/kmsg`, whose records have
+    /// sequence numbers).
+    pub fn offset(&self) -> u64 {
+        self.offset
     }
 
     /// Waits up to `timeout` for something to read (returns at once for a file).
@@ -116,12 +143,14 @@ impl KmsgReader {
         loop {
             if let Some(i) = self.pending.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = self.pending.drain(..=i).collect();
+                self.offset += line.len() as u64;
                 return Ok(Some(String::from_utf8_lossy(&line[..i]).into_owned()));
             }
             match self.file.read(&mut self.buf) {
                 Ok(0) if self.pending.is_empty() => return Ok(None),
                 Ok(0) => {
                     let rest = std::mem::take(&mut self.pending);
+                    self.offset += rest.len() as u64;
                     return Ok(Some(String::from_utf8_lossy(&rest).into_owned()));
                 }
                 Ok(n) => self.pending.extend_from_slice(&self.buf[..n]),

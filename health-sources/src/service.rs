@@ -78,7 +78,8 @@ struct Shared {
     /// Wakes naps at once on stop (they hold `naps` while they wait).
     naps: Mutex<()>,
     wake: std::sync::Condvar,
-    /// Highest kernel-log sequence number read so far (0: none).
+    /// Highest kernel-log position (sequence number, or a plain file's offset) of a
+    /// record acted on so far (0: none).
     last_seq: AtomicU64,
     memory: Mutex<KmsgMemory>,
     memo: PathBuf,
@@ -131,7 +132,8 @@ impl HealthMonitor {
             tracing::warn!(error = %e, "kernel-log memory unreadable; treating every XID of this boot as new");
             KmsgMemory::default()
         });
-        memory.for_boot(&kmsg_reader::boot_id().unwrap_or_default());
+        let boot = kmsg_reader::boot_id().unwrap_or_default();
+        memory.for_boot(&kmsg_reader::log_identity(Path::new(&cfg.kmsg), &boot));
         let mut policy = HealthPolicy::new(cfg.thresholds.clone(), cfg.catalog());
         for (pci, seq) in &memory.reset_through {
             policy.gpu_reset(pci, Some(*seq));
@@ -339,12 +341,15 @@ fn follow_kmsg(path: &Path, sh: &Shared) {
         let Some(e) = lines.push(&line) else {
             continue;
         };
-        if let Some(seq) = e.seq {
-            sh.last_seq.fetch_max(seq, Ordering::SeqCst);
+        // A plain file's lines carry no sequence number (or one from elsewhere): its
+        // own position is the offset, so a reset there is remembered too.
+        let pos = if plain { Some(r.offset()) } else { e.seq };
+        if let Some(pos) = pos {
+            sh.last_seq.fetch_max(pos, Ordering::SeqCst);
         }
         tracing::warn!(pci = %e.pci, xid = e.xid, kind = ?e.kind, "XID from the kernel log");
         sh.update(|p, _| match e.kind {
-            Kind::Xid => p.xid(now(), &e.pci, e.xid, &e.message, e.seq),
+            Kind::Xid => p.xid(now(), &e.pci, e.xid, &e.message, pos),
             Kind::Sxid => p.switch_error(now(), &e.pci, e.xid, &e.message),
         });
     }

@@ -98,6 +98,52 @@ fn kernel_log_xids_survive_restarts_until_the_gpu_is_reset() {
 }
 
 #[test]
+fn a_cleared_fault_in_a_log_without_sequence_numbers_stays_cleared() {
+    // dmesg's shape, as the README's recipe writes it: no kmsg sequence number.
+    let dir = tempdir("kmsg-dmesg");
+    let log = dir.join("kmsg");
+    std::fs::write(
+        &log,
+        "[12345.678901] NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=python, GPU has fallen off the bus.\n",
+    )
+    .expect("write");
+    let cfg = HealthConfig {
+        source: "fake:8".into(),
+        kmsg: log.display().to_string(),
+        ..HealthConfig::default()
+    };
+    let m = HealthMonitor::start(&cfg, &dir).expect("starts");
+    until(&m, HostVerdict::DrainNow);
+    drop(m);
+    // Not cleared: still failed after a restart.
+    let m = HealthMonitor::start(&cfg, &dir).expect("restarts");
+    until(&m, HostVerdict::DrainNow);
+    m.gpu_reset("0000:18:00");
+    until(&m, HostVerdict::Ok);
+    drop(m);
+    // Cleared, then restarted twice, with a new line on another GPU: the old line is
+    // passed over (it is read before the new one drains the host).
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .expect("append");
+    std::io::Write::write_all(
+        &mut f,
+        b"[12399.000001] NVRM: Xid (PCI:0000:28:00): 79, pid=7, name=python, GPU has fallen off the bus.\n",
+    )
+    .expect("append");
+    for _ in 0..2 {
+        let m = HealthMonitor::start(&cfg, &dir).expect("restarts");
+        let v = until(&m, HostVerdict::DrainNow);
+        let old = v.gpus.iter().find(|g| g.pci == "0000:18:00");
+        assert!(
+            old.is_none_or(|g| g.reasons.is_empty()),
+            "a cleared fault came back: {v:?}"
+        );
+    }
+}
+
+#[test]
 fn kernel_log_fall_named_by_an_earlier_line_drains_that_gpu() {
     let dir = tempdir("kmsg-multi");
     let log = dir.join("kmsg");

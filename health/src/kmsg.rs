@@ -4,20 +4,34 @@
 //! (`[ 1451.785035] …`, `[Sun Feb 23 16:24:18 2025] …`, `dmesg --time-format iso`
 //! with or without `kern  :warn  : `), syslog and journal (`Jan 21 04:41:44 host
 //! kernel: …`). PCI ids with any domain, a MIG `GPU-I:NN` suffix or a function number;
-//! `pid=`/`name=` present, absent or `<unknown>` (quoted or not). The "GPU has fallen
-//! off the bus" message that comes without an Xid line is reported as XID 79.
+//! `pid=`/`name=` present, absent or `<unknown>` (quoted or not). A GPU that fell off
+//! the bus without an Xid line is reported as XID 79.
 //!
-//! That message does not always name its GPU. The driver announces a GPU once
-//! (`NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>`, then its board serial) and may follow
-//! with `NVRM: GPU has fallen off the bus.` a few lines later, with or without an Xid
-//! line in between. [`parse_line`] sees one line and cannot tell whose it is, so
-//! anything reading a stream of lines goes through an [`Assembler`]: it remembers the
-//! last GPU announced for [`CONTEXT_LINES`] lines (or until another GPU is announced)
-//! and reports an address-less notice in that window as that GPU's XID 79. A notice
-//! with its own address keeps it; an address-less one outside any window is dropped,
-//! as there is no telling which GPU it concerns. The driver usually writes an Xid 79
-//! line and a notice for the same fall; a notice for a GPU whose XID 79 was reported
-//! in the last [`CONTEXT_LINES`] lines is that same fall and is not counted again.
+//! The driver (NVIDIA/open-gpu-kernel-modules, 515 to 595) says a GPU fell off the bus
+//! in three ways:
+//! - `NVRM: Xid (PCI:0000:3b:00): 79, …` (`krcReportXid`), the usual one;
+//! - `NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.` (`osHandleGpuLost`), which
+//!   usually follows the Xid line and comes alone when Xid lines are off
+//!   (`NVreg_RmLogonRC=0`) or, from 595, after a Hopper or Blackwell `SEC_FAULT` (Xid
+//!   110);
+//! - at probe (`rm_is_supported_device`), one record of three lines: `NVRM: The NVIDIA
+//!   GPU 0000:3b:00.0` / `NVRM: (PCI ID: 10de:2330) installed in this system has` /
+//!   `NVRM: fallen off the bus and is not responding to commands.`, no Xid at all.
+//!   `/dev/kmsg` keeps it one line (newlines written `\x0a`), journald one message
+//!   (`\n`, rsyslog `#012`), but dmesg, syslog and `journalctl -k` print three lines,
+//!   and only the first names the GPU.
+//!
+//! [`parse_line`] sees one line, so anything reading a stream of lines goes through
+//! an [`Assembler`]: it keeps the GPU a probe notice's first line named for its next
+//! [`PROBE_LINES`] lines, and reports the line that says it fell as that GPU's XID 79.
+//! It also keeps the last GPU announced (`NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>`,
+//! printed before a GPU's first Xid) for [`CONTEXT_LINES`] lines, for a notice that
+//! names no GPU at all (`NVRM: GPU has fallen off the bus.`: no driver source of 515 to
+//! 595 prints it, older closed ones may have). A notice with its own address keeps it;
+//! an address-less one outside any window is dropped, as there is no telling which GPU
+//! it concerns. The driver usually writes an Xid 79 line and a notice for the same
+//! fall; a notice for a GPU whose XID 79 was reported in the last [`CONTEXT_LINES`]
+//! lines is that same fall and is not counted again.
 //!
 //! Lines that are not XIDs cost two substring searches, so scanning a whole log is
 //! cheap; nothing here allocates for them or can panic on any input.
@@ -63,9 +77,14 @@ pub fn parse_line(line: &str) -> Option<XidEvent> {
     match classify(line) {
         Line::Event(e) => Some(e),
         Line::Fallen(Some(pci)) => Some(fallen(line, pci, FALLEN)),
-        Line::Fallen(None) | Line::Announce(_) | Line::Other => None,
+        Line::Fallen(None) | Line::Announce(_) | Line::Probe(_) | Line::Other => None,
     }
 }
+
+/// Lines after a probe notice's first line (`NVRM: The NVIDIA GPU …`) during which
+/// the line saying the GPU fell off the bus is taken to be about that GPU: the driver
+/// prints the three lines in one call.
+pub const PROBE_LINES: u64 = 3;
 
 /// Lines after an `NVRM: GPU at PCI:…` announcement during which an address-less
 /// "fallen off the bus" notice is taken to be about the announced GPU. The driver
@@ -83,6 +102,8 @@ pub struct Assembler {
     line: u64,
     /// The GPU last announced, and the line that announced it.
     announced: Option<(String, u64)>,
+    /// The GPU a probe notice's first line named, and that line.
+    probed: Option<(String, u64)>,
     /// GPUs whose XID 79 was reported, and on which line; at most one entry per line
     /// of the window, as older ones are dropped.
     fallen: Vec<(String, u64)>,
@@ -103,6 +124,10 @@ impl Assembler {
                 self.announced = Some((pci, self.line));
                 None
             }
+            Line::Probe(pci) => {
+                self.probed = Some((pci, self.line));
+                None
+            }
             Line::Event(e) => {
                 if e.kind == Kind::Xid && e.xid == 79 {
                     self.fell(&e.pci);
@@ -111,10 +136,17 @@ impl Assembler {
             }
             Line::Fallen(Some(pci)) => self.notice(line, pci, FALLEN),
             Line::Fallen(None) => {
+                let line_no = self.line;
+                let within = |w: u64| move |(_, at): &&(String, u64)| line_no - at <= w;
+                if let Some((pci, _)) = self.probed.as_ref().filter(within(PROBE_LINES)) {
+                    let pci = pci.clone();
+                    self.probed = None;
+                    return self.notice(line, pci, FALLEN_PROBED);
+                }
                 let pci = self
                     .announced
                     .as_ref()
-                    .filter(|(_, at)| self.line - at <= CONTEXT_LINES)
+                    .filter(within(CONTEXT_LINES))
                     .map(|(pci, _)| pci.clone())?;
                 self.notice(line, pci, FALLEN_ANNOUNCED)
             }
@@ -152,6 +184,8 @@ enum Line {
     Fallen(Option<String>),
     /// `NVRM: GPU at PCI:…: GPU-<uuid>`: the lines that follow concern this GPU.
     Announce(String),
+    /// `NVRM: The NVIDIA GPU dddd:bb:dd.f`: a probe notice begins, about this GPU.
+    Probe(String),
     /// Anything else.
     Other,
 }
@@ -167,12 +201,13 @@ fn classify(line: &str) -> Line {
         };
         return parse_xid(line, i + "Xid (".len(), kind).map_or(Line::Other, Line::Event);
     }
-    // Announcements and notices both say "GPU"; most chatter does not, and this one
-    // search spares it the two below.
-    if !line.contains("GPU") {
+    // Announcements and notices say "GPU" or that something fell off the bus (a probe
+    // notice's last line names neither GPU nor address); most chatter says neither.
+    let fell = line.contains("fallen off the bus");
+    if !fell && !line.contains("GPU") {
         return Line::Other;
     }
-    if line.contains("fallen off the bus") {
+    if fell {
         return match fallen_address(line) {
             Address::Valid(pci) => Line::Fallen(Some(pci)),
             // Only the driver's own notice may borrow an announced GPU; a garbled
@@ -184,6 +219,11 @@ fn classify(line: &str) -> Line {
     if line.contains("GPU at PCI:") {
         if let Some(pci) = announced(line) {
             return Line::Announce(pci);
+        }
+    }
+    if line.contains("NVRM") && line.contains(PROBED_GPU) {
+        if let Address::Valid(pci) = fallen_address(line) {
+            return Line::Probe(pci);
         }
     }
     Line::Other
@@ -310,6 +350,10 @@ fn unquote(s: &str) -> &str {
 }
 
 const FALLEN: &str = "GPU has fallen off the bus (reported without an Xid line)";
+const FALLEN_PROBED: &str =
+    "GPU has fallen off the bus and is not responding to commands (found so when the driver probed it; no Xid line)";
+/// How a probe notice names its GPU.
+const PROBED_GPU: &str = "The NVIDIA GPU ";
 const FALLEN_ANNOUNCED: &str =
     "GPU has fallen off the bus (reported without an Xid line or bus id; GPU named by the driver's preceding `GPU at PCI:` line)";
 
@@ -323,18 +367,26 @@ enum Address {
     Garbled,
 }
 
-/// `NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.` (or `GPU at PCI:…`).
+/// `NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`, `GPU at PCI:…`, or a probe
+/// notice's `The NVIDIA GPU 0000:3b:00.0` (whose record may go on, after `\x0a`, `\n`
+/// or `#012`, to say it fell).
 fn fallen_address(line: &str) -> Address {
-    let Some(i) = line.find("GPU ") else {
-        return Address::Absent;
+    let i = match line.find(PROBED_GPU) {
+        Some(i) => i + PROBED_GPU.len(),
+        None => match line.find("GPU ") {
+            Some(i) => i + 4,
+            None => return Address::Absent,
+        },
     };
-    let after = &line[i + 4..];
+    let after = &line[i..];
     let after = after.strip_prefix("at ").unwrap_or(after);
-    let token = after
-        .split([' ', ','])
-        .next()
-        .unwrap_or("")
-        .trim_end_matches(':');
+    let after = after.strip_prefix("PCI:").unwrap_or(after);
+    // The word ends at a space or comma, or where a record's newline was escaped
+    // (`\x0a` in /dev/kmsg, `#012` from rsyslog).
+    let end = after
+        .find(|c: char| c.is_whitespace() || matches!(c, ',' | '\\' | '#'))
+        .unwrap_or(after.len());
+    let token = after[..end].trim_end_matches([':', '.']);
     if !token.contains(':') {
         return Address::Absent;
     }
@@ -590,6 +642,98 @@ mod tests {
         let ev = scan(&log);
         assert_eq!(ev.len(), 1, "{ev:?}");
         assert_eq!(ev[0].pci, "0000:3b:00");
+    }
+
+    /// The driver's shapes of a fall off the bus (open-gpu-kernel-modules 515 to 595),
+    /// as the kernel log is read: each yields one XID 79 for 0000:3b:00.
+    #[test]
+    fn every_shape_the_driver_prints_for_a_fall_is_one_xid_79() {
+        let probe = [
+            "NVRM: The NVIDIA GPU 0000:3b:00.0",
+            "NVRM: (PCI ID: 10de:2330) installed in this system has",
+            "NVRM: fallen off the bus and is not responding to commands.",
+        ];
+        let shapes: Vec<(&str, Vec<String>)> = vec![
+            // krcReportXid: 570+ without a process, 515-565 with an unknown one, MIG.
+            (
+                "xid, no process",
+                vec!["[ 1451.785035] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.".into()],
+            ),
+            (
+                "xid, unknown process",
+                vec!["4,812,1451785035,c;NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.".into()],
+            ),
+            (
+                "xid, MIG",
+                vec!["NVRM: Xid (PCI:0000:3b:00 GPU-I:03 GPU-CI:01): 79, pid=1234, name=python3, GPU has fallen off the bus.".into()],
+            ),
+            // osHandleGpuLost alone (RmLogonRC=0, or 595's SEC_FAULT path after Xid 110).
+            (
+                "notice, kmsg",
+                vec![
+                    "4,813,1451785040,c;NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.".into(),
+                    "4,814,1451785041,c;NVRM: GPU 0000:3b:00.0: GPU serial number is 1654922006536.".into(),
+                ],
+            ),
+            // rm_is_supported_device at probe: one /dev/kmsg record, newlines escaped.
+            (
+                "probe, kmsg record",
+                vec![format!("4,812,1843308145,c;{}", probe.join("\\x0a"))],
+            ),
+            ("probe, journald message", vec![probe.join("\n")]),
+            ("probe, rsyslog", vec![format!("Jan 21 04:41:44 gpu7 kernel: {}", probe.join("#012"))]),
+            // ... and as dmesg prints it: three lines, continuations indented.
+            (
+                "probe, dmesg",
+                vec![
+                    format!("[ 1843.308145] {}", probe[0]),
+                    format!("               {}", probe[1]),
+                    format!("               {}", probe[2]),
+                ],
+            ),
+            ("probe, dmesg -t", probe.iter().map(|l| l.to_string()).collect()),
+            (
+                "probe, dmesg -T",
+                vec![
+                    format!("[Sun Feb 23 16:24:18 2025] {}", probe[0]),
+                    format!("{:27}{}", "", probe[1]),
+                    format!("{:27}{}", "", probe[2]),
+                ],
+            ),
+            (
+                "probe, syslog",
+                probe
+                    .iter()
+                    .map(|l| format!("Jan 21 04:41:44 gpu7 kernel: {l}"))
+                    .collect(),
+            ),
+        ];
+        for (name, lines) in &shapes {
+            let mut a = Assembler::new();
+            // Chatter before and after, as in a real log.
+            let mut ev: Vec<XidEvent> = ["[ 1.0] usb 1-1: new high-speed USB device"]
+                .iter()
+                .filter_map(|l| a.push(l))
+                .collect();
+            ev.extend(lines.iter().filter_map(|l| a.push(l)));
+            ev.extend(a.push("NVRM: A GPU crash dump has been created. If possible, please run"));
+            assert_eq!(ev.len(), 1, "{name}: {ev:?}");
+            assert_eq!(
+                (ev[0].xid, ev[0].pci.as_str()),
+                (79, "0000:3b:00"),
+                "{name}"
+            );
+        }
+        // The Xid line and the notice after it are one fall.
+        assert_eq!(
+            scan("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\nNVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.").len(),
+            1
+        );
+        // A probe notice's last line far from its first names nobody.
+        let mut far = vec![probe[0].to_string()];
+        far.extend((0..PROBE_LINES).map(|_| "[ 2.0] usb 1-1: hello".to_string()));
+        far.push(probe[2].into());
+        assert!(scan(&far.join("\n")).is_empty());
     }
 
     #[test]

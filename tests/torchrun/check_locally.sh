@@ -125,14 +125,17 @@ for ((run = 1; run <= CYCLES + 1; run++)); do
   wait_exit "$run" "$GRACE"
   took=$(since "$t1")
   step=$(same_step checkpointed "$run")
+  marked=0
   for ((h = 0; h < NODES; h++)); do
-    [ -f "$WORK/run$run/host$h/ckptdir/checkpoint.done" ] || fail "run $run: host $h has no checkpoint.done"
+    m=$WORK/run$run/host$h/ckptdir/checkpoint.done
+    [ -f "$m" ] || fail "run $run: host $h has no checkpoint.done"
+    marked=$(awk -v a="$t1" -v b="$(stat -c %.3Y "$m")" -v m="$marked" 'BEGIN { printf "%.2f", (b - a > m) ? b - a : m }')
   done
   grep -qxF "{\"step\": $step, \"world\": $WORLD, \"run\": $run}" "$CKPT/complete.json" ||
     fail "run $run: complete.json is $(cat "$CKPT/complete.json")"
   [ "$step" -ge "$want" ] || fail "run $run checkpointed at $step, before step $want"
   echo "run $run: resumed at $resumed, first step after ${first}s, SIGUSR1 to $(echo $pids | wc -w) pids at step >= $want," \
-    "all checkpointed at $step, all exited ${took}s later, torchrun exit codes $(rcs "$run")"
+    "all checkpointed at $step, markers ${marked}s later, all exited ${took}s later, torchrun exit codes $(rcs "$run")"
   prev=$step
 done
 echo "peak PSS of one run's processes: ${peak} MiB"

@@ -83,7 +83,7 @@ def main():
             meta = json.load(f)
         state = torch.load(rank_file)
         ok = int(meta["world"] == world and state["step"] == meta["step"])
-    except (OSError, ValueError, KeyError, RuntimeError):
+    except Exception:  # none, torn or foreign: not resumable
         pass
     cand = state["step"] if ok else 0
     agree = torch.tensor([ok, cand, -cand], dtype=torch.int64)
