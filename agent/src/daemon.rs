@@ -379,6 +379,13 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
                 sh.wake.notify_one();
             });
         }
+        let write_failed = shared.host().take_disk_check();
+        if write_failed {
+            // A write failed (a start, a lease's change): the disk is looked at now,
+            // and allotd hears of the drain it made.
+            crate::disk::check(&cfg, &shared);
+            crate::uplink::send(&shared, crate::uplink::health(&shared));
+        }
         crate::uplink::flush(&shared);
         let next = shared.host().next_wakeup(now_ms());
         let sleep = next

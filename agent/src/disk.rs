@@ -16,6 +16,9 @@ use std::path::{Path, PathBuf};
 
 /// The health signal of the condition.
 pub const SIGNAL: &str = "disk-low";
+/// The health signal of a write the agent could not make (its lease table, a lease's
+/// directory or log): whatever the free space says, the host cannot keep work.
+pub const WRITE_SIGNAL: &str = "disk-full";
 /// Longest reason text: allotd takes reasons of at most 1 KiB.
 const MAX_DETAIL: usize = 1000;
 
@@ -160,11 +163,35 @@ pub fn paths(c: &crate::config::AgentConfig) -> Vec<PathBuf> {
     ]
 }
 
-/// One check on the daemon's loop: the host's fault set or cleared, allotd told
-/// when the verdict changed.
+/// The fault a failed write raises: it drains the host until a write succeeds again.
+pub fn write_fault(what: &str, now_s: u64) -> Reason {
+    let mut detail = format!(
+        "this host could not write its state ({what}); it takes no work until a write succeeds again: free space where the agent writes ([agent] state_dir, log_dir)"
+    );
+    if detail.len() > MAX_DETAIL {
+        let mut end = MAX_DETAIL;
+        while !detail.is_char_boundary(end) {
+            end -= 1;
+        }
+        detail.truncate(end);
+    }
+    Reason {
+        signal: WRITE_SIGNAL.into(),
+        detail,
+        action: Some(Action::Drain),
+        gpu_only: false,
+        since: now_s,
+    }
+}
+
+/// One check on the daemon's loop (every `disk_check_interval`, and at once after a
+/// write failed): the host's faults set or cleared, allotd told when the verdict
+/// changed.
 pub fn check(c: &crate::config::AgentConfig, sh: &crate::api::Shared) {
     let now_ms = crate::host::now_ms();
-    let was_low = !sh.host().host_reasons().is_empty();
+    // A failed write is tried again first: it clears only by a write that succeeds.
+    let mut changed = sh.host().retry_write(now_ms);
+    let was_low = sh.host().disk_low();
     let a = assess(
         &paths(c),
         &Statvfs,
@@ -175,7 +202,8 @@ pub fn check(c: &crate::config::AgentConfig, sh: &crate::api::Shared) {
     for e in &a.errors {
         tracing::warn!(error = %e, "cannot measure free space");
     }
-    if sh.host().on_disk(a.fault, now_ms) {
+    changed |= sh.host().on_disk(a.fault, now_ms);
+    if changed {
         crate::uplink::send(sh, crate::uplink::health(sh));
         sh.wake.notify_one();
     }

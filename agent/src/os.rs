@@ -123,6 +123,9 @@ pub trait Os: Send + Sync {
     fn read_exit(&self, lease_dir: &Path) -> Option<Exit>;
     /// Whether file `path` exists (a workload's checkpoint marker).
     fn file_exists(&self, path: &Path) -> bool;
+    /// Writes `bytes` bytes to a scratch file in `dir`, syncs and removes it: whether
+    /// the file system there has room again.
+    fn probe_write(&self, dir: &Path, bytes: usize) -> std::io::Result<()>;
 
     /// True if `p` still names the same live process (not a recycled pid).
     fn is_same(&self, p: ProcId) -> bool {
@@ -259,6 +262,17 @@ impl Os for RealOs {
 
     fn file_exists(&self, path: &Path) -> bool {
         path.is_file()
+    }
+
+    fn probe_write(&self, dir: &Path, bytes: usize) -> std::io::Result<()> {
+        use std::io::Write;
+        let p = dir.join(".write-probe");
+        let r = std::fs::File::create(&p).and_then(|mut f| {
+            f.write_all(&vec![0u8; bytes])?;
+            f.sync_all()
+        });
+        let _ = std::fs::remove_file(&p);
+        r
     }
 }
 

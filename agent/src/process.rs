@@ -88,6 +88,21 @@ pub enum LaunchError {
     },
 }
 
+impl LaunchError {
+    /// Whether the host's file system refused the launch for want of room (ENOSPC, a
+    /// quota) or as read-only: the host's fault, not the work's.
+    pub fn out_of_room(&self) -> bool {
+        let io = match self {
+            LaunchError::Io { source, .. } | LaunchError::Spawn { source, .. } => source,
+            LaunchError::EmptyCommand(_) => return false,
+        };
+        matches!(
+            io.raw_os_error().map(nix::errno::Errno::from_raw),
+            Some(nix::errno::Errno::ENOSPC | nix::errno::Errno::EDQUOT | nix::errno::Errno::EROFS)
+        )
+    }
+}
+
 /// The identity of `pid` now, if it exists and has not exited.
 pub fn identity(pid: i32) -> Option<ProcId> {
     proc_stat(pid).filter(|s| !s.exited()).map(|s| ProcId {

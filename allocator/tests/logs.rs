@@ -2,8 +2,10 @@
 //! reads a workload's output from the node that ran it, follows a running job to
 //! its end, shows an earlier run's after a requeue, and refuses another user
 //! naming the right; an agent whose disk is nearly full drains instead of failing
-//! work, and serves again with a normal threshold. No disk is ever filled: the
-//! threshold is set above what is free.
+//! work, and serves again with a normal threshold (no disk filled: the threshold is
+//! set above what is free); an agent whose disk is really full (a small tmpfs the
+//! test mounts and fills) refuses work instead of failing it, drains itself and
+//! serves again once a write succeeds.
 
 mod support;
 
@@ -288,4 +290,123 @@ fn a_node_nearly_out_of_disk_drains_and_takes_no_work_until_space_is_back() {
 /// How the agent writes a threshold of some TiB (`disk::human`).
 fn human_tib(bytes: u64) -> String {
     format!("{:.1} TiB", bytes as f64 / (1u64 << 40) as f64)
+}
+
+/// A small tmpfs mounted over `dir` (its files copied in first), unmounted when
+/// dropped; `None` where this host cannot mount (not root, no CAP_SYS_ADMIN), which
+/// fails the test under `CI=true`.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn over(dir: &std::path::Path, size: &str) -> Option<Tmpfs> {
+        let keep = dir.with_extension("before-tmpfs");
+        std::fs::rename(dir, &keep).expect("move the dir aside");
+        std::fs::create_dir(dir).expect("mount point");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true: cannot mount a tmpfs at {} (the test needs root)",
+                dir.display()
+            );
+            std::fs::remove_dir(dir).expect("mount point removed");
+            std::fs::rename(&keep, dir).expect("the dir back");
+            return None;
+        }
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", keep.display()))
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(copied, "copying {} onto the tmpfs", keep.display());
+        Some(Tmpfs(dir.to_path_buf()))
+    }
+
+    /// Fills it to the last byte: a file written until the file system says no.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let p = self.0.join("filler");
+        let mut f = std::fs::File::create(&p).expect("filler");
+        let chunk = vec![0u8; 64 << 10];
+        while f.write_all(&chunk).is_ok() {}
+        // What a whole chunk no longer fits, a byte at a time.
+        while f.write_all(&[0]).is_ok() {}
+        p
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazily: the agent may still hold files there while the cluster stops.
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_refuses_work_and_drains_the_node_instead_of_failing_the_job() {
+    let mut c = Cluster::start("fulldisk", ONE_PROJECT, 2, 1);
+    // node-0's state dir on a small file system of its own, with the free-space
+    // threshold off: the write itself must be what the agent notices.
+    c.kill9_agent(0);
+    let Some(fs) = Tmpfs::over(&c.node_dir(0).join("state"), "16m") else {
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return;
+    };
+    c.start_agent(0, 1);
+    // Up before its config is rewritten (a file half written reads as no file).
+    wait_for("node-0's agent to answer", LONG, || {
+        c.agent_allot(0, &["gpus", "--json"])
+            .status
+            .success()
+            .then_some(())
+    });
+    set_agent_lines(&c, 0, "min_free_bytes = 0\ndisk_check_interval = \"1s\"\n");
+    c.wait_connected(2);
+    wait_for("node-0 ready", LONG, || {
+        (c.node_view(0)["state"] == "ready").then_some(())
+    });
+    // Only node-0 may take the first job.
+    let out = c.allot(&["nodes", "drain", "node-1", "--reason", "keep it for later"]);
+    assert!(out.status.success(), "{out:?}");
+    let filler = fs.fill();
+    let first = c.submit(&["--project", "demo-a", "--gpus", "1"], "exec sleep 600");
+    // The host could not write the lease: refused (it waits again), and node-0
+    // drains itself for want of disk.
+    let n = wait_for("node-0 to drain: disk-full", LONG, || {
+        let n = c.node_view(0);
+        (n["state"] == "draining").then_some(n)
+    });
+    let reason = n["drain_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("disk-full"), "{n}");
+    // The agent retries every second (disk_check_interval): still full, still drained.
+    c.wait_passes(4);
+    assert_eq!(c.node_view(0)["state"], "draining");
+    let w = c.status(&first);
+    assert_eq!(w["state"], "pending", "not failed: {w}");
+    let history = w["history"].to_string();
+    assert!(history.contains("refused"), "{history}");
+    // It runs on node-1 once that one is back.
+    let out = c.allot(&["nodes", "undrain", "node-1"]);
+    assert!(out.status.success(), "{out:?}");
+    let w = c.wait_state(&first, "running", LONG);
+    assert_eq!(Cluster::node_of(&w).0, "node-1", "{w}");
+    // Space back: the next write succeeds, the drain lifts, work goes there again.
+    std::fs::remove_file(&filler).expect("filler removed");
+    wait_for("node-0 ready again", LONG, || {
+        (c.node_view(0)["state"] == "ready").then_some(())
+    });
+    let second = c.submit(&["--project", "demo-a", "--gpus", "1"], "exec sleep 600");
+    let w = c.wait_state(&second, "running", LONG);
+    assert_eq!(Cluster::node_of(&w).0, "node-0", "{w}");
+    // Nothing failed on the way.
+    for id in [&first, &second] {
+        assert_eq!(c.status(id)["state"], "running", "{id}");
+    }
+    drop(c);
+    drop(fs);
 }

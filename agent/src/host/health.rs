@@ -16,7 +16,12 @@ pub(crate) struct HostFaults {
     gpu: Option<Verdict>,
     /// A file system the agent writes is nearly full.
     disk: Option<Reason>,
+    /// A write the agent needed failed (`disk-full`): cleared by one that succeeds.
+    write: Option<Reason>,
 }
+
+/// How much a write that lifts the `disk-full` fault must be able to write.
+const PROBE_BYTES: usize = 1 << 20;
 
 impl Host {
     /// An operator cleared a GPU's sticky health conditions (after a reset or repair).
@@ -59,9 +64,88 @@ impl Host {
         self.verdict.as_ref().map_or(HostVerdict::Ok, |v| v.host)
     }
 
-    /// The host's own conditions in force (a file system nearly full).
+    /// The host's own conditions in force (a file system nearly full, a write that
+    /// failed).
     pub fn host_reasons(&self) -> Vec<Reason> {
-        self.faults.disk.iter().cloned().collect()
+        self.faults
+            .disk
+            .iter()
+            .chain(&self.faults.write)
+            .cloned()
+            .collect()
+    }
+
+    /// Whether the disk check found too little free space last time.
+    pub fn disk_low(&self) -> bool {
+        self.faults.disk.is_some()
+    }
+
+    /// A write the host needed failed (`what`, with its error): it drains itself
+    /// (`disk-full`) until a write succeeds again, and the daemon checks the disk at
+    /// once. Returns whether the verdict changed.
+    pub(crate) fn write_failed(&mut self, what: &str, now_ms: i64) -> bool {
+        self.check_disk = true;
+        if self.faults.write.is_some() {
+            return false;
+        }
+        let r = crate::disk::write_fault(what, u64::try_from(now_ms / 1000).unwrap_or(0));
+        self.note("health", "", "", &format!("{}: {}", r.signal, r.detail));
+        self.faults.write = Some(r);
+        self.apply_verdict(now_ms);
+        true
+    }
+
+    /// While a write has failed: tries one (a probe in the settings table); one that
+    /// succeeds clears the fault. Also takes up the failures `save` recorded. Returns
+    /// whether the verdict changed.
+    pub fn retry_write(&mut self, now_ms: i64) -> bool {
+        let failed = self
+            .failed_write
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let mut changed = match failed {
+            Some(what) => self.write_failed(&what, now_ms),
+            None => false,
+        };
+        if self.faults.write.is_some() {
+            // A write of some size where the lease table is, not a small row that an
+            // SQLite log grown earlier still has room for; then the table itself.
+            let room = self
+                .os
+                .probe_write(&self.settings.state_dir, PROBE_BYTES)
+                .is_ok();
+            let probe = now_ms.to_string();
+            if room && self.store.set("write-probe", Some(&probe)).is_ok() {
+                // What could not be written meanwhile is written now.
+                let live: Vec<_> = self.leases.values().filter(|l| l.live()).cloned().collect();
+                for l in &live {
+                    if self.store.put_lease(l).is_err() {
+                        return changed;
+                    }
+                }
+                self.faults.write = None;
+                self.note(
+                    "health",
+                    "",
+                    "",
+                    &format!("{}: writes succeed again", crate::disk::WRITE_SIGNAL),
+                );
+                self.apply_verdict(now_ms);
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// Whether a write failed since the daemon last asked: it checks the disk at once.
+    pub fn take_disk_check(&mut self) -> bool {
+        let recorded = self
+            .failed_write
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        std::mem::take(&mut self.check_disk) || recorded
     }
 
     /// A new health verdict (and the GPUs as last sampled).
@@ -103,14 +187,19 @@ impl Host {
         // end makes an empty one, which lifts what they asked).
         let mut v = match &self.faults.gpu {
             Some(v) => v.clone(),
-            None if self.faults.disk.is_some() || self.verdict.is_some() => Verdict {
-                host: HostVerdict::Ok,
-                only_gpus: Vec::new(),
-                gpus: Vec::new(),
-            },
+            None if self.faults.disk.is_some()
+                || self.faults.write.is_some()
+                || self.verdict.is_some() =>
+            {
+                Verdict {
+                    host: HostVerdict::Ok,
+                    only_gpus: Vec::new(),
+                    gpus: Vec::new(),
+                }
+            }
             None => return None,
         };
-        if let Some(d) = &self.faults.disk {
+        for d in self.faults.disk.iter().chain(&self.faults.write) {
             let wants = match d.action {
                 Some(allot_health::xid::Action::DrainNow) => HostVerdict::DrainNow,
                 _ => HostVerdict::Drain,
@@ -168,6 +257,7 @@ impl Host {
                 self.faults
                     .disk
                     .iter()
+                    .chain(&self.faults.write)
                     .map(|r| format!("{}: {}", r.signal, r.detail)),
             )
             .collect::<Vec<_>>()

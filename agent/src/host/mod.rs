@@ -243,6 +243,11 @@ pub struct Host {
     held_gpus: BTreeSet<String>,
     /// Leases written since the allocator's stream last took them.
     changed: std::sync::Mutex<Vec<LeaseRecord>>,
+    /// A lease write `save` could not make (what, and why), for the daemon to turn
+    /// into the `disk-full` fault: `save` borrows the host shared.
+    failed_write: std::sync::Mutex<Option<String>>,
+    /// A write failed: the daemon checks the disk at once, not at its next interval.
+    check_disk: bool,
 }
 
 fn lease_dir(s: &Settings, id: &str) -> PathBuf {
@@ -310,9 +315,11 @@ impl Host {
     }
 
     fn save(&self, l: &LeaseRecord) {
-        // In-memory state stays the truth for this run; a failed write is loud.
+        // In-memory state stays the truth for this run; a failed write is loud, and
+        // drains the host until writes succeed again.
         if let Err(e) = self.store.put_lease(l) {
             tracing::error!(lease = %l.id, error = %e, "cannot persist the lease");
+            *self.failed_write.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
         }
         self.changed
             .lock()

@@ -60,6 +60,8 @@ impl Host {
             allotd_hold: store.get_json::<String>(HOLD_KEY)?,
             held_gpus: BTreeSet::new(),
             changed: std::sync::Mutex::new(Vec::new()),
+            failed_write: std::sync::Mutex::new(None),
+            check_disk: false,
             store,
         };
         if let Err(e) = h.store.prune_events(now_ms) {

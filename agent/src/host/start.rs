@@ -181,6 +181,15 @@ impl Host {
             .collect()
     }
 
+    /// A write a start needed failed: the host drains itself (`disk-full`) and the
+    /// start is refused, so the work waits again rather than failing.
+    fn cannot_write(&mut self, what: &str, now_ms: i64) -> HostError {
+        self.write_failed(what, now_ms);
+        HostError::Refused(format!(
+            "this host cannot write its state ({what}); it drains itself (disk-full) until a write succeeds again"
+        ))
+    }
+
     /// Starts (or adopts) a workload under a new lease. The lease is on disk before
     /// the process starts, and again with its pid right after.
     pub fn start(
@@ -369,7 +378,11 @@ impl Host {
                 })?;
         }
         let id = if spec.lease_id.is_empty() {
-            format!("L-{}", self.store.next_lease_number()?)
+            let n = self
+                .store
+                .next_lease_number()
+                .map_err(|e| self.cannot_write(&e.to_string(), now_ms))?;
+            format!("L-{n}")
         } else {
             spec.lease_id.clone()
         };
@@ -428,7 +441,11 @@ impl Host {
                 .map(|c| c.display().to_string())
                 .unwrap_or_default();
         }
-        self.store.put_lease(&l)?;
+        // A lease that cannot be written first cannot be kept: the host's fault, so
+        // the work waits again elsewhere.
+        self.store
+            .put_lease(&l)
+            .map_err(|e| self.cannot_write(&e.to_string(), now_ms))?;
         // Checkpoints are written by the workload and its hook, as its user.
         let owner = match &who.run_as {
             RunAs::User(i) => Some((i.uid, i.gid)),
@@ -469,11 +486,22 @@ impl Host {
                         (Some(started.reaper), started.id)
                     }
                     Err(e) => {
-                        l.end(now_ms, LeaseEnd::FailedToStart, "");
+                        // A file system that is full or read-only is the host's fault,
+                        // not the work's: refused, not failed.
+                        let host_fault = e.out_of_room();
+                        let how = if host_fault {
+                            LeaseEnd::Refused
+                        } else {
+                            LeaseEnd::FailedToStart
+                        };
+                        l.end(now_ms, how, "");
                         l.end_detail = e.to_string();
                         self.save(&l);
                         self.note("lease", &id, "", &e.to_string());
                         self.leases.insert(id, l);
+                        if host_fault {
+                            return Err(self.cannot_write(&e.to_string(), now_ms));
+                        }
                         return Err(e.into());
                     }
                 }
@@ -482,7 +510,12 @@ impl Host {
         l.pid = proc_id.pid;
         l.start_ticks = proc_id.start_ticks;
         l.state = LeaseState::Running;
-        self.store.put_lease(&l)?;
+        if let Err(e) = self.store.put_lease(&l) {
+            // It runs: the host keeps it (in memory, and on disk again once writes
+            // succeed) and takes nothing new meanwhile.
+            tracing::error!(lease = %id, error = %e, "cannot persist the started lease");
+            self.write_failed(&e.to_string(), now_ms);
+        }
         // A started lease is a change like any other: allotd hears that its GPUs are
         // taken (a local lease it did not place) or that its start went through.
         self.changed

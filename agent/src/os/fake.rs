@@ -60,7 +60,7 @@ struct State {
     users: Vec<User>,
     euid: u32,
     lineage: Vec<i32>,
-    fail_launch: Option<String>,
+    fail_launch: Option<std::io::Error>,
     missing_dirs: Vec<PathBuf>,
     /// Each started workload's supervisor, by the workload's pid.
     supervisors: BTreeMap<i32, i32>,
@@ -68,6 +68,8 @@ struct State {
     exits: BTreeMap<PathBuf, Exit>,
     /// Files written by workloads (checkpoint markers).
     files: std::collections::BTreeSet<PathBuf>,
+    /// Directories on a full file system (a probe write there fails).
+    full_dirs: Vec<PathBuf>,
     calls: Vec<Call>,
 }
 
@@ -129,6 +131,7 @@ impl FakeOs {
             supervisors: BTreeMap::new(),
             exits: BTreeMap::new(),
             files: std::collections::BTreeSet::new(),
+            full_dirs: Vec::new(),
             calls: Vec::new(),
         })));
         // Init and the agent itself run, owned by root, each leading its group.
@@ -223,6 +226,15 @@ impl FakeOs {
         self.state().supervisors.get(&pid).copied()
     }
 
+    /// The file system holding `dir` is full (`true`) or has room again.
+    pub fn set_full(&self, dir: &Path, full: bool) {
+        let mut s = self.state();
+        s.full_dirs.retain(|d| d != dir);
+        if full {
+            s.full_dirs.push(dir.to_path_buf());
+        }
+    }
+
     /// A workload writes file `path` (a checkpoint marker).
     pub fn touch(&self, path: &Path) {
         self.state().files.insert(path.to_path_buf());
@@ -256,7 +268,12 @@ impl FakeOs {
 
     /// The next launch fails to spawn with `message`.
     pub fn fail_next_launch(&self, message: &str) {
-        self.state().fail_launch = Some(message.into());
+        self.state().fail_launch = Some(std::io::Error::other(message.to_string()));
+    }
+
+    /// The next launch fails to make its files with the OS error `errno` (ENOSPC).
+    pub fn fail_next_launch_errno(&self, errno: i32) {
+        self.state().fail_launch = Some(std::io::Error::from_raw_os_error(errno));
     }
 
     /// `dir` does not exist on this host (every other directory does, and anyone
@@ -311,11 +328,11 @@ impl Os for FakeOs {
 
     fn launch(&self, l: &Launch) -> Result<Launched, LaunchError> {
         let mut s = self.record(Call::Launch(Box::new(l.clone())));
-        if let Some(m) = s.fail_launch.take() {
+        if let Some(source) = s.fail_launch.take() {
             return Err(LaunchError::Spawn {
                 lease: l.lease.clone(),
                 program: l.argv.first().cloned().unwrap_or_default(),
-                source: std::io::Error::other(m),
+                source,
             });
         }
         if l.argv.is_empty() {
@@ -392,6 +409,16 @@ impl Os for FakeOs {
 
     fn file_exists(&self, path: &Path) -> bool {
         self.state().files.contains(path)
+    }
+
+    fn probe_write(&self, dir: &Path, _bytes: usize) -> std::io::Result<()> {
+        if self.state().full_dirs.iter().any(|d| dir.starts_with(d)) {
+            Err(std::io::Error::from_raw_os_error(
+                nix::errno::Errno::ENOSPC as i32,
+            ))
+        } else {
+            Ok(())
+        }
     }
 
     fn work_dir(&self, dir: &Path, _who: &allot_checkpoint_hooks::RunAs) -> Result<(), String> {

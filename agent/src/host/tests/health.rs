@@ -454,3 +454,49 @@ fn a_disk_fault_before_any_gpu_sample_drains_and_lifts_too() {
     t.h.on_disk(None, now);
     assert_eq!(t.h.drain_state(), None);
 }
+
+#[test]
+fn a_write_the_host_cannot_make_refuses_the_start_and_drains_until_writes_succeed() {
+    let mut t = T::new();
+    let now = t.now();
+    t.h.set_defer_health(false, now);
+    // The lease dir cannot be made: the file system is full.
+    t.os.fail_next_launch_errno(nix::errno::Errno::ENOSPC as i32);
+    let e = refusal(t.try_start(spec(1, 0)));
+    assert!(e.contains("drains itself (disk-full)"), "{e}");
+    assert!(
+        t.h.take_disk_check(),
+        "the daemon looks at the disk at once"
+    );
+    let d = t.h.drain_state().cloned().expect("drained");
+    assert_eq!(d.by, HEALTH);
+    assert!(d.reason.contains("disk-full"), "{d:?}");
+    assert_eq!(
+        t.h.host_reasons()
+            .iter()
+            .map(|r| r.signal.as_str())
+            .collect::<Vec<_>>(),
+        ["disk-full"]
+    );
+    // Refused, not failed: the lease says so.
+    let l = t.h.leases().into_iter().next().expect("the refused lease");
+    assert_eq!(l.end_reason, "refused");
+    // Nothing starts while it holds.
+    assert!(refusal(t.try_start(spec(1, 0))).contains("drained by health"));
+    // While the file system is still full, the daemon's retry keeps it.
+    let now = t.now();
+    t.os.set_full(&t.dir.0, true);
+    assert!(!t.h.retry_write(now));
+    assert!(t.h.drain_state().is_some());
+    // A write that succeeds lifts it.
+    t.os.set_full(&t.dir.0, false);
+    assert!(t.h.retry_write(now));
+    assert_eq!(t.h.drain_state(), None);
+    assert!(t.h.host_reasons().is_empty());
+    t.start(spec(1, 0));
+    // A failure to spawn for another reason is the work's: it fails, no drain.
+    t.os.fail_next_launch("no such program");
+    let e = t.try_start(spec(1, 0)).expect_err("fails");
+    assert!(matches!(e, HostError::Launch(_)), "{e}");
+    assert_eq!(t.h.drain_state(), None);
+}
