@@ -191,6 +191,15 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
                     .revoke_until(&r.lease_id, nb, &format!("allocator: {}", r.why), now_ms())
             {
                 tracing::info!(lease = %r.lease_id, error = %e, "revocation for a lease this host does not hold");
+                // allotd may be holding its GPUs here until this host says it is gone.
+                send(
+                    sh,
+                    failed_start(
+                        &r.lease_id,
+                        pb::LeaseEnd::Vanished,
+                        "revoked, and this host does not hold it",
+                    ),
+                );
             }
         }
         Some(pb::allocator_message::Body::Drain(d)) => {

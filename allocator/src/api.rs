@@ -313,6 +313,8 @@ fn drains_pb(n: &NodeRec) -> Vec<pb::DrainInfo> {
 
 /// The wire form of a node.
 pub fn node_pb(n: &NodeRec, leases: &[(u64, Vec<String>)], free: u32, now_: u64) -> pb::Node {
+    // What the core remembers of this node (held parts, a refusal) is added by the
+    // caller, which holds the core.
     let drains = drains_pb(n);
     let mut gpu_list = n.gpus.clone();
     for g in &mut gpu_list {
@@ -341,6 +343,8 @@ pub fn node_pb(n: &NodeRec, leases: &[(u64, Vec<String>)], free: u32, now_: u64)
         // A connected agent is heard from now; its stream would have broken otherwise.
         last_seen_unix: secs(if n.connected { now_ } else { n.last_seen }),
         drains,
+        leaving_lease_ids: Vec::new(),
+        refused_gpus: 0,
     }
 }
 
@@ -442,8 +446,20 @@ impl Api {
         let c = self.0.core();
         let n = c.alloc.nodes().get(name)?;
         let leases = c.alloc.leases_on(name);
-        let free = c.alloc.core.cluster().node(n.id).free().count_ones();
-        Some(node_pb(n, &leases, free, now()))
+        let core = c.alloc.core.cluster().node(n.id);
+        let mut v = node_pb(n, &leases, core.free().count_ones(), now());
+        v.leaving_lease_ids = c
+            .alloc
+            .leaving_on(name)
+            .into_iter()
+            .map(lease_wire)
+            .collect();
+        v.refused_gpus = if core.refused_from == u32::MAX {
+            0
+        } else {
+            core.refused_from
+        };
+        Some(v)
     }
 
     fn workload_view(&self, id: u64) -> Result<pb::Workload, Status> {
@@ -1024,6 +1040,7 @@ impl Api {
                     node: node.to_string(),
                     exit_code: l.exit_code,
                     part: true,
+                    leaving: true,
                 }) {
                     Ok(_) | Err(CoreError::UnknownLease(_)) => {}
                     Err(e) => tracing::warn!(node, error = %e, "lease status not applied"),

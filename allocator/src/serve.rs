@@ -359,15 +359,20 @@ impl Server {
                 by: "lost".into(),
                 author: String::new(),
             });
+            // Its own parts end with it (should it come back running them, they are
+            // held again and ended then); the parts of its gangs elsewhere are told
+            // to stop and stay held until they have.
             let leases = self.core().alloc.leases_on(&node);
-            for (lease, _) in leases {
+            let leaving = self.core().alloc.leaving_on(&node);
+            for lease in leases.into_iter().map(|(l, _)| l).chain(leaving) {
                 let _ = self.commit(Input::LeaseEnded {
                     lease,
                     end: LeaseEnd::NodeLost,
                     reason: format!("node {node} lost"),
-                    node: String::new(),
+                    node: node.clone(),
                     exit_code: None,
-                    part: false,
+                    part: true,
+                    leaving: true,
                 });
             }
         }

@@ -284,6 +284,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
                     node: String::new(),
                     exit_code: None,
                     part: false,
+                    leaving: false,
                 });
             }
         }

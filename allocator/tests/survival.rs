@@ -75,9 +75,10 @@ fn a_time_limit_sends_nothing_unasked_and_ends_timed_out() {
 const SLOW_CHECKPOINT: &str = r#"trap 'sleep 3; touch "$ALLOT_CHECKPOINT_DIR/checkpoint.done"; exit 0' USR1
 while :; do sleep 0.5; done"#;
 
-/// Node `i`'s lease of workload `id` as its agent shows it.
+/// Node `i`'s lease `lease` as its agent shows it (null while the agent is down).
 fn agent_lease(c: &Cluster, i: usize, lease: &str) -> serde_json::Value {
-    let v = c.agent_json(i, &["leases", "--json"]);
+    let out = c.agent_allot(i, &["leases", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     v.as_array()
         .and_then(|a| a.iter().find(|l| l["id"] == lease))
         .cloned()
@@ -145,4 +146,127 @@ fn a_ladder_that_ends_while_its_agent_is_down_ends_as_the_ladder_would() {
         (&"revoked".into(), &"checkpoint".into()),
         "{ended}"
     );
+}
+
+#[test]
+fn a_revoked_gangs_parts_hold_their_gpus_until_each_has_ended() {
+    let c = Cluster::start("gangparts", ONE_PROJECT, 4, 2);
+    // Ranks other than 0 take 5 s to leave on SIGTERM (a torchrun gang closing).
+    let id = c.submit(
+        &[
+            "--project",
+            "demo-a",
+            "--nodes",
+            "3",
+            "--gpus",
+            "2",
+            "--min-runtime",
+            "2s",
+            "--resumable",
+        ],
+        r#"if [ "$ALLOT_NODE_RANK" != 0 ]; then trap 'sleep 5; exit 0' TERM; fi
+while :; do sleep 0.2; done"#,
+    );
+    let w = c.wait_state(&id, "running", LONG);
+    let first: Vec<String> = w["node_names"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|n| n.as_str().map(str::to_string))
+        .collect();
+    let rank0 = first[0].clone();
+    let out = c.allot(&["nodes", "drain", &rank0, "--reason", "maintenance"]);
+    assert!(out.status.success(), "{out:?}");
+    // Rank 0 ends at once; the others are still leaving: their GPUs are not free.
+    let held = wait_for("the other parts to be held", LONG, || {
+        let nodes = c.json(&["nodes", "--json"]);
+        let ending: Vec<String> = nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| {
+                n["leaving_lease_ids"]
+                    .as_array()
+                    .is_some_and(|l| !l.is_empty())
+            })
+            .filter_map(|n| n["name"].as_str().map(str::to_string))
+            .collect();
+        (!ending.is_empty()).then_some((ending, nodes))
+    });
+    for name in &held.0 {
+        let n = held
+            .1
+            .as_array()
+            .and_then(|a| a.iter().find(|n| n["name"] == name.as_str()));
+        assert_eq!(
+            n.map(|n| n["free_gpus"].clone()),
+            Some(0.into()),
+            "{}",
+            held.1
+        );
+    }
+    // The gang starts again once every old part has ended, on the three ready nodes,
+    // and no host refuses it.
+    let w = wait_for("the gang to run again", LONG, || {
+        let w = c.status(&id);
+        (w["state"] == "running" && w["lease_ids"].as_array().map(Vec::len) == Some(2)).then_some(w)
+    });
+    let again: Vec<&str> = w["node_names"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    assert!(!again.contains(&rank0.as_str()), "{w}");
+    let history = w["history"].to_string();
+    assert!(!history.contains("refused"), "{history}");
+    assert!(history.contains("its GPUs are free"), "{history}");
+}
+
+#[test]
+fn a_lost_node_that_comes_back_never_runs_its_work_twice() {
+    let mut c = Cluster::start_with("lostback", "lost_grace = \"3s\"", ONE_PROJECT, 2, 1);
+    let id = c.submit(
+        &["--project", "demo-a", "--gpus", "1", "--resumable"],
+        "trap 'exit 0' TERM; while :; do sleep 0.2; done",
+    );
+    let w = c.wait_state(&id, "running", LONG);
+    let (node, i) = Cluster::node_of(&w);
+    let lease = w["lease_ids"][0].as_str().expect("lease").to_string();
+    wait_for("the workload to run on its host", LONG, || {
+        (agent_lease(&c, i, &lease)["state"] == "running").then_some(())
+    });
+    // Its agent goes silent past the grace: the node is lost, the work requeued
+    // (and started again on the other node, the only free one).
+    c.kill9_agent(i);
+    let w = wait_for("the work to be requeued and run elsewhere", LONG, || {
+        let w = c.status(&id);
+        (w["state"] == "running" && w["node_names"][0] != node.as_str()).then_some(w)
+    });
+    assert_eq!(w["lease_ids"].as_array().map(Vec::len), Some(2), "{w}");
+    // The agent comes back, its workload still running: allotd ends that copy.
+    c.start_agent(i, 1);
+    let ended = wait_for("the returning lease to be ended", LONG, || {
+        let l = agent_lease(&c, i, &lease);
+        (l["state"] == "ended").then_some(l)
+    });
+    assert_eq!(ended["end_reason"], "revoked", "{ended}");
+    assert!(
+        ended["revoke_why"]
+            .as_str()
+            .unwrap_or("")
+            .contains("never runs twice"),
+        "{ended}"
+    );
+    let w = c.status(&id);
+    assert_eq!(w["state"], "running", "{w}");
+    let history = w["history"].to_string();
+    assert!(
+        history.contains(&format!("node {node} came back running {lease}")),
+        "{history}"
+    );
+    // Its GPU is free again once that copy is gone, and counted so.
+    wait_for("the GPU free again", LONG, || {
+        (c.node_view(i)["free_gpus"] == 1).then_some(())
+    });
 }

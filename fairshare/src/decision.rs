@@ -126,6 +126,12 @@ pub enum Blocked {
     },
     /// The pass ended before reaching it (others ranked ahead took the capacity).
     NotReached,
+    /// Its previous run has parts still ending on these nodes (being stopped, or a
+    /// lost node's run that came back): it does not run twice at once.
+    PreviousRunEnding {
+        /// The nodes, by name.
+        nodes: Vec<String>,
+    },
 }
 
 /// A pending workload's explanation, ranked reasons first.
@@ -152,6 +158,9 @@ pub struct Explanation {
     pub cooling_leases: u32,
     /// When the first cooldown ends.
     pub next_cool: Option<Time>,
+    /// Nodes that refused a start of its size (or smaller) and are not offered it
+    /// until something about them changes (`allot nodes` shows them).
+    pub refused_by: Vec<String>,
     /// The same, for people.
     pub text: String,
 }
@@ -197,7 +206,21 @@ impl Explanation {
             ),
             Blocked::OverCap { cap } => format!("team is at its cap of {cap} GPUs"),
             Blocked::NotReached => "work ranked ahead took the free capacity".into(),
+            Blocked::PreviousRunEnding { nodes } => format!(
+                "its previous run is still ending on {} (its parts are being stopped); \
+                 it starts again once they have, never beside them",
+                nodes.join(", ")
+            ),
         };
+        if !self.refused_by.is_empty() {
+            let (n, names) = (self.refused_by.len(), self.refused_by.join(", "));
+            s += &format!(
+                "; {names} refused a start of its size and {} not offered it until {} \
+                 changes (a drain, a health report, a reconnect)",
+                if n == 1 { "is" } else { "are" },
+                if n == 1 { "it" } else { "each" }
+            );
+        }
         if let Some(t) = self.next_lapse.filter(|_| self.protected_leases > 0) {
             s += &not_yet(
                 self.protected_leases,

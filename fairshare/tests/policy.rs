@@ -1172,3 +1172,93 @@ fn a_soft_drain_lets_work_that_cannot_checkpoint_run_for_its_grace() {
         assert_eq!(r, expect, "drain_grace {grace}");
     }
 }
+
+#[test]
+fn a_gangs_parts_hold_their_gpus_until_each_has_left_and_its_work_waits_for_them() {
+    let mut s = sched(two_teams(), nodes("c", 3, 8));
+    let g = s.submit(0, gang("y", 2, 8, 0)).unwrap();
+    let d = s.schedule(0);
+    let lease = starts(&d)[0].1;
+    let (first, second) = {
+        let p = &s.lease(lease).unwrap().placement;
+        (p[0].node, p[1].node)
+    };
+    // Rank 0's node drains; its part ends first while the other part is stopped.
+    assert_eq!(
+        s.lease_ended_leaving(10, lease, LeaseEnd::Revoked, None, &[second])
+            .unwrap(),
+        WorkloadState::Pending
+    );
+    assert_eq!(
+        s.cluster().node(first).used,
+        0,
+        "the part that ended is free"
+    );
+    assert_eq!(s.cluster().node(second).used, 0xff, "the other is held");
+    assert!(s.cluster().node(second).soft == 0, "and not preemptible");
+    // Two whole nodes are free, yet the gang waits for its old part: never two runs.
+    assert!(starts(&s.schedule(11)).is_empty());
+    let e = s.explain_workload(11, g).unwrap();
+    assert_eq!(
+        e.blocked,
+        Blocked::PreviousRunEnding {
+            nodes: vec![s.cluster().node(second).spec.name.clone()]
+        }
+    );
+    assert!(
+        e.text.contains("previous run is still ending on c-"),
+        "{}",
+        e.text
+    );
+    // Nothing else is placed on the held GPUs either.
+    let other = s.submit(12, job("x", 8, HOUR)).unwrap();
+    let d = s.schedule(12);
+    let placed = s.lease(starts(&d)[0].1).unwrap().placement[0].node;
+    assert_eq!(starts(&d)[0].0, other);
+    assert_ne!(placed, second);
+    // A restart from facts keeps what is held and who waits.
+    let mut s = Scheduler::from_facts(PolicyConfig::default(), two_teams(), &s.facts()).unwrap();
+    assert_eq!(s.cluster().node(second).used, 0xff);
+    assert!(starts(&s.schedule(13)).is_empty());
+    // A part the core does not hold is no report of anything.
+    assert!(matches!(
+        s.part_left(14, lease, first),
+        Err(CoreError::UnknownLease(_))
+    ));
+    // The last part leaves: its GPUs are free and the gang starts again at once.
+    s.part_left(15, lease, second).unwrap();
+    assert!(s.leaving().is_empty());
+    let d = s.schedule(15);
+    assert_eq!(starts(&d).len(), 1);
+    assert_eq!(starts(&d)[0].0, g);
+}
+
+#[test]
+fn a_lost_nodes_lease_that_comes_back_is_held_until_it_is_gone() {
+    let mut s = sched(two_teams(), nodes("c", 2, 8));
+    let w = s.submit(0, job("x", 8, HOUR)).unwrap();
+    let d = s.schedule(0);
+    let lease = starts(&d)[0].1;
+    let node = s.lease(lease).unwrap().placement[0].node;
+    s.set_node_state(10, node, NodeState::Down).unwrap();
+    s.lease_ended(11, lease, LeaseEnd::NodeLost).unwrap();
+    assert_eq!(s.workload(w).unwrap().state, WorkloadState::Pending);
+    // The node comes back running the lease before the work restarted elsewhere.
+    s.set_node_state(20, node, NodeState::Ready).unwrap();
+    assert_eq!(s.hold_stray(20, lease, w, node, 0xff).unwrap(), 0xff);
+    assert_eq!(s.cluster().node(node).free(), 0, "its GPUs are not free");
+    assert!(
+        starts(&s.schedule(21)).is_empty(),
+        "the work does not run twice"
+    );
+    // A live lease is no stray.
+    let other = s.submit(22, job("y", 8, HOUR)).unwrap();
+    let d = s.schedule(22);
+    let live = starts(&d)[0].1;
+    assert_eq!(starts(&d)[0].0, other);
+    assert!(s.hold_stray(22, live, other, node, 0xff).is_err());
+    // Once the host reports it gone, the work starts again.
+    s.part_left(30, lease, node).unwrap();
+    let d = s.schedule(30);
+    assert_eq!(starts(&d)[0].0, w);
+}

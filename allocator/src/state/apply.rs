@@ -68,7 +68,17 @@ impl Allocator {
                 node,
                 exit_code,
                 part,
-            } => self.lease_ended(at, *lease, *end, reason, node, *exit_code, *part, &mut a)?,
+                leaving,
+            } => self.lease_ended(
+                at,
+                *lease,
+                *end,
+                reason,
+                node,
+                *exit_code,
+                (*part, *leaving),
+                &mut a,
+            )?,
             Input::NodeState {
                 node,
                 state,
@@ -318,7 +328,8 @@ impl Allocator {
     /// A lease (or one part of a gang's lease) ended. A part that completed while
     /// others run leaves the gang (its host is done) and the lease goes on; any other
     /// end, or the last part's, ends the lease, and the parts still running are
-    /// revoked with the reason: which part ended and how.
+    /// revoked with the reason: which part ended and how. With `leaving`, those
+    /// parts' GPUs stay held until each host reports its part gone (`part_left`).
     #[allow(clippy::too_many_arguments)]
     fn lease_ended(
         &mut self,
@@ -328,14 +339,12 @@ impl Allocator {
         reason: &str,
         node: &str,
         exit_code: Option<i32>,
-        part: bool,
+        (part, leaving): (bool, bool),
         a: &mut Applied,
     ) -> Result<(), CoreError> {
-        let wid = self
-            .core
-            .lease(LeaseId(lease))
-            .map(|l| l.workload.0)
-            .ok_or(CoreError::UnknownLease(lease))?;
+        let Some(wid) = self.core.lease(LeaseId(lease)).map(|l| l.workload.0) else {
+            return self.part_left(at, lease, end, node, exit_code, a);
+        };
         // A node reports its own leases only: another node's is not its to end.
         let hosts = self.lease_hosts.get(&lease);
         if !node.is_empty() && !hosts.is_some_and(|h| h.iter().any(|(n, _)| n == node)) {
@@ -366,12 +375,26 @@ impl Allocator {
             );
             return Ok(());
         }
-        match self.nodes.get(node) {
-            Some(n) if end == LeaseEnd::Refused => {
-                self.core.lease_refused(at, LeaseId(lease), n.id)?
-            }
-            _ => self.core.lease_ended(at, LeaseId(lease), end)?,
-        };
+        let refusing = self
+            .nodes
+            .get(node)
+            .filter(|_| end == LeaseEnd::Refused)
+            .map(|n| n.id);
+        if leaving {
+            let still: Vec<_> = hosts
+                .into_iter()
+                .flatten()
+                .filter(|(n, _)| n != node)
+                .filter_map(|(n, _)| self.nodes.get(n).map(|r| r.id))
+                .collect();
+            self.core
+                .lease_ended_leaving(at, LeaseId(lease), end, refusing, &still)?;
+        } else {
+            match refusing {
+                Some(n) => self.core.lease_refused(at, LeaseId(lease), n)?,
+                None => self.core.lease_ended(at, LeaseId(lease), end)?,
+            };
+        }
         self.release_port(wid, lease);
         // The other hosts of a gang stop too, told which part ended and how.
         let why = if node.is_empty() {
@@ -417,6 +440,48 @@ impl Allocator {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// A host reports its part of a lease that had already ended (a gang's other
+    /// part, or a lost node's lease that came back): its GPUs are free again, and the
+    /// workload may start once no part of its earlier run is left.
+    fn part_left(
+        &mut self,
+        at: Time,
+        lease: u64,
+        end: LeaseEnd,
+        node: &str,
+        exit_code: Option<i32>,
+        a: &mut Applied,
+    ) -> Result<(), CoreError> {
+        let id = self
+            .nodes
+            .get(node)
+            .map(|n| n.id)
+            .ok_or(CoreError::UnknownLease(lease))?;
+        let wid = self
+            .core
+            .leaving()
+            .get(&LeaseId(lease))
+            .map(|l| l.workload.0)
+            .ok_or(CoreError::UnknownLease(lease))?;
+        self.core.part_left(at, LeaseId(lease), id)?;
+        let exit = exit_code.map_or(String::new(), |c| format!(", exit {c}"));
+        let next = if self.core.leaving().values().any(|l| l.workload.0 == wid) {
+            ""
+        } else {
+            "; no part of that run is left"
+        };
+        a.audit(
+            wid,
+            lease,
+            format!(
+                "{} part on {node} ended: {}{exit}; its GPUs are free{next}",
+                lease_wire(lease),
+                end.as_str()
+            ),
+        );
         Ok(())
     }
 

@@ -5,7 +5,7 @@ use super::audit::state_name;
 use super::input::{drain_kind, GpuCondition, GpuSeen, HostDrain, Verdict};
 use super::out::{lease_wire, Applied, Command, Level};
 use super::{effective, Allocator, DrainRec, NodeRec};
-use allot_fairshare::{CoreError, NodeSpec, NodeState, Time};
+use allot_fairshare::{CoreError, LeaseId, NodeSpec, NodeState, Time, WorkloadId, WorkloadState};
 use std::collections::{BTreeMap, BTreeSet};
 
 fn no_node(node: &str) -> CoreError {
@@ -217,22 +217,39 @@ impl Allocator {
                 a.send(name, cmd);
             }
         }
+        // Parts of ended leases allotd held here that the host no longer runs: gone.
+        for lease in self.leaving_on(name) {
+            if !running.contains(&lease) {
+                self.part_gone(at, lease, name, a);
+            }
+        }
         for lease in running.difference(&ours) {
-            // The host's running work wins: reported, not killed.
-            let known = self.work.values().any(|w| w.leases.contains(lease));
-            a.notice(
-                Level::Warn,
-                name,
-                format!(
-                    "agent runs {} which {}; left running",
-                    lease_wire(*lease),
-                    if known {
-                        "allotd holds as ended"
-                    } else {
-                        "allotd never placed"
-                    }
-                ),
-            );
+            let known = self
+                .work
+                .values()
+                .find(|w| w.leases.contains(lease))
+                .map(|w| w.id);
+            match known {
+                Some(wid) if self.core.lease(LeaseId(*lease)).is_none() => {
+                    self.stray(at, *lease, wid, name, gpus, a);
+                }
+                _ => {
+                    // Not allotd's to end: reported, not killed.
+                    a.notice(
+                        Level::Warn,
+                        name,
+                        format!(
+                            "agent runs {} which {}; left running",
+                            lease_wire(*lease),
+                            if known.is_some() {
+                                "allotd holds as live elsewhere"
+                            } else {
+                                "allotd never placed"
+                            }
+                        ),
+                    );
+                }
+            }
         }
         if let Some(n) = self.nodes.get(name) {
             for kind in ["cluster-operator", "health"] {
@@ -253,6 +270,94 @@ impl Allocator {
             }
         }
         Ok(())
+    }
+
+    /// A host came back running `lease` of workload `wid`, which allotd ended while
+    /// it was away (the node was declared lost, and the work may run again
+    /// elsewhere): the lease is ended through its ladder, its GPUs stay held until
+    /// the host reports it gone, and a workload waiting to run again waits for that,
+    /// so the work never runs twice. The choice and its reason go in the history.
+    fn stray(
+        &mut self,
+        at: Time,
+        lease: u64,
+        wid: u64,
+        name: &str,
+        gpus: &[GpuSeen],
+        a: &mut Applied,
+    ) {
+        let Some(node) = self.nodes.get(name).map(|n| n.id) else {
+            return;
+        };
+        let wire = lease_wire(lease);
+        let already = self
+            .core
+            .leaving()
+            .get(&LeaseId(lease))
+            .is_some_and(|l| l.parts.iter().any(|p| p.node == node));
+        let why = format!(
+            "allotd had ended {wire} (its node was declared lost) and its work may run again elsewhere; ended so that it never runs twice"
+        );
+        a.send(
+            name,
+            Command::Revoke {
+                lease,
+                not_before: at,
+                why: why.clone(),
+            },
+        );
+        if already {
+            return;
+        }
+        let mask = gpus
+            .iter()
+            .filter(|g| g.lease == wire && g.index < 64)
+            .fold(0u64, |m, g| m | (1u64 << g.index));
+        let held = self
+            .core
+            .hold_stray(at, LeaseId(lease), WorkloadId(wid), node, mask)
+            .unwrap_or(0);
+        let now = match self.work.get(&wid) {
+            Some(w) if w.state == WorkloadState::Pending => {
+                "the work waits for it to end, then starts again".to_string()
+            }
+            Some(w) if w.state == WorkloadState::Running => format!(
+                "the work already runs again as {}",
+                w.leases.last().map_or(String::new(), |l| lease_wire(*l))
+            ),
+            Some(w) => format!("the workload has ended ({})", w.end_reason),
+            None => "the workload has ended".into(),
+        };
+        a.audit(
+            wid,
+            lease,
+            format!(
+                "node {name} came back running {wire} ({} GPUs), which allotd had ended (the node was declared lost): it is revoked now so that the work never runs twice; {now}",
+                held.count_ones()
+            ),
+        );
+    }
+
+    /// A host's registration shows a part of an ended lease allotd held there gone.
+    fn part_gone(&mut self, at: Time, lease: u64, name: &str, a: &mut Applied) {
+        let Some(node) = self.nodes.get(name).map(|n| n.id) else {
+            return;
+        };
+        let wid = self
+            .core
+            .leaving()
+            .get(&LeaseId(lease))
+            .map(|l| l.workload.0);
+        if self.core.part_left(at, LeaseId(lease), node).is_ok() {
+            a.audit(
+                wid.unwrap_or(0),
+                lease,
+                format!(
+                    "{} part on {name}: not running when the host registered; its GPUs are free",
+                    lease_wire(lease)
+                ),
+            );
+        }
     }
 
     /// A host's health report; returns whether anything the journal keeps changed.

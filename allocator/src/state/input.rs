@@ -95,6 +95,13 @@ pub enum Input {
         /// where any part's end ended the whole lease, and replay keeps that.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         part: bool,
+        /// The lease's parts on its other hosts stay held until each reports its
+        /// end (they are told to stop), and its workload does not start again before
+        /// (false in journals before it existed, whose ends released every part at
+        /// once, and replay keeps that). A report for a part of a lease already ended
+        /// is that part's end.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        leaving: bool,
     },
     /// A node's scheduling state changed (operator, health, or lost).
     NodeState {

@@ -300,6 +300,19 @@ impl Allocator {
             .collect()
     }
 
+    /// Ended leases with a part still held on `node` (being stopped there).
+    pub fn leaving_on(&self, node: &str) -> Vec<u64> {
+        let Some(id) = self.nodes.get(node).map(|n| n.id) else {
+            return Vec::new();
+        };
+        self.core
+            .leaving()
+            .iter()
+            .filter(|(_, l)| l.parts.iter().any(|p| p.node == id))
+            .map(|(l, _)| l.0)
+            .collect()
+    }
+
     /// The start command for a live lease on `node` (to re-send on reconnect): the
     /// same run, rank and rendezvous as the first time.
     fn start_command(&self, lease: u64, node: &str) -> Option<Command> {

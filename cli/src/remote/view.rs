@@ -454,6 +454,8 @@ pub fn node_json(n: &Node) -> Value {
         "memory_gb": n.memory_gb,
         "verdict": verdict(n.verdict()),
         "lease_ids": n.lease_ids,
+        "leaving_lease_ids": n.leaving_lease_ids,
+        "refused_gpus": n.refused_gpus,
         "drain_reason": n.drain_reason,
         "drains": n.drains.iter().map(drain_info_json).collect::<Vec<_>>(),
         "last_seen_unix": n.last_seen_unix,
@@ -473,7 +475,7 @@ pub fn nodes_table(nodes: &[Node]) -> String {
                 yes_no(n.connected).into(),
                 format!("{}/{}", n.free_gpus, n.gpus),
                 verdict(n.verdict()).into(),
-                n.lease_ids.len().to_string(),
+                leases_cell(n),
                 drain_cell(n),
             ]
         })
@@ -493,10 +495,23 @@ pub fn nodes_table(nodes: &[Node]) -> String {
     )
 }
 
+/// The LEASES cell: leases running, and ended leases whose part here is still being
+/// stopped (`2 +1 ending`): their GPUs are not free yet.
+fn leases_cell(n: &Node) -> String {
+    match n.leaving_lease_ids.len() {
+        0 => n.lease_ids.len().to_string(),
+        k => format!("{} +{k} ending", n.lease_ids.len()),
+    }
+}
+
 /// The DRAIN cell: the first drain in force (else the first held one), its kind and
-/// reason, and how many more there are: `health (xid:79 on 0000:3b:00) +1`.
+/// reason, and how many more there are: `health (xid:79 on 0000:3b:00) +1`; on a node
+/// without a drain, a refusal it is remembered for (`refused 8+ GPUs`).
 fn drain_cell(n: &Node) -> String {
     let Some(first) = n.drains.iter().find(|d| !d.held).or(n.drains.first()) else {
+        if n.refused_gpus > 0 && n.drain_reason.is_empty() {
+            return format!("refused {}+ GPUs", n.refused_gpus);
+        }
         // allotd before drains were listed: its one line.
         return or_dash(&n.drain_reason);
     };

@@ -40,6 +40,9 @@ pub struct Facts {
     /// When the ledger first recorded usage (the covered part of the window starts
     /// there); absent from older snapshots, read then as "the whole window".
     pub usage_since: Option<Time>,
+    /// Ended leases' parts still running on their hosts (absent from older
+    /// snapshots: none).
+    pub leaving: Vec<(LeaseId, Leaving)>,
 }
 
 impl Default for Facts {
@@ -56,6 +59,7 @@ impl Default for Facts {
             next_lease: 1,
             last_now: 0,
             usage_since: None,
+            leaving: Vec::new(),
         }
     }
 }
@@ -199,6 +203,12 @@ impl Scheduler {
             next_lease: self.st.next_lease,
             last_now: self.st.last_now,
             usage_since: self.st.ledger.since(),
+            leaving: self
+                .st
+                .leaving
+                .iter()
+                .map(|(id, l)| (*id, l.clone()))
+                .collect(),
         }
     }
 
@@ -344,6 +354,25 @@ impl Scheduler {
             .iter()
             .filter_map(|(t, a, b)| Some((*t, s.tree.find(a)?, s.tree.find(b)?)))
             .collect();
+        for (id, l) in &f.leaving {
+            if l.parts.iter().any(|p| p.node.idx() >= s.st.cluster.len()) {
+                return Err(CoreError::UnknownNode(l.parts[0].node.0));
+            }
+            for p in &l.parts {
+                s.st.hold_part(p);
+            }
+            s.st.leaving.insert(*id, l.clone());
+        }
+        let held: Vec<WorkloadId> = f.leaving.iter().map(|(_, l)| l.workload).collect();
+        for w in held {
+            if s.st
+                .workloads
+                .get(&w)
+                .is_some_and(|w| w.state == WorkloadState::Pending)
+            {
+                s.hold_back(w);
+            }
+        }
         s.st.next_workload = f.next_workload.max(1);
         s.st.next_lease = f.next_lease.max(1);
         s.st.last_now = now;

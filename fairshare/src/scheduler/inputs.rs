@@ -180,7 +180,7 @@ impl Scheduler {
         self.end_lease(now, lease, end, None)
     }
 
-    fn end_lease(
+    pub(super) fn end_lease(
         &mut self,
         now: Time,
         lease: LeaseId,

@@ -15,6 +15,7 @@ mod baseline;
 mod bookkeeping;
 mod facts;
 mod inputs;
+mod leaving;
 mod pass;
 mod placement;
 
@@ -36,6 +37,7 @@ pub use baseline::Baseline;
 use bookkeeping::protection;
 pub use facts::{Facts, LeaseFacts, NodeFacts, WorkloadFacts};
 use inputs::QueueKey;
+pub use leaving::{Leaving, LeavingPart};
 use pass::Pass;
 
 /// How a lease ended, as the shell saw it (journaled by allotd by these names).
@@ -192,6 +194,8 @@ struct State {
     whole_keys: crate::preempt::WholeKeys,
     /// GPUs each user runs on the allowance (leases only; claims are counted apart).
     allowance: BTreeMap<String, u32>,
+    /// Ended leases' parts still running on their hosts (`leaving.rs`).
+    leaving: BTreeMap<LeaseId, Leaving>,
 }
 
 impl Scheduler {
@@ -224,6 +228,7 @@ impl Scheduler {
                 recent: Vec::new(),
                 whole_keys: Default::default(),
                 allowance: BTreeMap::new(),
+                leaving: BTreeMap::new(),
             },
             baseline: None,
             queues: vec![ProjectQueue::default(); n],
@@ -421,12 +426,21 @@ impl Scheduler {
     /// What every explanation at `now` shares: ratios, and the leases not yet
     /// preemptible, told apart by why (a min-runtime contract or the cooldown).
     fn explain_context(&self, now: Time) -> ExplainContext {
+        let mut refusals: Vec<(u32, String)> = self
+            .st
+            .cluster
+            .nodes()
+            .filter(|(_, n)| n.refused_from != u32::MAX)
+            .map(|(_, n)| (n.refused_from, n.spec.name.clone()))
+            .collect();
+        refusals.sort();
         let mut cx = ExplainContext {
             ratios: self.ratios_at(now),
             protected: 0,
             next_lapse: None,
             cooling: 0,
             next_cool: None,
+            refusals,
         };
         for &(t, lid) in self.st.protected.range((now + 1, LeaseId(0))..) {
             match self.st.leases.get(&lid).map(|l| l.protected_until) {
@@ -464,6 +478,12 @@ impl Scheduler {
             next_lapse: cx.next_lapse,
             cooling_leases: cx.cooling,
             next_cool: cx.next_cool,
+            refused_by: cx
+                .refusals
+                .iter()
+                .take_while(|(from, _)| *from <= w.spec.gpus_per_node)
+                .map(|(_, name)| name.clone())
+                .collect(),
         };
         e.text = e.render(now);
         e
@@ -557,6 +577,8 @@ struct ExplainContext {
     next_lapse: Option<Time>,
     cooling: u32,
     next_cool: Option<Time>,
+    /// Nodes that remember a refusal: (the size refused, name), smallest first.
+    refusals: Vec<(u32, String)>,
 }
 
 /// A lease as the per-node index keeps it: what a preemption plan reads to rule a

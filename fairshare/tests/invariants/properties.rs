@@ -189,6 +189,8 @@ fn generated_cases_exercise_every_path() {
         ("requeues", s.requeues),
         ("node losses", s.node_lost),
         ("allowance starts", s.allowance_starts),
+        ("gang parts leaving one by one", s.parts_left),
+        ("lost leases that came back", s.strays),
     ];
     let missing: Vec<_> = counts.iter().filter(|c| c.1 == 0).collect();
     assert!(missing.is_empty(), "never reached: {missing:?} in {s:?}");

@@ -91,8 +91,23 @@ impl Shell {
                 }
             }
         }
+        for (other, l) in &self.leaving {
+            let clash = l.placement.iter().any(|q| {
+                placement
+                    .iter()
+                    .any(|p| q.node == p.node && q.gpus & p.gpus != 0)
+            });
+            if clash {
+                bad.push(format!("GPUs still held by {other:?}'s part being stopped"));
+            }
+        }
         if let Some((other, _)) = self.live.iter().find(|(_, l)| l.workload == wid) {
             bad.push(format!("{wid:?} already runs as {other:?}"));
+        }
+        if let Some((other, _)) = self.leaving.iter().find(|(_, l)| l.workload == wid) {
+            bad.push(format!(
+                "{wid:?} starts again while a part of its earlier run {other:?} still runs"
+            ));
         }
         for b in bad {
             self.fail(

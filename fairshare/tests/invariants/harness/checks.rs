@@ -27,6 +27,31 @@ impl Shell {
                 e.2 += l.mem_per_node;
             }
         }
+        // Parts of ended leases still running hold their GPUs too.
+        for (lid, l) in self.sch.leaving() {
+            for p in &l.parts {
+                let e = used.entry(p.node).or_default();
+                if e.0 & p.gpus != 0 {
+                    bad.push(format!(
+                        "{:?} GPUs {:#b} held by {lid:?}'s leaving part and another",
+                        p.node,
+                        e.0 & p.gpus
+                    ));
+                }
+                e.0 |= p.gpus;
+                e.1 += p.cpu;
+                e.2 += p.mem;
+            }
+        }
+        for (node, (gpus, _, _)) in &used {
+            let n = c.node(*node);
+            if n.used != *gpus {
+                bad.push(format!(
+                    "{node:?} marks GPUs {:#b} used, its leases and parts hold {gpus:#b}",
+                    n.used
+                ));
+            }
+        }
         for (node, (_, cpu, mem)) in &used {
             let n = c.node(*node);
             if *cpu > n.spec.cpu || *mem > n.spec.memory_gb {
@@ -40,6 +65,33 @@ impl Shell {
         let agents: BTreeSet<LeaseId> = self.live.keys().copied().collect();
         if core != agents {
             bad.push(format!("core leases {core:?}, agents hold {agents:?}"));
+        }
+        let core_parts: BTreeSet<(LeaseId, NodeId)> = self
+            .sch
+            .leaving()
+            .iter()
+            .flat_map(|(id, l)| l.parts.iter().map(move |p| (*id, p.node)))
+            .collect();
+        let agent_parts: BTreeSet<(LeaseId, NodeId)> = self
+            .leaving
+            .iter()
+            .flat_map(|(id, l)| l.placement.iter().map(move |p| (*id, p.node)))
+            .collect();
+        if core_parts != agent_parts {
+            bad.push(format!(
+                "core holds leaving parts {core_parts:?}, agents run {agent_parts:?}"
+            ));
+        }
+        // No workload runs twice: one live lease at most, and none beside a part of
+        // an earlier run still being stopped.
+        let mut runs: BTreeMap<allot_fairshare::WorkloadId, Vec<LeaseId>> = BTreeMap::new();
+        for (id, l) in self.live.iter() {
+            runs.entry(l.workload).or_default().push(*id);
+        }
+        for (w, ids) in &runs {
+            if ids.len() > 1 {
+                bad.push(format!("{w:?} runs twice: {ids:?}"));
+            }
         }
         for b in bad {
             self.fail(Prop::Exclusive, b);
@@ -123,7 +175,7 @@ impl Shell {
     /// implies, and the counts add up.
     pub(super) fn check_books(&mut self) {
         let mut bad = Vec::new();
-        let (mut pending, mut running, mut ended) = (0usize, 0usize, 0usize);
+        let (mut pending, mut held_back, mut running, mut ended) = (0usize, 0usize, 0usize, 0usize);
         let mut demand = vec![0u64; self.sch.tree().len()];
         for &id in &self.ids {
             let Some(w) = self.sch.workload(id) else {
@@ -132,7 +184,13 @@ impl Shell {
             };
             match w.state {
                 WorkloadState::Pending => {
-                    pending += 1;
+                    // One that waits for its earlier run's parts to leave is out of
+                    // its queue until then.
+                    if self.leaving.values().any(|l| l.workload == id) {
+                        held_back += 1;
+                    } else {
+                        pending += 1;
+                    }
                     if w.lease.is_some() {
                         bad.push(format!("pending {id:?} holds {:?}", w.lease));
                     }
@@ -175,9 +233,9 @@ impl Shell {
                 self.live.len()
             ));
         }
-        if pending + running + ended != self.ids.len() {
+        if pending + held_back + running + ended != self.ids.len() {
             bad.push(format!(
-                "{pending} + {running} + {ended} != {} submitted",
+                "{pending} + {held_back} + {running} + {ended} != {} submitted",
                 self.ids.len()
             ));
         }

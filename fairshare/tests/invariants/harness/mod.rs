@@ -55,6 +55,9 @@ pub(crate) enum Prop {
 #[derive(Debug, Clone, Copy)]
 enum Ev {
     End(LeaseId, LeaseEnd),
+    /// A host stops its part of an ended lease (a gang's other part, a lost node's
+    /// lease that came back) and says so.
+    PartLeft(LeaseId, allot_fairshare::NodeId),
     Wake,
 }
 
@@ -93,6 +96,10 @@ pub(crate) struct Stats {
     pub(crate) requeues: u64,
     pub(crate) node_lost: u64,
     pub(crate) allowance_starts: u64,
+    /// Parts of ended gangs that left after their lease ended.
+    pub(crate) parts_left: u64,
+    /// Leases of lost nodes that came back running and were held until they left.
+    pub(crate) strays: u64,
 }
 
 impl Stats {
@@ -112,6 +119,8 @@ impl Stats {
         self.requeues += o.requeues;
         self.node_lost += o.node_lost;
         self.allowance_starts += o.allowance_starts;
+        self.parts_left += o.parts_left;
+        self.strays += o.strays;
     }
 }
 
@@ -128,6 +137,12 @@ pub(crate) struct Shell {
     events: BTreeMap<(Time, u64), Ev>,
     wakes: BTreeSet<Time>,
     pub(crate) live: BTreeMap<LeaseId, Live>,
+    /// Parts of ended leases the agents still run (a gang's other parts being
+    /// stopped, a lost node's lease that came back), by lease: what they hold.
+    pub(crate) leaving: BTreeMap<LeaseId, Live>,
+    /// Nodes taken down, with the leases that were running there (their agents may
+    /// come back still running them).
+    down: BTreeMap<allot_fairshare::NodeId, Vec<(LeaseId, WorkloadId, u64)>>,
     /// Every lease ever started, as the core described it right after the start.
     seen: BTreeMap<LeaseId, Lease>,
     jobs: BTreeMap<WorkloadId, Job>,

@@ -27,6 +27,8 @@ impl Shell {
             events: BTreeMap::new(),
             wakes: BTreeSet::new(),
             live: BTreeMap::new(),
+            leaving: BTreeMap::new(),
+            down: BTreeMap::new(),
             seen: BTreeMap::new(),
             jobs: BTreeMap::new(),
             ids: Vec::new(),
@@ -184,7 +186,8 @@ impl Shell {
         if let Err(e) = self.sch.set_node_state(self.now, node, state) {
             self.fail(Prop::Books, format!("set_node_state {node:?}: {e}"));
         }
-        if state == NodeState::Down {
+        if state == NodeState::Down && !self.down.contains_key(&node) {
+            let mut there = Vec::new();
             let lost: Vec<LeaseId> = self
                 .live
                 .iter()
@@ -192,10 +195,81 @@ impl Shell {
                 .map(|(id, _)| *id)
                 .collect();
             for lid in lost {
+                if let Some(l) = self.live.get(&lid) {
+                    let mask = l
+                        .placement
+                        .iter()
+                        .filter(|p| p.node == node)
+                        .fold(0, |m, p| m | p.gpus);
+                    there.push((lid, l.workload, mask));
+                }
                 self.end_lease(lid, LeaseEnd::NodeLost);
+            }
+            // Parts being stopped there are gone with it, as far as the shell knows.
+            let parts: Vec<LeaseId> = self
+                .leaving
+                .iter()
+                .filter(|(_, l)| l.placement.iter().any(|p| p.node == node))
+                .map(|(id, _)| *id)
+                .collect();
+            for lid in parts {
+                self.part_left(lid, node);
+            }
+            self.down.insert(node, there);
+        } else if state != NodeState::Down {
+            // Back: its agent still runs what the node ran when it went down, which the
+            // core ended; held until each is stopped.
+            for (lid, wid, mask) in self.down.remove(&node).unwrap_or_default() {
+                match self.sch.hold_stray(self.now, lid, wid, node, mask) {
+                    Ok(0) => {}
+                    Ok(held) => {
+                        self.stats.strays += 1;
+                        let project = self
+                            .sch
+                            .workload(wid)
+                            .map_or(allot_fairshare::GroupId(0), |w| w.project);
+                        let part = allot_fairshare::workload::NodeGpus { node, gpus: held };
+                        self.leaving
+                            .entry(lid)
+                            .or_insert(super::Live {
+                                workload: wid,
+                                project,
+                                start: self.now,
+                                placement: Vec::new(),
+                                gpus: 0,
+                            })
+                            .placement
+                            .push(part);
+                        self.push(self.now + self.save.max(1), Ev::PartLeft(lid, node));
+                    }
+                    Err(e) => {
+                        self.fail(Prop::Books, format!("hold_stray {lid:?} on {node:?}: {e}"))
+                    }
+                }
             }
         }
         self.pass();
+    }
+
+    /// A host reports its part of an ended lease gone.
+    fn part_left(&mut self, lid: LeaseId, node: NodeId) {
+        let Some(l) = self.leaving.get_mut(&lid) else {
+            return;
+        };
+        if !l.placement.iter().any(|p| p.node == node) {
+            return;
+        }
+        l.placement.retain(|p| p.node != node);
+        if l.placement.is_empty() {
+            self.leaving.remove(&lid);
+        }
+        self.stats.parts_left += 1;
+        if let Err(e) = self.sch.part_left(self.now, lid, node) {
+            self.fail(
+                Prop::Books,
+                format!("the agents held a part of {lid:?} on {node:?} but the core refused its end: {e}"),
+            );
+        }
     }
 
     fn gpu(&mut self, n: usize, gpu: u32, healthy: bool, kill: bool) {
@@ -242,6 +316,10 @@ impl Shell {
                         ended |= self.live.contains_key(&lid);
                         self.end_lease(lid, end);
                     }
+                    Ev::PartLeft(lid, node) => {
+                        ended = true;
+                        self.part_left(lid, node);
+                    }
                     Ev::Wake => {
                         self.wakes.remove(&t);
                     }
@@ -271,6 +349,31 @@ impl Shell {
             .workload(l.workload)
             .is_some_and(|w| !w.spec.no_requeue);
         let cancelled = matches!(self.last_revoke.get(&lid), Some(RevokeWhy::Cancelled));
+        // A gang's parts end one by one: the first (or the lost ones) now, the others
+        // on their hosts' next report; the core holds them meanwhile.
+        let gone: Vec<NodeId> = match end {
+            LeaseEnd::NodeLost => l
+                .placement
+                .iter()
+                .map(|p| p.node)
+                .filter(|n| {
+                    self.down.contains_key(n)
+                        || self.sch.cluster().node(*n).state == NodeState::Down
+                })
+                .collect(),
+            _ => l.placement.iter().take(1).map(|p| p.node).collect(),
+        };
+        let gone = if gone.is_empty() {
+            l.placement.iter().take(1).map(|p| p.node).collect()
+        } else {
+            gone
+        };
+        let still: Vec<NodeId> = l
+            .placement
+            .iter()
+            .map(|p| p.node)
+            .filter(|n| !gone.contains(n))
+            .collect();
         let expect = match end {
             LeaseEnd::Completed => WorkloadState::Completed,
             LeaseEnd::Failed => WorkloadState::Failed,
@@ -286,7 +389,19 @@ impl Shell {
         if end == LeaseEnd::NodeLost {
             self.stats.node_lost += 1;
         }
-        match self.sch.lease_ended(self.now, lid, end) {
+        if !still.is_empty() {
+            let mut part = l.clone();
+            part.placement.retain(|p| still.contains(&p.node));
+            self.leaving.insert(lid, part);
+            for (i, n) in still.iter().enumerate() {
+                let at = self.now + 1 + (i as u64 + self.seq) % self.save.max(1);
+                self.push(at, Ev::PartLeft(lid, *n));
+            }
+        }
+        match self
+            .sch
+            .lease_ended_leaving(self.now, lid, end, None, &still)
+        {
             Ok(s) => {
                 if s != expect {
                     self.fail(
