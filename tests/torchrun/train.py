@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tiny deterministic CPU training loop for allot's torchrun gang tests.
 
-Run as `torchrun train.py --ckpt-dir DIR --steps N [--log FILE]`; torchrun takes its
+Run as `torchrun train.py --ckpt-dir DIR --steps N [--rank-log FILE]`; torchrun takes its
 rendezvous flags from the PET_* variables allot sets. On SIGUSR1 (allot's preemption,
 delivered directly and again forwarded by the torchrun agent) all ranks stop at the same
 step, save DIR/rank-R.pt, rank 0 writes DIR/complete.json, each host's local rank 0
@@ -45,7 +45,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt-dir", required=True, help="persistent, shared by all ranks and runs")
     ap.add_argument("--steps", type=int, required=True, help="total steps; exit 0 when done")
-    ap.add_argument("--log", help="also append this rank's lines to FILE")
+    ap.add_argument("--rank-log", dest="log", help="also append this rank's lines to FILE (not --log: torchrun would take that for its own --log-dir)")
     args = ap.parse_args()
     run = os.environ.get("ALLOT_RUN", "0")
 

@@ -256,7 +256,13 @@ impl Scheduler {
                 w.last_preempted = Some(now);
             }
             let key = QueueKey::of(w);
-            self.enqueue(key);
+            if self.st.held_back(wid) {
+                // An earlier run of it still ends somewhere (a lost node's lease that
+                // came back): it waits for that, out of its queue.
+                self.hold_back(wid);
+            } else {
+                self.enqueue(key);
+            }
         } else {
             self.st.finish(wid, next);
         }

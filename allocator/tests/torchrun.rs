@@ -1,0 +1,172 @@
+//! A real torchrun gang under allot: PyTorch from PyPI on CPU (gloo), 2 nodes × 8
+//! ranks that rendezvous from the environment allot sets alone, preempted with
+//! `--checkpoint signal:USR1` five times in a row. Every rank checkpoints at the same
+//! step, and the requeued gang starts again on the free nodes and resumes at exactly
+//! that step. The venv comes from `ALLOT_TEST_TORCH_VENV` (`.ci/run` makes it under
+//! `target/torch-venv`); without it the test is skipped, and under `CI=true` it fails.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use support::{wait_for, Cluster};
+
+/// Long: 16 ranks import torch on a 2-core machine before each rendezvous.
+const LONG: Duration = Duration::from_secs(300);
+const ONE_PROJECT: &str = "[[group]]\nname = \"demo-a\"\nweight = 1\n";
+const PREEMPTIONS: usize = 5;
+
+/// The venv with torch, if there is one.
+fn torch_venv() -> Option<PathBuf> {
+    let p = std::env::var_os("ALLOT_TEST_TORCH_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/torch-venv"));
+    let torchrun = p.join("bin/torchrun");
+    if torchrun.exists() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true: no torchrun at {} (.ci/run installs PyTorch there; set ALLOT_TEST_TORCH_VENV)",
+        torchrun.display()
+    );
+    eprintln!("skipped: no torchrun at {}", torchrun.display());
+    None
+}
+
+/// The lines the ranks wrote (`--log`) for run `run`: (rank, step) of each `word`.
+fn lines(log: &Path, word: &str, run: usize) -> Vec<(u32, u64)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with(word) && l.ends_with(&format!(" run={run}")))
+        .filter_map(|l| {
+            let field = |k: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(k))
+                    .and_then(|v| v.parse::<u64>().ok())
+            };
+            Some((u32::try_from(field("rank=")?).ok()?, field("step=")?))
+        })
+        .collect()
+}
+
+/// Every rank's step in `found`, when all 16 are there and agree.
+fn agreed(found: &[(u32, u64)]) -> Option<u64> {
+    let ranks: std::collections::BTreeSet<u32> = found.iter().map(|x| x.0).collect();
+    let steps: std::collections::BTreeSet<u64> = found.iter().map(|x| x.1).collect();
+    (ranks.len() == 16 && steps.len() == 1).then(|| *steps.iter().next().unwrap_or(&0))
+}
+
+#[test]
+fn a_torchrun_gang_checkpoints_and_resumes_at_its_step_through_five_preemptions() {
+    let Some(venv) = torch_venv() else {
+        return;
+    };
+    let c = Cluster::start("torchrun", ONE_PROJECT, 4, 8);
+    let ckpt = c.dir.join("ckpt");
+    let log = c.dir.join("ranks.log");
+    let train = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/torchrun/train.py");
+    let path = format!(
+        "{}:{}",
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = c.allot(&[
+        "submit",
+        "--json",
+        "--project",
+        "demo-a",
+        "--nodes",
+        "2",
+        "--gpus",
+        "8",
+        "--min-runtime",
+        "1s",
+        "--resumable",
+        "--checkpoint",
+        "signal:USR1",
+        "--env",
+        &format!("PATH={path}"),
+        "--",
+        "torchrun",
+        &train.display().to_string(),
+        "--ckpt-dir",
+        &ckpt.display().to_string(),
+        "--steps",
+        "100000",
+        "--rank-log",
+        &log.display().to_string(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let mut step = 0;
+    for run in 1..=PREEMPTIONS {
+        // Every rank of this run is up, at the step the last checkpoint left.
+        let resumed = wait_for(&format!("run {run}: 16 ranks resumed"), LONG, || {
+            agreed(&lines(&log, "resumed", run))
+        });
+        assert_eq!(resumed, step, "run {run} resumed at its checkpoint");
+        let w = c.status(&id);
+        let nodes: Vec<String> = w["node_names"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .filter_map(|n| n.as_str().map(str::to_string))
+            .collect();
+        assert_eq!(nodes.len(), 2, "{w}");
+        // Let it train a few steps past the resume (rank 0 logs each), then preempt:
+        // its nodes drain.
+        wait_for("a few steps", LONG, || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.lines()
+                .filter(|l| l.starts_with("step=") && l.ends_with(&format!(" run={run}")))
+                .filter_map(|l| {
+                    l.split_whitespace()
+                        .next()?
+                        .strip_prefix("step=")?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .any(|s| s >= resumed + 3)
+                .then_some(())
+        });
+        for n in &nodes {
+            let out = c.allot(&["nodes", "drain", n, "--reason", "preempt the gang"]);
+            assert!(out.status.success(), "{out:?}");
+        }
+        // Every rank checkpoints at one step; the run's end is a revocation after a
+        // checkpoint, on both hosts.
+        step = wait_for(&format!("run {run}: 16 ranks checkpointed"), LONG, || {
+            agreed(&lines(&log, "checkpointed", run))
+        });
+        assert!(step > resumed, "run {run} trained before it was preempted");
+        let w = wait_for("the gang to run again elsewhere", LONG, || {
+            let w = c.status(&id);
+            (w["state"] == "running" && w["lease_ids"].as_array().map(Vec::len) == Some(run + 1))
+                .then_some(w)
+        });
+        let again: Vec<&str> = w["node_names"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .filter_map(|n| n.as_str())
+            .collect();
+        assert!(again.iter().all(|n| !nodes.iter().any(|m| m == n)), "{w}");
+        let history = w["history"].to_string();
+        assert!(!history.contains("refused"), "{history}");
+        for n in &nodes {
+            let out = c.allot(&["nodes", "undrain", n]);
+            assert!(out.status.success(), "{out:?}");
+        }
+    }
+    // The sixth run resumes at the fifth checkpoint too.
+    let resumed = wait_for("the last run resumed", LONG, || {
+        agreed(&lines(&log, "resumed", PREEMPTIONS + 1))
+    });
+    assert_eq!(resumed, step);
+    let out = c.allot(&["cancel", &id]);
+    assert!(out.status.success(), "{out:?}");
+}
