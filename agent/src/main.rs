@@ -26,6 +26,11 @@ struct Args {
     /// Only check the config and exit.
     #[arg(long)]
     check_config: bool,
+    /// Stop (as on SIGTERM: workloads keep running) when the process that started
+    /// this agent dies, however it dies: `allotd dev`'s agents, so a killed `allotd
+    /// dev` leaves none behind.
+    #[arg(long, hide = true)]
+    exit_with_parent: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -130,6 +135,18 @@ fn main() -> std::process::ExitCode {
     if let Err(e) = o.load() {
         eprintln!("allot-agent: {e}");
         return std::process::ExitCode::from(2);
+    }
+    if a.exit_with_parent {
+        let parent = nix::unistd::getppid();
+        if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM) {
+            eprintln!("allot-agent: --exit-with-parent: {e}");
+            return std::process::ExitCode::from(2);
+        }
+        // The parent may have died before the request was made.
+        if nix::unistd::getppid() != parent {
+            eprintln!("allot-agent: the process that started it is gone");
+            return std::process::ExitCode::FAILURE;
+        }
     }
     // Each workload's output and each local client is a descriptor.
     match allot_common::rlimit::raise_nofile() {

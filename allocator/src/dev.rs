@@ -2,6 +2,10 @@
 //! processes on fake GPUs, each with its own socket, state dir and kernel-log file
 //! under the state dir, and an example org (projects `demo-a`, `demo-b`). Started
 //! again on the same state dir it resumes where it was.
+//!
+//! Its agents stop when it dies, however it dies (`--exit-with-parent`); agents of its
+//! state dir left running anyway (by an `allotd dev` older than that) are stopped
+//! before new ones start, and an agent that exits while it runs is reported.
 
 use crate::config::{ServerConfig, EXAMPLE};
 use anyhow::Context;
@@ -213,8 +217,16 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     };
     write_env(&dir, &listen, &metrics, &agent, &token)?;
     let mut agents: Vec<Child> = Vec::new();
+    for line in stop_leftovers(&dir) {
+        println!("{line}");
+    }
     if let Err(e) = start_agents(&a, &dir, &listen, &agent, &mut agents).await {
         // None may outlive a failed start: they would look for this allotd forever.
+        stop_agents(agents);
+        server.abort();
+        return Err(e);
+    }
+    if let Err(e) = agents_up(&dir, &mut agents).await {
         stop_agents(agents);
         server.abort();
         return Err(e);
@@ -228,9 +240,135 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         dir.join("env").display(),
     );
     println!("Dev agents allow work as root (allow_root = true); a real host refuses it.");
+    let agents = std::sync::Arc::new(std::sync::Mutex::new(agents));
+    let watch = tokio::spawn(watch_agents(dir.clone(), agents.clone()));
     let r = server.await;
+    watch.abort();
+    let agents = std::mem::take(&mut *agents.lock().unwrap_or_else(|e| e.into_inner()));
     stop_agents(agents);
     r.context("allotd task")?
+}
+
+/// Whether `pid` is the agent of `node_dir` (its command line names that node's
+/// config: a recycled pid does not).
+fn is_agent_of(pid: i32, node_dir: &Path) -> bool {
+    let conf = node_dir.join("agent.toml");
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+        c.split(|b| *b == 0)
+            .any(|arg| arg == conf.as_os_str().as_encoded_bytes())
+    })
+}
+
+/// Every process whose command line names a node config of this state dir: its
+/// agents, whoever started them.
+fn running_agents(dir: &Path) -> Vec<(i32, PathBuf)> {
+    let Ok(nodes) = std::fs::read_dir(dir.join("agents")) else {
+        return Vec::new();
+    };
+    let nodes: Vec<PathBuf> = nodes.flatten().map(|e| e.path()).collect();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let me = std::process::id() as i32;
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != me)
+        .filter_map(|pid| {
+            let d = nodes.iter().find(|d| is_agent_of(pid, d))?;
+            Some((pid, d.clone()))
+        })
+        .collect()
+}
+
+/// Stops the agents of this state dir that still run (left by an `allotd dev`
+/// that was killed before its agents could follow it, or started by hand): SIGTERM
+/// (their workloads keep running), SIGKILL after 10 s. Returns what it did, to say.
+fn stop_leftovers(dir: &Path) -> Vec<String> {
+    let mut said = Vec::new();
+    for (pid, d) in running_agents(dir) {
+        let p = nix::unistd::Pid::from_raw(pid);
+        let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGTERM);
+        let t0 = std::time::Instant::now();
+        while is_agent_of(pid, &d) && t0.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let how = if is_agent_of(pid, &d) {
+            let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+            "killed (it did not stop on SIGTERM within 10 s)"
+        } else {
+            "stopped"
+        };
+        said.push(format!(
+            "{how} the agent of {} (pid {pid}) that an earlier allotd dev left running; its workloads keep running and the new agent re-adopts them",
+            d.display()
+        ));
+    }
+    said
+}
+
+/// Waits until every agent answers on its socket; one that exits first fails the
+/// start, with the end of its log.
+async fn agents_up(dir: &Path, agents: &mut [Child]) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for (i, c) in agents.iter_mut().enumerate() {
+        let d = dir.join("agents").join(format!("node-{}", i + 1));
+        loop {
+            if let Some(status) = c.try_wait()? {
+                anyhow::bail!(
+                    "the agent of node-{} exited at once ({status}): {}",
+                    i + 1,
+                    log_tail(&d)
+                );
+            }
+            if std::os::unix::net::UnixStream::connect(d.join("agent.sock")).is_ok() {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "the agent of node-{} does not answer on {} after 30 s: {}",
+                    i + 1,
+                    d.join("agent.sock").display(),
+                    log_tail(&d)
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}
+
+/// The last line of a node's agent log, and where the log is.
+fn log_tail(node_dir: &Path) -> String {
+    let log = node_dir.join("agent.log");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    format!(
+        "{} (see {})",
+        text.lines().last().unwrap_or("no log"),
+        log.display()
+    )
+}
+
+/// Says so when an agent exits while the cluster runs (its node is then lost to
+/// allotd after `lost_grace`).
+async fn watch_agents(dir: PathBuf, agents: std::sync::Arc<std::sync::Mutex<Vec<Child>>>) {
+    let mut told = std::collections::BTreeSet::new();
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let mut a = agents.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, c) in a.iter_mut().enumerate() {
+            if let Ok(Some(status)) = c.try_wait() {
+                if told.insert(i) {
+                    let d = dir.join("agents").join(format!("node-{}", i + 1));
+                    eprintln!(
+                        "allotd dev: the agent of node-{} exited ({status}): {}",
+                        i + 1,
+                        log_tail(&d)
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Writes each agent's config and starts it; the ones started are in `agents`
@@ -273,14 +411,14 @@ async fn start_agents(
             .create(true)
             .append(true)
             .open(d.join("agent.log"))?;
-        agents.push(
-            Command::new(agent)
-                .arg("--config")
-                .arg(&conf)
-                .stderr(log)
-                .spawn()
-                .with_context(|| format!("starting {}", agent.display()))?,
-        );
+        let child = Command::new(agent)
+            .arg("--config")
+            .arg(&conf)
+            .arg("--exit-with-parent")
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", agent.display()))?;
+        agents.push(child);
     }
     Ok(())
 }

@@ -143,3 +143,87 @@ fn the_env_file_works_from_anywhere_and_sigterm_stops_everything() {
     std::net::TcpListener::bind(&metrics).expect("the metrics port is free again");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The pids of every process whose command line names this state dir's agents.
+fn agents_of(dir: &std::path::Path) -> Vec<i32> {
+    let out = Command::new("pgrep")
+        .args(["-f", &dir.join("agents").display().to_string()])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+#[test]
+fn a_killed_dev_leaves_no_agent_and_the_next_one_stops_leftovers_and_says_so() {
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").to_string()
+    };
+    let dir = temp("orphans");
+    let mut first = Running(dev(&dir, &addr).spawn().expect("allotd dev starts"));
+    let sock = dir.join("agents/node-1/agent.sock");
+    wait_for("the agent to answer", LONG, || {
+        std::os::unix::net::UnixStream::connect(&sock)
+            .ok()
+            .map(|_| ())
+    });
+    assert_eq!(agents_of(&dir).len(), 1);
+    // kill -9: its agent follows it (it asked the kernel to be told).
+    first.0.kill().expect("kill -9");
+    let _ = first.0.wait();
+    wait_for("the agent to stop with it", LONG, || {
+        agents_of(&dir).is_empty().then_some(())
+    });
+    // An agent of this state dir left running anyway (an older allotd dev's, or
+    // one started by hand): the next allotd dev stops it first, and says so.
+    let mut leftover = Command::new(sibling("allot-agent", "allot-agent"))
+        .arg("--config")
+        .arg(dir.join("agents/node-1/agent.toml"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("an agent by hand");
+    wait_for("the leftover to answer", LONG, || {
+        std::os::unix::net::UnixStream::connect(&sock)
+            .ok()
+            .map(|_| ())
+    });
+    let mut second = Running(
+        dev(&dir, &addr)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("allotd dev starts again"),
+    );
+    let stdout = second.0.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Read to the end: a reader gone early would make its next line a broken pipe.
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if l.contains("that an earlier allotd dev left running") {
+                let _ = tx.send(l);
+            }
+        }
+    });
+    let line = rx.recv_timeout(LONG).expect("a line about the leftover");
+    assert!(line.contains(&format!("(pid {})", leftover.id())), "{line}");
+    let _ = leftover.wait();
+    // Its own agent runs in the leftover's place, and SIGTERM stops it too.
+    wait_for("the new agent", LONG, || {
+        let pids = agents_of(&dir);
+        (pids.len() == 1 && pids[0] != leftover.id() as i32).then_some(())
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("signal");
+    let _ = second.0.wait();
+    assert!(agents_of(&dir).is_empty(), "{:?}", agents_of(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+}
