@@ -248,6 +248,21 @@ impl Store {
         Ok(())
     }
 
+    /// The highest workload and lease ids of allotd's leases (`A-N`) this host holds,
+    /// ended or not (0 when none).
+    pub fn highest_allotd_ids(&self) -> Result<(u64, u64), StoreError> {
+        self.conn
+            .query_row(
+                "SELECT COALESCE(MAX(CAST(json_extract(body, '$.workload_id') AS INTEGER)), 0),
+                        COALESCE(MAX(CAST(substr(id, 3) AS INTEGER)), 0)
+                 FROM leases WHERE id LIKE 'A-%'",
+                [],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+            )
+            .map(|(w, l)| (w.max(0).unsigned_abs(), l.max(0).unsigned_abs()))
+            .map_err(|e| StoreError::new(&self.path, "reading the highest lease ids", e))
+    }
+
     /// The next local lease number (durable, so ids are never reused).
     pub fn next_lease_number(&self) -> Result<u64, StoreError> {
         let n = match self.get("lease_counter")? {

@@ -50,6 +50,10 @@ pub fn health(sh: &Shared) -> pb::AgentMessage {
 fn register(sh: &Shared, cluster: &str, advertise_addr: &str) -> pb::AgentMessage {
     let (cpu, mem) = (sh.host_size.0, sh.host_size.1 / (1 << 30));
     let h = sh.host();
+    let highest = h.highest_allotd_ids().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot read the highest ids allotd gave this host");
+        (0, 0)
+    });
     pb::AgentMessage {
         body: Some(pb::agent_message::Body::Register(pb::Register {
             host: sh.host_name.clone(),
@@ -67,6 +71,8 @@ fn register(sh: &Shared, cluster: &str, advertise_addr: &str) -> pb::AgentMessag
             drains: drains_pb(&h),
             protocol: PROTOCOL,
             advertise_addr: advertise_addr.to_string(),
+            highest_workload: highest.0,
+            highest_lease: highest.1,
         })),
     }
 }
@@ -131,6 +137,17 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
         Some(pb::allocator_message::Body::Start(c)) => {
             let Some(l) = c.lease else { return };
             if let Some(existing) = sh.host().lease(&l.id).cloned() {
+                if existing.workload_id != l.workload_id {
+                    // Not a re-sent start: allotd gives an id it gave before (its state
+                    // is older than this host's). Never answered with the old lease's end.
+                    let why = format!(
+                        "lease {} is already on this host, for workload {}: allotd gives lease ids again (its state older than this host's, restored from a backup?); refused",
+                        l.id, existing.workload_id
+                    );
+                    tracing::warn!(lease = %l.id, "{why}");
+                    send(sh, failed_start(&l.id, pb::LeaseEnd::Refused, &why));
+                    return;
+                }
                 // Re-sent after a reconnect: answer with what this host knows.
                 send(sh, status(&existing));
                 return;

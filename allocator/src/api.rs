@@ -981,6 +981,8 @@ impl Api {
                     .collect(),
                 drains: r.drains.iter().map(host_drain).collect(),
                 addr: r.advertise_addr.clone(),
+                highest_workload: r.highest_workload,
+                highest_lease: r.highest_lease,
             })
             .map_err(core_status)?;
         if let Some(n) = self.0.core().alloc.node_mut(&name) {

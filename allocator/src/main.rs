@@ -2,6 +2,7 @@
 //! cluster on fake GPUs (`dev`), an example config (`init`), the policy
 //! simulator (`simulate`), and the state file's tools (`state`).
 
+mod acked;
 mod admin;
 mod admin_cmd;
 mod api;

@@ -28,6 +28,8 @@ pub struct Core {
     /// State.
     pub alloc: Allocator,
     store: Box<dyn Store>,
+    /// What allotd acknowledged, outside the database (`acked.rs`).
+    marker: crate::acked::Marker,
     /// Journal entries written since the last snapshot.
     since_snapshot: u64,
 }
@@ -126,6 +128,7 @@ impl Server {
     /// journal an earlier release wrote is compacted), and returns the service.
     pub fn open(cfg: ServerConfig) -> anyhow::Result<Arc<Server>> {
         let store = Sqlite::open(&cfg.server.state_dir)?;
+        let marker = acknowledged(&cfg, &store)?;
         let pki = crate::pki::ensure(&cfg, "allot", now())?;
         let t0 = Instant::now();
         let (alloc, tail) = load(&cfg, &store)?;
@@ -135,6 +138,7 @@ impl Server {
             core: Mutex::new(Core {
                 alloc,
                 store: Box::new(store),
+                marker,
                 since_snapshot: tail,
             }),
             cfg,
@@ -217,11 +221,28 @@ impl Server {
                 })
                 .collect();
             let entry = a.changed.then(|| a.record.as_ref().unwrap_or(&input));
-            if let Err(e) = c.store.commit(at, entry, &audit) {
-                // Memory now holds what the disk does not: stop, the journal wins.
-                tracing::error!(error = %e, "cannot journal an accepted input; stopping");
-                eprintln!("allotd: {e}");
-                std::process::exit(70);
+            let journaled = match c.store.commit(at, entry, &audit) {
+                Ok(seq) => seq,
+                Err(e) => {
+                    // Memory now holds what the disk does not: stop, the journal wins.
+                    tracing::error!(error = %e, "cannot journal an accepted input; stopping");
+                    eprintln!("allotd: {e}");
+                    std::process::exit(70);
+                }
+            };
+            if let Some(seq) = journaled {
+                // Before the answer: what allotd acknowledges, outside the database.
+                let (next_workload, next_lease) = c.alloc.core.next_ids();
+                let acked = crate::acked::Acked {
+                    seq,
+                    next_workload,
+                    next_lease,
+                };
+                if let Err(e) = c.marker.record(acked) {
+                    tracing::error!(error = %e, "cannot record what was acknowledged; stopping");
+                    eprintln!("allotd: {}: {e}", c.marker.path().display());
+                    std::process::exit(70);
+                }
             }
             drop(audit);
             if entry.is_some() {
@@ -446,6 +467,33 @@ pub fn write_snapshot(
             Err(e)
         }
     }
+}
+
+/// Opens what allotd acknowledged and refuses a database whose journal ends before
+/// it (its write-ahead log lost or damaged); a state dir without one starts it at
+/// the database's position.
+pub fn acknowledged(cfg: &ServerConfig, store: &dyn Store) -> anyhow::Result<crate::acked::Marker> {
+    let dir = &cfg.server.state_dir;
+    let (mut marker, acked) = crate::acked::Marker::open(dir)
+        .with_context(|| format!("opening {}", dir.join(crate::acked::FILE).display()))?;
+    let seq = store.last_seq()?;
+    match acked {
+        Some(a) => {
+            if let Some(why) = crate::acked::older(&dir.join("allotd.db"), marker.path(), seq, &a) {
+                anyhow::bail!(why);
+            }
+        }
+        None => {
+            let a = crate::acked::Acked {
+                seq,
+                ..Default::default()
+            };
+            marker
+                .record(a)
+                .with_context(|| format!("writing {}", marker.path().display()))?;
+        }
+    }
+    Ok(marker)
 }
 
 /// The state the store holds: the last snapshot restored under `cfg`, then the

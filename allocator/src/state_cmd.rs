@@ -1,8 +1,12 @@
-//! `allotd state check|export|import|drop|bench`: the operator's tools for allotd's
-//! state file, run beside (check, export) or instead of (import, drop) `allotd serve`.
-//! Export is the JSON of a snapshot; import makes a state file holding only that
-//! snapshot, the damaged or replaced file kept aside.
+//! `allotd state check|export|import|backup|restore|accept-loss|drop|bench`: the
+//! operator's tools for allotd's state file, run beside (check, export, backup) or
+//! instead of (import, restore, accept-loss, drop) `allotd serve`. Export is the JSON
+//! of a snapshot; import makes a state file holding only that snapshot; backup is a
+//! consistent copy of the whole file taken while allotd serves, restore puts one
+//! back. A file replaced is kept aside, and ids continue above every id allotd gave
+//! (`acked.rs`), so none is given twice.
 
+use crate::acked::{older, Acked, Marker};
 use crate::config::ServerConfig;
 use crate::serve::{load, now};
 use crate::state::{Allocator, Input, Snapshot};
@@ -33,6 +37,27 @@ pub enum StateCmd {
         /// The export to read.
         file: PathBuf,
     },
+    /// Copy the whole state file, consistent, while allotd serves (SQLite's `VACUUM
+    /// INTO`): what `restore` takes back.
+    Backup {
+        #[command(flatten)]
+        common: Common,
+        /// The copy to write (must not exist).
+        file: PathBuf,
+    },
+    /// Put a backup back (allotd stopped): the file it replaces is kept aside as
+    /// `allotd.db.replaced-UNIXTIME`, and new ids continue above every id allotd
+    /// gave since, so none is given twice.
+    Restore {
+        #[command(flatten)]
+        common: Common,
+        /// A file `allotd state backup` wrote.
+        file: PathBuf,
+    },
+    /// Accept that the newest acknowledged inputs are lost (the write-ahead log was
+    /// lost or damaged, and start-up refuses the state): the state goes on from what
+    /// the database holds, and new ids continue above every id allotd gave.
+    AcceptLoss(Common),
     /// Move one journal entry that does not read (as `check` names it) out of the
     /// journal, into the file's `dropped` table; allotd stopped. What it held is
     /// lost to the state (its audit lines stay): the way past a damaged entry.
@@ -80,6 +105,9 @@ pub fn run(cmd: StateCmd) -> anyhow::Result<()> {
             Ok(())
         }
         StateCmd::Import { common, file } => import(&ServerConfig::load(&common.config)?, &file),
+        StateCmd::Backup { common, file } => backup(&ServerConfig::load(&common.config)?, &file),
+        StateCmd::Restore { common, file } => restore(&ServerConfig::load(&common.config)?, &file),
+        StateCmd::AcceptLoss(c) => accept_loss(&ServerConfig::load(&c.config)?),
         StateCmd::Drop { common, seq } => {
             let cfg = ServerConfig::load(&common.config)?;
             stopped(&cfg)?;
@@ -100,6 +128,12 @@ fn check(cfg: &ServerConfig) -> anyhow::Result<()> {
     let store = Sqlite::open(&cfg.server.state_dir)?;
     let path = cfg.server.state_dir.join("allotd.db");
     let mut problems = store.integrity()?;
+    let (marker, acked) = Marker::open(&cfg.server.state_dir)?;
+    if let Some(why) =
+        acked.and_then(|a| older(&path, marker.path(), store.last_seq().unwrap_or(0), &a))
+    {
+        problems.push(why);
+    }
     let bad = store.unreadable_entries()?;
     for (seq, e) in &bad {
         problems.push(format!("journal entry {seq} does not read: {e}"));
@@ -167,12 +201,161 @@ fn import(cfg: &ServerConfig, file: &Path) -> anyhow::Result<()> {
     }
     let mut store = Sqlite::open(dir)?;
     store.snapshot(now(), &text, &[])?;
+    let (w, l) = continue_ids(cfg, &mut store, "the state was imported from an export")?;
     println!(
-        "{} made from {}: {} workloads, {} live leases; the file it replaced (if any) is {aside}",
+        "{} made from {}: {} workloads, {} live leases; new ids continue at workload {w} and lease A-{l}; the file it replaced (if any) is {aside}",
         db.display(),
         file.display(),
         snap.work.len(),
         snap.core.leases.len()
+    );
+    Ok(())
+}
+
+/// After the state file was replaced (import, restore) or a loss accepted: new ids
+/// continue above every id allotd gave (the marker's, and the file's own), through
+/// a journaled `IdsAbove`; the marker then agrees with the file. Returns the next
+/// workload and lease ids.
+fn continue_ids(cfg: &ServerConfig, store: &mut Sqlite, why: &str) -> anyhow::Result<(u64, u64)> {
+    let (mut marker, acked) = Marker::open(&cfg.server.state_dir)?;
+    let (alloc, _) = load(cfg, store)?;
+    let (w, l) = alloc.core.next_ids();
+    let seen = acked.unwrap_or_default();
+    let next = (w.max(seen.next_workload), l.max(seen.next_lease));
+    if next != (w, l) {
+        store.commit(
+            now(),
+            Some(&Input::IdsAbove {
+                next_workload: next.0,
+                next_lease: next.1,
+                why: why.to_string(),
+            }),
+            &[],
+        )?;
+    }
+    marker.record(Acked {
+        seq: store.last_seq()?,
+        next_workload: next.0,
+        next_lease: next.1,
+    })?;
+    Ok(next)
+}
+
+/// `allotd state backup FILE`: a consistent copy while allotd serves.
+fn backup(cfg: &ServerConfig, file: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !file.exists(),
+        "{} exists: give a new file (a backup never overwrites one)",
+        file.display()
+    );
+    let db = cfg.server.state_dir.join("allotd.db");
+    let seq = crate::store::backup(&db, file)?;
+    let bytes = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "{} backed up to {} ({bytes} bytes, journal up to entry {seq}); put it back with `allotd state restore {}`",
+        db.display(),
+        file.display(),
+        file.display()
+    );
+    Ok(())
+}
+
+/// `allotd state restore FILE`: a backup put back, allotd stopped.
+fn restore(cfg: &ServerConfig, file: &Path) -> anyhow::Result<()> {
+    let dir = &cfg.server.state_dir;
+    stopped(cfg)?;
+    // Read whole first, in a dir of its own: a backup that does not read, or does
+    // not fit this config, changes nothing.
+    let trial = dir.join(format!(".restore-{}", now()));
+    std::fs::create_dir_all(&trial)?;
+    let checked = (|| -> anyhow::Result<u64> {
+        std::fs::copy(file, trial.join("allotd.db"))
+            .with_context(|| format!("copying {}", file.display()))?;
+        let store = Sqlite::open(&trial)
+            .with_context(|| format!("{} is not an allotd state file", file.display()))?;
+        let problems = store.integrity()?;
+        anyhow::ensure!(
+            problems.is_empty(),
+            "{}: {}",
+            file.display(),
+            problems.join("; ")
+        );
+        load(cfg, &store)
+            .with_context(|| format!("{} does not fit this config", file.display()))?;
+        Ok(store.last_seq()?)
+    })();
+    let seq = match checked {
+        Ok(seq) => seq,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&trial);
+            return Err(e);
+        }
+    };
+    let db = dir.join("allotd.db");
+    let aside = format!("allotd.db.replaced-{}", now());
+    for suffix in ["", "-wal", "-shm"] {
+        let from = PathBuf::from(format!("{}{suffix}", db.display()));
+        if from.exists() {
+            std::fs::rename(&from, dir.join(format!("{aside}{suffix}")))
+                .with_context(|| format!("moving {} aside", from.display()))?;
+        }
+    }
+    // Closed by now (its log folded back into the file).
+    std::fs::rename(trial.join("allotd.db"), &db)
+        .with_context(|| format!("putting {} in place", file.display()))?;
+    let _ = std::fs::remove_dir_all(&trial);
+    // The file's own marker is the one that goes with it now.
+    let marker = allot_common::sqlite::marker_path(dir, "allotd.db");
+    match std::fs::remove_file(&marker) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing {}", marker.display()))
+        }
+        _ => {}
+    }
+    let mut store = Sqlite::open(dir)?;
+    let (w, l) = continue_ids(
+        cfg,
+        &mut store,
+        &format!("the state was restored from {}", file.display()),
+    )?;
+    println!(
+        "{} restored from {} (journal up to entry {seq}); new ids continue at workload {w} and lease A-{l}, above every id allotd gave; the file it replaced is {aside}. Work the backup does not know that hosts still run is reported when they register, and left running",
+        db.display(),
+        file.display()
+    );
+    Ok(())
+}
+
+/// `allotd state accept-loss`: the state goes on from what the database holds.
+fn accept_loss(cfg: &ServerConfig) -> anyhow::Result<()> {
+    stopped(cfg)?;
+    let mut store = Sqlite::open(&cfg.server.state_dir)?;
+    let (marker, acked) = Marker::open(&cfg.server.state_dir)?;
+    let seq = store.last_seq()?;
+    let Some(a) = acked.filter(|a| a.seq > seq) else {
+        println!(
+            "nothing to accept: {} holds every input allotd acknowledged ({})",
+            cfg.server.state_dir.join("allotd.db").display(),
+            marker.path().display()
+        );
+        return Ok(());
+    };
+    drop(marker);
+    let (w, l) = continue_ids(
+        cfg,
+        &mut store,
+        &format!(
+            "{} acknowledged inputs (journal entries {} to {}) were lost with the write-ahead log",
+            a.seq - seq,
+            seq + 1,
+            a.seq
+        ),
+    )?;
+    println!(
+        "accepted: the {} newest acknowledged inputs are lost (journal entries {} to {}); allotd goes on from entry {seq}, and new ids continue at workload {w} and lease A-{l}",
+        a.seq - seq,
+        seq + 1,
+        a.seq
     );
     Ok(())
 }
@@ -316,6 +499,40 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
         back.nodes().len(),
         took,
         bytes as f64 / 1e6,
+    );
+    // What one acknowledged input costs: its journal commit (SQLite, fsync), then the
+    // record of what was acknowledged (`acked.rs`, fdatasync), as `allotd serve` does
+    // before it answers.
+    let mut store = store;
+    let (mut marker, _) = Marker::open(&dir)?;
+    let input = Input::SetWeight {
+        group: "demo-a".into(),
+        weight: 1.0,
+        by: "bench".into(),
+    };
+    let (mut commit_s, mut ack_s) = (Vec::new(), Vec::new());
+    for i in 0..500u64 {
+        let t = Instant::now();
+        let seq = store.commit(t0.elapsed().as_secs() + i, Some(&input), &[])?;
+        commit_s.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        marker.record(Acked {
+            seq: seq.unwrap_or(0),
+            next_workload: i,
+            next_lease: i,
+        })?;
+        ack_s.push(t.elapsed().as_secs_f64());
+    }
+    let p = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() as f64 - 1.0) * q) as usize] * 1e3
+    };
+    println!(
+        "acknowledging one input: journal commit median {:.3} ms (p99 {:.3}), then the marker median {:.3} ms (p99 {:.3}), over 500",
+        p(&mut commit_s, 0.5),
+        p(&mut commit_s, 0.99),
+        p(&mut ack_s, 0.5),
+        p(&mut ack_s, 0.99),
     );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())

@@ -18,12 +18,15 @@ pub use allot_common::sqlite::StoreError;
 pub trait Store: Send {
     /// Writes one commit durably, in one transaction (one fsync): the input, if the
     /// journal must keep it, and the audit lines (workload, lease, text) it produced.
+    /// Returns the input's journal position, when there was one.
     fn commit(
         &mut self,
         at: Time,
         input: Option<&Input>,
         audit: &[(u64, u64, &str)],
-    ) -> Result<(), StoreError>;
+    ) -> Result<Option<u64>, StoreError>;
+    /// The journal's last position (also once compaction emptied it; 0: none yet).
+    fn last_seq(&self) -> Result<u64, StoreError>;
     /// The last snapshot, if any, and every journal entry after it, in order.
     fn load(&self) -> Result<Loaded, StoreError>;
     /// Writes a snapshot of the state as of the last journal entry, with the
@@ -76,6 +79,50 @@ impl Sqlite {
             Some("run `allotd state import FILE` with an export"),
         )?;
         Ok(Sqlite { conn, path })
+    }
+}
+
+/// A consistent copy of the state file at `db` into `to`, while allotd may serve it
+/// (SQLite's `VACUUM INTO`: one read transaction); returns the journal position the
+/// copy holds.
+pub fn backup(db: &Path, to: &Path) -> Result<u64, StoreError> {
+    let fail = |what| move |e| StoreError::new(db, what, e);
+    must_exist(db)?;
+    let conn = Connection::open(db).map_err(fail("opening for a backup"))?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))
+        .map_err(fail("opening for a backup"))?;
+    let target = to.to_str().ok_or_else(|| {
+        StoreError::new(
+            to,
+            "writing a backup",
+            std::io::Error::other("the path is not UTF-8; give another"),
+        )
+    })?;
+    conn.execute("VACUUM INTO ?1", [target])
+        .map_err(fail("writing a backup"))?;
+    let copy = Connection::open(to).map_err(|e| StoreError::new(to, "reading the backup", e))?;
+    copy.query_row(
+        "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'journal'), 0)",
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(i64::unsigned_abs)
+    .map_err(|e| StoreError::new(to, "reading the backup", e))
+}
+
+/// A backup of a state file that is not there is refused, not made empty.
+fn must_exist(db: &Path) -> Result<(), StoreError> {
+    if db.exists() {
+        Ok(())
+    } else {
+        Err(StoreError::new(
+            db,
+            "backing up",
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no state file here; is [server] state_dir right?",
+            ),
+        ))
     }
 }
 
@@ -167,9 +214,9 @@ impl Store for Sqlite {
         at: Time,
         input: Option<&Input>,
         audit: &[(u64, u64, &str)],
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<u64>, StoreError> {
         if input.is_none() && audit.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let body = input
             .map(serde_json::to_string)
@@ -188,12 +235,14 @@ impl Store for Sqlite {
             .conn
             .transaction()
             .map_err(fail("starting a transaction"))?;
+        let mut seq = None;
         if let Some(body) = body {
             tx.execute(
                 "INSERT INTO journal (at, input) VALUES (?1, ?2)",
                 params![secs(at), body],
             )
             .map_err(fail("appending to the journal"))?;
+            seq = Some(tx.last_insert_rowid().unsigned_abs());
         }
         for (workload, lease, text) in audit {
             tx.execute(
@@ -202,7 +251,19 @@ impl Store for Sqlite {
             )
             .map_err(fail("writing the audit log"))?;
         }
-        tx.commit().map_err(fail("committing"))
+        tx.commit().map_err(fail("committing"))?;
+        Ok(seq)
+    }
+
+    fn last_seq(&self) -> Result<u64, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'journal'), 0)",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(i64::unsigned_abs)
+            .map_err(|e| StoreError::new(&self.path, "reading the journal position", e))
     }
 
     fn load(&self) -> Result<Loaded, StoreError> {

@@ -795,6 +795,9 @@ fn register() -> BoxedStrategy<pb::Register> {
                         drains,
                         protocol,
                         advertise_addr: String::new(),
+                        // Ids a host holds: anything, from one not yet given to absurd.
+                        highest_workload: u64::from(protocol) * 1000,
+                        highest_lease: u64::from(cpu),
                     }
                 },
             )

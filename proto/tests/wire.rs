@@ -39,6 +39,8 @@ fn agent_registration_round_trips() {
             }],
             protocol: 2,
             advertise_addr: "10.0.0.17".into(),
+            highest_workload: 41,
+            highest_lease: 77,
         })),
     };
     let bytes = msg.encode_to_vec();

@@ -327,6 +327,11 @@ impl Host {
             .push(l.clone());
     }
 
+    /// The highest workload and lease ids of allotd's this host holds, ended or not.
+    pub fn highest_allotd_ids(&self) -> Result<(u64, u64), HostError> {
+        Ok(self.store.highest_allotd_ids()?)
+    }
+
     /// Leases changed since the last call (for the allocator's stream).
     pub fn take_changes(&self) -> Vec<LeaseRecord> {
         std::mem::take(&mut *self.changed.lock().unwrap_or_else(|e| e.into_inner()))

@@ -125,7 +125,30 @@ impl Allocator {
                 running,
                 drains,
                 addr,
-            } => self.register(at, spec, gpu_uuids, gpus, running, drains, addr, &mut a)?,
+                highest_workload,
+                highest_lease,
+            } => {
+                self.register(at, spec, gpu_uuids, gpus, running, drains, addr, &mut a)?;
+                self.ids_seen_on(&spec.name, *highest_workload, *highest_lease, &mut a);
+            }
+            Input::IdsAbove {
+                next_workload,
+                next_lease,
+                why,
+            } => {
+                let before = self.core.next_ids();
+                self.core.raise_ids(*next_workload, *next_lease);
+                let (w, l) = self.core.next_ids();
+                a.changed = (w, l) != before;
+                a.audit(
+                    0,
+                    0,
+                    format!(
+                        "new ids continue at workload {w} and lease {}: {why}",
+                        lease_wire(l)
+                    ),
+                );
+            }
             Input::Health {
                 node,
                 verdict,
@@ -483,6 +506,26 @@ impl Allocator {
             ),
         );
         Ok(())
+    }
+
+    /// A host holds ids of allotd's above those it would issue next: allotd's state
+    /// is older than its hosts' (restored from a backup, a lost write-ahead log).
+    /// New ids continue above them, so no workload or lease id is given twice.
+    fn ids_seen_on(&mut self, node: &str, workload: u64, lease: u64, a: &mut Applied) {
+        let (w, l) = self.core.next_ids();
+        if workload < w && lease < l {
+            return;
+        }
+        self.core.raise_ids(workload + 1, lease + 1);
+        let (w2, l2) = self.core.next_ids();
+        let text = format!(
+            "node {node} holds workload {workload} and lease {}, beyond what this allotd issued (next: workload {w}, lease {}): its state is older than its hosts' (restored from a backup?); new ids continue at workload {w2} and lease {}",
+            lease_wire(lease),
+            lease_wire(l),
+            lease_wire(l2)
+        );
+        a.notice(Level::Warn, node, text.clone());
+        a.audit(0, 0, text);
     }
 
     /// Copies the core's view of a workload after a change.

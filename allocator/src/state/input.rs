@@ -27,6 +27,10 @@ pub fn end_from_agent_text(end_reason: &str, exit_code: Option<i32>) -> LeaseEnd
     end_from_agent(pb::LeaseEnd::from_name(end_reason), exit_code)
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// One accepted input: what the journal holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "kind")]
@@ -233,6 +237,24 @@ pub enum Input {
         /// Where the cluster reaches it (empty from agents before it was sent).
         #[serde(default, skip_serializing_if = "String::is_empty")]
         addr: String,
+        /// The highest workload and lease ids of allotd's it holds, ended or not
+        /// (0: none, or an agent from before it was sent): new ids continue above.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        highest_workload: u64,
+        /// See `highest_workload`.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        highest_lease: u64,
+    },
+    /// New ids continue at or above these: an operator restored the state from a
+    /// backup (`allotd state restore`) or accepted a loss (`allotd state
+    /// accept-loss`), and ids issued since must never be given again.
+    IdsAbove {
+        /// The next workload id at least.
+        next_workload: u64,
+        /// The next lease id at least.
+        next_lease: u64,
+        /// Why, for the audit log.
+        why: String,
     },
     /// A host's health report: GPU health, its own drain, and a health drain through
     /// the circuit breaker (or held), or lifted once the verdict is ok again.

@@ -213,6 +213,8 @@ fn registration(i: u32, running: Vec<u64>, drains: Vec<HostDrain>) -> Input {
         running,
         drains,
         addr: String::new(),
+        highest_workload: 0,
+        highest_lease: 0,
     }
 }
 
@@ -975,6 +977,8 @@ fn with_ports(lo: u16, hi: u16, n: u32) -> Allocator {
                 running: Vec::new(),
                 drains: Vec::new(),
                 addr: format!("10.0.0.{i}"),
+                highest_workload: 0,
+                highest_lease: 0,
             },
         )
         .expect("registers");

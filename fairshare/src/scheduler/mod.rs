@@ -277,6 +277,19 @@ impl Scheduler {
         self.st.pending
     }
 
+    /// The ids the next workload and the next lease get.
+    pub fn next_ids(&self) -> (u64, u64) {
+        (self.st.next_workload, self.st.next_lease)
+    }
+
+    /// Makes new ids start at or above these (never lowers them): ids issued by a
+    /// state this one was restored from a backup of, or seen on a host, are never
+    /// given again.
+    pub fn raise_ids(&mut self, next_workload: u64, next_lease: u64) {
+        self.st.next_workload = self.st.next_workload.max(next_workload);
+        self.st.next_lease = self.st.next_lease.max(next_lease);
+    }
+
     /// GPUs wanted by each project's pending and running work, indexed by group.
     pub fn demand(&self) -> &[u64] {
         &self.st.demand

@@ -1,0 +1,227 @@
+//! What allotd acknowledged, kept outside its database: the journal position of
+//! the last input it answered, and the ids it would give next. SQLite cannot tell a
+//! lost, emptied, truncated or garbage `allotd.db-wal` from no log at all, and opens
+//! on the older state; this file can: start-up refuses a database whose journal ends
+//! before what allotd acknowledged. The ids let a restore from a backup (or accepting
+//! such a loss) continue above every id allotd ever gave.
+//!
+//! The file (`allotd.db.acked`, 0600) holds two slots of [`SLOT`] bytes, written in
+//! turn with `fdatasync`, each with its own write count and checksum: a write torn by
+//! a power loss spoils one slot, and the other still reads.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// The file's name in the state dir.
+pub const FILE: &str = "allotd.db.acked";
+/// Bytes of one slot.
+const SLOT: usize = 64;
+const MAGIC: &[u8; 8] = b"ALLOTACK";
+
+/// What one slot says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Acked {
+    /// The journal position of the last acknowledged input.
+    pub seq: u64,
+    /// The next workload id allotd would have given.
+    pub next_workload: u64,
+    /// The next lease id.
+    pub next_lease: u64,
+}
+
+/// The open file and what it last said.
+#[derive(Debug)]
+pub struct Marker {
+    file: File,
+    path: PathBuf,
+    /// Writes so far (the slot of the next is `writes % 2`).
+    writes: u64,
+}
+
+/// FNV-1a: a checksum the file format keeps forever (std's hashers may change).
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn encode(writes: u64, a: &Acked) -> [u8; SLOT] {
+    let mut s = [0u8; SLOT];
+    s[..8].copy_from_slice(MAGIC);
+    for (i, v) in [writes, a.seq, a.next_workload, a.next_lease]
+        .into_iter()
+        .enumerate()
+    {
+        s[8 + i * 8..16 + i * 8].copy_from_slice(&v.to_le_bytes());
+    }
+    let sum = fnv(&s[..40]);
+    s[40..48].copy_from_slice(&sum.to_le_bytes());
+    s
+}
+
+fn decode(s: &[u8]) -> Option<(u64, Acked)> {
+    let word =
+        |i: usize| -> Option<u64> { Some(u64::from_le_bytes(s.get(i..i + 8)?.try_into().ok()?)) };
+    if s.get(..8)? != MAGIC || word(40)? != fnv(s.get(..40)?) {
+        return None;
+    }
+    Some((
+        word(8)?,
+        Acked {
+            seq: word(16)?,
+            next_workload: word(24)?,
+            next_lease: word(32)?,
+        },
+    ))
+}
+
+impl Marker {
+    /// Opens the marker in `dir`; `None` inside when there is none yet (a state dir
+    /// from before it existed, or a new one) or neither slot reads.
+    pub fn open(dir: &Path) -> std::io::Result<(Marker, Option<Acked>)> {
+        let path = dir.join(FILE);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)?;
+        let mut buf = Vec::new();
+        file.read_to_end(&mut buf)?;
+        let best = buf
+            .chunks(SLOT)
+            .take(2)
+            .filter_map(decode)
+            .max_by_key(|(w, _)| *w);
+        let writes = best.map_or(0, |(w, _)| w + 1);
+        Ok((Marker { file, path, writes }, best.map(|(_, a)| a)))
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Records `a` durably (the slot after the last one written), before allotd
+    /// answers for it.
+    pub fn record(&mut self, a: Acked) -> std::io::Result<()> {
+        let slot = encode(self.writes, &a);
+        let at = (self.writes % 2) * SLOT as u64;
+        self.file.seek(SeekFrom::Start(at))?;
+        self.file.write_all(&slot)?;
+        self.file.sync_data()?;
+        self.writes += 1;
+        Ok(())
+    }
+}
+
+/// Why a database is older than what allotd acknowledged, and the ways forward;
+/// `None` when it is not.
+pub fn older(db: &Path, marker: &Path, db_seq: u64, acked: &Acked) -> Option<String> {
+    (db_seq < acked.seq).then(|| {
+        format!(
+            "{} holds the journal up to entry {db_seq}, but allotd acknowledged entry {} ({}): \
+             the {} newest acknowledged inputs are not in the database, so its write-ahead log \
+             {}-wal was lost, emptied, cut short or damaged. Nothing was changed. Ways forward, \
+             allotd stopped: put the -wal file back if you kept it; or restore a backup \
+             (`allotd state restore FILE`); or accept the loss (`allotd state accept-loss`): \
+             new ids continue above every id allotd gave",
+            db.display(),
+            acked.seq,
+            marker.display(),
+            acked.seq - db_seq,
+            db.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("allot-acked-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("dir");
+        d
+    }
+
+    #[test]
+    fn the_last_record_reads_back_after_a_reopen() {
+        let d = dir("reopen");
+        let (mut m, none) = Marker::open(&d).expect("open");
+        assert_eq!(none, None);
+        for seq in 1..=5 {
+            m.record(Acked {
+                seq,
+                next_workload: seq + 10,
+                next_lease: seq + 20,
+            })
+            .expect("record");
+        }
+        let (_, last) = Marker::open(&d).expect("reopen");
+        assert_eq!(
+            last,
+            Some(Acked {
+                seq: 5,
+                next_workload: 15,
+                next_lease: 25
+            })
+        );
+    }
+
+    #[test]
+    fn a_torn_slot_falls_back_to_the_other() {
+        let d = dir("torn");
+        let (mut m, _) = Marker::open(&d).expect("open");
+        for seq in [7, 8] {
+            m.record(Acked {
+                seq,
+                ..Acked::default()
+            })
+            .expect("record");
+        }
+        // The write of 8 went to the second slot; tear it.
+        let mut bytes = std::fs::read(d.join(FILE)).expect("read");
+        bytes[SLOT + 20] ^= 0xff;
+        std::fs::write(d.join(FILE), &bytes).expect("write");
+        let (mut m, last) = Marker::open(&d).expect("reopen");
+        assert_eq!(last.map(|a| a.seq), Some(7));
+        // Writing goes on from there, into the spoilt slot.
+        m.record(Acked {
+            seq: 9,
+            ..Acked::default()
+        })
+        .expect("record");
+        assert_eq!(Marker::open(&d).expect("reopen").1.map(|a| a.seq), Some(9));
+        // Garbage in both: no marker, not a refusal by itself.
+        std::fs::write(d.join(FILE), vec![0xAB; 2 * SLOT]).expect("write");
+        assert_eq!(Marker::open(&d).expect("reopen").1, None);
+    }
+
+    #[test]
+    fn an_older_database_is_named_with_the_ways_forward() {
+        let a = Acked {
+            seq: 44,
+            ..Acked::default()
+        };
+        assert_eq!(
+            older(Path::new("/s/allotd.db"), Path::new("/s/m"), 44, &a),
+            None
+        );
+        let why = older(Path::new("/s/allotd.db"), Path::new("/s/m"), 41, &a).expect("older");
+        for words in [
+            "/s/allotd.db holds the journal up to entry 41",
+            "acknowledged entry 44 (/s/m)",
+            "the 3 newest",
+            "/s/allotd.db-wal",
+            "allotd state restore FILE",
+            "allotd state accept-loss",
+        ] {
+            assert!(why.contains(words), "{words:?} not in {why}");
+        }
+    }
+}
