@@ -182,23 +182,7 @@ fn import(cfg: &ServerConfig, file: &Path) -> anyhow::Result<()> {
     let dir = &cfg.server.state_dir;
     stopped(cfg)?;
     let db = dir.join("allotd.db");
-    let aside = format!("allotd.db.replaced-{}", now());
-    for suffix in ["", "-wal", "-shm"] {
-        let from = PathBuf::from(format!("{}{suffix}", db.display()));
-        if from.exists() {
-            let to = dir.join(format!("{aside}{suffix}"));
-            std::fs::rename(&from, &to)
-                .with_context(|| format!("moving {} aside", from.display()))?;
-        }
-    }
-    // The old file is aside: its marker would refuse the new one as "missing".
-    let marker = allot_common::sqlite::marker_path(dir, "allotd.db");
-    match std::fs::remove_file(&marker) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("removing {}", marker.display()))
-        }
-        _ => {}
-    }
+    let aside = move_aside(dir)?;
     let mut store = Sqlite::open(dir)?;
     store.snapshot(now(), &text, &[])?;
     let (w, l) = continue_ids(cfg, &mut store, "the state was imported from an export")?;
@@ -210,6 +194,28 @@ fn import(cfg: &ServerConfig, file: &Path) -> anyhow::Result<()> {
         snap.core.leases.len()
     );
     Ok(())
+}
+
+/// Moves the state file (and its `-wal`, `-shm`) aside as
+/// `allotd.db.replaced-UNIXTIME`, for a new one to take its place, and removes its
+/// marker (which would refuse the new one as "missing"); returns the name aside.
+fn move_aside(dir: &Path) -> anyhow::Result<String> {
+    let db = dir.join("allotd.db");
+    let aside = format!("allotd.db.replaced-{}", now());
+    for suffix in ["", "-wal", "-shm"] {
+        let from = PathBuf::from(format!("{}{suffix}", db.display()));
+        if from.exists() {
+            std::fs::rename(&from, dir.join(format!("{aside}{suffix}")))
+                .with_context(|| format!("moving {} aside", from.display()))?;
+        }
+    }
+    let marker = allot_common::sqlite::marker_path(dir, "allotd.db");
+    match std::fs::remove_file(&marker) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", marker.display()))
+        }
+        _ => Ok(aside),
+    }
 }
 
 /// After the state file was replaced (import, restore) or a loss accepted: new ids
@@ -292,26 +298,11 @@ fn restore(cfg: &ServerConfig, file: &Path) -> anyhow::Result<()> {
         }
     };
     let db = dir.join("allotd.db");
-    let aside = format!("allotd.db.replaced-{}", now());
-    for suffix in ["", "-wal", "-shm"] {
-        let from = PathBuf::from(format!("{}{suffix}", db.display()));
-        if from.exists() {
-            std::fs::rename(&from, dir.join(format!("{aside}{suffix}")))
-                .with_context(|| format!("moving {} aside", from.display()))?;
-        }
-    }
+    let aside = move_aside(dir)?;
     // Closed by now (its log folded back into the file).
     std::fs::rename(trial.join("allotd.db"), &db)
         .with_context(|| format!("putting {} in place", file.display()))?;
     let _ = std::fs::remove_dir_all(&trial);
-    // The file's own marker is the one that goes with it now.
-    let marker = allot_common::sqlite::marker_path(dir, "allotd.db");
-    match std::fs::remove_file(&marker) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("removing {}", marker.display()))
-        }
-        _ => {}
-    }
     let mut store = Sqlite::open(dir)?;
     let (w, l) = continue_ids(
         cfg,
