@@ -115,6 +115,9 @@ pub struct LeaseRecord {
     pub warn_signal: String,
     /// How long before the time limit its own warning goes, seconds.
     pub warn_before_s: u64,
+    /// When allotd started it, Unix s (0: a local lease, or a row from before):
+    /// with the id, what tells a start re-sent from an id given again.
+    pub allotd_start_s: i64,
     /// Why the ladder runs (`revoked`, `time-limit`), kept for the end reason.
     pub ladder_reason: String,
     /// The rung that ended it.

@@ -26,11 +26,11 @@ struct Args {
     /// Only check the config and exit.
     #[arg(long)]
     check_config: bool,
-    /// Stop (as on SIGTERM: workloads keep running) when the process that started
-    /// this agent dies, however it dies: `allotd dev`'s agents, so a killed `allotd
-    /// dev` leaves none behind.
-    #[arg(long, hide = true)]
-    exit_with_parent: bool,
+    /// Stop (as on SIGTERM: workloads keep running) when process PID, the one that
+    /// started this agent, dies, however it dies: `allotd dev`'s agents, so a killed
+    /// `allotd dev` leaves none behind.
+    #[arg(long, hide = true, value_name = "PID")]
+    exit_with_parent: Option<i32>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -136,14 +136,13 @@ fn main() -> std::process::ExitCode {
         eprintln!("allot-agent: {e}");
         return std::process::ExitCode::from(2);
     }
-    if a.exit_with_parent {
-        let parent = nix::unistd::getppid();
+    if let Some(parent) = a.exit_with_parent {
         if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM) {
             eprintln!("allot-agent: --exit-with-parent: {e}");
             return std::process::ExitCode::from(2);
         }
         // The parent may have died before the request was made.
-        if nix::unistd::getppid() != parent {
+        if nix::unistd::getppid().as_raw() != parent {
             eprintln!("allot-agent: the process that started it is gone");
             return std::process::ExitCode::FAILURE;
         }

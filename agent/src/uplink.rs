@@ -137,12 +137,14 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
         Some(pb::allocator_message::Body::Start(c)) => {
             let Some(l) = c.lease else { return };
             if let Some(existing) = sh.host().lease(&l.id).cloned() {
-                if existing.workload_id != l.workload_id {
+                let reused = existing.workload_id != l.workload_id
+                    || (existing.allotd_start_s != 0 && existing.allotd_start_s != l.start_unix);
+                if reused {
                     // Not a re-sent start: allotd gives an id it gave before (its state
                     // is older than this host's). Never answered with the old lease's end.
                     let why = format!(
-                        "lease {} is already on this host, for workload {}: allotd gives lease ids again (its state older than this host's, restored from a backup?); refused",
-                        l.id, existing.workload_id
+                        "lease {} is already on this host, for workload {} started at {}: allotd gives lease ids again (its state older than this host's, restored from a backup?); refused",
+                        l.id, existing.workload_id, existing.allotd_start_s
                     );
                     tracing::warn!(lease = %l.id, "{why}");
                     send(sh, failed_start(&l.id, pb::LeaseEnd::Refused, &why));
@@ -171,6 +173,7 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
                 error: c.error,
                 warn_signal: l.warn_signal.clone(),
                 warn_before_s: l.warn_before_s,
+                allotd_start_s: l.start_unix,
                 lease_id: l.id.clone(),
                 gpu_uuids: l.gpu_uuids.clone(),
                 cpus: c.cpu_per_node,
@@ -203,10 +206,16 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
         }
         Some(pb::allocator_message::Body::Revoke(r)) => {
             let nb = r.not_before_unix.saturating_mul(1000);
-            if let Err(e) =
+            let revoked =
                 sh.host()
-                    .revoke_until(&r.lease_id, nb, &format!("allocator: {}", r.why), now_ms())
-            {
+                    .revoke_until(&r.lease_id, nb, &format!("allocator: {}", r.why), now_ms());
+            if let Ok(l) = &revoked {
+                if !l.live() {
+                    // Over already: allotd asks again because it has not heard the end.
+                    send(sh, status(l));
+                }
+            }
+            if let Err(e) = revoked {
                 tracing::info!(lease = %r.lease_id, error = %e, "revocation for a lease this host does not hold");
                 // allotd may be holding its GPUs here until this host says it is gone.
                 send(

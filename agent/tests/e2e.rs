@@ -792,10 +792,11 @@ fn a_revoke_leaves_nothing_of_a_job_whatever_it_did_with_sessions() {
 #[test]
 fn the_checkpoint_signal_reaches_workers_in_their_own_sessions() {
     let a = TestAgent::start("sessions", "");
-    // The launcher waits for its worker, which checkpoints in its own session.
-    let launcher = r#"setsid -w sh -c 'trap "touch \"$ALLOT_CHECKPOINT_DIR/worker-got-usr1\"; exit 0" USR1; while :; do sleep 0.2; done' &
+    // The launcher waits for its worker, which checkpoints in its own session; each
+    // handles USR1 before the worker says it is ready.
+    let launcher = r#"trap 'wait $W; exit 0' USR1
+setsid -w sh -c 'trap "touch \"$ALLOT_CHECKPOINT_DIR/worker-got-usr1\"; exit 0" USR1; touch "$ALLOT_CHECKPOINT_DIR/worker-ready"; while :; do sleep 0.2; done' &
 W=$!
-trap 'wait $W; exit 0' USR1
 while :; do sleep 0.2; done"#;
     let flags = [
         "--gpus",
@@ -822,18 +823,25 @@ while :; do sleep 0.2; done"#;
         eprintln!("skipped: this host gives leases no cgroup");
         return;
     }
-    wait_for("the worker in its own session", LONG, || {
-        let procs = std::fs::read_to_string(std::path::Path::new(&cgroup).join("cgroup.procs"))
-            .unwrap_or_default();
-        procs
-            .lines()
-            .filter_map(|p| p.parse::<i32>().ok())
-            .any(|p| {
-                allot_checkpoint_hooks::proc_stat(p)
-                    .is_some_and(|s| s.session != l["pid"].as_i64().unwrap_or(0) as i32)
-            })
+    wait_for("the worker, in its own session, ready", LONG, || {
+        a.checkpoint_dir(&lid)
+            .join("worker-ready")
+            .exists()
             .then_some(())
     });
+    let procs = std::fs::read_to_string(std::path::Path::new(&cgroup).join("cgroup.procs"))
+        .unwrap_or_default();
+    let own_session = procs
+        .lines()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .any(|p| {
+            allot_checkpoint_hooks::proc_stat(p)
+                .is_some_and(|s| s.session != l["pid"].as_i64().unwrap_or(0) as i32)
+        });
+    assert!(
+        own_session,
+        "a process of the lease in a session of its own: {procs}"
+    );
     for lease in [&lid, &bare] {
         a.json(&["lease", "revoke", lease, "--now", "--json"]);
     }

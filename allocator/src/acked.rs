@@ -23,6 +23,9 @@ const MAGIC: &[u8; 8] = b"ALLOTACK";
 /// What one slot says.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Acked {
+    /// Which database it was written for (a hash of its id, `allot_meta`): a marker
+    /// of another database (one started afresh, imported) says nothing of this one.
+    pub db: u64,
     /// The journal position of the last acknowledged input.
     pub seq: u64,
     /// The next workload id allotd would have given.
@@ -38,6 +41,13 @@ pub struct Marker {
     path: PathBuf,
     /// Writes so far (the slot of the next is `writes % 2`).
     writes: u64,
+    /// The database it now speaks for.
+    db: u64,
+}
+
+/// The marker's name for database id `id`.
+pub fn db_hash(id: &str) -> u64 {
+    fnv(id.as_bytes())
 }
 
 /// FNV-1a: a checksum the file format keeps forever (std's hashers may change).
@@ -50,21 +60,21 @@ fn fnv(bytes: &[u8]) -> u64 {
 fn encode(writes: u64, a: &Acked) -> [u8; SLOT] {
     let mut s = [0u8; SLOT];
     s[..8].copy_from_slice(MAGIC);
-    for (i, v) in [writes, a.seq, a.next_workload, a.next_lease]
+    for (i, v) in [writes, a.seq, a.next_workload, a.next_lease, a.db]
         .into_iter()
         .enumerate()
     {
         s[8 + i * 8..16 + i * 8].copy_from_slice(&v.to_le_bytes());
     }
-    let sum = fnv(&s[..40]);
-    s[40..48].copy_from_slice(&sum.to_le_bytes());
+    let sum = fnv(&s[..48]);
+    s[48..56].copy_from_slice(&sum.to_le_bytes());
     s
 }
 
 fn decode(s: &[u8]) -> Option<(u64, Acked)> {
     let word =
         |i: usize| -> Option<u64> { Some(u64::from_le_bytes(s.get(i..i + 8)?.try_into().ok()?)) };
-    if s.get(..8)? != MAGIC || word(40)? != fnv(s.get(..40)?) {
+    if s.get(..8)? != MAGIC || word(48)? != fnv(s.get(..48)?) {
         return None;
     }
     Some((
@@ -73,15 +83,29 @@ fn decode(s: &[u8]) -> Option<(u64, Acked)> {
             seq: word(16)?,
             next_workload: word(24)?,
             next_lease: word(32)?,
+            db: word(40)?,
         },
     ))
 }
 
 impl Marker {
-    /// Opens the marker in `dir`; `None` inside when there is none yet (a state dir
-    /// from before it existed, or a new one) or neither slot reads.
-    pub fn open(dir: &Path) -> std::io::Result<(Marker, Option<Acked>)> {
+    /// What the marker in `dir` says, without making one (`None`: none, or neither
+    /// slot reads).
+    pub fn peek(dir: &Path) -> std::io::Result<Option<Acked>> {
+        match std::fs::read(dir.join(FILE)) {
+            Ok(buf) => Ok(best(&buf).map(|(_, a)| a)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Opens (making) the marker in `dir` for the database of id `db_id`; `None`
+    /// inside when there is none yet (a state dir from before it existed, or a new
+    /// one) or neither slot reads. A file it makes is owned like `dir` (an operator's
+    /// command run as root must not leave allotd a file it cannot write).
+    pub fn open(dir: &Path, db_id: &str) -> std::io::Result<(Marker, Option<Acked>)> {
         let path = dir.join(FILE);
+        let made = !path.exists();
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -89,15 +113,29 @@ impl Marker {
             .truncate(false)
             .mode(0o600)
             .open(&path)?;
+        if made {
+            use std::os::unix::fs::MetadataExt;
+            let owner = std::fs::metadata(dir)?;
+            // Only root can give a file away; anyone else made it theirs already.
+            let _ = nix::unistd::chown(
+                &path,
+                Some(nix::unistd::Uid::from_raw(owner.uid())),
+                Some(nix::unistd::Gid::from_raw(owner.gid())),
+            );
+        }
         let mut buf = Vec::new();
         file.read_to_end(&mut buf)?;
-        let best = buf
-            .chunks(SLOT)
-            .take(2)
-            .filter_map(decode)
-            .max_by_key(|(w, _)| *w);
+        let best = best(&buf);
         let writes = best.map_or(0, |(w, _)| w + 1);
-        Ok((Marker { file, path, writes }, best.map(|(_, a)| a)))
+        Ok((
+            Marker {
+                file,
+                path,
+                writes,
+                db: db_hash(db_id),
+            },
+            best.map(|(_, a)| a),
+        ))
     }
 
     /// Where it is.
@@ -106,8 +144,9 @@ impl Marker {
     }
 
     /// Records `a` durably (the slot after the last one written), before allotd
-    /// answers for it.
+    /// answers for it, for the database the marker was opened for.
     pub fn record(&mut self, a: Acked) -> std::io::Result<()> {
+        let a = Acked { db: self.db, ..a };
         let slot = encode(self.writes, &a);
         let at = (self.writes % 2) * SLOT as u64;
         self.file.seek(SeekFrom::Start(at))?;
@@ -118,10 +157,19 @@ impl Marker {
     }
 }
 
-/// Why a database is older than what allotd acknowledged, and the ways forward;
-/// `None` when it is not.
-pub fn older(db: &Path, marker: &Path, db_seq: u64, acked: &Acked) -> Option<String> {
-    (db_seq < acked.seq).then(|| {
+/// The slot written last of the two, if either reads.
+fn best(buf: &[u8]) -> Option<(u64, Acked)> {
+    buf.chunks(SLOT)
+        .take(2)
+        .filter_map(decode)
+        .max_by_key(|(w, _)| *w)
+}
+
+/// Why database `db` (of id hash `db_hash`) is older than what allotd acknowledged,
+/// and the ways forward; `None` when it is not, or when the marker was written for
+/// another database (started afresh or imported here: it is not this one's past).
+pub fn older(db: &Path, db_hash: u64, marker: &Path, db_seq: u64, acked: &Acked) -> Option<String> {
+    (acked.db == db_hash && db_seq < acked.seq).then(|| {
         format!(
             "{} holds the journal up to entry {db_seq}, but allotd acknowledged entry {} ({}): \
              the {} newest acknowledged inputs are not in the database, so its write-ahead log \
@@ -152,23 +200,25 @@ mod tests {
     #[test]
     fn the_last_record_reads_back_after_a_reopen() {
         let d = dir("reopen");
-        let (mut m, none) = Marker::open(&d).expect("open");
+        let (mut m, none) = Marker::open(&d, "db-1").expect("open");
         assert_eq!(none, None);
         for seq in 1..=5 {
             m.record(Acked {
                 seq,
                 next_workload: seq + 10,
                 next_lease: seq + 20,
+                db: 0,
             })
             .expect("record");
         }
-        let (_, last) = Marker::open(&d).expect("reopen");
+        let (_, last) = Marker::open(&d, "db-1").expect("reopen");
         assert_eq!(
             last,
             Some(Acked {
                 seq: 5,
                 next_workload: 15,
-                next_lease: 25
+                next_lease: 25,
+                db: db_hash("db-1"),
             })
         );
     }
@@ -176,7 +226,7 @@ mod tests {
     #[test]
     fn a_torn_slot_falls_back_to_the_other() {
         let d = dir("torn");
-        let (mut m, _) = Marker::open(&d).expect("open");
+        let (mut m, _) = Marker::open(&d, "db-1").expect("open");
         for seq in [7, 8] {
             m.record(Acked {
                 seq,
@@ -188,7 +238,7 @@ mod tests {
         let mut bytes = std::fs::read(d.join(FILE)).expect("read");
         bytes[SLOT + 20] ^= 0xff;
         std::fs::write(d.join(FILE), &bytes).expect("write");
-        let (mut m, last) = Marker::open(&d).expect("reopen");
+        let (mut m, last) = Marker::open(&d, "db-1").expect("reopen");
         assert_eq!(last.map(|a| a.seq), Some(7));
         // Writing goes on from there, into the spoilt slot.
         m.record(Acked {
@@ -196,23 +246,28 @@ mod tests {
             ..Acked::default()
         })
         .expect("record");
-        assert_eq!(Marker::open(&d).expect("reopen").1.map(|a| a.seq), Some(9));
+        assert_eq!(
+            Marker::open(&d, "db-1").expect("reopen").1.map(|a| a.seq),
+            Some(9)
+        );
         // Garbage in both: no marker, not a refusal by itself.
         std::fs::write(d.join(FILE), vec![0xAB; 2 * SLOT]).expect("write");
-        assert_eq!(Marker::open(&d).expect("reopen").1, None);
+        assert_eq!(Marker::open(&d, "db-1").expect("reopen").1, None);
     }
 
     #[test]
     fn an_older_database_is_named_with_the_ways_forward() {
         let a = Acked {
             seq: 44,
+            db: db_hash("db-1"),
             ..Acked::default()
         };
-        assert_eq!(
-            older(Path::new("/s/allotd.db"), Path::new("/s/m"), 44, &a),
-            None
-        );
-        let why = older(Path::new("/s/allotd.db"), Path::new("/s/m"), 41, &a).expect("older");
+        let db = Path::new("/s/allotd.db");
+        let this = db_hash("db-1");
+        assert_eq!(older(db, this, Path::new("/s/m"), 44, &a), None);
+        // A marker of another database (this one was started afresh) is no past of it.
+        assert_eq!(older(db, db_hash("db-2"), Path::new("/s/m"), 0, &a), None);
+        let why = older(db, this, Path::new("/s/m"), 41, &a).expect("older");
         for words in [
             "/s/allotd.db holds the journal up to entry 41",
             "acknowledged entry 44 (/s/m)",

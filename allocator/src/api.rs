@@ -983,6 +983,7 @@ impl Api {
                 addr: r.advertise_addr.clone(),
                 highest_workload: r.highest_workload,
                 highest_lease: r.highest_lease,
+                end_strays: true,
             })
             .map_err(core_status)?;
         if let Some(n) = self.0.core().alloc.node_mut(&name) {

@@ -249,14 +249,20 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     r.context("allotd task")?
 }
 
-/// Whether `pid` is the agent of `node_dir` (its command line names that node's
-/// config: a recycled pid does not).
+/// Whether `pid` is the agent of `node_dir`: an `allot-agent` (a pager showing the
+/// config is not) whose command line names that node's config (a recycled pid does
+/// not).
 fn is_agent_of(pid: i32, node_dir: &Path) -> bool {
+    let agent = std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| {
+        exe.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("allot-agent"))
+    });
     let conf = node_dir.join("agent.toml");
-    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-        c.split(|b| *b == 0)
-            .any(|arg| arg == conf.as_os_str().as_encoded_bytes())
-    })
+    agent
+        && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+            c.split(|b| *b == 0)
+                .any(|arg| arg == conf.as_os_str().as_encoded_bytes())
+        })
 }
 
 /// Every process whose command line names a node config of this state dir: its
@@ -415,6 +421,7 @@ async fn start_agents(
             .arg("--config")
             .arg(&conf)
             .arg("--exit-with-parent")
+            .arg(std::process::id().to_string())
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {}", agent.display()))?;

@@ -86,6 +86,9 @@ pub struct LoopStats {
 /// One agent's outbound stream.
 pub type Session = mpsc::UnboundedSender<Result<pb::AllocatorMessage, tonic::Status>>;
 
+/// How often parts of ended leases still held are told again to stop.
+const RESEND_LEAVING: Duration = Duration::from_secs(30);
+
 /// Agents that understand withdrawn revocations and health drains from allotd.
 pub const PROTOCOL_DRAINS: u32 = 2;
 
@@ -127,8 +130,8 @@ impl Server {
     /// takes a snapshot of the result (so the next start reads no tail, and a
     /// journal an earlier release wrote is compacted), and returns the service.
     pub fn open(cfg: ServerConfig) -> anyhow::Result<Arc<Server>> {
-        let store = Sqlite::open(&cfg.server.state_dir)?;
-        let marker = acknowledged(&cfg, &store)?;
+        let mut store = Sqlite::open(&cfg.server.state_dir)?;
+        let marker = acknowledged(&cfg, &mut store)?;
         let pki = crate::pki::ensure(&cfg, "allot", now())?;
         let t0 = Instant::now();
         let (alloc, tail) = load(&cfg, &store)?;
@@ -237,6 +240,7 @@ impl Server {
                     seq,
                     next_workload,
                     next_lease,
+                    db: 0,
                 };
                 if let Err(e) = c.marker.record(acked) {
                     tracing::error!(error = %e, "cannot record what was acknowledged; stopping");
@@ -315,6 +319,39 @@ impl Server {
                 tracing::warn!(node = %node, error = %e, "held drain not re-checked");
             }
         }
+    }
+
+    /// Parts of ended leases still held are told again to stop, on the hosts connected:
+    /// a revocation sent while a host's session was being set up is lost, and the part
+    /// would stay held (and its workload wait) until the job ended by itself. Idempotent
+    /// on the agent; at most once a `RESEND_LEAVING`.
+    fn resend_leaving(&self, last: &mut std::time::Instant) {
+        if last.elapsed() < RESEND_LEAVING {
+            return;
+        }
+        *last = std::time::Instant::now();
+        let sends: Vec<Out> = {
+            let c = self.core();
+            let a = &c.alloc;
+            a.core
+                .leaving()
+                .iter()
+                .flat_map(|(lease, l)| {
+                    l.parts.iter().filter_map(move |p| {
+                        let name = a.names().get(p.node.idx())?;
+                        Some(Out::Send {
+                            node: name.clone(),
+                            cmd: Command::Revoke {
+                                lease: lease.0,
+                                not_before: 0,
+                                why: "its lease has ended; stop what is left of it".into(),
+                            },
+                        })
+                    })
+                })
+                .collect()
+        };
+        self.dispatch(&sends);
     }
 
     /// Ends node `node`'s stream (it was revoked).
@@ -410,6 +447,7 @@ impl Server {
         ));
         let min_gap = Duration::from_secs(self.cfg.server.min_pass_interval);
         let mut last_pass = std::time::Instant::now();
+        let mut last_leaving = std::time::Instant::now();
         loop {
             let wake = *self.next_wakeup.lock().unwrap_or_else(|e| e.into_inner());
             // The core's wake-ups wait out min_pass_interval too (a pass cut short
@@ -430,6 +468,7 @@ impl Server {
             last_pass = std::time::Instant::now();
             self.mark_lost();
             self.recheck_held();
+            self.resend_leaving(&mut last_leaving);
             self.pass();
             if watchdog.is_some() {
                 allot_common::systemd::notify("WATCHDOG=1");
@@ -472,26 +511,44 @@ pub fn write_snapshot(
 /// Opens what allotd acknowledged and refuses a database whose journal ends before
 /// it (its write-ahead log lost or damaged); a state dir without one starts it at
 /// the database's position.
-pub fn acknowledged(cfg: &ServerConfig, store: &dyn Store) -> anyhow::Result<crate::acked::Marker> {
+pub fn acknowledged(
+    cfg: &ServerConfig,
+    store: &mut dyn Store,
+) -> anyhow::Result<crate::acked::Marker> {
     let dir = &cfg.server.state_dir;
-    let (mut marker, acked) = crate::acked::Marker::open(dir)
+    let id = store.db_id()?;
+    let (mut marker, acked) = crate::acked::Marker::open(dir, &id)
         .with_context(|| format!("opening {}", dir.join(crate::acked::FILE).display()))?;
-    let seq = store.last_seq()?;
-    match acked {
-        Some(a) => {
-            if let Some(why) = crate::acked::older(&dir.join("allotd.db"), marker.path(), seq, &a) {
-                anyhow::bail!(why);
-            }
+    let mut seq = store.last_seq()?;
+    let this = crate::acked::db_hash(&id);
+    if let Some(a) = acked {
+        if let Some(why) = crate::acked::older(&dir.join("allotd.db"), this, marker.path(), seq, &a)
+        {
+            anyhow::bail!(why);
         }
-        None => {
-            let a = crate::acked::Acked {
+        if a.db != this && (a.next_workload, a.next_lease) != (0, 0) {
+            // A database started afresh (or put here by hand) where another one gave
+            // ids: they are not given again.
+            seq = store
+                .commit(
+                    now(),
+                    Some(&Input::IdsAbove {
+                        next_workload: a.next_workload,
+                        next_lease: a.next_lease,
+                        why: "a new state file replaced one that had given ids".into(),
+                    }),
+                    &[],
+                )?
+                .unwrap_or(seq);
+        }
+    }
+    if acked.is_none_or(|a| a.db != this) {
+        marker
+            .record(crate::acked::Acked {
                 seq,
                 ..Default::default()
-            };
-            marker
-                .record(a)
-                .with_context(|| format!("writing {}", marker.path().display()))?;
-        }
+            })
+            .with_context(|| format!("writing {}", marker.path().display()))?;
     }
     Ok(marker)
 }

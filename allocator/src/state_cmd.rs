@@ -6,7 +6,7 @@
 //! back. A file replaced is kept aside, and ids continue above every id allotd gave
 //! (`acked.rs`), so none is given twice.
 
-use crate::acked::{older, Acked, Marker};
+use crate::acked::{db_hash, older, Acked, Marker};
 use crate::config::ServerConfig;
 use crate::serve::{load, now};
 use crate::state::{Allocator, Input, Snapshot};
@@ -128,9 +128,10 @@ fn check(cfg: &ServerConfig) -> anyhow::Result<()> {
     let store = Sqlite::open(&cfg.server.state_dir)?;
     let path = cfg.server.state_dir.join("allotd.db");
     let mut problems = store.integrity()?;
-    let (marker, acked) = Marker::open(&cfg.server.state_dir)?;
-    if let Some(why) =
-        acked.and_then(|a| older(&path, marker.path(), store.last_seq().unwrap_or(0), &a))
+    let marker = cfg.server.state_dir.join(crate::acked::FILE);
+    let this = db_hash(&store.db_id()?);
+    if let Some(why) = Marker::peek(&cfg.server.state_dir)?
+        .and_then(|a| older(&path, this, &marker, store.last_seq().unwrap_or(0), &a))
     {
         problems.push(why);
     }
@@ -223,7 +224,7 @@ fn move_aside(dir: &Path) -> anyhow::Result<String> {
 /// a journaled `IdsAbove`; the marker then agrees with the file. Returns the next
 /// workload and lease ids.
 fn continue_ids(cfg: &ServerConfig, store: &mut Sqlite, why: &str) -> anyhow::Result<(u64, u64)> {
-    let (mut marker, acked) = Marker::open(&cfg.server.state_dir)?;
+    let (mut marker, acked) = Marker::open(&cfg.server.state_dir, &store.db_id()?)?;
     let (alloc, _) = load(cfg, store)?;
     let (w, l) = alloc.core.next_ids();
     let seen = acked.unwrap_or_default();
@@ -243,6 +244,7 @@ fn continue_ids(cfg: &ServerConfig, store: &mut Sqlite, why: &str) -> anyhow::Re
         seq: store.last_seq()?,
         next_workload: next.0,
         next_lease: next.1,
+        db: 0,
     })?;
     Ok(next)
 }
@@ -321,17 +323,17 @@ fn restore(cfg: &ServerConfig, file: &Path) -> anyhow::Result<()> {
 fn accept_loss(cfg: &ServerConfig) -> anyhow::Result<()> {
     stopped(cfg)?;
     let mut store = Sqlite::open(&cfg.server.state_dir)?;
-    let (marker, acked) = Marker::open(&cfg.server.state_dir)?;
     let seq = store.last_seq()?;
-    let Some(a) = acked.filter(|a| a.seq > seq) else {
+    let this = db_hash(&store.db_id()?);
+    let acked = Marker::peek(&cfg.server.state_dir)?;
+    let Some(a) = acked.filter(|a| a.db == this && a.seq > seq) else {
         println!(
             "nothing to accept: {} holds every input allotd acknowledged ({})",
             cfg.server.state_dir.join("allotd.db").display(),
-            marker.path().display()
+            cfg.server.state_dir.join(crate::acked::FILE).display()
         );
         return Ok(());
     };
-    drop(marker);
     let (w, l) = continue_ids(
         cfg,
         &mut store,
@@ -495,7 +497,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
     // record of what was acknowledged (`acked.rs`, fdatasync), as `allotd serve` does
     // before it answers.
     let mut store = store;
-    let (mut marker, _) = Marker::open(&dir)?;
+    let (mut marker, _) = Marker::open(&dir, &store.db_id()?)?;
     let input = Input::SetWeight {
         group: "demo-a".into(),
         weight: 1.0,
@@ -511,6 +513,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
             seq: seq.unwrap_or(0),
             next_workload: i,
             next_lease: i,
+            db: 0,
         })?;
         ack_s.push(t.elapsed().as_secs_f64());
     }

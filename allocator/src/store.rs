@@ -27,6 +27,8 @@ pub trait Store: Send {
     ) -> Result<Option<u64>, StoreError>;
     /// The journal's last position (also once compaction emptied it; 0: none yet).
     fn last_seq(&self) -> Result<u64, StoreError>;
+    /// The database's own id (`allot_meta`), made with it.
+    fn db_id(&self) -> Result<String, StoreError>;
     /// The last snapshot, if any, and every journal entry after it, in order.
     fn load(&self) -> Result<Loaded, StoreError>;
     /// Writes a snapshot of the state as of the last journal entry, with the
@@ -253,6 +255,14 @@ impl Store for Sqlite {
         }
         tx.commit().map_err(fail("committing"))?;
         Ok(seq)
+    }
+
+    fn db_id(&self) -> Result<String, StoreError> {
+        self.conn
+            .query_row("SELECT value FROM allot_meta WHERE key = 'id'", [], |r| {
+                r.get::<_, String>(0)
+            })
+            .map_err(|e| StoreError::new(&self.path, "reading the database's id", e))
     }
 
     fn last_seq(&self) -> Result<u64, StoreError> {

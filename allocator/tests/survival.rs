@@ -71,8 +71,9 @@ fn a_time_limit_sends_nothing_unasked_and_ends_timed_out() {
     );
 }
 
-/// Checkpoints 3 s after SIGUSR1, then exits 0 (the hook's marker, then the exit).
-const SLOW_CHECKPOINT: &str = r#"trap 'sleep 3; touch "$ALLOT_CHECKPOINT_DIR/checkpoint.done"; exit 0' USR1
+/// Checkpoints 3 s after SIGUSR1, then exits 0 (the hook's marker, then the exit);
+/// says at once that the signal came (`got-usr1`).
+const SLOW_CHECKPOINT: &str = r#"trap 'touch "$ALLOT_CHECKPOINT_DIR/got-usr1"; sleep 3; touch "$ALLOT_CHECKPOINT_DIR/checkpoint.done"; exit 0' USR1
 while :; do sleep 0.5; done"#;
 
 /// Node `i`'s lease `lease` as its agent shows it (null while the agent is down).
@@ -109,15 +110,25 @@ fn a_ladder_that_ends_while_its_agent_is_down_ends_as_the_ladder_would() {
         k["lease_ids"][0].as_str().expect("lease").to_string(),
     );
     assert_ne!(i, j, "one workload per node");
-    let out = c.allot(&["nodes", "drain", &node, "--reason", "maintenance"]);
-    assert!(out.status.success(), "{out:?}");
-    let out = c.allot(&["cancel", &cancelled]);
-    assert!(out.status.success(), "{out:?}");
-    // Both ladders begin (the drain's at the 3 s lapse); the agents die at once.
-    for (n, lease) in [(i, &dl), (j, &kl)] {
-        wait_for("the ladder to begin", LONG, || {
-            (agent_lease(&c, n, lease)["state"] == "checkpointing").then_some(())
-        });
+    // Each ladder begins (the drain's at the 3 s lapse, the cancel's at once) and
+    // signals its workload; its agent dies at once.
+    for (n, lease, ask) in [
+        (
+            i,
+            &dl,
+            vec!["nodes", "drain", &node, "--reason", "maintenance"],
+        ),
+        (j, &kl, vec!["cancel", &cancelled]),
+    ] {
+        let out = c.allot(&ask);
+        assert!(out.status.success(), "{out:?}");
+        let got = c
+            .node_dir(n)
+            .join("state/leases")
+            .join(lease)
+            .join("checkpoint/got-usr1");
+        wait_for("the ladder's signal", LONG, || got.exists().then_some(()));
+        assert_eq!(agent_lease(&c, n, lease)["state"], "checkpointing");
         c.kill9_agent(n);
     }
     // The workloads checkpoint and exit while their agents are down.

@@ -1245,7 +1245,12 @@ fn a_lost_nodes_lease_that_comes_back_is_held_until_it_is_gone() {
     assert_eq!(s.workload(w).unwrap().state, WorkloadState::Pending);
     // The node comes back running the lease before the work restarted elsewhere.
     s.set_node_state(20, node, NodeState::Ready).unwrap();
-    assert_eq!(s.hold_stray(20, lease, w, node, 0xff).unwrap(), 0xff);
+    assert_eq!(s.hold_stray(20, lease, w, node, 0xff).unwrap(), Some(0xff));
+    assert_eq!(
+        s.hold_stray(20, lease, w, node, 0xff).unwrap(),
+        None,
+        "held once"
+    );
     assert_eq!(s.cluster().node(node).free(), 0, "its GPUs are not free");
     assert!(
         starts(&s.schedule(21)).is_empty(),

@@ -134,6 +134,15 @@ impl HealthMonitor {
         });
         let boot = kmsg_reader::boot_id().unwrap_or_default();
         memory.for_boot(&kmsg_reader::log_identity(Path::new(&cfg.kmsg), &boot));
+        // A plain file cut or rewritten in place (same inode) no longer has the lines
+        // its offsets pointed at.
+        let len = std::fs::metadata(&cfg.kmsg)
+            .ok()
+            .filter(std::fs::Metadata::is_file)
+            .map(|m| m.len());
+        if len.is_some_and(|len| memory.reset_through.values().any(|p| *p > len)) {
+            memory.reset_through.clear();
+        }
         let mut policy = HealthPolicy::new(cfg.thresholds.clone(), cfg.catalog());
         for (pci, seq) in &memory.reset_through {
             policy.gpu_reset(pci, Some(*seq));
@@ -198,7 +207,10 @@ impl HealthMonitor {
         self.shared.update(|p, _| p.gpu_reset(pci, seq));
         if let Some(seq) = seq {
             let mut m = self.shared.memory.lock().unwrap_or_else(|e| e.into_inner());
-            m.reset_through.insert(pci.to_string(), seq);
+            // Never back: a reset read while the log is still being caught up with
+            // must not bring back what an earlier one cured.
+            let at = m.reset_through.entry(pci.to_string()).or_insert(0);
+            *at = (*at).max(seq);
             if let Err(e) = m.save(&self.shared.memo) {
                 tracing::warn!(error = %e, file = %self.shared.memo.display(), "cannot save the kernel-log memory");
             }

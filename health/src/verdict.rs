@@ -319,7 +319,10 @@ impl HealthPolicy {
         // Level conditions go too: the next sample raises them again if they hold.
         gpu.conditions.clear();
         gpu.history.clear();
-        gpu.cleared_through_seq = through_seq.or(gpu.cleared_through_seq);
+        gpu.cleared_through_seq = match (through_seq, gpu.cleared_through_seq) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
     }
 
     /// A periodic sample.

@@ -117,9 +117,10 @@ impl Host {
                 .is_ok();
             let probe = now_ms.to_string();
             if room && self.store.set("write-probe", Some(&probe)).is_ok() {
-                // What could not be written meanwhile is written now.
-                let live: Vec<_> = self.leases.values().filter(|l| l.live()).cloned().collect();
-                for l in &live {
+                // What could not be written meanwhile is written now: every lease it
+                // holds, ended ones too (one that ended while the disk was full).
+                let all: Vec<_> = self.leases.values().cloned().collect();
+                for l in &all {
                     if self.store.put_lease(l).is_err() {
                         return changed;
                     }
@@ -263,8 +264,12 @@ impl Host {
             .collect::<Vec<_>>()
             .join(", ");
         if v.host == HostVerdict::Ok {
-            // allotd's hold is kept: a restart's first verdicts may read ok before
-            // the kernel log is read again, and the same fault is the same decision.
+            // allotd's hold goes with the fault, seen while allotd is there; alone
+            // (a restart's first verdicts may read ok before the kernel log is read
+            // again) it is kept: the same fault is the same decision.
+            if self.defer_health {
+                self.set_allotd_hold(None);
+            }
             self.held_gpus.clear();
             if self.health_drain.take().is_some() {
                 self.note(

@@ -25,7 +25,8 @@ fn ladder_result(l: &LeaseRecord, rung: Option<Rung>, marked: bool) -> (Rung, bo
         _ if marked => (rung.unwrap_or(Rung::Checkpoint), true),
         (Some(Rung::Checkpoint) | None, Some(_)) if hooked => (died_by(l), false),
         (Some(Rung::Checkpoint), None) => (Rung::Checkpoint, true),
-        (None, None) if hooked => (Rung::Checkpoint, true),
+        // After a restart only a recorded exit says it exited after the hook.
+        (None, None) if hooked && l.exit_code.is_some() => (Rung::Checkpoint, true),
         (Some(r), _) => (r, false),
         (None, _) => (died_by(l), false),
     }

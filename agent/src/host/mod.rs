@@ -166,6 +166,8 @@ pub struct StartSpec {
     pub warn_signal: String,
     /// How long before the time limit, seconds.
     pub warn_before_s: u64,
+    /// When allotd started it, Unix s (0: a local lease).
+    pub allotd_start_s: i64,
     /// The allocator's lease id; empty: a local lease (`L-n`).
     pub lease_id: String,
     /// The allocator's choice of GPUs (UUIDs); empty: the agent picks.

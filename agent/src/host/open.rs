@@ -68,6 +68,7 @@ impl Host {
             tracing::warn!(error = %e, "cannot prune old events");
         }
         for mut l in h.store.leases(ENDED_SHOWN)? {
+            let read = l.clone();
             if l.live() {
                 if l.pid <= 0 {
                     l.end(now_ms, LeaseEnd::FailedToStart, "");
@@ -101,7 +102,13 @@ impl Host {
                         ),
                     );
                 }
-                h.store.put_lease(&l)?;
+                // Only a change is written; one that cannot be (a full disk) drains
+                // the host rather than stop it: the leases it runs are in memory.
+                if l != read {
+                    if let Err(e) = h.store.put_lease(&l) {
+                        h.write_failed(&e.to_string(), now_ms);
+                    }
+                }
             }
             h.leases.insert(l.id.clone(), l);
         }

@@ -413,6 +413,7 @@ impl Host {
             error: spec.error.clone(),
             warn_signal: spec.warn_signal.clone(),
             warn_before_s: spec.warn_before_s,
+            allotd_start_s: spec.allotd_start_s,
             ..Default::default()
         };
         let dir = lease_dir(&self.settings, &id);

@@ -127,8 +127,15 @@ impl Allocator {
                 addr,
                 highest_workload,
                 highest_lease,
+                end_strays,
             } => {
-                self.register(at, spec, gpu_uuids, gpus, running, drains, addr, &mut a)?;
+                let seen = super::hosts::Seen {
+                    gpus,
+                    running,
+                    drains,
+                    end_strays: *end_strays,
+                };
+                self.register(at, spec, gpu_uuids, &seen, addr, &mut a)?;
                 self.ids_seen_on(&spec.name, *highest_workload, *highest_lease, &mut a);
             }
             Input::IdsAbove {
@@ -447,7 +454,7 @@ impl Allocator {
                 other,
                 Command::Revoke {
                     lease,
-                    not_before: at,
+                    not_before: 0, // now, whatever the host's clock says: its lease has ended
                     why: why.clone(),
                 },
             );

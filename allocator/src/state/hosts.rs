@@ -8,6 +8,19 @@ use super::{effective, Allocator, DrainRec, NodeRec};
 use allot_fairshare::{CoreError, LeaseId, NodeSpec, NodeState, Time, WorkloadId, WorkloadState};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// What a registering host says it has.
+#[derive(Clone, Copy)]
+pub(super) struct Seen<'a> {
+    /// Its GPUs.
+    pub gpus: &'a [GpuSeen],
+    /// allotd's leases it runs.
+    pub running: &'a [u64],
+    /// Its drains.
+    pub drains: &'a [HostDrain],
+    /// Whether leases allotd ended are held and ended (`Input::Register`).
+    pub end_strays: bool,
+}
+
 fn no_node(node: &str) -> CoreError {
     CoreError::Config(format!("no node {node:?}; `allot nodes` lists them"))
 }
@@ -175,18 +188,21 @@ impl Allocator {
     /// it ended), a lease the host runs that allotd does not hold is left running and
     /// reported, and allotd's drains are put in force there (one the host holds that
     /// allotd lifted meanwhile is lifted).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn register(
         &mut self,
         at: Time,
         spec: &NodeSpec,
         gpu_uuids: &[String],
-        gpus: &[GpuSeen],
-        running: &[u64],
-        drains: &[HostDrain],
+        seen: &Seen<'_>,
         addr: &str,
         a: &mut Applied,
     ) -> Result<(), CoreError> {
+        let Seen {
+            gpus,
+            running,
+            drains,
+            end_strays,
+        } = *seen;
         let name = spec.name.as_str();
         match self
             .nodes
@@ -230,7 +246,7 @@ impl Allocator {
                 .find(|w| w.leases.contains(lease))
                 .map(|w| w.id);
             match known {
-                Some(wid) if self.core.lease(LeaseId(*lease)).is_none() => {
+                Some(wid) if end_strays && self.core.lease(LeaseId(*lease)).is_none() => {
                     self.stray(at, *lease, wid, name, gpus, a);
                 }
                 _ => {
@@ -302,7 +318,7 @@ impl Allocator {
             name,
             Command::Revoke {
                 lease,
-                not_before: at,
+                not_before: 0, // now, whatever the host's clock says
                 why: why.clone(),
             },
         );
@@ -313,9 +329,12 @@ impl Allocator {
             .iter()
             .filter(|g| g.lease == wire && g.index < 64)
             .fold(0u64, |m, g| m | (1u64 << g.index));
+        // A workload the core no longer remembers has long ended: nothing waits.
         let held = self
             .core
             .hold_stray(at, LeaseId(lease), WorkloadId(wid), node, mask)
+            .ok()
+            .flatten()
             .unwrap_or(0);
         let now = match self.work.get(&wid) {
             Some(w) if w.state == WorkloadState::Pending => {

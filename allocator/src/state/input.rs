@@ -244,6 +244,11 @@ pub enum Input {
         /// See `highest_workload`.
         #[serde(default, skip_serializing_if = "is_zero")]
         highest_lease: u64,
+        /// Leases the host runs that allotd had ended are held and ended (false in
+        /// journals before it existed, whose registrations only reported them, and
+        /// replay keeps that).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        end_strays: bool,
     },
     /// New ids continue at or above these: an operator restored the state from a
     /// backup (`allotd state restore`) or accepted a loss (`allotd state

@@ -215,6 +215,7 @@ fn registration(i: u32, running: Vec<u64>, drains: Vec<HostDrain>) -> Input {
         addr: String::new(),
         highest_workload: 0,
         highest_lease: 0,
+        end_strays: true,
     }
 }
 
@@ -502,7 +503,7 @@ fn registration_reconciles_the_leases_both_sides_hold() {
     // A lease allotd holds as ended is ended on the host too, so its work never
     // runs twice; one allotd never placed is left running and reported.
     assert!(
-        matches!(&cmds[1], Command::Revoke { lease, not_before: 6, .. } if *lease == ended),
+        matches!(&cmds[1], Command::Revoke { lease, not_before: 0, .. } if *lease == ended),
         "{cmds:?}"
     );
     let n = notices(&ap);
@@ -979,6 +980,7 @@ fn with_ports(lo: u16, hi: u16, n: u32) -> Allocator {
                 addr: format!("10.0.0.{i}"),
                 highest_workload: 0,
                 highest_lease: 0,
+                end_strays: true,
             },
         )
         .expect("registers");
@@ -1218,7 +1220,7 @@ fn when_one_part_fails_every_other_part_is_revoked_naming_it() {
         sends(&ap, &rank0),
         vec![Command::Revoke {
             lease,
-            not_before: 3,
+            not_before: 0,
             why: why.clone()
         }]
     );

@@ -144,7 +144,8 @@ impl Scheduler {
     /// lost): the GPUs of `gpus` that nothing else holds stay held as that lease's
     /// leaving part until the host reports it gone ([`Scheduler::part_left`]; the
     /// shell tells the host to end it), and its workload, if it waits to run again,
-    /// waits for that. Returns the GPUs held; `UnknownLease` for a lease still live.
+    /// waits for that. Returns the GPUs held (`None`: a part of it was held there
+    /// already); `UnknownLease` for a lease still live.
     pub fn hold_stray(
         &mut self,
         now: Time,
@@ -152,7 +153,7 @@ impl Scheduler {
         workload: WorkloadId,
         node: NodeId,
         gpus: GpuMask,
-    ) -> Result<GpuMask, CoreError> {
+    ) -> Result<Option<GpuMask>, CoreError> {
         self.clock(now);
         if self.st.leases.contains_key(&lease) {
             return Err(CoreError::UnknownLease(lease.0));
@@ -171,15 +172,16 @@ impl Scheduler {
             w.state == WorkloadState::Pending,
         );
         let n = self.st.cluster.node(node);
+        // GPUs something else holds stay its; the part is held anyway (its host
+        // share, and its workload waiting for it), even with no GPU named.
         let free = gpus & n.all() & !n.used;
-        if free == 0
-            || self
-                .st
-                .leaving
-                .get(&lease)
-                .is_some_and(|l| l.parts.iter().any(|p| p.node == node))
+        if self
+            .st
+            .leaving
+            .get(&lease)
+            .is_some_and(|l| l.parts.iter().any(|p| p.node == node))
         {
-            return Ok(0);
+            return Ok(None);
         }
         self.st.drop_claims_holding(node, free);
         let part = LeavingPart {
@@ -201,7 +203,7 @@ impl Scheduler {
         if waits {
             self.hold_back(workload);
         }
-        Ok(free)
+        Ok(Some(free))
     }
 
     /// Ended leases' parts still running, by lease.

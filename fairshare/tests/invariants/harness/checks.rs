@@ -82,8 +82,8 @@ impl Shell {
                 "core holds leaving parts {core_parts:?}, agents run {agent_parts:?}"
             ));
         }
-        // No workload runs twice: one live lease at most, and none beside a part of
-        // an earlier run still being stopped.
+        // No workload runs twice: one live lease at most (a start beside a part of an
+        // earlier run still being stopped is checked at the start, `on_start`).
         let mut runs: BTreeMap<allot_fairshare::WorkloadId, Vec<LeaseId>> = BTreeMap::new();
         for (id, l) in self.live.iter() {
             runs.entry(l.workload).or_default().push(*id);

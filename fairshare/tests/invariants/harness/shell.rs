@@ -221,8 +221,8 @@ impl Shell {
             // core ended; held until each is stopped.
             for (lid, wid, mask) in self.down.remove(&node).unwrap_or_default() {
                 match self.sch.hold_stray(self.now, lid, wid, node, mask) {
-                    Ok(0) => {}
-                    Ok(held) => {
+                    Ok(None) => {}
+                    Ok(Some(held)) => {
                         self.stats.strays += 1;
                         let project = self
                             .sch
