@@ -259,7 +259,14 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         }
     }
     let (vtx, mut vrx) = mpsc::unbounded_channel();
-    let monitor = health(&cfg, vtx);
+    // A login host (`--gpu-source none`) has no GPUs and takes no work: it only
+    // vouches for its users, through its own certificate.
+    let login = cfg.health.source_spec() == allot_health::config::SourceSpec::None;
+    let monitor = if login {
+        Err("a login host: no GPUs, no work; it vouches for its users".to_string())
+    } else {
+        health(&cfg, vtx)
+    };
     if let Err(m) = &monitor {
         host.config_event(m);
     }
@@ -315,6 +322,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     let vouch = Arc::new(crate::vouch::Vouch::new(
         &cfg.agent.allocator,
         cfg.agent.state_dir.clone(),
+        cfg.agent.min_uid,
     ));
     let server = tokio::spawn(
         tonic::transport::Server::builder()
@@ -345,7 +353,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     );
     let (cfg_tx, mut cfg_rx) = mpsc::unbounded_channel();
     let _watcher = o.config_path().and_then(|p| watch_config(&p, cfg_tx));
-    if !cfg.agent.allocator.is_empty() {
+    if !cfg.agent.allocator.is_empty() && !login {
         tokio::spawn(crate::uplink::run(
             shared.clone(),
             cfg.agent.allocator.clone(),

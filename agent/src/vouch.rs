@@ -2,7 +2,9 @@
 //! commands (`Workloads`, `Org`, `Nodes`) are served on the agent's unix socket too,
 //! and each is forwarded to allotd on this host's own mutual-TLS connection with
 //! the caller's user name, which the agent takes from the socket's peer credentials
-//! (never from the request). allotd accepts that name only from an enrolled node.
+//! (never from the request). allotd accepts that name only from an enrolled node in
+//! its `[auth] vouching_hosts`, for the user's own work only: a vouch carries no
+//! role. Root and system users (below `[agent] min_uid`) are never vouched for.
 
 use crate::credentials::{with_scheme, Credentials};
 use allot_proto::v1 as pb;
@@ -21,15 +23,19 @@ pub const VOUCH_HEADER: &str = "x-allot-user";
 pub struct Vouch {
     addr: String,
     state_dir: PathBuf,
+    /// No uid below this (and never root) is vouched for.
+    min_uid: u32,
     channel: Mutex<Option<Channel>>,
 }
 
 impl Vouch {
-    /// Forwards to allotd at `addr` with the credentials in `state_dir`.
-    pub fn new(addr: &str, state_dir: PathBuf) -> Vouch {
+    /// Forwards to allotd at `addr` with the credentials in `state_dir`, for users
+    /// of uid `min_uid` and above.
+    pub fn new(addr: &str, state_dir: PathBuf, min_uid: u32) -> Vouch {
         Vouch {
             addr: with_scheme(addr),
             state_dir,
+            min_uid,
             channel: Mutex::new(None),
         }
     }
@@ -71,6 +77,13 @@ impl Vouch {
     /// The request as forwarded: the caller's user name in the vouching header.
     fn forward<T>(&self, req: Request<T>) -> Result<Request<T>, Status> {
         let c = crate::api::caller(&req)?;
+        if c.uid == 0 || c.uid < self.min_uid {
+            return Err(Status::permission_denied(format!(
+                "this host vouches only for its users (uid {} and above), not for uid {}: root and system users reach allotd with a token (ALLOT_TOKEN)",
+                self.min_uid.max(1),
+                c.uid
+            )));
+        }
         let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(c.uid))
             .ok()
             .flatten()

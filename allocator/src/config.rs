@@ -154,6 +154,46 @@ pub struct RolesSection {
     pub admins: Vec<String>,
 }
 
+/// The `[auth]` table: what allotd takes from whom besides tokens.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSection {
+    /// Enrolled hosts whose agents may vouch for their local users (names, `*` for
+    /// any run of characters: `login-*`); `["*"]` (the default): every enrolled
+    /// node; `[]`: no vouching, every user needs a token. A vouched user never
+    /// carries a role (operator, manager, admin): those need a token.
+    pub vouching_hosts: Vec<String>,
+}
+
+impl Default for AuthSection {
+    fn default() -> Self {
+        AuthSection {
+            vouching_hosts: vec!["*".into()],
+        }
+    }
+}
+
+impl AuthSection {
+    /// Whether node `name`'s agent may vouch for its users.
+    pub fn may_vouch(&self, name: &str) -> bool {
+        self.vouching_hosts.iter().any(|p| glob(p, name))
+    }
+}
+
+/// `*` matches any run of characters; anything else itself.
+fn glob(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((head, rest)) => {
+            let Some(tail) = name.strip_prefix(head) else {
+                return false;
+            };
+            // The rest may start anywhere after the head.
+            (0..=tail.len()).any(|i| tail.is_char_boundary(i) && glob(rest, &tail[i..]))
+        }
+    }
+}
+
 /// The `[tls]` table: the cluster CA and allotd's certificate.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -203,6 +243,8 @@ pub struct ServerConfig {
     pub breaker: BreakerSection,
     /// `[roles]`.
     pub roles: RolesSection,
+    /// `[auth]`.
+    pub auth: AuthSection,
     /// `[tls]`.
     pub tls: TlsSection,
     /// Access per group name (groups without any are absent).
@@ -244,6 +286,8 @@ impl ServerConfig {
             breaker: BreakerSection,
             #[serde(default)]
             roles: RolesSection,
+            #[serde(default)]
+            auth: AuthSection,
             #[serde(default)]
             tls: TlsSection,
         }
@@ -371,6 +415,7 @@ impl ServerConfig {
             policy: r.policy,
             breaker: r.breaker,
             roles: r.roles,
+            auth: r.auth,
             tls: r.tls,
             access,
         })

@@ -16,10 +16,11 @@ use tonic::Code;
 const LONG: Duration = Duration::from_secs(60);
 
 /// Two teams: alice may charge team-a's project, bob team-b's, carol manages
-/// team-b, olga operates, the test user administers.
+/// team-b, olga operates, the test user administers; only node 0 (and the revoked
+/// node 2) may vouch for users.
 fn org() -> String {
     format!(
-        "[[group]]\nname = \"team-a\"\nweight = 1\nmembers = [\"alice\"]\n[[group]]\nname = \"p-a\"\nparent = \"team-a\"\nweight = 1\n[[group]]\nname = \"team-b\"\nweight = 1\nmembers = [\"bob\"]\nmanagers = [\"carol\"]\n[[group]]\nname = \"p-b\"\nparent = \"team-b\"\nweight = 1\n[roles]\noperators = [\"olga\"]\nadmins = [{:?}]\n",
+        "[[group]]\nname = \"team-a\"\nweight = 1\nmembers = [\"alice\", \"allot-test-a\"]\n[[group]]\nname = \"p-a\"\nparent = \"team-a\"\nweight = 1\n[[group]]\nname = \"team-b\"\nweight = 1\nmembers = [\"bob\"]\nmanagers = [\"carol\"]\n[[group]]\nname = \"p-b\"\nparent = \"team-b\"\nweight = 1\n[roles]\noperators = [\"olga\", \"allot-test-b\"]\nadmins = [{:?}]\n[auth]\nvouching_hosts = [\"node-0\", \"node-2\"]\n",
         allot_test_support::current_user()
     )
 }
@@ -36,9 +37,17 @@ enum Caller {
     Node,
     OtherNode,
     RevokedNode,
+    /// alice, vouched for by node 0.
+    VouchedUser,
+    /// olga (an operator by token) vouched for by node 0: no role comes with it.
+    VouchedOperator,
+    /// root, vouched for by node 0.
+    VouchedRoot,
+    /// alice, vouched for by node 1, which may not vouch.
+    VouchedByStranger,
 }
 
-const CALLERS: [Caller; 9] = [
+const CALLERS: [Caller; 13] = [
     Caller::Anonymous,
     Caller::User,
     Caller::OtherUser,
@@ -48,6 +57,10 @@ const CALLERS: [Caller; 9] = [
     Caller::Node,
     Caller::OtherNode,
     Caller::RevokedNode,
+    Caller::VouchedUser,
+    Caller::VouchedOperator,
+    Caller::VouchedRoot,
+    Caller::VouchedByStranger,
 ];
 
 /// What a cell expects.
@@ -66,8 +79,44 @@ const NODE_ONLY: Want = No(Code::PermissionDenied, "may only hold its agent sess
 const REVOKED: Want = No(Code::PermissionDenied, "was revoked");
 const NOT_NODE: Want = No(Code::PermissionDenied, "is not a node");
 
+const NO_ROLE: Want = No(Code::PermissionDenied, "carries no role");
+const ROOT: Want = No(Code::PermissionDenied, "root is never vouched for");
+const STRANGER: Want = No(Code::PermissionDenied, "may not vouch for its users");
+
+/// What the vouched callers get: a host vouches for its users' own work, with no
+/// role, never for root, and only as a vouching host.
+fn vouched(rpc: &str) -> [Want; 4] {
+    let pd = Code::PermissionDenied;
+    match rpc {
+        "Workloads.Submit" => [Yes, No(pd, "may not charge \"p-a\""), ROOT, STRANGER],
+        "Workloads.Cancel" | "Workloads.Get" | "Workloads.Watch" => {
+            [Yes, No(pd, "only its owner"), ROOT, STRANGER]
+        }
+        "Workloads.Logs" => [Yes, No(pd, "only its owner, an operator"), ROOT, STRANGER],
+        "Workloads.List" | "Org.GetTree" | "Nodes.List" => [Yes, Yes, ROOT, STRANGER],
+        "AgentStream.Session" => [NOT_NODE, NOT_NODE, ROOT, STRANGER],
+        // Only a node's own certificate renews, whatever is vouched.
+        "Enrollment.Renew" => [No(pd, "is not a node"); 4],
+        "Enrollment.Enroll" => [Yes; 4],
+        _ => [NO_ROLE, NO_ROLE, ROOT, STRANGER],
+    }
+}
+
 /// The table: for each RPC, the answer for each caller in [`CALLERS`] order.
-fn table() -> Vec<(&'static str, [Want; 9])> {
+fn table() -> Vec<(&'static str, [Want; 13])> {
+    table_9()
+        .into_iter()
+        .map(|(rpc, row)| {
+            let mut all = [Yes; 13];
+            all[..9].copy_from_slice(&row);
+            all[9..].copy_from_slice(&vouched(rpc));
+            (rpc, all)
+        })
+        .collect()
+}
+
+/// The callers that prove themselves: tokens and nodes.
+fn table_9() -> Vec<(&'static str, [Want; 9])> {
     let user_read = [ANON, Yes, Yes, Yes, Yes, Yes, NODE_ONLY, NODE_ONLY, REVOKED];
     let see_alices = [
         ANON,
@@ -220,14 +269,21 @@ fn rpcs_in_proto() -> Vec<String> {
     out
 }
 
-/// Adds a token, if the caller has one.
+/// Adds a token, if the caller has one, and a vouched-for user, if a node vouches.
 #[derive(Clone)]
-struct Token(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+struct Token(
+    Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    Option<&'static str>,
+);
 
 impl tonic::service::Interceptor for Token {
     fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(t) = &self.0 {
             r.metadata_mut().insert("authorization", t.clone());
+        }
+        if let Some(u) = self.1 {
+            r.metadata_mut()
+                .insert("x-allot-user", u.parse().expect("a name"));
         }
         Ok(r)
     }
@@ -247,19 +303,23 @@ impl World {
     }
 
     async fn conn(&self, who: Caller) -> Conn {
-        let (node, token) = match who {
-            Caller::Anonymous => (None, None),
-            Caller::User => (None, Some(self.token("alice"))),
-            Caller::OtherUser => (None, Some(self.token("bob"))),
-            Caller::OtherManager => (None, Some(self.token("carol"))),
-            Caller::Operator => (None, Some(self.token("olga"))),
-            Caller::Admin => (None, Some(self.c.token.clone())),
-            Caller::Node => (Some(0), None),
-            Caller::OtherNode => (Some(1), None),
-            Caller::RevokedNode => (Some(2), None),
+        let (node, token, vouched) = match who {
+            Caller::Anonymous => (None, None, None),
+            Caller::User => (None, Some(self.token("alice")), None),
+            Caller::OtherUser => (None, Some(self.token("bob")), None),
+            Caller::OtherManager => (None, Some(self.token("carol")), None),
+            Caller::Operator => (None, Some(self.token("olga")), None),
+            Caller::Admin => (None, Some(self.c.token.clone()), None),
+            Caller::Node => (Some(0), None, None),
+            Caller::OtherNode => (Some(1), None, None),
+            Caller::RevokedNode => (Some(2), None, None),
+            Caller::VouchedUser => (Some(0), None, Some("alice")),
+            Caller::VouchedOperator => (Some(0), None, Some("olga")),
+            Caller::VouchedRoot => (Some(0), None, Some("root")),
+            Caller::VouchedByStranger => (Some(1), None, Some("alice")),
         };
         let t = token.map(|t| format!("Bearer {t}").parse().expect("token"));
-        InterceptedService::new(self.c.channel(node).await, Token(t))
+        InterceptedService::new(self.c.channel(node).await, Token(t, vouched))
     }
 
     /// A workload of alice's, pending or running (what Cancel, Get and Watch
@@ -673,7 +733,7 @@ fn expired_revoked_and_forged_tokens_are_refused() {
     let list = |token: &str| {
         let t: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().expect("t");
         rt.block_on(async {
-            let conn = InterceptedService::new(w.c.channel(None).await, Token(Some(t)));
+            let conn = InterceptedService::new(w.c.channel(None).await, Token(Some(t), None));
             pb::workloads_client::WorkloadsClient::new(conn)
                 .list(pb::ListRequest::default())
                 .await
@@ -735,31 +795,52 @@ fn expired_revoked_and_forged_tokens_are_refused() {
 }
 
 #[test]
-fn an_agent_vouches_for_its_local_user_and_allotd_believes_only_nodes() {
-    let w = world("rights-vouch");
-    let me = allot_test_support::current_user();
-    // No token: the CLI goes through node 0's agent, which names the caller.
+fn an_agent_vouches_for_its_own_users_own_work_and_never_for_root() {
+    let (Some((uid_a, gid_a)), Some((uid_b, gid_b))) = (
+        allot_test_support::test_user("allot-test-a"),
+        allot_test_support::test_user("allot-test-b"),
+    ) else {
+        return;
+    };
+    let mut w = world("rights-vouch");
+    // Node 0's socket open to the host's users, as a login host's is to its group.
+    w.c.agent_extra = "socket_mode = \"0666\"\n".into();
+    w.c.kill9_agent(0);
+    w.c.start_agent(0, 1);
     let socket = w.c.node_dir(0).join("agent.sock");
-    let allot = |args: &[&str]| {
-        std::process::Command::new(support::sibling("allot", "allot-cli"))
-            .args(args)
+    wait_for("node 0's agent", LONG, || {
+        std::os::unix::net::UnixStream::connect(&socket)
+            .ok()
+            .map(drop)
+    });
+    // No token: the CLI goes through node 0's agent, which names the caller.
+    let allot = |uid: Option<(u32, u32)>, args: &[&str]| {
+        use std::os::unix::process::CommandExt;
+        let mut c = std::process::Command::new(support::sibling("allot", "allot-cli"));
+        c.args(args)
             .env_remove("ALLOT_TOKEN")
             .env_remove("ALLOT_SERVER")
-            .env("HOME", w.c.dir.join("no-home"))
-            .env("ALLOT_SOCKET", &socket)
-            .output()
-            .expect("allot runs")
+            .env("HOME", "/nonexistent")
+            .env("ALLOT_SOCKET", &socket);
+        if let Some((u, g)) = uid {
+            c.uid(u).gid(g);
+        }
+        c.output().expect("allot runs")
     };
-    let out = allot(&[
-        "submit",
-        "--project",
-        "p-a",
-        "--nodes",
-        "3",
-        "--json",
-        "--",
-        "true",
-    ]);
+    let a = Some((uid_a, gid_a));
+    let out = allot(
+        a,
+        &[
+            "submit",
+            "--project",
+            "p-a",
+            "--nodes",
+            "3",
+            "--json",
+            "--",
+            "true",
+        ],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -769,22 +850,140 @@ fn an_agent_vouches_for_its_local_user_and_allotd_believes_only_nodes() {
         .as_str()
         .expect("id")
         .to_string();
-    let got = allot_test_support::json_of(&["status"], &allot(&["status", &id, "--json"]));
-    assert_eq!(got["user"], me.as_str(), "{got}");
+    let got = allot_test_support::json_of(&["status"], &allot(a, &["status", &id, "--json"]));
+    assert_eq!(got["user"], "allot-test-a", "{got}");
+    // A local account named like an operator in [roles] gets no role from a vouch.
+    let b = Some((uid_b, gid_b));
+    let out = allot(
+        b,
+        &["nodes", "drain", &Cluster::node_name(1), "--reason", "x"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("carries no role"),
+        "{err}"
+    );
+    let out = allot(b, &["logs", &id]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("only its owner"),
+        "{err}"
+    );
+    // Root is never vouched for, by the agent (nor by allotd).
+    let out = allot(None, &["share"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("vouches only for its users"),
+        "{err}"
+    );
+    // Its own work: cancelled by its owner through the host, and the audit names who.
+    let out = allot(a, &["cancel", &id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = allot_test_support::json_of(&["status"], &allot(a, &["status", &id, "--json"]));
+    assert!(
+        got["history"]
+            .to_string()
+            .contains("cancelled by allot-test-a vouched by node-0"),
+        "{got}"
+    );
     // A token user cannot borrow the vouching header: only a node's word counts.
     let rt = runtime();
     rt.block_on(async {
         let conn = w.conn(Caller::User).await;
         let mut r = tonic::Request::new(pb::ListRequest::default());
         r.metadata_mut()
-            .insert("x-allot-user", me.parse().expect("name"));
+            .insert("x-allot-user", "allot-test-a".parse().expect("name"));
         let mut c = pb::workloads_client::WorkloadsClient::new(conn);
         let seen = c.list(r).await.expect("list").into_inner().workloads;
-        // alice (the token) sees none of the admin's work despite the header.
+        // alice (the token) sees none of allot-test-a's work despite the header.
         assert!(
             seen.iter()
                 .all(|x| x.spec.as_ref().is_some_and(|s| s.user == "alice")),
             "{seen:?}"
         );
     });
+}
+
+#[test]
+fn a_login_host_vouches_for_its_users_and_takes_no_work() {
+    let Some((uid, gid)) = allot_test_support::test_user("allot-test-a") else {
+        return;
+    };
+    let c = Cluster::start(
+        "rights-login",
+        "[[group]]\nname = \"p-a\"\nweight = 1\nmembers = [\"allot-test-a\"]\n",
+        1,
+        1,
+    );
+    // A login host: an enrolled agent with no GPUs, its socket for its users.
+    let d = c.node_dir(1);
+    std::fs::create_dir_all(&d).expect("dir");
+    std::fs::write(
+        d.join("agent.toml"),
+        format!(
+            "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"https://{}\"\nhost = \"node-1\"\nsocket_mode = \"0666\"\n[health]\nsource = \"none\"\nkmsg = \"\"\n",
+            d.join("agent.sock"),
+            d.join("state"),
+            c.addr
+        ),
+    )
+    .expect("config");
+    c.enroll(1);
+    let log = std::fs::File::create(d.join("agent.log")).expect("log");
+    let mut login = std::process::Command::new(support::sibling("allot-agent", "allot-agent"))
+        .arg("--config")
+        .arg(d.join("agent.toml"))
+        .stderr(log)
+        .spawn()
+        .expect("the login host's agent");
+    let socket = d.join("agent.sock");
+    wait_for("the login host's agent", LONG, || {
+        std::os::unix::net::UnixStream::connect(&socket)
+            .ok()
+            .map(drop)
+    });
+    let allot = |args: &[&str]| {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new(support::sibling("allot", "allot-cli"))
+            .args(args)
+            .env_remove("ALLOT_TOKEN")
+            .env_remove("ALLOT_SERVER")
+            .env("HOME", "/nonexistent")
+            .env("ALLOT_SOCKET", &socket)
+            .uid(uid)
+            .gid(gid)
+            .output()
+            .expect("allot runs")
+    };
+    // The user's work goes through it, and runs on the GPU host.
+    let out = allot(&["submit", "--project", "p-a", "--json", "--", "true"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = allot_test_support::json_of(&["submit"], &out)["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let w = c.wait_state(&id, "completed", LONG);
+    assert_eq!(w["user"], "allot-test-a", "{w}");
+    assert_eq!(w["node_names"], serde_json::json!([]), "{w}");
+    // It is no node of the cluster: it registers no GPUs and takes no work.
+    let nodes = c.json(&["nodes", "--json"]);
+    assert!(
+        nodes
+            .as_array()
+            .is_some_and(|a| a.iter().all(|n| n["name"] != "node-1")),
+        "{nodes}"
+    );
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(login.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = login.wait();
 }

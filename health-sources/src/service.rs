@@ -114,6 +114,11 @@ impl HealthMonitor {
             SourceSpec::Nvml(lib) => {
                 Source::Nvml(Arc::new(NvmlSource::open(lib.as_deref().map(Path::new))?))
             }
+            SourceSpec::None => {
+                return Err(StartError::Io(
+                    "no GPU source (`none`: a login host, which runs no work)".into(),
+                ))
+            }
             SourceSpec::Fake(n, script) => {
                 let (text, name) = match script {
                     Some(p) => (

@@ -22,13 +22,17 @@ pub enum SourceSpec {
     Nvml(Option<String>),
     /// `n` scripted GPUs, optionally with a fault script file.
     Fake(usize, Option<String>),
+    /// No GPUs: a login host, whose agent only vouches for its users.
+    None,
 }
 
-/// Parses `nvml`, `nvml:/path/libnvidia-ml.so.1`, `fake:8` or `fake:8:/path/script`.
+/// Parses `nvml`, `nvml:/path/libnvidia-ml.so.1`, `fake:8`, `fake:8:/path/script` or
+/// `none`.
 pub fn parse_source(s: &str) -> Result<SourceSpec, String> {
-    let bad = || format!("gpu source {s:?}: use nvml, nvml:PATH, fake:N or fake:N:SCRIPT");
+    let bad = || format!("gpu source {s:?}: use nvml, nvml:PATH, fake:N, fake:N:SCRIPT or none");
     match s.split_once(':') {
         None if s == "nvml" => Ok(SourceSpec::Nvml(None)),
+        None if s == "none" => Ok(SourceSpec::None),
         Some(("nvml", p)) if !p.is_empty() => Ok(SourceSpec::Nvml(Some(p.into()))),
         Some(("fake", rest)) => {
             let (n, script) = match rest.split_once(':') {
@@ -155,7 +159,8 @@ mod tests {
             parse_source("fake:4:/s"),
             Ok(SourceSpec::Fake(4, Some("/s".into())))
         );
-        for bad in ["", "fake", "fake:0", "fake:x", "dcgm", "nvml:"] {
+        assert_eq!(parse_source("none"), Ok(SourceSpec::None));
+        for bad in ["", "fake", "fake:0", "fake:x", "dcgm", "nvml:", "none:1"] {
             assert!(parse_source(bad).is_err(), "{bad}");
         }
     }

@@ -8,7 +8,7 @@ use super::creds::{Rejected, TokenRec};
 use super::input::Input;
 use super::out::Applied;
 use super::Allocator;
-use crate::config::{GroupAccess, RolesSection};
+use crate::config::{AuthSection, GroupAccess, RolesSection};
 use allot_fairshare::{CoreError, Time};
 use std::collections::BTreeMap;
 
@@ -46,7 +46,7 @@ impl Who {
         match self {
             Who::Anonymous => "anonymous".into(),
             Who::User(u) => u.clone(),
-            Who::Vouched { user, node } => format!("{user}@{node}"),
+            Who::Vouched { user, node } => format!("{user} vouched by {node}"),
             Who::Node(n) => format!("node {n}"),
             Who::Local => "root on allotd's host".into(),
         }
@@ -104,30 +104,73 @@ fn denied(message: String) -> Denied {
 #[derive(Debug, Clone, Default)]
 pub struct Access {
     roles: RolesSection,
+    auth: AuthSection,
     groups: BTreeMap<String, GroupAccess>,
+}
+
+/// The user whose roles count: one a token proves. A host vouches for its users'
+/// own work only; no role comes with a vouch, however the user is named.
+fn role_user(who: &Who) -> Option<&str> {
+    match who {
+        Who::User(u) => Some(u),
+        _ => None,
+    }
 }
 
 impl Access {
     /// From allotd.toml.
-    pub fn new(roles: RolesSection, groups: BTreeMap<String, GroupAccess>) -> Access {
-        Access { roles, groups }
+    pub fn new(
+        roles: RolesSection,
+        auth: AuthSection,
+        groups: BTreeMap<String, GroupAccess>,
+    ) -> Access {
+        Access {
+            roles,
+            auth,
+            groups,
+        }
     }
 
     fn admin(&self, who: &Who) -> bool {
         match who {
             Who::Local => true,
-            _ => who
-                .user()
-                .is_some_and(|u| self.roles.admins.iter().any(|a| a == u)),
+            _ => role_user(who).is_some_and(|u| self.roles.admins.iter().any(|a| a == u)),
         }
     }
 
     fn operator(&self, who: &Who) -> bool {
         self.admin(who)
-            || who
-                .user()
-                .is_some_and(|u| self.roles.operators.iter().any(|a| a == u))
+            || role_user(who).is_some_and(|u| self.roles.operators.iter().any(|a| a == u))
     }
+
+    /// Why a vouch is not taken: the host may not vouch, or the name is root's.
+    fn vouch_refused(&self, who: &Who) -> Option<Denied> {
+        let Who::Vouched { user, node } = who else {
+            return None;
+        };
+        if !self.auth.may_vouch(node) {
+            return Some(denied(format!(
+                "node {node} may not vouch for its users: it is not in [auth] vouching_hosts in allotd.toml; {user} needs a token (`allotd tokens create --user {user}`)"
+            )));
+        }
+        if user == "root" {
+            return Some(denied(format!(
+                "root is never vouched for (node {node} vouched for it): root and system users need a token"
+            )));
+        }
+        None
+    }
+}
+
+/// A role-bearing ask refused to a vouched user, naming the way.
+fn no_role_vouched(who: &Who, what: &str) -> Option<Denied> {
+    let Who::Vouched { user, .. } = who else {
+        return None;
+    };
+    Some(denied(format!(
+        "{} may not {what}: a user vouched for by a host carries no role (operator, manager, admin); those need a token (`allotd tokens create --user {user}`)",
+        who.name()
+    )))
 }
 
 impl Allocator {
@@ -147,7 +190,10 @@ impl Allocator {
 
     /// Whether `user` manages a group strictly above `name` (or `name` itself when
     /// `inclusive`).
-    fn manages(&self, user: &str, name: &str, inclusive: bool) -> bool {
+    fn manages(&self, who: &Who, name: &str, inclusive: bool) -> bool {
+        let Some(user) = role_user(who) else {
+            return false;
+        };
         let path = self.path_of(name);
         let upto = if inclusive {
             path.len()
@@ -178,6 +224,9 @@ impl Allocator {
         if *who == Who::Anonymous || matches!(who, Who::Node(_)) {
             return self.authorize(who, Ask::Read);
         }
+        if let Some(d) = self.access.vouch_refused(who) {
+            return Err(d);
+        }
         if self.access.admin(who) {
             return Ok(());
         }
@@ -196,7 +245,7 @@ impl Allocator {
                 )))
             };
         }
-        let owner_or_manager = w.spec.user == u || self.manages(u, &w.spec.project, true);
+        let owner_or_manager = w.spec.user == u || self.manages(who, &w.spec.project, true);
         let see = matches!(ask, Ask::See(_));
         if owner_or_manager || (see && self.access.operator(who)) {
             Ok(())
@@ -218,9 +267,8 @@ impl Allocator {
             return false;
         };
         self.access.operator(who)
-            || who
-                .user()
-                .is_some_and(|u| w.spec.user == u || self.manages(u, &w.spec.project, true))
+            || who.user().is_some_and(|u| w.spec.user == u)
+            || self.manages(who, &w.spec.project, true)
     }
 
     /// Decides one request: `Ok` or the missing right.
@@ -230,6 +278,9 @@ impl Allocator {
                 unauthenticated: true,
                 message: "authentication required: give a token (ALLOT_TOKEN or ~/.config/allot/token; an admin makes one with `allotd tokens create --user NAME`), or run allot on a host whose agent vouches for you".into(),
             });
+        }
+        if let Some(d) = self.access.vouch_refused(who) {
+            return Err(d);
         }
         let admin = self.access.admin(who);
         let me = who.name();
@@ -247,11 +298,15 @@ impl Allocator {
             _ if matches!(who, Who::Node(_)) => Err(denied(format!(
                 "{me} may only hold its agent session: user requests need a user (a token, or a user its agent vouches for)"
             ))),
-            Ask::Admin => Err(denied(format!(
-                "{me} may not manage tokens or enrollment: needs the admin role ([roles] admins in allotd.toml)"
-            ))),
+            Ask::Admin => Err(no_role_vouched(who, "manage tokens or enrollment").unwrap_or_else(|| {
+                denied(format!(
+                    "{me} may not manage tokens or enrollment: needs the admin role ([roles] admins in allotd.toml)"
+                ))
+            })),
             Ask::Drain => {
-                if self.access.operator(who) {
+                if let Some(d) = no_role_vouched(who, "drain or undrain nodes") {
+                    Err(d)
+                } else if self.access.operator(who) {
                     Ok(())
                 } else {
                     Err(denied(format!(
@@ -282,8 +337,10 @@ impl Allocator {
                 None => Ok(()),
             },
             Ask::SetWeight(group) => {
-                let u = who.user().unwrap_or_default();
-                if self.manages(u, group, false) {
+                if let Some(d) = no_role_vouched(who, "set weights") {
+                    return Err(d);
+                }
+                if self.manages(who, group, false) {
                     Ok(())
                 } else {
                     Err(denied(format!(

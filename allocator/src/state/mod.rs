@@ -266,7 +266,7 @@ impl Allocator {
             auto_drains: VecDeque::new(),
             breaker: cfg.breaker.clone(),
             creds: Creds::default(),
-            access: Access::new(cfg.roles.clone(), cfg.access.clone()),
+            access: Access::new(cfg.roles.clone(), cfg.auth.clone(), cfg.access.clone()),
             master_ports: (cfg.server.master_ports.low, cfg.server.master_ports.high),
             ports: BTreeMap::new(),
         })

@@ -33,6 +33,8 @@ pub struct Cluster {
     pub config: PathBuf,
     pub server: Option<Child>,
     pub agents: Vec<Option<Child>>,
+    /// Lines added to every agent's `[agent]` table from its next start.
+    pub agent_extra: String,
 }
 
 impl Cluster {
@@ -93,6 +95,7 @@ impl Cluster {
             config,
             server: None,
             agents: Vec::new(),
+            agent_extra: String::new(),
         }
     }
 
@@ -219,10 +222,11 @@ impl Cluster {
         std::fs::write(
             &conf,
             format!(
-                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"https://{}\"\nhost = \"node-{i}\"\ncluster = \"test\"\nterm_grace = \"2s\"\ndefault_grace = \"3s\"\nallow_root = true\n[health]\nsource = \"fake:{gpus}\"\ninterval_s = 1\nkmsg = {:?}\n",
+                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"https://{}\"\nhost = \"node-{i}\"\ncluster = \"test\"\nterm_grace = \"2s\"\ndefault_grace = \"3s\"\nallow_root = true\n{}[health]\nsource = \"fake:{gpus}\"\ninterval_s = 1\nkmsg = {:?}\n",
                 d.join("agent.sock"),
                 d.join("state"),
                 self.addr,
+                self.agent_extra,
                 kmsg
             ),
         )
