@@ -29,8 +29,9 @@ pub struct LogSource {
 }
 
 /// Expands an `--output`/`--error` pattern: `%j` the workload, `%r` the run, `%n`
-/// the node rank, `%%` a `%` (allotd checked the pattern; anything else stays as it is).
-pub fn expand(pattern: &str, workload: &str, run: u32, rank: u32) -> String {
+/// the node rank, `%u` the user, `%%` a `%` (allotd checked the pattern; anything
+/// else stays as it is).
+pub fn expand(pattern: &str, user: &str, workload: &str, run: u32, rank: u32) -> String {
     let mut out = String::with_capacity(pattern.len() + 16);
     let mut chars = pattern.chars();
     while let Some(c) = chars.next() {
@@ -42,6 +43,7 @@ pub fn expand(pattern: &str, workload: &str, run: u32, rank: u32) -> String {
             Some('j') => out.push_str(workload),
             Some('r') => out.push_str(&run.to_string()),
             Some('n') => out.push_str(&rank.to_string()),
+            Some('u') => out.push_str(user),
             Some('%') => out.push('%'),
             Some(other) => {
                 out.push('%');
@@ -53,11 +55,14 @@ pub fn expand(pattern: &str, workload: &str, run: u32, rank: u32) -> String {
     out
 }
 
-/// Where a run's `stream` goes under the log dir: the submission's pattern, or
-/// `<workload>/<run>.<rank>.out|err`. A pattern climbing out (`..`, absolute) is
-/// refused by allotd; here it is kept inside the log dir all the same.
+/// Where a run's `stream` goes: under the log dir, in the directory of the job's
+/// user, the submission's pattern, or `<workload>/<run>.<rank>.out|err`. Each user's
+/// names are their own, so no one can take a name another user's job will write
+/// (workload ids are sequential). A pattern climbing out (`..`, absolute) is refused
+/// by allotd; here it is kept inside the user's directory all the same.
 pub fn log_file(
     log_dir: &Path,
+    user: &str,
     pattern: &str,
     workload: &str,
     run: u32,
@@ -67,13 +72,15 @@ pub fn log_file(
     let name = if pattern.is_empty() {
         format!("{}/{run}.{rank}.{}", workload, stream.ext())
     } else {
-        expand(pattern, workload, run, rank)
+        expand(pattern, user, workload, run, rank)
     };
-    let rel: PathBuf = Path::new(&name)
-        .components()
-        .filter(|c| matches!(c, std::path::Component::Normal(_)))
-        .collect();
-    log_dir.join(rel)
+    let inside = |s: &str| -> PathBuf {
+        Path::new(s)
+            .components()
+            .filter(|c| matches!(c, std::path::Component::Normal(_)))
+            .collect()
+    };
+    log_dir.join(inside(user)).join(inside(&name))
 }
 
 /// The stream a wire value names (unspecified reads as stdout).
@@ -170,20 +177,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn patterns_expand_and_stay_in_the_log_dir() {
-        assert_eq!(expand("t-%j.%r.%n-100%%", "w7", 2, 1), "t-w7.2.1-100%");
+    fn patterns_expand_and_stay_in_the_users_own_directory() {
+        assert_eq!(
+            expand("t-%j.%r.%n-%u-100%%", "ann", "w7", 2, 1),
+            "t-w7.2.1-ann-100%"
+        );
         let d = Path::new("/logs");
         assert_eq!(
-            log_file(d, "", "w7", 2, 1, LogStream::Stderr),
-            Path::new("/logs/w7/2.1.err")
+            log_file(d, "ann", "", "w7", 2, 1, LogStream::Stderr),
+            Path::new("/logs/ann/w7/2.1.err")
         );
         assert_eq!(
-            log_file(d, "run-%j/%n.out", "w7", 2, 1, LogStream::Stdout),
-            Path::new("/logs/run-w7/1.out")
+            log_file(d, "ann", "run-%j/%n.out", "w7", 2, 1, LogStream::Stdout),
+            Path::new("/logs/ann/run-w7/1.out")
         );
         assert_eq!(
-            log_file(d, "/etc/../../x", "w", 1, 0, LogStream::Stdout),
-            Path::new("/logs/etc/x")
+            log_file(d, "ann", "/etc/../../x", "w", 1, 0, LogStream::Stdout),
+            Path::new("/logs/ann/etc/x")
+        );
+        // Another user's default name, asked for by bob: his own directory's.
+        assert_eq!(
+            log_file(d, "bob", "12/1.0.out", "5", 1, 0, LogStream::Stdout),
+            Path::new("/logs/bob/12/1.0.out")
+        );
+        assert_ne!(
+            log_file(d, "bob", "12/1.0.out", "5", 1, 0, LogStream::Stdout),
+            log_file(d, "ann", "", "12", 1, 0, LogStream::Stdout)
         );
     }
 

@@ -698,7 +698,7 @@ fn kill_9_of_the_agent_while_a_job_writes_keeps_its_output_captured_and_capped()
             "pid {pid} in {cgroup}: {procs}"
         );
     }
-    let out = a.dir.join("state/logs").join(&lid).join("0.0.out");
+    let out = a.dir.join("state/logs/root").join(&lid).join("0.0.out");
     wait_for("the first lines", LONG, || {
         std::fs::read_to_string(&out)
             .ok()

@@ -40,7 +40,11 @@ fn work_and_its_exec_hook_run_as_the_user_with_groups_and_login_environment() {
     );
     let id = l["id"].as_str().expect("lease id").to_string();
     assert_eq!(l["user"], "allot-test-a", "{l}");
-    let out_log = a.dir.join("state/logs").join(&id).join("0.0.out");
+    let out_log = a
+        .dir
+        .join("state/logs/allot-test-a")
+        .join(&id)
+        .join("0.0.out");
     let out = support::wait_for("the workload's report", LONG, || {
         std::fs::read_to_string(&out_log)
             .ok()

@@ -781,21 +781,35 @@ impl pb::workloads_server::Workloads for Api {
                 )))
             }
         };
-        if !self.0.core().alloc.workloads().contains_key(&id) {
-            // Ended long ago: its retired record says whose it is.
-            let c = self.0.core();
-            let rec = c
-                .retired(id)
-                .map_err(|e| Status::internal(format!("{e:#}")))?
-                .ok_or_else(|| {
-                    Status::not_found(format!("no workload {id}; `allot queue --all` lists them"))
-                })?;
-            c.alloc
-                .authorize_on(&who, Ask::Logs(id), &rec)
-                .map_err(denied_status)?;
-        }
+        let live = self
+            .0
+            .core()
+            .alloc
+            .workloads()
+            .get(&id)
+            .map(|w| w.spec.user.clone());
+        let user = match live {
+            Some(u) => u,
+            None => {
+                // Ended long ago: its retired record says whose it is.
+                let c = self.0.core();
+                let rec = c
+                    .retired(id)
+                    .map_err(|e| Status::internal(format!("{e:#}")))?
+                    .ok_or_else(|| {
+                        Status::not_found(format!(
+                            "no workload {id}; `allot queue --all` lists them"
+                        ))
+                    })?;
+                c.alloc
+                    .authorize_on(&who, Ask::Logs(id), &rec)
+                    .map_err(denied_status)?;
+                rec.spec.user
+            }
+        };
         let want = crate::logs::Want {
             id,
+            user,
             follow: r.follow,
             run: r.run,
             rank: r.rank,

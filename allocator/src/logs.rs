@@ -107,6 +107,8 @@ impl LogRelay {
 pub struct Want {
     /// The workload.
     pub id: u64,
+    /// Its user (whose directory of the log dir holds its output).
+    pub user: String,
     /// Keep reading while the run lives (and on into later runs when `run` is 0).
     pub follow: bool,
     /// 1-based; 0: the latest.
@@ -131,10 +133,10 @@ fn file_of(lease: &str, stream: pb::LogStream) -> String {
     format!("leases/{lease}/{lease}.{}", ext(stream))
 }
 
-/// Where a run's output is on its host since 0.7, for messages that point there.
-fn log_file_of(workload: u64, run: u32, rank: u32, stream: pb::LogStream) -> String {
+/// Where a run's output is on its host, for messages that point there.
+fn log_file_of(user: &str, workload: u64, run: u32, rank: u32, stream: pb::LogStream) -> String {
     format!(
-        "{workload}/{run}.{rank}.{} under the agent's [agent] log_dir (STATE_DIR/logs unless set; the submission's --output/--error pattern instead when it gave one)",
+        "{user}/{workload}/{run}.{rank}.{} under the agent's [agent] log_dir (STATE_DIR/logs unless set; the submission's --output/--error pattern under {user}/ instead when it gave one)",
         ext(stream)
     )
 }
@@ -224,7 +226,7 @@ async fn read_run(
         let Some((session, out, protocol)) = session else {
             return Err(Status::unavailable(format!(
                 "{node} is not connected; its logs are on that host (`allot lease logs {lease_id}` there reads them): {}",
-                log_file_of(want.id, run, want.rank, want.stream)
+                log_file_of(&want.user, want.id, run, want.rank, want.stream)
             )));
         };
         if protocol < PROTOCOL_LOGS {

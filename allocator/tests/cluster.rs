@@ -24,7 +24,11 @@ fn a_job_runs_to_completion() {
     // It really ran on an agent with its two GPUs.
     // Output goes to the agent's log dir: <workload>/<run>.<rank>.out.
     let ran = (0..2).any(|i| {
-        let logs = c.node_dir(i).join("state/logs");
+        // Each user's output is in a directory of their own.
+        let logs = c
+            .node_dir(i)
+            .join("state/logs")
+            .join(allot_test_support::current_user());
         std::fs::read_dir(&logs)
             .into_iter()
             .flatten()

@@ -410,3 +410,53 @@ fn a_full_disk_refuses_work_and_drains_the_node_instead_of_failing_the_job() {
     drop(c);
     drop(fs);
 }
+
+#[test]
+fn a_user_cannot_take_the_name_of_another_users_log() {
+    let (Some(_), Some(_)) = (
+        allot_test_support::test_user("allot-test-a"),
+        allot_test_support::test_user("allot-test-b"),
+    ) else {
+        return;
+    };
+    let c = Cluster::start(
+        "squat",
+        "[[group]]\nname = \"demo-a\"\nweight = 1\nopen = true\n",
+        1,
+        1,
+    );
+    let token = |user: &str| {
+        let out = c.allotd(&["tokens", "create", "--user", user]);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let (ta, tb) = (token("allot-test-a"), token("allot-test-b"));
+    let submit_as = |t: &str, flags: &[&str], script: &str| {
+        let mut args = vec!["submit", "--json", "--project", "demo-a", "--chdir", "/tmp"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", script]);
+        let out = Command::new(sibling("allot", "allot-cli"))
+            .args(&args)
+            .env("ALLOT_SERVER", format!("https://{}", c.addr))
+            .env("ALLOT_TOKEN", t)
+            .env("ALLOT_CA", c.ca())
+            .output()
+            .expect("allot runs");
+        allot_test_support::json_of(&args, &out)["id"]
+            .as_str()
+            .expect("id")
+            .to_string()
+    };
+    // Workload ids are sequential: a takes the name workload 2's output would have
+    // had under one log dir for all ("2/1.0.out").
+    let squat = submit_as(&ta, &["--output", "2/1.0.out"], "echo squatter");
+    c.wait_state(&squat, "completed", LONG);
+    let victim = submit_as(&tb, &[], "echo mine");
+    assert_eq!(victim, "2");
+    let w = c.wait_state(&victim, "completed", LONG);
+    assert_eq!(w["end_reason"], "completed", "{w}");
+    let logs = c.node_dir(0).join("state/logs");
+    let read = |p: &str| std::fs::read_to_string(logs.join(p)).unwrap_or_default();
+    assert_eq!(read("allot-test-a/2/1.0.out"), "squatter\n");
+    assert_eq!(read("allot-test-b/2/1.0.out"), "mine\n");
+}

@@ -101,7 +101,7 @@ pub struct SubmitArgs {
     /// Where the job starts on every host [default: this directory]; must exist there.
     #[arg(long, value_name = "DIR")]
     chdir: Option<std::path::PathBuf>,
-    /// Stdout file name, relative to the host's log directory: %j workload, %r run, %n node rank, %% a % [default: the agent's].
+    /// Stdout file name, relative to your directory in the host's log directory: %j workload, %r run, %n node rank, %u user, %% a % [default: WORKLOAD/RUN.RANK.out].
     #[arg(long, value_name = "PATTERN")]
     output: Option<String>,
     /// Stderr file name, as --output [default: the agent's].

@@ -325,11 +325,11 @@ pub fn check_pattern(field: &str, value: &str) -> Result<(), FieldError> {
     }
     let mut chars = value.char_indices();
     while let Some((i, c)) = chars.next() {
-        if c == '%' && !matches!(chars.next(), Some((_, 'j' | 'r' | 'n' | '%'))) {
+        if c == '%' && !matches!(chars.next(), Some((_, 'j' | 'r' | 'n' | 'u' | '%'))) {
             return refuse(
                 field,
                 format!(
-                    "{} has an unknown % at byte {i}; use %j (workload), %r (run), %n (node rank) or %% (a %)",
+                    "{} has an unknown % at byte {i}; use %j (workload), %r (run), %n (node rank), %u (user) or %% (a %)",
                     shown(value)
                 ),
             );
@@ -473,12 +473,18 @@ mod tests {
         assert!(message(check_cwd("cwd", "home/ana")).contains("not absolute"));
         assert!(message(check_cwd("cwd", "/a\nb")).starts_with("cwd: "));
         assert!(check_cwd("cwd", &format!("/{}", "a".repeat(MAX_PATH))).is_err());
-        for ok in ["", "out-%j-%r-%n.log", "logs/%j.err", "100%%.txt"] {
+        for ok in [
+            "",
+            "out-%j-%r-%n.log",
+            "logs/%j.err",
+            "100%%.txt",
+            "%u-%j.log",
+        ] {
             assert_eq!(check_pattern("output", ok), Ok(()), "{ok}");
         }
         assert!(message(check_pattern("output", "/tmp/x")).contains("absolute"));
         assert!(message(check_pattern("output", "a/../../etc")).contains(".."));
-        assert!(message(check_pattern("error", "x-%u")).starts_with("error: "));
+        assert!(message(check_pattern("error", "x-%q")).starts_with("error: "));
         assert!(message(check_pattern("error", "x-%")).contains("unknown %"));
         assert!(check_pattern("output", &"a".repeat(MAX_PATTERN + 1)).is_err());
     }

@@ -428,6 +428,7 @@ impl Host {
             let log = |pattern: &str, stream| {
                 crate::logs::log_file(
                     &self.settings.log_dir,
+                    &l.user,
                     pattern,
                     &l.workload_id,
                     l.run,

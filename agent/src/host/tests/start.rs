@@ -38,12 +38,15 @@ fn start_launches_on_the_lowest_free_gpus_with_the_lease_on_disk() {
     assert_eq!(launches[0].checkpoint_dir, dir.join("checkpoint"));
     assert_eq!(launches[0].lease_dir, dir);
     assert_eq!(launches[0].run_as, RunAs::Agent);
-    // Output under the log dir by workload, run and rank; capped; in a cgroup named
+    // Output under the log dir by user, workload, run and rank; capped; in a cgroup named
     // after the lease under the agent's own; supervised.
     let logs = t.dir.0.join("logs");
-    assert_eq!(launches[0].out_log, logs.join("L-1/0.0.out"));
-    assert_eq!(launches[0].err_log, logs.join("L-1/0.0.err"));
-    assert_eq!(l.out_log, logs.join("L-1/0.0.out").display().to_string());
+    assert_eq!(launches[0].out_log, logs.join("root/L-1/0.0.out"));
+    assert_eq!(launches[0].err_log, logs.join("root/L-1/0.0.err"));
+    assert_eq!(
+        l.out_log,
+        logs.join("root/L-1/0.0.out").display().to_string()
+    );
     assert_eq!(launches[0].cap_bytes, 1 << 20);
     assert_eq!(
         launches[0].cgroup,
@@ -107,9 +110,12 @@ fn output_patterns_name_the_files_and_no_cgroup_means_none() {
     let logs = t.h.settings().log_dir.clone();
     assert_eq!(
         l.out_log,
-        logs.join("train-w-7-2.1.log").display().to_string()
+        logs.join("root/train-w-7-2.1.log").display().to_string()
     );
-    assert_eq!(l.err_log, logs.join("w-7/2.1.err").display().to_string());
+    assert_eq!(
+        l.err_log,
+        logs.join("root/w-7/2.1.err").display().to_string()
+    );
     assert_eq!(t.os.launches()[0].cgroup, None);
     assert_eq!(l.cgroup, "");
 }
