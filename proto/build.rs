@@ -5,6 +5,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "allot/v1/allot.proto";
     println!("cargo:rerun-if-changed={proto}");
     let fds = protox::compile([proto], ["."])?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    // Malformed bytes are the sender's mistake: INVALID_ARGUMENT, not prost's INTERNAL.
+    tonic_prost_build::configure()
+        .codec_path("crate::codec::Codec")
+        .compile_fds(fds)?;
     Ok(())
 }

@@ -130,6 +130,16 @@ fn check_start(r: &pb::StartLeaseRequest) -> Result<(), FieldError> {
     check_optional_name("workload_id", &r.workload_id, MAX_NAME)?;
     check_text("checkpoint_hook", &r.checkpoint_hook, MAX_HOOK)?;
     check_optional_name("warn_signal", &r.warn_signal, MAX_NAME)?;
+    if let Some(tl) = r.time_limit_s.filter(|&tl| r.min_runtime_s > tl) {
+        // As allotd refuses it: the limit would end the work inside its protection.
+        return Err(FieldError {
+            field: "min_runtime_s".into(),
+            message: format!(
+                "{} s is longer than time_limit_s ({tl} s): the work would be stopped before its protection ends; ask for a min runtime no longer than the time limit",
+                r.min_runtime_s
+            ),
+        });
+    }
     allot_common::fields::check_cwd("cwd", &r.cwd)
 }
 
@@ -564,8 +574,24 @@ mod tests {
         assert!(m.starts_with("argv[0]: ") && m.contains("NUL"), "{m}");
         let m = refused(pb::StartLeaseRequest {
             checkpoint_hook: "h".repeat(MAX_HOOK + 1),
-            ..ok
+            ..ok.clone()
         });
         assert!(m.starts_with("checkpoint_hook: "), "{m}");
+        // A protection longer than the limit, as allotd refuses it; equal is fine.
+        let m = refused(pb::StartLeaseRequest {
+            min_runtime_s: 600,
+            time_limit_s: Some(300),
+            ..ok.clone()
+        });
+        assert!(
+            m.starts_with("min_runtime_s: 600 s is longer than time_limit_s (300 s)"),
+            "{m}"
+        );
+        let even = pb::StartLeaseRequest {
+            min_runtime_s: 300,
+            time_limit_s: Some(300),
+            ..ok
+        };
+        assert_eq!(check_start(&even), Ok(()));
     }
 }

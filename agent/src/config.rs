@@ -172,6 +172,11 @@ impl AgentConfig {
                 ),
             ));
         }
+        if !a.allocator.is_empty() {
+            let addr = crate::credentials::with_scheme(&a.allocator);
+            crate::credentials::check_allocator(&addr)
+                .map_err(|why| err("agent.allocator", format!("{:?}: {why}", a.allocator)))?;
+        }
         if a.max_output_bytes == 0 {
             return Err(err(
                 "agent.max_output_bytes",
@@ -409,6 +414,23 @@ mod tests {
         .unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (2, "agent.hook_hosts"), "{e}");
         assert!(e.message.contains("without scheme or port"), "{e}");
+        // allotd over plain http only on this host; a check fails as the start would.
+        for ok in [
+            "allotd.example:7070",
+            "https://10.0.0.1:7070",
+            "http://127.0.0.1:7070",
+            "http://[::1]:7070",
+        ] {
+            AgentConfig::parse(&format!("[agent]\nallocator = \"{ok}\"\n"), "a.toml").expect(ok);
+        }
+        let e = AgentConfig::parse("[agent]\nallocator = \"http://10.0.0.1:7070\"\n", "a.toml")
+            .unwrap_err();
+        assert_eq!(e.field, "agent.allocator", "{e}");
+        assert!(
+            e.message
+                .contains("plain http is for a loopback allotd only"),
+            "{e}"
+        );
         let e = AgentConfig::parse(
             "[agent]\ndefault_checkpoint = \"http://10.0.0.1/x\"\n",
             "a.toml",

@@ -122,11 +122,10 @@ impl Credentials {
 /// `plaintext_loopback` baseline).
 pub fn endpoint(addr: &str, ca_pem: &str, me: Option<&Credentials>) -> Result<Endpoint, CredError> {
     let bad = |why: &str| CredError::Address(addr.to_string(), why.to_string());
-    let uri: tonic::transport::Uri = addr.parse().map_err(|_| bad("not a URL"))?;
-    let host = uri.host().ok_or_else(|| bad("no host"))?.to_string();
+    let (https, host) = check_allocator(addr).map_err(|why| bad(&why))?;
     let e = Endpoint::from_shared(addr.to_string()).map_err(|e| bad(&e.to_string()))?;
-    match uri.scheme_str() {
-        Some("https") => {
+    match https {
+        true => {
             let mut tls = ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(ca_pem))
                 .domain_name(host.trim_start_matches('[').trim_end_matches(']'));
@@ -135,11 +134,20 @@ pub fn endpoint(addr: &str, ca_pem: &str, me: Option<&Credentials>) -> Result<En
             }
             e.tls_config(tls).map_err(|e| bad(&e.to_string()))
         }
-        Some("http") if allot_common::net::is_loopback_host(&host) => Ok(e),
-        Some("http") => Err(bad(
-            "plain http is for a loopback allotd only; use https://",
-        )),
-        _ => Err(bad("use https://HOST:PORT")),
+        false => Ok(e),
+    }
+}
+
+/// Whether the agent may talk to allotd at `addr` (a scheme given): `https://`, or
+/// plain `http://` to a loopback allotd only. Returns whether it is TLS, and the host.
+pub fn check_allocator(addr: &str) -> Result<(bool, String), String> {
+    let uri: tonic::transport::Uri = addr.parse().map_err(|_| "not a URL".to_string())?;
+    let host = uri.host().ok_or("no host")?.to_string();
+    match uri.scheme_str() {
+        Some("https") => Ok((true, host)),
+        Some("http") if allot_common::net::is_loopback_host(&host) => Ok((false, host)),
+        Some("http") => Err("plain http is for a loopback allotd only; use https://".into()),
+        _ => Err("use https://HOST:PORT".into()),
     }
 }
 

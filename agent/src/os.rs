@@ -112,9 +112,9 @@ pub trait Os: Send + Sync {
     fn user_by_uid(&self, uid: u32) -> Option<User>;
     /// The agent's own effective user id.
     fn euid(&self) -> u32;
-    /// Makes a directory and its parents; the directory itself, if this made it, is
-    /// given to `owner` (uid, gid).
-    fn create_dir_all(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()>;
+    /// Makes a directory and its parents; the directory itself is its owner's only
+    /// (0700) and, if this made it, is given to `owner` (uid, gid).
+    fn create_private_dir(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()>;
     /// Whether work can start in `dir` as `who`: it exists, is a directory, and
     /// `who` may enter it; otherwise why not (see `workdir::check`).
     fn work_dir(&self, dir: &Path, who: &RunAs) -> Result<(), String>;
@@ -248,8 +248,8 @@ impl Os for RealOs {
         nix::unistd::geteuid().as_raw()
     }
 
-    fn create_dir_all(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
-        crate::process::create_dir_owned(path, owner)
+    fn create_private_dir(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+        crate::process::create_private_dir(path, owner)
     }
 
     fn work_dir(&self, dir: &Path, who: &RunAs) -> Result<(), String> {

@@ -141,6 +141,14 @@ pub fn create_dir_owned(path: &Path, owner: Option<(u32, u32)>) -> std::io::Resu
     }
 }
 
+/// [`create_dir_owned`], the directory readable by its owner only (0700): a
+/// checkpoint holds the job's weights and data, no other user's to read.
+pub fn create_private_dir(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    create_dir_owned(path, owner)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+}
+
 /// `path` could not be made for lease `l`.
 fn io_error(l: &Launch, path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError {
     let (lease, path) = (l.lease.clone(), path.display().to_string());
@@ -173,7 +181,7 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
     };
     // The workload (and its exec hook) writes checkpoints as its own user.
     let owner = user.as_ref().map(|id| (id.uid, id.gid));
-    make_dir(l, &l.checkpoint_dir, owner)?;
+    create_private_dir(&l.checkpoint_dir, owner).map_err(io_error(l, &l.checkpoint_dir))?;
     make_dir(l, &l.lease_dir, None)?;
     // The agent's log dir: made by the agent, the files given to the user.
     for log in [&l.out_log, &l.err_log] {

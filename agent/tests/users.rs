@@ -66,6 +66,11 @@ fn work_and_its_exec_hook_run_as_the_user_with_groups_and_login_environment() {
     // output file; the lease dir and the log dir stay root's.
     let ckpt = a.checkpoint_dir(&id);
     assert_eq!(std::fs::metadata(&ckpt).expect("ckpt dir").uid(), uid);
+    assert_eq!(
+        std::fs::metadata(&ckpt).expect("ckpt dir").mode() & 0o777,
+        0o700,
+        "a checkpoint is its user's alone"
+    );
     assert!(ckpt.join("mine").exists());
     assert_eq!(
         std::fs::metadata(ckpt.parent().expect("lease dir"))

@@ -120,7 +120,9 @@ fn token_pb(t: &crate::state::TokenRec) -> pb::TokenInfo {
 }
 
 fn node_cred_pb(name: &str, n: &crate::state::NodeCred) -> pb::NodeCredentials {
-    let state = if n.revoked {
+    let state = if n.removed {
+        "removed"
+    } else if n.revoked {
         "revoked"
     } else if !n.certs.is_empty() {
         "enrolled"
@@ -147,9 +149,8 @@ impl pb::admin_server::Admin for Api {
         let who = self.allow(&req, Ask::Admin)?;
         let r = req.into_inner();
         crate::api::safe_name("user", &r.user)?;
-        if r.note.len() > 1024 || r.note.contains(['\0', '\n']) {
-            return Err(Status::invalid_argument("note: at most 1 KiB, on one line"));
-        }
+        allot_common::fields::check_text("note", &r.note, 1024)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let ttl = ttl(r.ttl_s, TOKEN_TTL, TOKEN_TTL_MAX, "ttl_s")?;
         let secret = allot_auth::new_secret("allot").map_err(internal)?;
         let hash = allot_auth::hash_secret(&secret);
@@ -266,6 +267,51 @@ impl pb::admin_server::Admin for Api {
             .get(&node)
             .map(|n| node_cred_pb(&node, n));
         n.map(Response::new).ok_or_else(|| Status::not_found(node))
+    }
+
+    async fn remove_node(
+        &self,
+        req: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<pb::NodeCredentials>, Status> {
+        let who = self.allow(&req, Ask::Admin)?;
+        let node = req.into_inner().node;
+        crate::api::safe_name("node", &node)?;
+        {
+            let c = self.0.core();
+            if !c.alloc.creds.nodes.contains_key(&node) && !c.alloc.nodes().contains_key(&node) {
+                return Err(Status::not_found(format!(
+                    "node: {node:?} is not in the cluster; `allotd nodes list` shows them"
+                )));
+            }
+            let leases = c.alloc.leases_on(&node).len() + c.alloc.leaving_on(&node).len();
+            if leases > 0 {
+                return Err(Status::failed_precondition(format!(
+                    "node: {node:?} still runs {leases} lease(s); drain it (`allot drain {node} --now`) and wait for its work to end, or for it to be declared lost, then remove it"
+                )));
+            }
+        }
+        self.0
+            .commit(Input::NodeRemoved {
+                node: node.clone(),
+                by: who.name(),
+            })
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        // A connected agent's stream ends now; its reconnect is refused.
+        self.0.cut(&node);
+        tracing::warn!(node = %node, by = %who.name(), "node removed");
+        let c = self.0.core();
+        let n = c
+            .alloc
+            .creds
+            .nodes
+            .get(&node)
+            .map(|n| node_cred_pb(&node, n))
+            .unwrap_or_else(|| pb::NodeCredentials {
+                node: node.clone(),
+                state: "removed".into(),
+                ..Default::default()
+            });
+        Ok(Response::new(n))
     }
 
     async fn list_node_credentials(

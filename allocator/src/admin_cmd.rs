@@ -27,7 +27,7 @@ pub enum Tokens {
         #[arg(long)]
         user: String,
         /// How long it lives (90d unless given; at most 730d).
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = lifetime)]
         expires: Option<u64>,
         /// A note kept with it (who asked, what for).
         #[arg(long, default_value = "")]
@@ -60,7 +60,7 @@ pub enum Nodes {
         /// The host's name: what its certificate and sessions will carry.
         name: String,
         /// How long the token may wait to be used (1h unless given; at most 7d).
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = lifetime)]
         ttl: Option<u64>,
         /// Where allotd is.
         #[command(flatten)]
@@ -74,7 +74,16 @@ pub enum Nodes {
         #[command(flatten)]
         target: Target,
     },
-    /// List enrolled, pending and revoked nodes.
+    /// Remove a node for good (decommissioned, or lost for good): it stops counting in
+    /// capacity and is revoked. Refused while work runs there; drain it first.
+    Remove {
+        /// The node.
+        name: String,
+        /// Where allotd is.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List enrolled, pending, revoked and removed nodes.
     List {
         /// Where allotd is.
         #[command(flatten)]
@@ -109,6 +118,17 @@ pub async fn client_at(
 /// A status as an error: its message says it all.
 pub fn status(e: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{}", e.message())
+}
+
+/// A lifetime asked for: a duration above zero (on the wire 0 means "the default",
+/// so `0s` would quietly become 90 days).
+fn lifetime(s: &str) -> Result<u64, String> {
+    match parse_duration(s).map_err(|e| e.to_string())? {
+        0 => Err(format!(
+            "{s:?} is no time at all; give a lifetime such as 1h or 30d (leave the flag out for the default)"
+        )),
+        t => Ok(t),
+    }
 }
 
 fn when(unix: i64) -> String {
@@ -213,6 +233,18 @@ pub async fn nodes(cmd: Nodes) -> anyhow::Result<()> {
                 .into_inner();
             println!("node {} revoked; its sessions are cut", n.node);
         }
+        Nodes::Remove { name, target } => {
+            let n = client(&target)
+                .await?
+                .remove_node(pb::RemoveNodeRequest { node: name })
+                .await
+                .map_err(status)?
+                .into_inner();
+            println!(
+                "node {} removed: it no longer counts in capacity, and only a new enrollment brings it back",
+                n.node
+            );
+        }
         Nodes::List { target } => {
             let r = client(&target)
                 .await?
@@ -232,4 +264,17 @@ pub async fn nodes(cmd: Nodes) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lifetime_of_no_time_is_refused() {
+        assert_eq!(lifetime("90d"), Ok(90 * 86_400));
+        let e = lifetime("0s").expect_err("refused");
+        assert!(e.contains("no time at all"), "{e}");
+        assert!(lifetime("0").is_err());
+    }
 }

@@ -376,7 +376,7 @@ pub fn who_of<T>(server: &Server, req: &Request<T>) -> Result<Who, Status> {
         return Ok(Who::Local);
     }
     let now = now();
-    if let Some(cert) = req.peer_certs().and_then(|c| c.first().cloned()) {
+    if let Some(cert) = crate::conns::peer_certs(req).and_then(|c| c.first().cloned()) {
         let info = allot_auth::CertInfo::from_der(&cert)
             .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))?;
         server
@@ -721,13 +721,11 @@ impl pb::workloads_server::Workloads for Api {
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let id = parse_id(&req.get_ref().id)?;
-        self.allow(&req, Ask::See(id))?;
+        let who = self.allow(&req, Ask::See(id))?;
         let first = self.workload_view(id)?;
-        let conns = &self.0.conns;
-        let slot = conns.watch_slot().ok_or_else(|| {
+        let slot = self.0.conns.watch_slot(&who.owner()).map_err(|why| {
             Status::resource_exhausted(format!(
-                "watch: {} streams are open, this allotd's most (server.max_watch_streams); end some `allot watch`, or poll with `allot status`",
-                conns.max_watch()
+                "watch: {why}; end some `allot watch`, or poll with `allot status`"
             ))
         })?;
         let api = self.clone();
@@ -810,6 +808,7 @@ impl pb::workloads_server::Workloads for Api {
         let want = crate::logs::Want {
             id,
             user,
+            owner: who.owner(),
             follow: r.follow,
             run: r.run,
             rank: r.rank,
@@ -960,6 +959,33 @@ fn check_register(r: &pb::Register) -> Result<(NodeSpec, Vec<String>), Status> {
     crate::limits::register(r)?;
     let mut gpus = r.gpus.clone();
     gpus.sort_by_key(|g| g.index);
+    // One GPU counted twice would be leased twice: the host's inventory is wrong.
+    if let Some(w) = gpus.windows(2).find(|w| w[0].index == w[1].index) {
+        return bad(
+            "gpus",
+            &format!(
+                "index {} is registered twice; each GPU once (check the agent's GPU source)",
+                w[0].index
+            ),
+        );
+    }
+    if let Some(g) = gpus.iter().find(|g| g.index >= MAX_GPUS) {
+        return bad(
+            "gpus",
+            &format!("index {}: a host's GPUs are indexed 0 to 63", g.index),
+        );
+    }
+    let mut uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    uuids.sort_unstable();
+    if let Some(w) = uuids.windows(2).find(|w| w[0] == w[1]) {
+        return bad(
+            "gpus",
+            &format!(
+                "UUID {:?} is registered twice; each GPU once (check the agent's GPU source)",
+                w[0]
+            ),
+        );
+    }
     Ok((
         NodeSpec {
             name: r.host.clone(),
@@ -1120,8 +1146,7 @@ impl pb::agent_stream_server::AgentStream for Api {
         req: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
         let who = self.who(&req)?;
-        let fingerprint = req
-            .peer_certs()
+        let fingerprint = crate::conns::peer_certs(&req)
             .and_then(|c| c.first().map(|d| allot_auth::pki::fingerprint(d)))
             .unwrap_or_default();
         let mut inbound = req.into_inner();
@@ -1201,18 +1226,25 @@ pub async fn grpc(
             ServerTlsConfig::new()
                 .identity(Identity::from_pem(&pki.server_cert, &pki.server_key))
                 .client_ca_root(Certificate::from_pem(&pki.ca.cert_pem))
-                .client_auth_optional(true),
+                .client_auth_optional(true)
+                .timeout(conns.handshake_timeout()),
         )?;
     }
     let api = Api(server);
     builder
-        // Pings find a peer that vanished; a live client's answers also keep its
-        // quiet streams (a Watch of an unchanged workload) clear of idle_timeout.
+        // Pings find a peer that vanished under a quiet stream (a Watch of an
+        // unchanged workload); an unanswered one closes the connection.
         .http2_keepalive_interval(Some(conns.keepalive_interval()))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+        // Streams a client resets before they are served (the rapid-reset
+        // attack), or that end in protocol errors: past these, GOAWAY and close.
+        .http2_max_pending_accept_reset_streams(Some(20))
+        .http2_max_local_error_reset_streams(Some(64))
         .max_concurrent_streams(streams)
         .concurrency_limit_per_connection(streams as usize)
         .http2_max_header_list_size(64 * 1024)
+        // Each connection's requests are counted for its idle clock.
+        .layer(crate::conns::TrackRequests)
         .add_service(
             pb::workloads_server::WorkloadsServer::new(api.clone()).max_decoding_message_size(max),
         )
@@ -1264,4 +1296,50 @@ fn accept_nodelay(
     conns: Arc<crate::conns::Conns>,
 ) -> crate::conns::Incoming {
     crate::conns::Incoming::new(listener, conns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(index: u32, uuid: &str) -> pb::Gpu {
+        pb::Gpu {
+            uuid: uuid.into(),
+            index,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_registration_counting_a_gpu_twice_is_refused() {
+        let reg = |gpus: Vec<pb::Gpu>| pb::Register {
+            host: "node-0".into(),
+            gpus,
+            ..Default::default()
+        };
+        let refused = |r: pb::Register| {
+            check_register(&r)
+                .expect_err("refused")
+                .message()
+                .to_string()
+        };
+        let (spec, uuids) =
+            check_register(&reg(vec![gpu(1, "GPU-b"), gpu(0, "GPU-a")])).expect("ok");
+        assert_eq!(
+            (spec.gpus, uuids),
+            (2, vec!["GPU-a".to_string(), "GPU-b".into()])
+        );
+        let m = refused(reg(vec![gpu(0, "GPU-a"), gpu(0, "GPU-b")]));
+        assert!(
+            m.starts_with("register.gpus: index 0 is registered twice"),
+            "{m}"
+        );
+        let m = refused(reg(vec![gpu(0, "GPU-a"), gpu(1, "GPU-a")]));
+        assert!(
+            m.starts_with("register.gpus: UUID \"GPU-a\" is registered twice"),
+            "{m}"
+        );
+        let m = refused(reg(vec![gpu(64, "GPU-a")]));
+        assert!(m.starts_with("register.gpus: index 64"), "{m}");
+    }
 }

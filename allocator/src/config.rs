@@ -36,15 +36,30 @@ pub struct ServerSection {
     /// one peer that fills its share leaves room for every other (the CLI on the
     /// allotd host shares 127.0.0.1 with anything local).
     pub max_connections_per_peer: usize,
-    /// A connection whose peer sends nothing this long is closed. Live clients
-    /// answer allotd's HTTP/2 pings well within it, so a quiet stream stays open;
-    /// what closes is a socket that never speaks (or stopped answering).
+    /// Most open gRPC connections from one address prefix (a /24 of IPv4, a /64 of
+    /// IPv6: one host may hold a whole /64). Unset: four peers' shares, below
+    /// `max_connections`.
+    pub max_connections_per_prefix: Option<usize>,
+    /// A connection with no request open and none begun this long is closed (as
+    /// gRPC's MAX_CONNECTION_IDLE). Open streams (an agent's session, a Watch) keep
+    /// it; pings and other bytes do not.
     #[serde(deserialize_with = "de_duration")]
     pub idle_timeout: u64,
+    /// A TLS handshake not done this long after the connection is closed.
+    #[serde(deserialize_with = "de_duration")]
+    pub handshake_timeout: u64,
+    /// A connection that has begun no request this long after its handshake
+    /// deadline is closed.
+    #[serde(deserialize_with = "de_duration")]
+    pub first_request_timeout: u64,
     /// Most concurrent requests (HTTP/2 streams) on one connection.
     pub max_streams_per_connection: u32,
-    /// Most open `Watch` streams in all; one more is refused with RESOURCE_EXHAUSTED.
+    /// Most open `Watch` and `Logs --follow` streams in all; one more is refused
+    /// with RESOURCE_EXHAUSTED.
     pub max_watch_streams: usize,
+    /// Most of those one user (or node) holds. Unset: a tenth of
+    /// `max_watch_streams`.
+    pub max_watch_streams_per_user: Option<usize>,
     /// A snapshot of the state is taken after this many journal entries (and at
     /// start-up and stop); the journal below it is compacted away, so start-up
     /// reads one snapshot and at most this many entries.
@@ -112,9 +127,13 @@ impl Default for ServerSection {
             min_pass_interval: 0,
             max_connections: 4096,
             max_connections_per_peer: 256,
+            max_connections_per_prefix: None,
             idle_timeout: 300,
+            handshake_timeout: 10,
+            first_request_timeout: 10,
             max_streams_per_connection: 128,
             max_watch_streams: 10_000,
+            max_watch_streams_per_user: None,
             snapshot_every: 10_000,
             keep_finished: 86_400,
             master_ports: PortRange::default(),
@@ -369,6 +388,36 @@ impl ServerConfig {
                     sv.max_connections_per_peer, sv.max_connections
                 ),
             ));
+        }
+        if let Some(p) = sv.max_connections_per_prefix {
+            if p < sv.max_connections_per_peer {
+                return Err(err(
+                    "server.max_connections_per_prefix",
+                    format!(
+                        "{p} is below max_connections_per_peer = {}: a prefix holds at least one peer; give {} or more, or leave it out (four peers' shares)",
+                        sv.max_connections_per_peer, sv.max_connections_per_peer
+                    ),
+                ));
+            }
+        }
+        if let Some(u) = sv.max_watch_streams_per_user {
+            if u == 0 || u > sv.max_watch_streams {
+                return Err(err(
+                    "server.max_watch_streams_per_user",
+                    format!(
+                        "{u} with max_watch_streams = {}: give from 1 to max_watch_streams, or leave it out (a tenth)",
+                        sv.max_watch_streams
+                    ),
+                ));
+            }
+        }
+        for (field, v) in [
+            ("server.handshake_timeout", sv.handshake_timeout),
+            ("server.first_request_timeout", sv.first_request_timeout),
+        ] {
+            if v == 0 {
+                return Err(err(field, "0s: give at least 1s, e.g. \"10s\"".into()));
+            }
         }
         if sv.idle_timeout < 10 {
             return Err(err(

@@ -109,6 +109,8 @@ pub struct Want {
     pub id: u64,
     /// Its user (whose directory of the log dir holds its output).
     pub user: String,
+    /// Who reads, whose share of the stream cap it takes.
+    pub owner: String,
     /// Keep reading while the run lives (and on into later runs when `run` is 0).
     pub follow: bool,
     /// 1-based; 0: the latest.
@@ -387,11 +389,9 @@ pub fn stream(server: Arc<Server>, want: Want) -> Result<LogsStream, Status> {
     // What can be told at once is told as the call's status, before any stream.
     let w = record(&server, want.id)?;
     pick(&w, &want)?;
-    let conns = &server.conns;
-    let slot = conns.watch_slot().ok_or_else(|| {
+    let slot = server.conns.watch_slot(&want.owner).map_err(|why| {
         Status::resource_exhausted(format!(
-            "logs: {} streams (watch and logs) are open, this allotd's most (server.max_watch_streams); end some, or read without -f",
-            conns.max_watch()
+            "logs: {why} (watch and logs together); end some, or read without -f"
         ))
     })?;
     let (tx, rx) = mpsc::channel(4);

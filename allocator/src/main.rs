@@ -108,10 +108,7 @@ fn main() -> std::process::ExitCode {
         Command::Init { path } => init(&path),
         Command::Serve { config, check } => match config::ServerConfig::load(&config) {
             Err(e) => Err(e.into()),
-            Ok(_) if check => {
-                println!("config ok");
-                Ok(())
-            }
+            Ok(cfg) if check => pki::check_key_modes(&cfg).map(|()| println!("config ok")),
             Ok(cfg) => runtime().and_then(|rt| rt.block_on(serve::serve(cfg, serve::signalled()))),
         },
         Command::Dev(a) => runtime().and_then(|rt| rt.block_on(dev::run(a))),

@@ -93,9 +93,9 @@ pub fn render(server: &Server) -> String {
     let _ = writeln!(o, "# HELP allot_agents_connected Agents with an open stream.\n# TYPE allot_agents_connected gauge\nallot_agents_connected {connected}");
     let conns = &server.conns;
     let _ = writeln!(o, "# HELP allotd_connections Open gRPC connections (CLI, agents, anyone).\n# TYPE allotd_connections gauge\nallotd_connections {}", conns.open());
-    let _ = writeln!(o, "# HELP allotd_connections_refused_total Connections closed at accept: over server.max_connections_per_peer or server.max_connections.\n# TYPE allotd_connections_refused_total counter\nallotd_connections_refused_total {}", conns.refused());
-    let _ = writeln!(o, "# HELP allotd_connections_idle_closed_total Connections closed after server.idle_timeout without a byte from the peer.\n# TYPE allotd_connections_idle_closed_total counter\nallotd_connections_idle_closed_total {}", conns.idle_closed());
-    let _ = writeln!(o, "# HELP allotd_watch_streams Open Watch streams.\n# TYPE allotd_watch_streams gauge\nallotd_watch_streams {}", conns.watch_streams());
+    let _ = writeln!(o, "# HELP allotd_connections_refused_total Connections closed at accept: over server.max_connections_per_peer, max_connections_per_prefix or max_connections.\n# TYPE allotd_connections_refused_total counter\nallotd_connections_refused_total {}", conns.refused());
+    let _ = writeln!(o, "# HELP allotd_connections_idle_closed_total Connections closed with no request open: none begun within server.handshake_timeout and first_request_timeout, or none for server.idle_timeout.\n# TYPE allotd_connections_idle_closed_total counter\nallotd_connections_idle_closed_total {}", conns.idle_closed());
+    let _ = writeln!(o, "# HELP allotd_watch_streams Open Watch and followed Logs streams.\n# TYPE allotd_watch_streams gauge\nallotd_watch_streams {}", conns.watch_streams());
     let pending = a.core.pending_len();
     let _ = writeln!(o, "# HELP allot_pending_workloads Workloads waiting.\n# TYPE allot_pending_workloads gauge\nallot_pending_workloads {pending}");
     o

@@ -62,23 +62,38 @@ fn server_names(cfg: &ServerConfig) -> Vec<String> {
     names
 }
 
-/// Loads the CA and allotd's certificate, creating what is missing. A CA key whose
-/// file others may read is refused: anyone with it can mint node certificates.
+/// Refuses private keys (the CA's, allotd's) whose files others may read: anyone
+/// with the CA key mints node certificates, anyone with allotd's key poses as allotd.
+/// `serve --check` runs it too, so a check passes only what `serve` starts with.
+pub fn check_key_modes(cfg: &ServerConfig) -> anyhow::Result<()> {
+    let dir = cfg.pki_dir();
+    for (name, what) in [("ca.key", "the CA key"), ("server.key", "allotd's TLS key")] {
+        let path = dir.join(name);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue; // made at start, 0600
+        };
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            anyhow::bail!(
+                "{}: mode {:o} lets others read {what}; `chmod 600 {}`",
+                path.display(),
+                mode & 0o777,
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Loads the CA and allotd's certificate, creating what is missing. A key whose
+/// file others may read is refused ([`check_key_modes`]).
 pub fn ensure(cfg: &ServerConfig, cluster: &str, now: u64) -> anyhow::Result<Pki> {
     let dir = cfg.pki_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+    check_key_modes(cfg)?;
     let (ca_pem, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
     let ca = if ca_key.exists() {
-        let mode = std::fs::metadata(&ca_key)?.permissions().mode();
-        if mode & 0o077 != 0 {
-            anyhow::bail!(
-                "{}: mode {:o} lets others read the CA key; `chmod 600 {}`",
-                ca_key.display(),
-                mode & 0o777,
-                ca_key.display()
-            );
-        }
         Ca::from_pem(&read(&ca_pem)?, &read(&ca_key)?)
             .with_context(|| format!("loading the CA from {}", dir.display()))?
     } else {
@@ -112,4 +127,37 @@ pub fn ensure(cfg: &ServerConfig, cluster: &str, now: u64) -> anyhow::Result<Pki
         server_key: read(&key_path)?,
         dir,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EXAMPLE;
+
+    #[test]
+    fn a_key_others_may_read_fails_the_check_as_it_fails_the_start() {
+        let dir = std::env::temp_dir().join(format!("allot-pki-modes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut cfg = ServerConfig::parse(EXAMPLE, "example").expect("example");
+        cfg.tls.dir = dir.clone();
+        let pki = ensure(&cfg, "test", 1_000).expect("made");
+        assert!(!pki.server_key.is_empty());
+        check_key_modes(&cfg).expect("made 0600");
+        for name in ["ca.key", "server.key"] {
+            let path = dir.join(name);
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+            let e = check_key_modes(&cfg).expect_err("refused").to_string();
+            assert!(
+                e.contains(name) && e.contains("mode 644") && e.contains("chmod 600"),
+                "{e}"
+            );
+            let Err(e) = ensure(&cfg, "test", 1_000) else {
+                panic!("{name} others may read: refused at start too");
+            };
+            let e = e.to_string();
+            assert!(e.contains(name), "{e}");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -1,8 +1,12 @@
 //! End to end, over real sockets to real processes: what one client may do to
-//! allotd without hurting the rest (issue 11). Oversized and unsafe fields are
-//! refused naming the field; 2,000 idle connections do not delay a new client past
-//! 1 s; a peer over its share is closed at once while other peers are served;
-//! abandoned Watch streams are freed.
+//! allotd without hurting the rest (issues 11 and 35). Oversized and unsafe fields
+//! are refused naming the field; 2,000 idle connections do not delay a new client
+//! past 1 s; a peer over its share is closed at once while other peers are served;
+//! many addresses of one /24 (127.0.0.0/8) or one /64 (IPv6, in a network namespace
+//! the test makes) share one cap; abandoned Watch streams are freed and one user
+//! cannot take another's share of them; a trickled TLS handshake is closed at its
+//! deadline; pings keep no connection open, an open stream does; a burst of reset
+//! streams ends its connection.
 
 mod support;
 
@@ -57,13 +61,17 @@ fn descriptors_for(n: u64) {
     );
 }
 
-/// A channel to allotd, from `from` when given (another loopback address is
-/// another peer).
-/// allotd's TLS, the caller's token.
+/// A channel to allotd with the test user's token, from `from` when given
+/// (another loopback address is another peer).
 async fn channel(c: &Cluster, from: Option<IpAddr>) -> Authed {
+    channel_as(&c.token, endpoint(c).local_address(from)).await
+}
+
+/// allotd's address with its TLS.
+fn endpoint(c: &Cluster) -> Endpoint {
     use tonic::transport::{Certificate, ClientTlsConfig};
     let ca = std::fs::read_to_string(c.ca()).expect("CA");
-    let ch = Endpoint::from_shared(format!("https://{}", c.addr))
+    Endpoint::from_shared(format!("https://{}", c.addr))
         .expect("endpoint")
         .tls_config(
             ClientTlsConfig::new()
@@ -71,13 +79,14 @@ async fn channel(c: &Cluster, from: Option<IpAddr>) -> Authed {
                 .domain_name("127.0.0.1"),
         )
         .expect("tls")
-        .local_address(from)
         .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .expect("connect");
+}
+
+/// A channel over `e`, connected now, sending `token`.
+async fn channel_as(token: &str, e: Endpoint) -> Authed {
+    let ch = e.connect().await.expect("connect");
     let bearer: tonic::metadata::MetadataValue<_> =
-        format!("Bearer {}", c.token).parse().expect("token");
+        format!("Bearer {token}").parse().expect("token");
     tonic::service::interceptor::InterceptedService::new(ch, Token(bearer))
 }
 
@@ -258,7 +267,7 @@ fn two_thousand_idle_connections_do_not_delay_a_new_client() {
     // that allotd holds all 2,000 (the next test shows the default share at work).
     let c = Cluster::start_with(
         "limits-idle",
-        "lost_grace = \"30s\"\nmax_connections_per_peer = 3000",
+        "lost_grace = \"30s\"\nmax_connections_per_peer = 3000\nmax_connections_per_prefix = 3000\nhandshake_timeout = \"5m\"",
         TWO_PROJECTS,
         0,
         1,
@@ -285,8 +294,15 @@ fn two_thousand_idle_connections_do_not_delay_a_new_client() {
 fn a_peer_over_its_share_is_closed_at_once_and_other_peers_are_served() {
     let _turn = MANY_SOCKETS.lock().unwrap_or_else(|e| e.into_inner());
     descriptors_for(2000);
-    // Defaults: 256 per peer of 4,096 in all.
-    let c = Cluster::start("limits-peer", TWO_PROJECTS, 0, 1);
+    // Defaults: 256 per peer of 4,096 in all (and 1,024 per /24); silent
+    // connections kept past the test's reads.
+    let c = Cluster::start_with(
+        "limits-peer",
+        "lost_grace = \"30s\"\nhandshake_timeout = \"5m\"",
+        TWO_PROJECTS,
+        0,
+        1,
+    );
     let rt = runtime();
     let (open, closed, _idle) = rt.block_on(async {
         let idle = open_idle(&c.addr, 2000).await;
@@ -350,7 +366,7 @@ fn rss_kib(pid: u32) -> u64 {
 fn abandoned_watch_streams_are_freed() {
     let c = Cluster::start_with(
         "limits-watch",
-        "lost_grace = \"30s\"\nmax_watch_streams = 2000",
+        "lost_grace = \"30s\"\nmax_watch_streams = 2000\nmax_watch_streams_per_user = 2000",
         TWO_PROJECTS,
         1,
         2,
@@ -427,4 +443,407 @@ fn abandoned_watch_streams_are_freed() {
             .into_inner();
         s.message().await.expect("first").expect("a workload");
     });
+}
+
+/// A TCP connection to `to` from local address `from`.
+async fn connect_from(to: std::net::SocketAddr, from: IpAddr) -> tokio::net::TcpStream {
+    let sock = if from.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .expect("socket");
+    sock.bind(std::net::SocketAddr::new(from, 0))
+        .unwrap_or_else(|e| panic!("bind {from}: {e}"));
+    sock.connect(to)
+        .await
+        .unwrap_or_else(|e| panic!("connect {to} from {from}: {e}"))
+}
+
+/// Which of `conns` allotd holds (a held one waits for the TLS hello in silence)
+/// and which it closed at once (end of stream or a reset), by source address.
+async fn held(
+    conns: Vec<tokio::net::TcpStream>,
+) -> (Vec<IpAddr>, Vec<IpAddr>, Vec<tokio::net::TcpStream>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut s in conns {
+        tasks.spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 64];
+            let held = match tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => false,
+                Ok(Ok(_)) => panic!("allotd spoke first on a TLS connection"),
+                Err(_) => true,
+            };
+            (held, s)
+        });
+    }
+    let (mut open, mut closed, mut kept) = (Vec::new(), Vec::new(), Vec::new());
+    while let Some(r) = tasks.join_next().await {
+        let (h, s) = r.expect("reader");
+        let from = s.local_addr().expect("local").ip();
+        if h {
+            open.push(from)
+        } else {
+            closed.push(from)
+        }
+        kept.push(s);
+    }
+    (open, closed, kept)
+}
+
+/// One connection from each of `from` (in order), then one from `other`: the
+/// prefix cap of 8 holds 8 of `from`, closes the rest, and `other`'s prefix is
+/// its own.
+fn prefix_shares_one_cap(c: &Cluster, to: std::net::SocketAddr, from: &[IpAddr], other: IpAddr) {
+    wait_metric(c, "allotd_connections", 0, LONG);
+    let rt = runtime();
+    let (open, closed, _kept) = rt.block_on(async {
+        let mut v = Vec::new();
+        for a in from {
+            v.push(connect_from(to, *a).await);
+        }
+        held(v).await
+    });
+    assert_eq!(
+        (open.len(), closed.len()),
+        (8, from.len() - 8),
+        "held {open:?}, closed {closed:?}"
+    );
+    assert_eq!(
+        metric(c, "allotd_connections_refused_total"),
+        Some(from.len() as u64 - 8)
+    );
+    // Each address was under its own share of 2: the prefix's cap closed them.
+    let log = std::fs::read_to_string(c.dir.join("allotd.log")).expect("log");
+    assert!(
+        log.contains("over server.max_connections_per_prefix"),
+        "{log}"
+    );
+    let (open, closed, _kept2) =
+        rt.block_on(async { held(vec![connect_from(to, other).await]).await });
+    assert_eq!(
+        (open, closed),
+        (vec![other], vec![]),
+        "another prefix is admitted"
+    );
+}
+
+const PREFIX_CAPS: &str = "lost_grace = \"30s\"\nmax_connections_per_peer = 2\nmax_connections_per_prefix = 8\nhandshake_timeout = \"5m\"";
+
+#[test]
+fn many_addresses_of_one_ipv4_24_share_one_cap() {
+    let c = Cluster::start_with("limits-v4-prefix", PREFIX_CAPS, TWO_PROJECTS, 0, 1);
+    let from: Vec<IpAddr> = (1..=12).map(|d| IpAddr::from([127, 0, 0, d])).collect();
+    let to = c.addr.parse().expect("addr");
+    prefix_shares_one_cap(&c, to, &from, [127, 0, 1, 1].into());
+}
+
+/// Runs `f` on a thread in a network namespace of its own (what it starts lives
+/// there too), loopback up, `addrs` (IPv6, with their prefix) on it. `None`, with a
+/// skip line, where namespaces cannot be made; under CI=true that fails.
+fn in_network_namespace<T: Send>(addrs: &[&str], f: impl FnOnce() -> T + Send) -> Option<T> {
+    let skip = |why: String| {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: {why}"
+        );
+        eprintln!("skipped: {why}");
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET) {
+                skip(format!(
+                    "no network namespace could be made ({e}); run as root"
+                ));
+                return None;
+            }
+            let ip = |args: &[&str]| {
+                let out = std::process::Command::new("ip").args(args).output();
+                match out {
+                    Ok(o) if o.status.success() => Ok(()),
+                    Ok(o) => Err(format!(
+                        "ip {args:?}: {}",
+                        String::from_utf8_lossy(&o.stderr)
+                    )),
+                    Err(e) => Err(format!("ip (iproute2) does not run: {e}")),
+                }
+            };
+            let mut setup = ip(&["link", "set", "lo", "up"]);
+            for a in addrs {
+                setup = setup.and_then(|()| ip(&["-6", "addr", "add", a, "dev", "lo", "nodad"]));
+            }
+            if let Err(e) = setup {
+                skip(e);
+                return None;
+            }
+            Some(f())
+        })
+        .join()
+        .expect("the namespace's thread")
+    })
+}
+
+#[test]
+fn many_addresses_of_one_ipv6_64_share_one_cap() {
+    let mut addrs: Vec<String> = (1..=12).map(|i| format!("2001:db8:7::{i:x}/64")).collect();
+    addrs.push("2001:db8:8::1/64".into());
+    let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    in_network_namespace(&refs, || {
+        let c = Cluster::start_listening_on("limits-v6-prefix", "[::]", PREFIX_CAPS, TWO_PROJECTS);
+        let port: u16 = c
+            .addr
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port");
+        let to = std::net::SocketAddr::new("2001:db8:7::1".parse().expect("addr"), port);
+        let from: Vec<IpAddr> = addrs[..12]
+            .iter()
+            .map(|a| a.trim_end_matches("/64").parse().expect("addr"))
+            .collect();
+        prefix_shares_one_cap(&c, to, &from, "2001:db8:8::1".parse().expect("addr"));
+    });
+}
+
+#[test]
+fn one_user_cannot_take_another_users_watch_share() {
+    let me = allot_test_support::current_user();
+    let groups = format!("{TWO_PROJECTS}[roles]\nadmins = [{me:?}, \"watch-b\"]\n");
+    let c = Cluster::start_with(
+        "limits-watch-share",
+        "lost_grace = \"30s\"\nmax_watch_streams = 12\nmax_watch_streams_per_user = 5",
+        &groups,
+        1,
+        1,
+    );
+    let id = c.submit(&["--project", "demo-a", "--gpus", "1"], "sleep 600");
+    c.wait_state(&id, "running", LONG);
+    let out = c.allotd(&["tokens", "create", "--user", "watch-b"]);
+    assert!(out.status.success(), "{out:?}");
+    let b_token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let rt = runtime();
+    rt.block_on(async {
+        let watch = |ch: Authed| {
+            let id = id.clone();
+            async move {
+                let mut w = pb::workloads_client::WorkloadsClient::new(ch);
+                let mut s = w.watch(pb::WatchRequest { id }).await?.into_inner();
+                s.message().await?.expect("a workload");
+                Ok::<_, tonic::Status>(s)
+            }
+        };
+        let a = channel(&c, None).await;
+        let mut a_streams = Vec::new();
+        for _ in 0..5 {
+            a_streams.push(watch(a.clone()).await.expect("within a's share"));
+        }
+        let e = watch(a.clone()).await.expect_err("over a's share");
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("max_watch_streams_per_user"), "{e:?}");
+        assert!(e.message().contains(&me), "names whose share: {e:?}");
+        // The other user's share is untouched by the first's.
+        let b = channel_as(&b_token, endpoint(&c)).await;
+        let mut b_streams = Vec::new();
+        for _ in 0..5 {
+            b_streams.push(watch(b.clone()).await.expect("b has a share of its own"));
+        }
+        assert!(watch(b.clone()).await.is_err(), "b has five too");
+        drop(a_streams.pop());
+        wait_metric_async(&c, "allotd_watch_streams", 9).await;
+        watch(a).await.expect("a's slot came back");
+    });
+}
+
+/// [`wait_metric`] from within a runtime.
+async fn wait_metric_async(c: &Cluster, name: &str, want: u64) {
+    let t0 = Instant::now();
+    while metric(c, name) != Some(want) {
+        assert!(
+            t0.elapsed() < LONG,
+            "{name} never {want}: {:?}",
+            metric(c, name)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn a_trickled_tls_handshake_is_closed_at_its_deadline() {
+    let c = Cluster::start_with(
+        "limits-handshake",
+        "lost_grace = \"30s\"\nhandshake_timeout = \"3s\"",
+        TWO_PROJECTS,
+        0,
+        1,
+    );
+    wait_metric(&c, "allotd_connections", 0, LONG);
+    let rt = runtime();
+    let (lasted, sent) = rt.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&c.addr)
+            .await
+            .expect("connect");
+        let t0 = Instant::now();
+        // The start of a ClientHello record, one byte each 500 ms: never whole.
+        let hello = [
+            0x16u8, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+        ];
+        let mut sent = 0;
+        let mut buf = [0u8; 64];
+        loop {
+            if sent < hello.len() && s.write_all(&hello[sent..=sent]).await.is_ok() {
+                sent += 1;
+            }
+            match tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await {
+                Err(_) => assert!(t0.elapsed() < LONG, "never closed"),
+                Ok(Ok(0)) | Ok(Err(_)) => break (t0.elapsed(), sent),
+                Ok(Ok(n)) => panic!("allotd answered {n} bytes to half a hello"),
+            }
+        }
+    });
+    eprintln!("a handshake trickled one byte per 500 ms ({sent} sent) was closed after {lasted:?}");
+    assert!(
+        lasted >= Duration::from_millis(2500) && lasted < Duration::from_secs(6),
+        "closed after {lasted:?} with handshake_timeout = 3s"
+    );
+    wait_metric(&c, "allotd_connections", 0, LONG);
+    // An honest client is served as before.
+    rt.block_on(time_list(&c, None));
+}
+
+#[test]
+fn pings_keep_no_connection_open_and_an_open_stream_does() {
+    let c = Cluster::start_with(
+        "limits-pings",
+        "lost_grace = \"30s\"\nhandshake_timeout = \"2s\"\nfirst_request_timeout = \"2s\"\nidle_timeout = \"10s\"",
+        TWO_PROJECTS,
+        1,
+        1,
+    );
+    let id = c.submit(&["--project", "demo-a", "--gpus", "1"], "sleep 600");
+    c.wait_state(&id, "running", LONG);
+    wait_metric(&c, "allotd_connections", 1, LONG); // the agent's
+    let closed = |c: &Cluster| metric(c, "allotd_connections_idle_closed_total").unwrap_or(0);
+    let before = closed(&c);
+    let rt = runtime();
+    // A client that pings every 300 ms whether or not it has a request open.
+    let pinging = || {
+        endpoint(&c)
+            .http2_keep_alive_interval(Duration::from_millis(300))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .keep_alive_while_idle(true)
+    };
+    // Connected, TLS done, pinging, no request: closed at the handshake and
+    // first-request deadlines (4 s after accept).
+    let t0 = Instant::now();
+    let _silent = rt.block_on(channel_as(&c.token, pinging()));
+    wait_metric(&c, "allotd_connections_idle_closed_total", before + 1, LONG);
+    let first = t0.elapsed();
+    eprintln!("a pinging connection without a request closed after {first:?}");
+    assert!(first >= Duration::from_secs(3), "closed early: {first:?}");
+    // A Watch of an unchanging workload stays open well past idle_timeout, its
+    // connection pinging ...
+    let ch = rt.block_on(channel_as(&c.token, pinging()));
+    let mut stream = rt.block_on(async {
+        let mut w = pb::workloads_client::WorkloadsClient::new(ch);
+        let mut s = w
+            .watch(pb::WatchRequest { id: id.clone() })
+            .await
+            .expect("watch")
+            .into_inner();
+        s.message().await.expect("first").expect("a workload");
+        s
+    });
+    // (a span of time with nothing to wait for: what is shown is that nothing
+    // happens in it)
+    std::thread::sleep(Duration::from_secs(15));
+    assert_eq!(closed(&c), before + 1, "the watching connection was kept");
+    // ... and still delivers: the cancel reaches it.
+    c.allot(&["cancel", &id]);
+    let last = rt.block_on(async {
+        loop {
+            let w = stream
+                .message()
+                .await
+                .expect("the stream is open")
+                .expect("until the end");
+            if w.end_unix != 0 {
+                break w;
+            }
+        }
+    });
+    assert_eq!(last.state, pb::WorkloadState::Cancelled as i32, "{last:?}");
+    // Once the stream is over, pings keep it no longer: closed idle_timeout later.
+    let t1 = Instant::now();
+    wait_metric(&c, "allotd_connections_idle_closed_total", before + 2, LONG);
+    let after = t1.elapsed();
+    eprintln!(
+        "after its stream ended, a pinging connection closed in {after:?} (idle_timeout 10 s)"
+    );
+    assert!(after >= Duration::from_secs(9), "closed early: {after:?}");
+}
+
+#[test]
+fn a_burst_of_reset_streams_ends_its_connection() {
+    use tokio_rustls::rustls;
+    let c = Cluster::start("limits-reset", TWO_PROJECTS, 0, 1);
+    let rt = runtime();
+    let ended = rt.block_on(async {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from_pem_file(c.ca()).expect("CA"))
+            .expect("root");
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        let tcp = tokio::net::TcpStream::connect(&c.addr)
+            .await
+            .expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+            .connect(name, tcp)
+            .await
+            .expect("TLS");
+        let (mut send, conn) = h2::client::handshake(tls).await.expect("h2");
+        let conn = tokio::spawn(conn);
+        // Each stream opened and reset at once, before allotd serves it.
+        let mut sent = 0;
+        for _ in 0..10_000 {
+            let req = http::Request::post(format!("https://{}/allot.v1.Workloads/List", c.addr))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .expect("request");
+            let Ok(ready) = send.ready().await else { break };
+            send = ready;
+            let Ok((_resp, mut body)) = send.send_request(req, false) else {
+                break;
+            };
+            body.send_reset(h2::Reason::CANCEL);
+            sent += 1;
+        }
+        let end = tokio::time::timeout(LONG, conn)
+            .await
+            .expect("the connection ends")
+            .expect("its task");
+        (sent, end)
+    });
+    let (sent, ended) = ended;
+    assert!(sent < 10_000, "every reset was taken");
+    let e = ended.expect_err("ended by allotd");
+    // allotd says GOAWAY(ENHANCE_YOUR_CALM) and closes; a client still writing may see
+    // the closed socket first.
+    assert!(
+        e.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM) || e.is_io(),
+        "{e:?}"
+    );
+    eprintln!("a client resetting every stream was cut off after {sent} streams: {e}");
+    // Others are served as before.
+    rt.block_on(time_list(&c, None));
 }

@@ -243,6 +243,7 @@ fn table_9() -> Vec<(&'static str, [Want; 9])> {
         ("Admin.RevokeToken", admin_only),
         ("Admin.EnrollNode", admin_only),
         ("Admin.RevokeNode", admin_only),
+        ("Admin.RemoveNode", admin_only),
         ("Admin.ListNodeCredentials", admin_only),
     ]
 }
@@ -476,6 +477,14 @@ impl World {
                 assert!(self.c.allotd(&["nodes", "enroll", &name]).status.success());
                 admin
                     .revoke_node(pb::RevokeNodeRequest { node: name })
+                    .await
+                    .map(drop)
+            }
+            "Admin.RemoveNode" => {
+                let name = format!("retired-{}", next());
+                assert!(self.c.allotd(&["nodes", "enroll", &name]).status.success());
+                admin
+                    .remove_node(pb::RemoveNodeRequest { node: name })
                     .await
                     .map(drop)
             }

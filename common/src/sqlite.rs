@@ -282,6 +282,7 @@ pub fn open(
         Shape::Damaged(d) => return Err(refuse(d)),
         Shape::Present => {}
     }
+    owner_only(&path);
     let damaged = |e: &rusqlite::Error| {
         matches!(
             e.sqlite_error_code(),
@@ -561,6 +562,17 @@ fn create(dir: &Path, file: &str, path: &Path, migrations: &[&str]) -> Result<()
             _ => {}
         }
     }
+    // Made 0600 before SQLite writes a byte (its journal and WAL files take the
+    // database's mode): it holds what users submitted, environments included.
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| StoreError::new(&tmp, "creating", e))?;
+    }
     let mut conn = Connection::open(&tmp).map_err(|e| StoreError::new(&tmp, "creating", e))?;
     conn.execute_batch("PRAGMA synchronous=FULL;")
         .map_err(|e| StoreError::new(&tmp, "creating", e))?;
@@ -573,6 +585,25 @@ fn create(dir: &Path, file: &str, path: &Path, migrations: &[&str]) -> Result<()
         .map_err(|e| StoreError::new(&tmp, "syncing", e))?;
     std::fs::rename(&tmp, path).map_err(|e| StoreError::new(path, "moving into place", e))?;
     sync_dir(path).map_err(|e| StoreError::new(dir, "syncing the state dir", e))
+}
+
+/// Takes group and other bits off a database and its WAL files (one made by an
+/// earlier release, or copied in with a looser mode); best effort, as a file of
+/// another owner cannot be changed and is read as it is.
+fn owner_only(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let mut shm = path.as_os_str().to_owned();
+    shm.push("-shm");
+    for p in [path.as_os_str(), &wal, &shm] {
+        if let Ok(m) = std::fs::metadata(p) {
+            let mode = m.permissions().mode();
+            if mode & 0o077 != 0 {
+                let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode & 0o700));
+            }
+        }
+    }
 }
 
 /// Runs `migrations[from..]`, one transaction each, setting `user_version`.

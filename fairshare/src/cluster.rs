@@ -86,6 +86,9 @@ pub struct Node {
     /// The node refused a start of this many GPUs: work of this size or larger is not
     /// offered there until its state changes (`u32::MAX`: none refused).
     pub refused_from: u32,
+    /// Taken out of the cluster by an operator: down for good, counted nowhere, its
+    /// name free for a node that joins later. Its id stays so that ids never move.
+    pub removed: bool,
 }
 
 impl Node {
@@ -197,6 +200,9 @@ pub enum ClusterError {
     /// Two nodes with one name.
     #[error("node {0:?} is defined twice; host names must be unique")]
     Duplicate(String),
+    /// A node still holding or promised GPUs cannot leave the cluster.
+    #[error("node {0:?} still holds leases or claims; drain it and wait for its work to end (or for it to be declared lost) before removing it")]
+    Busy(String),
 }
 
 /// All nodes, with the indexes placement uses.
@@ -301,12 +307,52 @@ impl Cluster {
             claimed_mem: 0,
             mem_used: 0,
             refused_from: u32::MAX,
+            removed: false,
         });
         let i = self.nodes.len() - 1;
         self.changes += 1;
         self.stamps.push(self.changes);
         self.index(i);
         Ok(NodeId(i as u32))
+    }
+
+    /// Takes a node out for good: it stops counting in totals and kinds, is never
+    /// placed on, and its name may join again as a new node. Refused while it holds
+    /// leases or claims.
+    pub fn remove(&mut self, id: NodeId) -> Result<(), ClusterError> {
+        let n = &self.nodes[id.idx()];
+        if n.removed {
+            return Ok(());
+        }
+        if n.used != 0 || n.claimed != 0 || n.cpu_used != 0 || n.mem_used != 0 {
+            return Err(ClusterError::Busy(n.spec.name.clone()));
+        }
+        let kind = NodeKind {
+            cluster: n.cluster,
+            gpus: n.spec.gpus,
+            cpu: n.spec.cpu,
+            memory_gb: n.spec.memory_gb,
+        };
+        let (gpus, cpu, mem) = (n.spec.gpus, n.spec.cpu, n.spec.memory_gb);
+        let name = n.spec.name.clone();
+        self.total_gpus -= u64::from(gpus);
+        self.total_cpu -= u64::from(cpu);
+        self.total_mem -= u64::from(mem);
+        if let Some(k) = self.kinds.get_mut(&kind) {
+            *k -= 1;
+            if *k == 0 {
+                self.kinds.remove(&kind);
+            }
+        }
+        if self.by_name.get(&name) == Some(&id.0) {
+            self.by_name.remove(&name);
+        }
+        self.update(id, |n| {
+            n.removed = true;
+            n.state = NodeState::Down;
+            n.healthy = 0;
+        });
+        Ok(())
     }
 
     fn index(&mut self, i: usize) {

@@ -1267,3 +1267,46 @@ fn a_lost_nodes_lease_that_comes_back_is_held_until_it_is_gone() {
     let d = s.schedule(30);
     assert_eq!(starts(&d)[0].0, w);
 }
+
+#[test]
+fn a_removed_node_counts_nowhere_and_its_name_may_join_again() {
+    let mut s = sched(two_teams(), nodes("c", 2, 8));
+    let w = s.submit(0, job("x", 8, HOUR)).unwrap();
+    s.schedule(0);
+    let busy = s.lease(lease_of(&s, w)).unwrap().placement[0].node;
+    let idle = NodeId(1 - busy.0);
+    // A node with a lease on it stays.
+    let e = s.remove_node(1, busy).unwrap_err();
+    assert!(e.to_string().contains("still holds leases"), "{e}");
+    assert_eq!(s.cluster().total_gpus(), 16);
+    s.set_node_state(1, idle, NodeState::Down).unwrap();
+    s.remove_node(1, idle).unwrap();
+    assert_eq!(s.cluster().total_gpus(), 8, "capacity drops by its GPUs");
+    assert_eq!(s.cluster().kinds().map(|(_, n)| n).sum::<u32>(), 1);
+    let name = s.cluster().node(idle).spec.name.clone();
+    assert_eq!(s.cluster().find(&name), None);
+    // Nothing brings it back but joining again, as a new node.
+    assert!(s.set_node_state(2, idle, NodeState::Ready).is_err());
+    assert!(s.submit(2, job("y", 8, HOUR)).is_ok());
+    assert!(starts(&s.schedule(2)).is_empty(), "never placed on");
+    // A snapshot keeps the hole (ids never move) and the name free.
+    let back = Scheduler::from_facts(PolicyConfig::default(), two_teams(), &s.facts()).unwrap();
+    assert_eq!(back.cluster().total_gpus(), 8);
+    assert!(back.cluster().node(idle).removed);
+    let mut back = back;
+    let again = back
+        .add_node(
+            3,
+            allot_fairshare::NodeSpec {
+                name: name.clone(),
+                ..nodes("c", 1, 8)[0].clone()
+            },
+        )
+        .unwrap();
+    assert_ne!(again, idle);
+    assert_eq!(back.cluster().total_gpus(), 16);
+    let facts = back.facts();
+    let twice = Scheduler::from_facts(PolicyConfig::default(), two_teams(), &facts).unwrap();
+    assert_eq!(twice.cluster().find(&name), Some(again));
+    assert_eq!(twice.cluster().total_gpus(), 16);
+}

@@ -11,6 +11,7 @@ pub mod v1 {
     tonic::include_proto!("allot.v1");
 }
 
+pub mod codec;
 pub mod uds;
 
 impl v1::LeaseEnd {

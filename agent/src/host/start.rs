@@ -455,7 +455,7 @@ impl Host {
         };
         let (reaper, proc_id) = match adopt {
             Some(p) => {
-                let _ = self.os.create_dir_all(&dir.join("checkpoint"), owner);
+                let _ = self.os.create_private_dir(&dir.join("checkpoint"), owner);
                 (None, p)
             }
             None => {

@@ -398,7 +398,7 @@ impl Os for FakeOs {
         self.record(Call::Euid).euid
     }
 
-    fn create_dir_all(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    fn create_private_dir(&self, path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
         drop(self.record(Call::CreateDir(path.to_path_buf(), owner)));
         Ok(())
     }

@@ -41,6 +41,12 @@ impl Who {
         }
     }
 
+    /// Whose share of a shared limit a request takes: a user's, however proven
+    /// (by token or vouched by any host), else the caller as the audit names it.
+    pub fn owner(&self) -> String {
+        self.user().map_or_else(|| self.name(), str::to_string)
+    }
+
     /// How the audit log names it.
     pub fn name(&self) -> String {
         match self {
@@ -401,6 +407,7 @@ impl Allocator {
                 let n = c.nodes.entry(node.clone()).or_default();
                 n.offer = Some((hash.clone(), *expires));
                 n.revoked = false;
+                n.removed = false;
                 n.by = by.clone();
                 a.audit(0, 0, format!("node {node} offered enrollment by {by}"));
             }

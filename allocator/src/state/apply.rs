@@ -96,6 +96,7 @@ impl Allocator {
                     .ok_or_else(|| CoreError::Config(format!("no node {node:?}")))?;
                 self.core.node_changed(id);
             }
+            Input::NodeRemoved { node, by } => self.remove_node(at, node, by, &mut a)?,
             Input::GpuHealth { node, gpu, healthy } => {
                 let id = self
                     .nodes

@@ -39,6 +39,9 @@ pub struct NodeCred {
     pub certs: Vec<(String, Time)>,
     /// Revoked: refused from now on, whatever certificate it shows.
     pub revoked: bool,
+    /// Removed from the cluster (and revoked) until enrolled again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
     /// Who enrolled or revoked it last.
     pub by: String,
 }

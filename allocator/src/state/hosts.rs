@@ -59,6 +59,47 @@ impl Allocator {
         Ok(())
     }
 
+    /// An admin removes a host for good: out of the core (its GPUs stop counting
+    /// in capacity), out of the node table, and its credential revoked so that only
+    /// a new enrollment brings it back, as a new node. Refused while work is there.
+    pub(super) fn remove_node(
+        &mut self,
+        at: Time,
+        node: &str,
+        by: &str,
+        a: &mut Applied,
+    ) -> Result<(), CoreError> {
+        if !self.nodes.contains_key(node) && !self.creds.nodes.contains_key(node) {
+            return Err(no_node(node));
+        }
+        // Enrolled but never registered: only its credential goes.
+        let gpus = match self.nodes.get(node) {
+            Some(n) => {
+                let gpus = n.spec.gpus;
+                self.core.remove_node(at, n.id)?;
+                self.nodes.remove(node);
+                gpus
+            }
+            None => 0,
+        };
+        if let Some(c) = self.creds.nodes.get_mut(node) {
+            c.revoked = true;
+            c.removed = true;
+            c.offer = None;
+            c.certs.clear();
+            c.by = by.to_string();
+        }
+        a.audit(
+            0,
+            0,
+            format!(
+                "node {node} removed by {by}: its {gpus} GPUs no longer count; capacity is {} GPUs",
+                self.core.cluster().total_gpus()
+            ),
+        );
+        Ok(())
+    }
+
     /// A drain of one author kind put in force or (with `Ready`) lifted; returns
     /// whether anything changed (lifting what is not there is no change).
     #[allow(clippy::too_many_arguments)]

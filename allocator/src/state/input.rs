@@ -205,6 +205,15 @@ pub enum Input {
         #[serde(default)]
         by: String,
     },
+    /// An admin took a node out of the cluster for good: it counts in no capacity,
+    /// takes no work and is refused until enrolled again (then it joins as new).
+    NodeRemoved {
+        /// The node.
+        node: String,
+        /// The admin.
+        #[serde(default)]
+        by: String,
+    },
     /// A scheduling pass. Journals since 0.5 keep what it decided instead
     /// ([`Input::Decided`]); older ones hold this and replay runs the pass.
     Schedule,

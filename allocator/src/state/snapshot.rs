@@ -117,15 +117,22 @@ impl Allocator {
             nodes: self
                 .names
                 .iter()
-                .filter_map(|name| self.nodes.get(name))
-                .map(|n| NodeFacts {
-                    name: n.spec.name.clone(),
-                    gpu_uuids: n.gpu_uuids.clone(),
-                    drains: n.drains.clone(),
-                    held: n.held.clone(),
-                    verdict: n.verdict,
-                    seen: n.seen.clone(),
-                    addr: n.addr.clone(),
+                .enumerate()
+                .map(|(i, name)| match self.nodes.get(name) {
+                    Some(n) if n.id.idx() == i => NodeFacts {
+                        name: n.spec.name.clone(),
+                        gpu_uuids: n.gpu_uuids.clone(),
+                        drains: n.drains.clone(),
+                        held: n.held.clone(),
+                        verdict: n.verdict,
+                        seen: n.seen.clone(),
+                        addr: n.addr.clone(),
+                    },
+                    // A removed node keeps its place (ids never move) and nothing else.
+                    _ => NodeFacts {
+                        name: name.clone(),
+                        ..NodeFacts::default()
+                    },
                 })
                 .collect(),
             work: self.work.values().cloned().collect(),
@@ -162,6 +169,9 @@ impl Allocator {
                 });
             }
             a.names.push(n.spec.name.clone());
+            if n.removed {
+                continue;
+            }
             a.nodes.insert(
                 n.spec.name.clone(),
                 NodeRec {

@@ -1291,3 +1291,65 @@ fn a_part_that_completes_waits_for_the_others() {
     .expect("ends");
     assert_eq!(old.workloads()[&1].state, WorkloadState::Completed);
 }
+
+#[test]
+fn a_removed_node_counts_nowhere_survives_a_snapshot_and_joins_again_as_new() {
+    let mut a = allocator(0);
+    for i in 0..3 {
+        a.apply(0, &registration(i, Vec::new(), Vec::new()))
+            .expect("joins");
+    }
+    a.apply(1, &batch("demo-a")).expect("submit");
+    a.apply(2, &Input::Schedule).expect("pass");
+    let busy = a
+        .nodes()
+        .keys()
+        .find(|n| !a.leases_on(n).is_empty())
+        .cloned()
+        .expect("work runs somewhere");
+    let idle = a
+        .nodes()
+        .keys()
+        .find(|n| **n != busy)
+        .cloned()
+        .expect("an idle node");
+    let remove = |node: &str| Input::NodeRemoved {
+        node: node.into(),
+        by: "root".into(),
+    };
+    // Work there: refused, naming what to do.
+    let e = a.apply(3, &remove(&busy)).unwrap_err().to_string();
+    assert!(e.contains("drain it"), "{e}");
+    assert_eq!(a.core.cluster().total_gpus(), 6);
+    let ap = a.apply(3, &remove(&idle)).expect("removed");
+    assert_eq!(a.core.cluster().total_gpus(), 4, "capacity drops");
+    assert!(!a.nodes().contains_key(&idle));
+    assert!(
+        ap.outs
+            .iter()
+            .any(|o| matches!(o, Out::Audit { text, .. } if text.contains("removed by root"))),
+        "audited"
+    );
+    // Through a snapshot: the hole stays, the capacity too, the work runs on.
+    let cfg = ServerConfig::parse(EXAMPLE, "example").expect("example");
+    let text = serde_json::to_string(&a.snapshot()).expect("encodes");
+    let snap: Snapshot = serde_json::from_str(&text).expect("decodes");
+    let mut back = Allocator::restore(&cfg, &snap, 10).expect("restores");
+    assert_eq!(back.core.cluster().total_gpus(), 4);
+    assert_eq!(back.leases_on(&busy), a.leases_on(&busy));
+    assert!(!back.nodes().contains_key(&idle));
+    // Its name joins again as a new node, with a new id.
+    back.apply(
+        11,
+        &registration(idle[1..].parse().expect("n<i>"), Vec::new(), Vec::new()),
+    )
+    .expect("joins again");
+    assert_eq!(back.core.cluster().total_gpus(), 6);
+    let again = back.nodes()[&idle].id;
+    assert_eq!(again.idx(), 3, "ids never move");
+    let text = serde_json::to_string(&back.snapshot()).expect("encodes");
+    let snap: Snapshot = serde_json::from_str(&text).expect("decodes");
+    let twice = Allocator::restore(&cfg, &snap, 12).expect("restores");
+    assert_eq!(twice.nodes()[&idle].id, again);
+    assert_eq!(twice.core.cluster().total_gpus(), 6);
+}

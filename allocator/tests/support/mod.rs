@@ -55,6 +55,21 @@ impl Cluster {
         c
     }
 
+    /// allotd alone, no agents, listening on `ip` (`[::]`: every address of both
+    /// families) at a free port; `addr` stays its IPv4 loopback address.
+    pub fn start_listening_on(tag: &str, ip: &str, server: &str, groups: &str) -> Cluster {
+        let mut c = Self::prepare(tag, server, groups);
+        let port = c.addr.rsplit(':').next().expect("a port").to_string();
+        let cfg = std::fs::read_to_string(&c.config).expect("config");
+        let cfg = cfg.replace(
+            &format!("listen = {:?}", c.addr),
+            &format!("listen = \"{ip}:{port}\""),
+        );
+        std::fs::write(&c.config, cfg).expect("config");
+        c.start_server();
+        c
+    }
+
     /// allotd alone on a copy of an `allotd.db` (an earlier release's fixture), no
     /// agents.
     pub fn from_state(tag: &str, groups: &str, db: &Path) -> Cluster {

@@ -358,3 +358,26 @@ fn a_bad_schema_fails_naming_the_file() {
     assert!(!marker_path(&d, "y.db").exists());
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn the_database_and_its_wal_are_for_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).expect("there").permissions().mode() & 0o777;
+    let d = dir("modes");
+    let (conn, path) = open(&d, "x.db", &[V1], None).expect("opens");
+    conn.execute("INSERT INTO t VALUES (1, 'secret')", [])
+        .expect("insert");
+    let wal = d.join("x.db-wal");
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(
+        mode(&wal),
+        0o600,
+        "SQLite gives the WAL the database's mode"
+    );
+    drop(conn);
+    // One an earlier release made readable by all is tightened when opened.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let (_conn, path) = open(&d, "x.db", &[V1], None).expect("opens");
+    assert_eq!(mode(&path), 0o600);
+    let _ = std::fs::remove_dir_all(&d);
+}

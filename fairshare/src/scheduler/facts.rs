@@ -73,6 +73,10 @@ pub struct NodeFacts {
     pub state: NodeState,
     /// Healthy GPUs.
     pub healthy: GpuMask,
+    /// Removed by an operator: its id is kept, it counts nowhere (absent from older
+    /// snapshots: none was).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
 }
 
 /// One workload.
@@ -153,6 +157,7 @@ impl Scheduler {
                     spec: n.spec.clone(),
                     state: n.state,
                     healthy: n.healthy,
+                    removed: n.removed,
                 })
                 .collect(),
             workloads: self
@@ -227,14 +232,22 @@ impl Scheduler {
     /// are finished workloads of removed projects; a live workload of a removed
     /// project is refused, naming it.
     pub fn from_facts(cfg: PolicyConfig, tree: OrgTree, f: &Facts) -> Result<Self, CoreError> {
-        let specs = f.nodes.iter().map(|n| n.spec.clone()).collect();
-        let mut s = Scheduler::new(cfg, tree, specs)?;
+        let mut s = Scheduler::new(cfg, tree, Vec::new())?;
+        for (i, n) in f.nodes.iter().enumerate() {
+            // One at a time, so that a removed node's name may be taken by a later one.
+            let id = s.st.cluster.add(n.spec.clone())?;
+            s.st.node_leases.push(Vec::new());
+            if n.removed {
+                s.st.cluster.remove(id)?;
+            }
+            debug_assert_eq!(id.idx(), i);
+        }
         for (name, w) in &f.weights {
             if s.tree.find(name).is_some() {
                 s.set_weight(name, *w)?;
             }
         }
-        for (i, n) in f.nodes.iter().enumerate() {
+        for (i, n) in f.nodes.iter().enumerate().filter(|(_, n)| !n.removed) {
             let (state, healthy) = (n.state, n.healthy);
             s.st.cluster.update(NodeId(i as u32), |x| {
                 x.state = state;

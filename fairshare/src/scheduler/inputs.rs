@@ -278,6 +278,27 @@ impl Scheduler {
         Ok(id)
     }
 
+    /// Takes a node out of the cluster for good (an operator retired it): it stops
+    /// counting in capacity, so in every entitlement, and its name may join again as a
+    /// new node. Refused while any lease, part of an ended lease or claim is there.
+    pub fn remove_node(&mut self, now: Time, node: NodeId) -> Result<(), CoreError> {
+        self.clock(now);
+        if node.idx() >= self.st.cluster.len() {
+            return Err(CoreError::UnknownNode(node.0));
+        }
+        let name = || self.st.cluster.node(node).spec.name.clone();
+        let leaving = self
+            .st
+            .leaving
+            .values()
+            .any(|l| l.parts.iter().any(|p| p.node == node));
+        if !self.st.node_leases[node.idx()].is_empty() || leaving {
+            return Err(ClusterError::Busy(name()).into());
+        }
+        self.st.cluster.remove(node)?;
+        Ok(())
+    }
+
     /// Changes a group's weight among its siblings (a manager's act).
     pub fn set_weight(&mut self, group: &str, weight: f64) -> Result<(), CoreError> {
         let g = self
@@ -299,7 +320,7 @@ impl Scheduler {
         state: NodeState,
     ) -> Result<(), CoreError> {
         let now = self.clock(now);
-        if node.idx() >= self.st.cluster.len() {
+        if node.idx() >= self.st.cluster.len() || self.st.cluster.node(node).removed {
             return Err(CoreError::UnknownNode(node.0));
         }
         self.st.cluster.update(node, |n| {
@@ -371,7 +392,10 @@ impl Scheduler {
         gpu: u32,
         healthy: bool,
     ) -> Result<(), CoreError> {
-        if node.idx() >= self.st.cluster.len() || gpu >= self.st.cluster.node(node).spec.gpus {
+        if node.idx() >= self.st.cluster.len()
+            || gpu >= self.st.cluster.node(node).spec.gpus
+            || self.st.cluster.node(node).removed
+        {
             return Err(CoreError::UnknownNode(node.0));
         }
         let bit = 1u64 << gpu;
