@@ -480,7 +480,10 @@ impl AgentLocal for LocalApi {
         Ok(Response::new(g))
     }
 
-    async fn read_log(&self, req: Request<pb::ReadLog>) -> Result<Response<pb::LogChunk>, Status> {
+    async fn read_log(
+        &self,
+        req: Request<pb::ReadLogRequest>,
+    ) -> Result<Response<pb::LogChunk>, Status> {
         let c = caller(&req)?;
         let r = req.get_ref().clone();
         check_len("lease_id", &r.lease_id, MAX_NAME).map_err(invalid)?;

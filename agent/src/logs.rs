@@ -143,7 +143,7 @@ pub fn read_source(
 }
 
 /// The answer to allotd's `ReadLog`: only leases allotd placed are read for it.
-pub fn answer(sh: &Shared, r: &pb::ReadLog) -> pb::LogChunk {
+pub fn answer(sh: &Shared, r: &pb::ReadLogRequest) -> pb::LogChunk {
     let stream = stream_of(r.stream);
     let src = if crate::uplink::from_allocator_id(&r.lease_id) {
         sh.host()

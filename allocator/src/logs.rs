@@ -239,7 +239,7 @@ async fn read_run(
         }
         let (rid, answer) = server.logs.ask(node, session);
         let sent = out.send(Ok(pb::AllocatorMessage {
-            body: Some(pb::allocator_message::Body::ReadLog(pb::ReadLog {
+            body: Some(pb::allocator_message::Body::ReadLog(pb::ReadLogRequest {
                 request_id: rid,
                 lease_id: lease_id.clone(),
                 stream: want.stream as i32,

@@ -996,7 +996,7 @@ enum Case {
     Undrain,
     Events(pb::EventsRequest),
     ClearGpu(pb::ClearGpuRequest),
-    ReadLog(pb::ReadLog),
+    ReadLog(pb::ReadLogRequest),
     /// Bytes that may be no message at all, to a method by its path.
     Raw(bool, &'static str, Vec<u8>),
 }
@@ -1102,7 +1102,7 @@ fn families() -> Vec<(&'static str, BoxedStrategy<Case>)> {
                 small_or(0u32..(2 << 20), u32s()),
             )
                 .prop_map(|(request_id, lease_id, stream, offset, max_bytes)| {
-                    Case::ReadLog(pb::ReadLog {
+                    Case::ReadLog(pb::ReadLogRequest {
                         request_id,
                         lease_id,
                         stream,

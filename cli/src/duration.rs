@@ -10,6 +10,84 @@ pub fn parse(s: &str) -> Result<u64, String> {
     allot_fairshare::time::parse_duration(s).map_err(|e| e.to_string())
 }
 
+/// Clap value parser for a job's runtime (`--min-runtime`, `--time-limit`), in the
+/// forms Slurm users type as well as allot's: `8h`, `1h30m`, `1.5h`, `90min`,
+/// `2days`; Slurm's `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`. A bare
+/// number other than 0 is refused: Slurm reads `-t 10` as minutes, allot's other
+/// flags as seconds, so it says which is meant.
+pub fn parse_job(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let hint = "write it with a unit (90s, 10m, 1.5h, 2d) or as Slurm does (MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS)";
+    if t == "0" {
+        return Ok(0);
+    }
+    if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit()) {
+        return Err(format!(
+            "{t:?} has no unit: Slurm reads a bare number as minutes, allot as seconds; write {t}m or {t}s ({hint})"
+        ));
+    }
+    if t.contains(':') || t.contains('-') {
+        return slurm_clock(t).ok_or_else(|| format!("{s:?} is not a duration; {hint}"));
+    }
+    with_units(t).ok_or_else(|| format!("{s:?} is not a duration; {hint}"))
+}
+
+/// Slurm's clock forms: `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`.
+fn slurm_clock(t: &str) -> Option<u64> {
+    let num = |p: &str| -> Option<u64> {
+        (!p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+            .then(|| p.parse().ok())
+            .flatten()
+    };
+    let (days, clock) = match t.split_once('-') {
+        Some((d, rest)) => (num(d)?, rest),
+        None => (0, t),
+    };
+    let parts: Vec<u64> = clock.split(':').map(num).collect::<Option<_>>()?;
+    let (h, m, sec) = match (t.contains('-'), parts.as_slice()) {
+        (true, [h]) => (*h, 0, 0),
+        (true, [h, m]) => (*h, *m, 0),
+        (_, [h, m, sec]) => (*h, *m, *sec),
+        (false, [m, sec]) => (0, *m, *sec),
+        _ => return None,
+    };
+    days.checked_mul(86_400)?
+        .checked_add(h.checked_mul(3_600)?)?
+        .checked_add(m.checked_mul(60)?)?
+        .checked_add(sec)
+}
+
+/// Numbers with units, decimals allowed: `1.5h`, `90min`, `1h30m`, `2 days`.
+fn with_units(t: &str) -> Option<u64> {
+    let mut total = 0f64;
+    let mut rest = t.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let n_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let n: f64 = rest[..n_end].parse().ok()?;
+        rest = rest[n_end..].trim_start();
+        let u_end = rest
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(rest.len());
+        let unit = match rest[..u_end].to_ascii_lowercase().as_str() {
+            "s" | "sec" | "secs" | "second" | "seconds" => 1.0,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60.0,
+            "h" | "hr" | "hrs" | "hour" | "hours" => 3_600.0,
+            "d" | "day" | "days" => 86_400.0,
+            "w" | "week" | "weeks" => 604_800.0,
+            _ => return None,
+        };
+        total += n * unit;
+        rest = rest[u_end..].trim_start();
+    }
+    // Whole seconds; beyond 2^53 s (285 million years) nothing is meant.
+    (total.is_finite() && total < 9.0e15).then(|| total.round() as u64)
+}
+
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> i64 {
     // A clock before 1970 is a broken host; showing ages from 0 is the least harm.
@@ -92,6 +170,52 @@ mod tests {
         for bad in ["", "10x", "m", "-5m", "1.5h", "ten minutes"] {
             let e = parse(bad).expect_err(bad);
             assert!(e.contains("90s, 10m"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn job_runtimes_take_slurms_forms_and_decimal_units() {
+        for (text, secs) in [
+            ("0", 0),
+            ("8h", 28_800),
+            ("1h30m", 5_400),
+            ("1.5h", 5_400),
+            ("90min", 5_400),
+            ("2days", 172_800),
+            ("45 sec", 45),
+            ("0.5d", 43_200),
+            // Slurm: minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]]
+            ("10:30", 630),
+            ("01:00:00", 3_600),
+            ("2-00:00:00", 172_800),
+            ("1-12", 129_600),
+            ("1-12:30", 131_400),
+            ("0-00:00:05", 5),
+        ] {
+            assert_eq!(parse_job(text), Ok(secs), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_bare_number_says_which_unit_is_meant() {
+        let e = parse_job("10").expect_err("ambiguous");
+        assert!(
+            e.contains("Slurm reads a bare number as minutes") && e.contains("10m or 10s"),
+            "{e}"
+        );
+        for bad in [
+            "",
+            "1:2:3:4",
+            "1-",
+            "-5",
+            "1.5x",
+            "h",
+            "1..5h",
+            "1-2:3:4:5",
+            "ten",
+        ] {
+            let e = parse_job(bad).expect_err(bad);
+            assert!(e.contains("HH:MM:SS"), "{bad}: {e}");
         }
     }
 

@@ -18,7 +18,7 @@ use allot_proto::uds;
 use allot_proto::v1::agent_local_client::AgentLocalClient;
 use allot_proto::v1::{
     ClearGpuRequest, DrainRequest, EventsRequest, ListGpusRequest, ListLeasesRequest, LogStream,
-    ReadLog, RevokeLeaseRequest, StartLeaseRequest, UndrainRequest,
+    ReadLogRequest, RevokeLeaseRequest, StartLeaseRequest, UndrainRequest,
 };
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -158,11 +158,11 @@ pub struct StartArgs {
     /// How many GPUs.
     #[arg(long, value_name = "N")]
     gpus: u32,
-    /// Protected runtime: no revocation before it lapses, short of `--now`.
-    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = duration::parse)]
+    /// Protected runtime: no revocation before it lapses, short of `--now`. 8h, 1.5h, 90min, or as Slurm: HH:MM:SS, D-HH:MM:SS.
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = duration::parse_job)]
     min_runtime: u64,
-    /// Hard limit: revoked when it is reached.
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    /// Hard limit: revoked when it is reached. 8h, 1.5h, 90min, or as Slurm: HH:MM:SS, D-HH:MM:SS.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_job)]
     time_limit: Option<u64>,
     /// How to ask for a checkpoint: signal:USR1, exec:CMD or http:URL.
     #[arg(long, value_name = "HOOK", value_parser = parse_hook)]
@@ -281,7 +281,7 @@ async fn lease_logs(socket: &Path, a: LeaseLogsArgs) -> Result<(), Failure> {
     let mut offset = 0u64;
     loop {
         let chunk = c
-            .read_log(ReadLog {
+            .read_log(ReadLogRequest {
                 request_id: 0,
                 lease_id: a.id.clone(),
                 stream: if a.stderr {

@@ -60,11 +60,11 @@ pub struct SubmitArgs {
     /// Memory on each node, with a unit: 64G, 512M (rounded up to whole GB), 1T [absent: allotd's default].
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_gb)]
     memory: Option<u32>,
-    /// Protected runtime: not preempted before it lapses (0: preemptible at any time).
-    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = duration::parse)]
+    /// Protected runtime: not preempted before it lapses (0: preemptible at any time). 8h, 1.5h, 90min, or as Slurm: HH:MM:SS, D-HH:MM:SS.
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = duration::parse_job)]
     min_runtime: u64,
-    /// Hard limit: ended when it is reached.
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    /// Hard limit: ended when it is reached. 8h, 1.5h, 90min, or as Slurm: HH:MM:SS, D-HH:MM:SS.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_job)]
     time_limit: Option<u64>,
     /// It can resume from a checkpoint, so preempting it loses little.
     #[arg(long)]

@@ -8,7 +8,7 @@ use allot_proto::v1::agent_local_server::{AgentLocal, AgentLocalServer};
 use allot_proto::v1::{
     ClearGpuRequest, DrainInfo, DrainRequest, DrainResponse, Event, EventsRequest, EventsResponse,
     Gpu, GpuState, HealthReason, HostVerdict, Lease, LeaseState, ListGpusRequest, ListGpusResponse,
-    ListLeasesRequest, ListLeasesResponse, LogChunk, ReadLog, RevokeLeaseRequest,
+    ListLeasesRequest, ListLeasesResponse, LogChunk, ReadLogRequest, RevokeLeaseRequest,
     StartLeaseRequest, UndrainRequest,
 };
 use std::io::Read;
@@ -403,7 +403,7 @@ impl AgentLocal for Fake {
 
     /// L-1's stdout is "hello\nworld\n", given 6 bytes at a time; it lives until
     /// the second read. Anything else is not here.
-    async fn read_log(&self, r: Request<ReadLog>) -> Result<Response<LogChunk>, Status> {
+    async fn read_log(&self, r: Request<ReadLogRequest>) -> Result<Response<LogChunk>, Status> {
         let r = r.into_inner();
         self.seen.lock().expect("lock").push(format!(
             "read {} at {} stream {}",
