@@ -191,6 +191,7 @@ pub fn lease_pb(l: &LeaseRecord) -> pb::Lease {
         adopted: l.adopted,
         cgroup: l.cgroup.clone(),
         end_detail: l.end_detail.clone(),
+        term_signal: l.signal,
     }
 }
 

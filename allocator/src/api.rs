@@ -95,6 +95,24 @@ pub fn workload_pb(w: &WorkRec, explanation: String) -> pb::Workload {
         funded: w.funded,
         end_reason: w.end_reason.clone(),
         history: Vec::new(),
+        exit_code: w.exit_code,
+        signal: w.signal,
+        runs: w
+            .runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| pb::Run {
+                number: u32::try_from(i + 1).unwrap_or(u32::MAX),
+                lease_id: lease_wire(r.lease),
+                nodes: r.nodes.clone(),
+                gpus: r.gpus,
+                start_unix: secs(r.start),
+                end_unix: secs(r.end),
+                end_reason: r.end_reason.clone(),
+                exit_code: r.exit_code,
+                signal: r.signal,
+            })
+            .collect(),
     }
 }
 
@@ -1082,6 +1100,7 @@ impl Api {
                     reason: format!("{how} on {node}: {}", l.ended_by),
                     node: node.to_string(),
                     exit_code: l.exit_code,
+                    signal: l.term_signal,
                     part: true,
                     leaving: true,
                 }) {

@@ -429,6 +429,7 @@ impl Server {
                     reason: format!("node {node} lost"),
                     node: node.clone(),
                     exit_code: None,
+                    signal: None,
                     part: true,
                     leaving: true,
                 });

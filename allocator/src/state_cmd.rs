@@ -459,6 +459,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
                     reason: "exited 0".into(),
                     node: String::new(),
                     exit_code: None,
+                    signal: None,
                     part: false,
                     leaving: false,
                 });

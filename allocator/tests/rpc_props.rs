@@ -651,7 +651,11 @@ fn lease() -> BoxedStrategy<pb::Lease> {
                 any::<bool>(),
                 f(m, 0i32..8, enums()),
             ),
-            (d(String::new()), d(String::new())),
+            (
+                d(String::new()),
+                d(String::new()),
+                f(m, prop::option::of(1i32..32), opt(i32s())),
+            ),
         )
             .prop_map(
                 |(
@@ -682,7 +686,7 @@ fn lease() -> BoxedStrategy<pb::Lease> {
                         adopted,
                         end,
                     ),
-                    (cgroup, end_detail),
+                    (cgroup, end_detail, term_signal),
                 )| pb::Lease {
                     id,
                     workload_id,
@@ -709,6 +713,7 @@ fn lease() -> BoxedStrategy<pb::Lease> {
                     end,
                     cgroup,
                     end_detail,
+                    term_signal,
                     // What an agent says of a lease's warning is not read back.
                     warn_signal: String::new(),
                     warn_before_s: 0,

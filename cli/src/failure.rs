@@ -14,6 +14,9 @@ pub enum Failure {
     Refused(String),
     /// Anything local (printing).
     Other(anyhow::Error),
+    /// Not a failure of allot's: the job ended with this status (`--wait`, `logs -f`,
+    /// `watch`), passed on as `srun` passes its job's.
+    JobEnded(u8),
 }
 
 impl From<allot_proto::uds::ConnectError> for Failure {
@@ -50,6 +53,7 @@ pub fn block_on(f: impl Future<Output = Result<(), Failure>>) -> ExitCode {
     };
     match rt.block_on(f) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::JobEnded(code)) => ExitCode::from(code),
         Err(f) => {
             match f {
                 Failure::Connect(m) | Failure::Refused(m) => eprintln!("error: {m}"),
@@ -59,6 +63,7 @@ pub fn block_on(f: impl Future<Output = Result<(), Failure>>) -> ExitCode {
                 }
                 Failure::Status(s) => eprintln!("error: {}", s.message()),
                 Failure::Other(e) => eprintln!("error: {e:#}"),
+                Failure::JobEnded(_) => {}
             }
             ExitCode::from(1)
         }

@@ -84,7 +84,7 @@ enum Command {
 const GROUPS: &[(&str, &[&str])] = &[
     (
         "Workloads (allotd, --server)",
-        &["submit", "queue", "status", "logs", "cancel"],
+        &["submit", "queue", "status", "watch", "logs", "cancel"],
     ),
     ("Fair share (allotd, --server)", &["share", "budget"]),
     ("Cluster operators (allotd, --server)", &["nodes"]),

@@ -18,8 +18,8 @@ use allot_proto::v1::org_client::OrgClient;
 use allot_proto::v1::workloads_client::WorkloadsClient;
 use allot_proto::v1::{
     CancelRequest, GetRequest, GetTreeRequest, GetTreeResponse, ListNodesRequest, ListRequest,
-    LogStream, LogsRequest, NodeDrainRequest, SetWeightRequest, SubmitRequest, Workload,
-    WorkloadSpec, WorkloadState,
+    LogStream, LogsRequest, NodeDrainRequest, SetWeightRequest, SubmitRequest, WatchRequest,
+    Workload, WorkloadSpec, WorkloadState,
 };
 use serde_json::{json, Value};
 use std::process::ExitCode;
@@ -107,9 +107,12 @@ pub struct SubmitArgs {
     /// Stderr file name, as --output [default: the agent's].
     #[arg(long, value_name = "PATTERN")]
     error: Option<String>,
-    /// Print `{"id": ...}`.
+    /// Print `{"id": ...}` (with --wait, then the ended workload as `status --json` prints it).
     #[arg(long)]
     json: bool,
+    /// Wait for the workload to end, saying on stderr when it starts, is requeued and ends; exit with its exit status, as srun does (see `allot status`).
+    #[arg(long)]
+    wait: bool,
     /// The command to run, after `--`.
     #[arg(last = true, value_name = "CMD")]
     argv: Vec<String>,
@@ -290,6 +293,8 @@ pub enum Remote {
     Status(IdArgs),
     /// Cancel a workload.
     Cancel(IdArgs),
+    /// Follow a workload to its end: a line each time it starts, is requeued or ends; exits with its exit status.
+    Watch(IdArgs),
     /// A workload's output, from the node that ran it: the latest run's unless --run; -f follows it.
     Logs(LogsArgs),
     /// The fair-share tree: each group's share, budget, usage and served ratio.
@@ -406,7 +411,7 @@ impl Remote {
         match self {
             Remote::Submit(a) => &a.conn,
             Remote::Queue(a) => &a.conn,
-            Remote::Status(a) | Remote::Cancel(a) => &a.conn,
+            Remote::Status(a) | Remote::Cancel(a) | Remote::Watch(a) => &a.conn,
             Remote::Logs(a) => &a.conn,
             Remote::Share(a) => &a.conn,
             Remote::Budget(BudgetCommand::Set(a)) => &a.conn,
@@ -591,6 +596,56 @@ fn write_out(data: &[u8]) -> Result<(), Failure> {
     }
 }
 
+/// Follows workload `id` through `Workloads.Watch` until it ends, saying each change
+/// of state, run or place through `say`; returns it as it ended.
+async fn follow(ch: Conn, id: &str, say: impl Fn(String)) -> Result<Workload, Failure> {
+    let mut s = WorkloadsClient::new(ch.clone())
+        .watch(WatchRequest { id: id.into() })
+        .await?
+        .into_inner();
+    let mut said = String::new();
+    let mut last = None;
+    while let Some(w) = s.message().await? {
+        // A pending workload's explanation changes with the queue: said once per state.
+        let key = format!("{:?} {} {:?}", w.state(), w.runs.len(), w.nodes);
+        if key != said {
+            say(view::watch_line(&w));
+            said = key;
+        }
+        let done = view::is_final(w.state());
+        last = Some(w);
+        if done {
+            break;
+        }
+    }
+    match last.filter(|w| view::is_final(w.state())) {
+        Some(w) => Ok(w),
+        // The stream ended early (allotd restarted): ask once more.
+        None => {
+            let w = WorkloadsClient::new(ch)
+                .get(GetRequest { id: id.into() })
+                .await?
+                .into_inner();
+            if view::is_final(w.state()) {
+                say(view::watch_line(&w));
+                Ok(w)
+            } else {
+                Err(Failure::Refused(format!(
+                    "the watch of workload {id} ended before the workload did (allotd restarted?); run `allot watch {id}` again"
+                )))
+            }
+        }
+    }
+}
+
+/// How a command that waited for a workload exits: with the job's status.
+fn ended(w: &Workload) -> Result<(), Failure> {
+    match view::exit_status(w) {
+        0 => Ok(()),
+        code => Err(Failure::JobEnded(code)),
+    }
+}
+
 async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
     match cmd {
         Remote::Submit(a) => {
@@ -629,7 +684,8 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 warn_before_s: a.signal.as_ref().map_or(0, |s| s.1),
             };
             let (project, gpus, nodes) = (spec.project.clone(), spec.gpus_per_node, spec.nodes);
-            let id = WorkloadsClient::new(channel(&server).await?)
+            let ch = channel(&server).await?;
+            let id = WorkloadsClient::new(ch.clone())
                 .submit(SubmitRequest { spec: Some(spec) })
                 .await?
                 .into_inner()
@@ -642,6 +698,20 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                     view::gpu_count(gpus, nodes)
                 );
             }
+            if a.wait {
+                let w = follow(ch, &id, |l| eprintln!("{l}")).await?;
+                if a.json {
+                    println!("{}", view::workload_json(&w));
+                }
+                return ended(&w);
+            }
+        }
+        Remote::Watch(a) => {
+            let w = follow(channel(&server).await?, &a.id, |l| println!("{l}")).await?;
+            if a.json {
+                println!("{}", view::workload_json(&w));
+            }
+            return ended(&w);
         }
         Remote::Queue(a) => {
             let ch = channel(&server).await?;
@@ -701,7 +771,7 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
         Remote::Logs(a) => {
             let mut s = WorkloadsClient::new(channel(&server).await?)
                 .logs(LogsRequest {
-                    id: a.id,
+                    id: a.id.clone(),
                     follow: a.follow,
                     run: a.run.unwrap_or(0),
                     rank: a.rank,
@@ -722,6 +792,16 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 }
                 shown = c.run;
                 write_out(&c.data)?;
+            }
+            // Followed to its end: the job's own status, as `--wait` gives it.
+            if a.follow {
+                let w = WorkloadsClient::new(channel(&server).await?)
+                    .get(GetRequest { id: a.id })
+                    .await?
+                    .into_inner();
+                if view::is_final(w.state()) {
+                    return ended(&w);
+                }
             }
         }
         Remote::Share(a) => {

@@ -143,12 +143,41 @@ fn bad_durations_and_counts_are_usage_errors() {
         "--project",
         "p",
         "--min-runtime",
-        "8 hours",
+        "8 parsecs",
         "--",
         "x",
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--min-runtime"), "{err}");
+    // A bare number: Slurm reads minutes, allot's other flags seconds; said, not guessed.
+    let (code, _, err) = allot(&["submit", "--project", "p", "--time-limit", "10", "--", "x"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("write 10m or 10s"), "{err}");
+    // Slurm's forms and decimal units pass the flags (and fail only for want of allotd).
+    for t in [
+        "01:00:00",
+        "2-00:00:00",
+        "1-12",
+        "1-12:30",
+        "10:30",
+        "1.5h",
+        "90min",
+        "8 hours",
+    ] {
+        let (code, _, err) = allot(&[
+            "submit",
+            "--project",
+            "p",
+            "--server",
+            "127.0.0.1:9",
+            "--time-limit",
+            t,
+            "--",
+            "x",
+        ]);
+        assert_eq!(code, 1, "{t}: {err}");
+        assert!(err.contains("cannot reach allotd"), "{t}: {err}");
+    }
     let (code, _, err) = allot(&["submit", "--project", "p", "--nodes", "two", "--", "x"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--nodes"), "{err}");

@@ -50,6 +50,8 @@ impl Allocator {
                         error: error.clone(),
                         runs: Vec::new(),
                         warn: warn.clone(),
+                        exit_code: None,
+                        signal: None,
                     },
                 );
                 a.id = Some(id.0);
@@ -67,6 +69,7 @@ impl Allocator {
                 reason,
                 node,
                 exit_code,
+                signal,
                 part,
                 leaving,
             } => self.lease_ended(
@@ -75,7 +78,7 @@ impl Allocator {
                 *end,
                 reason,
                 node,
-                *exit_code,
+                (*exit_code, *signal),
                 (*part, *leaving),
                 &mut a,
             )?,
@@ -268,6 +271,10 @@ impl Allocator {
                     lease: lease.0,
                     nodes: hosts.iter().map(|(n, _)| n.clone()).collect(),
                     master_port: port.unwrap_or(0),
+                    start: at,
+                    gpus: u32::try_from(hosts.iter().map(|(_, g)| g.len()).sum::<usize>())
+                        .unwrap_or(u32::MAX),
+                    ..RunRec::default()
                 });
                 let w = w.clone();
                 self.lease_hosts.insert(lease.0, hosts.clone());
@@ -369,7 +376,7 @@ impl Allocator {
         end: LeaseEnd,
         reason: &str,
         node: &str,
-        exit_code: Option<i32>,
+        (exit_code, signal): (Option<i32>, Option<i32>),
         (part, leaving): (bool, bool),
         a: &mut Applied,
     ) -> Result<(), CoreError> {
@@ -427,6 +434,16 @@ impl Allocator {
             };
         }
         self.release_port(wid, lease);
+        if let Some(w) = self.work.get_mut(&wid) {
+            if let Some(r) = w.runs.iter_mut().rev().find(|r| r.lease == lease) {
+                r.end = at;
+                r.end_reason = how.to_string();
+                r.exit_code = exit_code;
+                r.signal = signal;
+            }
+            w.exit_code = exit_code;
+            w.signal = signal;
+        }
         // The other hosts of a gang stop too, told which part ended and how.
         let why = if node.is_empty() {
             format!("another part of the gang ended: {how} ({reason})")

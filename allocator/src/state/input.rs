@@ -94,6 +94,9 @@ pub enum Input {
         /// The exit status the host saw, when it saw one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         exit_code: Option<i32>,
+        /// The signal that ended the workload's process, when one did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
         /// One part's end (the host's own report): a part that completed waits for
         /// the others of its gang, which go on. False in journals before it existed,
         /// where any part's end ended the whole lease, and replay keeps that.

@@ -170,6 +170,12 @@ pub struct WorkRec {
     /// The warning it asked for before its time limit; none unless asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warn: Option<TimeWarning>,
+    /// The last run's exit status, when its process exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that ended the last run's process, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
 }
 
 /// One run of a workload: a lease, where its parts ran and what they were told.
@@ -181,6 +187,24 @@ pub struct RunRec {
     pub nodes: Vec<String>,
     /// The rendezvous port on rank 0's host (`MASTER_PORT`); 0 when none was free.
     pub master_port: u16,
+    /// Started (0 in records before it was kept).
+    #[serde(default)]
+    pub start: Time,
+    /// Ended (0 while it runs).
+    #[serde(default)]
+    pub end: Time,
+    /// GPUs in all.
+    #[serde(default)]
+    pub gpus: u32,
+    /// How it ended (`exited`, `preempted`, `node-lost`, ...); empty while it runs.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub end_reason: String,
+    /// Its process's exit status, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that ended its process, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
 }
 
 /// Counters for `/metrics` (kept in snapshots, rebuilt by replay like everything else).

@@ -133,6 +133,7 @@ fn replaying_the_inputs_rebuilds_the_same_state() {
             reason: "done".into(),
             node: String::new(),
             exit_code: None,
+            signal: None,
             part: false,
             leaving: false,
         },
@@ -473,6 +474,7 @@ fn registration_reconciles_the_leases_both_sides_hold() {
             reason: "done".into(),
             node: "n0".into(),
             exit_code: None,
+            signal: None,
             part: false,
             leaving: false,
         },
@@ -736,6 +738,7 @@ fn busy_day() -> Vec<(Time, Input)> {
             reason: "done".into(),
             node: String::new(),
             exit_code: None,
+            signal: None,
             part: false,
             leaving: false,
         },
@@ -1083,7 +1086,10 @@ fn a_gang_starts_in_one_pass_every_part_knowing_the_whole() {
         vec![RunRec {
             lease: s0.lease,
             nodes: s0.nodes.clone(),
-            master_port: s0.master_port
+            master_port: s0.master_port,
+            start: 2,
+            gpus: 4,
+            ..RunRec::default()
         }]
     );
     let again = a
@@ -1166,6 +1172,7 @@ fn the_master_port_is_deterministic_and_never_one_a_live_lease_on_rank_0_s_node_
             reason: "exited".into(),
             node: node.clone(),
             exit_code: Some(0),
+            signal: None,
             part: true,
             leaving: false,
         },
@@ -1210,6 +1217,7 @@ fn when_one_part_fails_every_other_part_is_revoked_naming_it() {
                 reason: "exited on n1: exited".into(),
                 node: rank1.clone(),
                 exit_code: Some(3),
+                signal: None,
                 part: true,
                 leaving: false,
             },
@@ -1234,6 +1242,15 @@ fn when_one_part_fails_every_other_part_is_revoked_naming_it() {
         .any(|o| matches!(o, Out::Audit { text, .. } if text.contains(&why))));
     assert_eq!(a.workloads()[&1].state, WorkloadState::Failed);
     assert!(a.leases_on(&rank0).is_empty());
+    // The run keeps how it ended, and the workload its exit status.
+    let w = &a.workloads()[&1];
+    assert_eq!(w.exit_code, Some(3));
+    let r = &w.runs[0];
+    assert_eq!((r.start, r.end, r.gpus), (2, 3, 4));
+    assert_eq!(
+        (r.end_reason.as_str(), r.exit_code, r.signal),
+        ("failed", Some(3), None)
+    );
 }
 
 #[test]
@@ -1248,6 +1265,7 @@ fn a_part_that_completes_waits_for_the_others() {
         reason: "exited".into(),
         node: node.into(),
         exit_code: Some(0),
+        signal: None,
         part: true,
         leaving: false,
     };
@@ -1284,6 +1302,7 @@ fn a_part_that_completes_waits_for_the_others() {
             reason,
             node,
             exit_code,
+            signal: None,
             part: false,
             leaving: false,
         },

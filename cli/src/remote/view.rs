@@ -40,6 +40,85 @@ pub fn is_final(s: WorkloadState) -> bool {
     )
 }
 
+/// The status a command that waited for the workload exits with, as `srun` passes
+/// its job's: the job's own exit status; 128 + N when signal N ended it; and for
+/// ends with no status of the job's own: 124 timed out (as `timeout`), 130 cancelled
+/// (as an interrupt), 75 preempted or its node lost without requeue (`EX_TEMPFAIL`:
+/// try again), 1 for any other failure. 0 only for a completed job.
+pub fn exit_status(w: &Workload) -> u8 {
+    let signalled = |s: i32| u8::try_from(128 + s.clamp(1, 127)).unwrap_or(255);
+    match w.state() {
+        WorkloadState::Completed => 0,
+        WorkloadState::TimedOut => 124,
+        WorkloadState::Cancelled => 130,
+        WorkloadState::Preempted => 75,
+        _ => match (w.exit_code, w.signal) {
+            (_, Some(s)) => signalled(s),
+            // A status is 0-255 on Unix; a non-zero one never reads as success.
+            (Some(c), None) => u8::try_from(c & 0xff).ok().filter(|c| *c != 0).unwrap_or(1),
+            (None, None) if w.end_reason == "node-lost" => 75,
+            (None, None) => 1,
+        },
+    }
+}
+
+/// One line for `allot watch` and `submit --wait`: where the workload is now.
+pub fn watch_line(w: &Workload) -> String {
+    let state = w.state();
+    let run = w.runs.len();
+    let what = match state {
+        WorkloadState::Pending if run > 0 => format!(
+            "pending again after run {run} ({}): {}",
+            or_dash(&w.end_reason),
+            first_line(&w.explanation)
+        ),
+        WorkloadState::Pending => format!("pending: {}", first_line(&w.explanation)),
+        WorkloadState::Running => format!(
+            "running on {} (run {run}, lease {})",
+            list(&w.nodes, ","),
+            w.lease_ids.last().map_or("-", String::as_str)
+        ),
+        s => format!(
+            "{} ({}), exit status {}",
+            state_name(s),
+            w.runs
+                .last()
+                .map_or_else(|| or_dash(&w.end_reason), run_end),
+            exit_status(w)
+        ),
+    };
+    format!("workload {}: {what}", w.id)
+}
+
+fn first_line(s: &str) -> String {
+    or_dash(s.trim().lines().next().unwrap_or("").trim())
+}
+
+/// One run as JSON.
+fn run_json(r: &allot_proto::v1::Run) -> Value {
+    json!({
+        "run": r.number,
+        "lease_id": r.lease_id,
+        "nodes": r.nodes,
+        "gpus": r.gpus,
+        "start_unix": r.start_unix,
+        "end_unix": r.end_unix,
+        "end_reason": r.end_reason,
+        "exit_code": r.exit_code,
+        "signal": r.signal,
+    })
+}
+
+/// How one run ended, for a person: `exited 3`, `killed by signal 9`, `preempted`.
+fn run_end(r: &allot_proto::v1::Run) -> String {
+    match (r.end_unix, r.exit_code, r.signal) {
+        (0, _, _) => "running".into(),
+        (_, _, Some(s)) => format!("{} (killed by signal {s})", r.end_reason),
+        (_, Some(c), None) => format!("{} (exit {c})", r.end_reason),
+        _ => or_dash(&r.end_reason),
+    }
+}
+
 /// `8x2` (per node × nodes) or `4` for one node.
 fn shape(gpus_per_node: u32, nodes: u32) -> String {
     if nodes > 1 {
@@ -185,6 +264,10 @@ pub fn workload_json(w: &Workload) -> Value {
         "preemptions": w.preemptions,
         "history": w.history,
         "funded": w.funded,
+        "exit_code": w.exit_code,
+        "signal": w.signal,
+        "exit_status": is_final(w.state()).then(|| exit_status(w)),
+        "runs": w.runs.iter().map(run_json).collect::<Vec<_>>(),
     })
 }
 
@@ -317,6 +400,7 @@ pub fn status_text(w: &Workload, now: i64) -> String {
             ("ended", when(w.end_unix, now)),
             ("ran", since(w.start_unix, w.end_unix)),
             ("end reason", or_dash(&w.end_reason)),
+            ("exit status", exit_status(w).to_string()),
         ]);
     } else if !w.end_reason.is_empty() {
         lines.push(("last run ended", w.end_reason.clone()));
@@ -333,6 +417,33 @@ pub fn status_text(w: &Workload, now: i64) -> String {
     let mut out = String::new();
     for (k, v) in &lines {
         out.push_str(&format!("{:width$} {v}\n", format!("{k}:")));
+    }
+    if !w.runs.is_empty() {
+        out.push_str("runs:\n");
+        let rows: Vec<Vec<String>> = w
+            .runs
+            .iter()
+            .map(|r| {
+                let ran_to = if r.end_unix == 0 { now } else { r.end_unix };
+                vec![
+                    r.number.to_string(),
+                    r.lease_id.clone(),
+                    list(&r.nodes, ","),
+                    r.gpus.to_string(),
+                    if r.start_unix == 0 {
+                        "-".into()
+                    } else {
+                        iso_utc(r.start_unix)
+                    },
+                    since(r.start_unix, ran_to),
+                    run_end(r),
+                ]
+            })
+            .collect();
+        let headers = ["RUN", "LEASE", "NODES", "GPUS", "STARTED", "RAN", "END"];
+        for l in table::render(&headers, &rows).lines() {
+            out.push_str(&format!("  {l}\n"));
+        }
     }
     if state == WorkloadState::Pending && !w.explanation.trim().is_empty() {
         out.push_str("why:\n");

@@ -1,0 +1,137 @@
+//! What a new user meets on day one, end to end through the `allot` CLI against
+//! allotd and real agents on fake GPUs: exit statuses passed on by `submit --wait`,
+//! `watch` and `logs -f` (as `srun` does), and every run of a workload with how it
+//! ended in `status`.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::{sibling, wait_for, Cluster};
+
+const LONG: Duration = Duration::from_secs(90);
+
+const PROJECTS: &str =
+    "[[group]]\nname = \"demo-a\"\nweight = 1\n[[group]]\nname = \"demo-b\"\nweight = 1\n";
+
+/// `allot ARGS` against `c`, not waited for.
+fn spawn(c: &Cluster, args: &[&str]) -> std::process::Child {
+    Command::new(sibling("allot", "allot-cli"))
+        .args(args)
+        .env("ALLOT_SERVER", format!("https://{}", c.addr))
+        .env("ALLOT_TOKEN", &c.token)
+        .env("ALLOT_CA", c.ca())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("allot runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn waiting_commands_pass_on_the_jobs_exit_status() {
+    let c = Cluster::start("day-one-exit", PROJECTS, 1, 2);
+    let wait = |script: &str| {
+        let o = c.allot(&[
+            "submit",
+            "--wait",
+            "--project",
+            "demo-a",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]);
+        (o.status.code(), text(&o.stdout), text(&o.stderr))
+    };
+    // Its own exit status, and what it was said along the way.
+    let (code, out, err) = wait("sleep 1; exit 3");
+    assert_eq!(code, Some(3), "{out}{err}");
+    assert!(out.starts_with("submitted workload "), "{out}");
+    assert!(err.contains(": running on node-0 (run 1, lease "), "{err}");
+    assert!(
+        err.contains(": failed (failed (exit 3)), exit status 3"),
+        "{err}"
+    );
+    let (code, _, err) = wait("true");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains(": completed (completed (exit 0)), exit status 0"),
+        "{err}"
+    );
+    // Killed by a signal: 128 + N, as shells say it.
+    let (code, _, err) = wait("kill -KILL $$");
+    assert_eq!(code, Some(137), "{err}");
+    assert!(err.contains("killed by signal 9"), "{err}");
+
+    // The runs, in status: each with its lease, nodes, GPUs and end.
+    let id = c.submit(&["--project", "demo-a", "--gpus", "2"], "exit 7");
+    let w = c.wait_state(&id, "failed", LONG);
+    assert_eq!(w["exit_code"], 7, "{w}");
+    assert_eq!(w["exit_status"], 7, "{w}");
+    let runs = w["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 1, "{w}");
+    assert_eq!(runs[0]["run"], 1);
+    assert_eq!(runs[0]["nodes"], serde_json::json!(["node-0"]));
+    assert_eq!(runs[0]["gpus"], 2);
+    assert_eq!(runs[0]["end_reason"], "failed");
+    assert_eq!(runs[0]["exit_code"], 7);
+    assert!(runs[0]["end_unix"].as_i64() >= runs[0]["start_unix"].as_i64());
+    let o = c.allot(&["status", &id]);
+    let s = text(&o.stdout);
+    assert!(s.contains("exit status: 7"), "{s}");
+    assert!(s.contains("runs:\n  RUN  LEASE"), "{s}");
+    assert!(s.contains("failed (exit 7)"), "{s}");
+
+    // `watch` follows to the end and exits as the job did.
+    let id = c.submit(&["--project", "demo-a"], "sleep 1; exit 5");
+    let o = c.allot(&["watch", &id]);
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(5), "{out}{}", text(&o.stderr));
+    let last = out.lines().last().unwrap_or("");
+    assert_eq!(
+        last,
+        format!("workload {id}: failed (failed (exit 5)), exit status 5"),
+        "{out}"
+    );
+
+    // `logs -f` prints the output, then exits as the job did.
+    let id = c.submit(&["--project", "demo-a"], "echo hello; sleep 1; exit 4");
+    c.wait_state(&id, "running", LONG);
+    let o = c.allot(&["logs", "-f", &id]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "hello\n");
+
+    // Ended by someone else: cancelled is 130, said as such.
+    let waiting = spawn(
+        &c,
+        &[
+            "submit",
+            "--wait",
+            "--project",
+            "demo-a",
+            "--",
+            "sleep",
+            "300",
+        ],
+    );
+    let id = wait_for("the waited job to be submitted", LONG, || {
+        let all = c.json(&["queue", "--json"]);
+        all.as_array()?
+            .iter()
+            .find(|w| w["argv"] == serde_json::json!(["sleep", "300"]))
+            .and_then(|w| w["id"].as_str().map(str::to_string))
+    });
+    c.wait_state(&id, "running", LONG);
+    assert!(c.allot(&["cancel", &id]).status.success());
+    let o = waiting.wait_with_output().expect("waited");
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains(": cancelled ("),
+        "{}",
+        text(&o.stderr)
+    );
+}
