@@ -20,8 +20,6 @@ use tonic::{Request, Response, Status, Streaming};
 const MAX_GPUS: u32 = 64;
 /// Most nodes one gang may ask for: beyond any cluster allot is built for.
 const MAX_NODES: u32 = 4096;
-/// Workload classes: what the queue-wait histograms and reports group by.
-const CLASSES: [&str; 4] = ["batch", "debug", "interactive", "training"];
 
 fn core_status(e: CoreError) -> Status {
     match e {
@@ -64,7 +62,7 @@ pub fn workload_pb(w: &WorkRec, explanation: String) -> pb::Workload {
             nodes: w.spec.nodes,
             cpu_per_node: w.spec.cpu_per_node,
             mem_per_node_gb: w.spec.mem_per_node_gb,
-            min_runtime_s: w.spec.min_runtime,
+            min_runtime_s: Some(w.spec.min_runtime),
             time_limit_s: w.spec.time_limit,
             resumable: w.spec.resumable,
             priority: w.spec.priority,
@@ -501,6 +499,34 @@ fn parse_id(s: &str) -> Result<u64, Status> {
     })
 }
 
+/// The contract a submission gets: what it asked for, its class's default for what
+/// it left out (`[classes.NAME]`), else free occupancy; a protection longer than
+/// the limit is refused, naming where each came from.
+fn contract(
+    s: &pb::WorkloadSpec,
+    class: &str,
+    classes: &std::collections::BTreeMap<String, crate::config::ClassDefaults>,
+) -> Result<(u64, Option<u64>), Status> {
+    let d = classes.get(class).cloned().unwrap_or_default();
+    let min_runtime = s.min_runtime_s.or(d.min_runtime).unwrap_or(0);
+    let time_limit = s.time_limit_s.or(d.time_limit);
+    if let Some(tl) = time_limit.filter(|&tl| min_runtime > tl) {
+        let from = |asked: bool| {
+            if asked {
+                "asked for"
+            } else {
+                "the class's default"
+            }
+        };
+        return Err(Status::invalid_argument(format!(
+            "min_runtime = {min_runtime} ({}): longer than time_limit ({tl} s, {}): the work would be stopped before its protection ends; ask for a min runtime no longer than the time limit",
+            from(s.min_runtime_s.is_some()),
+            from(s.time_limit_s.is_some()),
+        )));
+    }
+    Ok((min_runtime, time_limit))
+}
+
 fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
     let bad = |field: &str, why: String| Err(Status::invalid_argument(format!("{field}: {why}")));
     if s.project.trim().is_empty() {
@@ -524,19 +550,13 @@ fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
             s.nodes
         )));
     }
-    if let Some(tl) = s.time_limit_s.filter(|&tl| s.min_runtime_s > tl) {
-        return Err(Status::invalid_argument(format!(
-            "min_runtime = {}: longer than time_limit ({tl} s): the work would be stopped before its protection ends; ask for a min runtime no longer than the time limit",
-            s.min_runtime_s
-        )));
-    }
-    if !s.class.is_empty() && !CLASSES.contains(&s.class.as_str()) {
+    if !s.class.is_empty() && !crate::config::CLASSES.contains(&s.class.as_str()) {
         return bad(
             "class",
             format!(
                 "{:?} is not a workload class; use one of {}",
                 s.class,
-                CLASSES.join(", ")
+                crate::config::CLASSES.join(", ")
             ),
         );
     }
@@ -611,21 +631,23 @@ impl pb::workloads_server::Workloads for Api {
                 user: &s.user,
             },
         )?;
+        let class = if s.class.is_empty() {
+            "batch".to_string()
+        } else {
+            s.class.clone()
+        };
+        let (min_runtime, time_limit) = contract(&s, &class, &self.0.cfg.classes)?;
         let input = Input::Submit {
             spec: WorkloadSpec {
                 project: s.project.clone(),
                 user: s.user.clone(),
-                class: if s.class.is_empty() {
-                    "batch".into()
-                } else {
-                    s.class.clone()
-                },
+                class,
                 gpus_per_node: s.gpus_per_node,
                 nodes: s.nodes,
                 cpu_per_node: s.cpu_per_node,
                 mem_per_node_gb: s.mem_per_node_gb,
-                min_runtime: s.min_runtime_s,
-                time_limit: s.time_limit_s,
+                min_runtime,
+                time_limit,
                 resumable: s.resumable,
                 priority: s.priority,
                 no_requeue: s.no_requeue,
@@ -649,8 +671,10 @@ impl pb::workloads_server::Workloads for Api {
             }),
         };
         let a = self.0.commit(input).map_err(core_status)?;
+        let workload = a.id.and_then(|id| self.workload_view(id).ok());
         Ok(Response::new(pb::SubmitResponse {
             id: a.id.map(|i| i.to_string()).unwrap_or_default(),
+            workload,
         }))
     }
 

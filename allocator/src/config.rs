@@ -173,6 +173,22 @@ pub struct RolesSection {
     pub admins: Vec<String>,
 }
 
+/// The workload classes; the names are fixed.
+pub const CLASSES: [&str; 4] = ["batch", "debug", "interactive", "training"];
+
+/// One `[classes.NAME]` table: the contract a job of that class gets when its
+/// submission leaves a term out.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassDefaults {
+    /// Protected runtime when `--min-runtime` is not given.
+    #[serde(default, deserialize_with = "allot_fairshare::time::de_opt_duration")]
+    pub min_runtime: Option<u64>,
+    /// Time limit when `--time-limit` is not given.
+    #[serde(default, deserialize_with = "allot_fairshare::time::de_opt_duration")]
+    pub time_limit: Option<u64>,
+}
+
 /// The `[auth]` table: what allotd takes from whom besides tokens.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -266,6 +282,8 @@ pub struct ServerConfig {
     pub auth: AuthSection,
     /// `[tls]`.
     pub tls: TlsSection,
+    /// `[classes.NAME]`: each class's default contract.
+    pub classes: BTreeMap<String, ClassDefaults>,
     /// Access per group name (groups without any are absent).
     pub access: BTreeMap<String, GroupAccess>,
 }
@@ -309,6 +327,8 @@ impl ServerConfig {
             auth: AuthSection,
             #[serde(default)]
             tls: TlsSection,
+            #[serde(default)]
+            classes: BTreeMap<String, ClassDefaults>,
         }
         let r: Raw = from_toml(text, file, "server")?;
         let access: BTreeMap<String, GroupAccess> = r
@@ -439,6 +459,33 @@ impl ServerConfig {
                 return Err(err(field, "0: give at least 1".into()));
             }
         }
+        for (name, c) in &r.classes {
+            let field = format!("classes.{name}");
+            if !CLASSES.contains(&name.as_str()) {
+                return Err(err(
+                    &field,
+                    format!(
+                        "{name:?} is not a workload class; the classes are {}",
+                        CLASSES.join(", ")
+                    ),
+                ));
+            }
+            if let (Some(m), Some(t)) = (c.min_runtime, c.time_limit) {
+                if m > t {
+                    return Err(err(
+                        &format!("{field}.min_runtime"),
+                        format!("{m} s is longer than its time_limit ({t} s): the work would be stopped inside its protection"),
+                    ));
+                }
+            }
+            if c.time_limit == Some(0) {
+                return Err(err(
+                    &format!("{field}.time_limit"),
+                    "0s would end the work at once; give a limit such as \"1h\", or leave it out"
+                        .into(),
+                ));
+            }
+        }
         if group.is_empty() {
             return Err(err(
                 "group",
@@ -466,6 +513,7 @@ impl ServerConfig {
             roles: r.roles,
             auth: r.auth,
             tls: r.tls,
+            classes: r.classes,
             access,
         })
     }
@@ -594,6 +642,33 @@ mod tests {
         let e = cfg("1m").unwrap_err();
         assert!(e.to_string().contains("server.min_pass_interval"), "{e}");
         assert!(e.to_string().contains("schedule_interval (10 s)"), "{e}");
+    }
+
+    #[test]
+    fn each_class_may_have_a_default_contract() {
+        let c = ServerConfig::parse(EXAMPLE, "allotd.toml").expect("example");
+        assert_eq!(c.classes["training"].min_runtime, Some(8 * 3_600));
+        assert_eq!(c.classes["debug"].time_limit, Some(3_600));
+        assert!(
+            !c.classes.contains_key("batch"),
+            "batch stays free occupancy"
+        );
+        let cfg = |t: &str| {
+            ServerConfig::parse(
+                &format!("{t}\n[[group]]\nname = \"p\"\nweight = 1\n"),
+                "a.toml",
+            )
+        };
+        let e = cfg("[classes.gpu]\nmin_runtime = \"1h\"").unwrap_err();
+        assert_eq!(e.field, "classes.gpu", "{e}");
+        assert!(
+            e.message.contains("batch, debug, interactive, training"),
+            "{e}"
+        );
+        let e = cfg("[classes.debug]\nmin_runtime = \"2h\"\ntime_limit = \"1h\"").unwrap_err();
+        assert_eq!(e.field, "classes.debug.min_runtime", "{e}");
+        let e = cfg("[classes.debug]\nmin_runtim = \"2h\"").unwrap_err();
+        assert!(e.to_string().contains("min_runtim"), "{e}");
     }
 
     #[test]

@@ -56,7 +56,7 @@ fn load_spec(n: u64) -> pb::WorkloadSpec {
         class: "batch".into(),
         gpus_per_node: 1 + (n % 8) as u32,
         nodes: 1,
-        min_runtime_s: if n.is_multiple_of(3) { 0 } else { 600 },
+        min_runtime_s: Some(if n.is_multiple_of(3) { 0 } else { 600 }),
         resumable: true,
         argv: vec!["train".into()],
         ..Default::default()

@@ -135,3 +135,46 @@ fn waiting_commands_pass_on_the_jobs_exit_status() {
         text(&o.stderr)
     );
 }
+
+#[test]
+fn submit_says_the_contract_and_classes_have_defaults() {
+    let classes =
+        "[classes.training]\nmin_runtime = \"8h\"\n[classes.debug]\ntime_limit = \"1h\"\n";
+    let c = Cluster::start("day-one-contract", &format!("{PROJECTS}{classes}"), 1, 1);
+    let submit = |flags: &[&str]| {
+        let mut args = vec!["submit", "--project", "demo-a"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sleep", "0"]);
+        let o = c.allot(&args);
+        (o.status.code(), text(&o.stdout), text(&o.stderr))
+    };
+    // No flags: free occupancy, said aloud with how to ask for more.
+    let (code, out, err) = submit(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("\ncontract: free occupancy: may be preempted at any time, and then is requeued and restarts from the beginning; add --min-runtime or --resumable; no time limit (class batch)"),
+        "{out}"
+    );
+    // A class names its default contract; what is asked for wins.
+    let (_, out, _) = submit(&["--class", "training", "--resumable"]);
+    assert!(
+        out.contains(
+            "contract: protected for 8h; after that, if preempted, it is asked to checkpoint"
+        ),
+        "{out}"
+    );
+    let (_, out, _) = submit(&["--class", "training", "--min-runtime", "0"]);
+    assert!(out.contains("contract: free occupancy"), "{out}");
+    let (_, out, _) = submit(&["--class", "debug"]);
+    assert!(
+        out.contains("ends at its time limit, 1h (class debug)"),
+        "{out}"
+    );
+    // A protection past the class's limit is refused, naming where each came from.
+    let (code, _, err) = submit(&["--class", "debug", "--min-runtime", "2h"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("(asked for): longer than time_limit (3600 s, the class's default)"),
+        "{err}"
+    );
+}

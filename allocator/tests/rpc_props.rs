@@ -347,7 +347,7 @@ fn spec() -> BoxedStrategy<pb::WorkloadSpec> {
                 f(m, 0u32..=1, u32s()),
             ),
             (
-                f(m, 0u64..3, u64s()),
+                f(m, prop::option::of(0u64..3), opt(u64s())),
                 f(m, prop::option::of(3u64..60), opt(u64s())),
                 any::<bool>(),
                 f(m, -5i32..5, i32s()),

@@ -60,10 +60,10 @@ pub struct SubmitArgs {
     /// Memory on each node, with a unit: 64G, 512M (rounded up to whole GB), 1T [absent: allotd's default].
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_gb)]
     memory: Option<u32>,
-    /// Protected runtime: not preempted before it lapses (0: preemptible at any time). 8h, 1.5h, 90min, or as Slurm: HH:MM:SS, D-HH:MM:SS.
-    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = duration::parse_job)]
-    min_runtime: u64,
-    /// Hard limit: ended when it is reached. 8h, 1.5h, 90min, or as Slurm: HH:MM:SS, D-HH:MM:SS.
+    /// Protected runtime: not preempted before it lapses (0: preemptible at any time). 8h, 1.5h, 90min, or as Slurm: HH:MM:SS, D-HH:MM:SS [default: the class's, from allotd.toml; else 0].
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_job)]
+    min_runtime: Option<u64>,
+    /// Hard limit: ended when it is reached. 8h, 1.5h, 90min, or as Slurm: HH:MM:SS, D-HH:MM:SS [default: the class's; else none].
     #[arg(long, value_name = "DURATION", value_parser = duration::parse_job)]
     time_limit: Option<u64>,
     /// It can resume from a checkpoint, so preempting it loses little.
@@ -382,7 +382,7 @@ fn validate_submit(a: &SubmitArgs) -> Result<(), Usage> {
     if a.nodes == 0 {
         return usage("--nodes 0: ask for 1 node, or N > 1 for a gang of N whole nodes".into());
     }
-    check_contract(&["submit"], a.min_runtime, a.time_limit)?;
+    check_contract(&["submit"], a.min_runtime.unwrap_or(0), a.time_limit)?;
     crate::usage::check_signal(&["submit"], a.signal.as_ref(), a.time_limit)?;
     if a.argv.is_empty() {
         return usage("say what the workload runs: a command after `--` (allot submit --project P --gpus 8 -- python train.py)".into());
@@ -685,18 +685,28 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
             };
             let (project, gpus, nodes) = (spec.project.clone(), spec.gpus_per_node, spec.nodes);
             let ch = channel(&server).await?;
-            let id = WorkloadsClient::new(ch.clone())
+            let r = WorkloadsClient::new(ch.clone())
                 .submit(SubmitRequest { spec: Some(spec) })
                 .await?
-                .into_inner()
-                .id;
+                .into_inner();
+            let id = r.id;
             if a.json {
-                println!("{}", json!({ "id": id }));
+                let mut v = json!({ "id": id });
+                if let Some(w) = &r.workload {
+                    v["contract"] = json!(view::contract_text(w));
+                    v["workload"] = view::workload_json(w);
+                }
+                println!("{v}");
             } else {
                 println!(
                     "submitted workload {id} (project {project}, {})",
                     view::gpu_count(gpus, nodes)
                 );
+                // Said aloud: a job with no flags is free occupancy, and people
+                // should know before it is preempted.
+                if let Some(w) = &r.workload {
+                    println!("contract: {}", view::contract_text(w));
+                }
             }
             if a.wait {
                 let w = follow(ch, &id, |l| eprintln!("{l}")).await?;

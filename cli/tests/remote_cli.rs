@@ -282,7 +282,7 @@ fn workload(id: &str, state: WorkloadState) -> Workload {
             gpus_per_node: 8,
             nodes: 2,
             mem_per_node_gb: 64,
-            min_runtime_s: 28_800,
+            min_runtime_s: Some(28_800),
             time_limit_s: Some(172_800),
             resumable: true,
             argv: vec!["python".into(), "train.py".into()],
@@ -324,8 +324,21 @@ impl Workloads for Fake {
                 "project: no project nope (see `allot share`)",
             ));
         }
-        self.seen().submits.push(spec);
-        Ok(Response::new(SubmitResponse { id: "17".into() }))
+        self.seen().submits.push(spec.clone());
+        // As allotd answers: the contract in force (no class defaults here).
+        let workload = Workload {
+            id: "17".into(),
+            spec: Some(WorkloadSpec {
+                min_runtime_s: Some(spec.min_runtime_s.unwrap_or(0)),
+                ..spec
+            }),
+            state: WorkloadState::Pending as i32,
+            ..Default::default()
+        };
+        Ok(Response::new(SubmitResponse {
+            id: "17".into(),
+            workload: Some(workload),
+        }))
     }
 
     /// Pending work ends at once; running work (18) is revoked and still running.
@@ -599,7 +612,7 @@ fn submit_sends_the_whole_spec() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out,
-        "submitted workload 17 (project vision, 16 GPUs on 2 nodes)\n"
+        "submitted workload 17 (project vision, 16 GPUs on 2 nodes)\ncontract: protected for 8h; after that, if preempted, it ends as preempted, not requeued (--no-requeue); ends at its time limit, 2d (class interactive)\n"
     );
     let seen = fake.seen();
     let s = &seen.submits[0];
@@ -608,7 +621,7 @@ fn submit_sends_the_whole_spec() {
     assert_eq!(s.class, "interactive");
     assert_eq!((s.gpus_per_node, s.nodes), (8, 2));
     assert_eq!((s.cpu_per_node, s.mem_per_node_gb), (32, 64));
-    assert_eq!(s.min_runtime_s, 28_800);
+    assert_eq!(s.min_runtime_s, Some(28_800));
     assert_eq!(s.time_limit_s, Some(172_800));
     assert!(s.resumable);
     assert!(s.no_requeue);
@@ -635,7 +648,13 @@ fn submit_defaults_and_json() {
         &[("ALLOT_SERVER", addr.as_str()), ("USER", "bob")],
     );
     assert_eq!(code, 0, "{err}");
-    assert_eq!(json(&out), serde_json::json!({ "id": "17" }));
+    let v = json(&out);
+    assert_eq!(v["id"], "17");
+    assert_eq!(v["workload"]["min_runtime_s"], 0);
+    assert_eq!(
+        v["contract"],
+        "free occupancy: may be preempted at any time, and then is requeued and restarts from the beginning; add --min-runtime or --resumable; no time limit (class batch)"
+    );
     let seen = fake.seen();
     let s = &seen.submits[0];
     // The user is who allotd proves (the token, or the vouching agent), not $USER.
@@ -643,7 +662,8 @@ fn submit_defaults_and_json() {
     assert_eq!(s.class, "batch");
     assert_eq!((s.gpus_per_node, s.nodes), (1, 1));
     assert_eq!((s.cpu_per_node, s.mem_per_node_gb), (0, 1));
-    assert_eq!((s.min_runtime_s, s.time_limit_s), (0, None));
+    // Left out, so that allotd applies the class's default.
+    assert_eq!((s.min_runtime_s, s.time_limit_s), (None, None));
     assert!(!s.resumable);
     assert!(!s.no_requeue);
     assert_eq!(s.priority, 0);
@@ -661,7 +681,11 @@ fn submit_defaults_and_json() {
         "true",
     ]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(out, "submitted workload 17 (project vision, 1 GPU)\n");
+    // No flags: the contract is said aloud, with how to ask for more.
+    assert_eq!(
+        out,
+        "submitted workload 17 (project vision, 1 GPU)\ncontract: free occupancy: may be preempted at any time, and then is requeued and restarts from the beginning; add --min-runtime or --resumable; no time limit (class batch)\n"
+    );
 }
 
 #[test]

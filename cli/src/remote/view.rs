@@ -62,6 +62,45 @@ pub fn exit_status(w: &Workload) -> u8 {
     }
 }
 
+/// The contract a workload got, as one sentence: how long it is protected, what a
+/// preemption does to it, and its time limit; free occupancy says how to ask for more.
+pub fn contract_text(w: &Workload) -> String {
+    let s = spec(w);
+    let min = s.min_runtime_s.unwrap_or(0);
+    let after = match (s.no_requeue, s.resumable) {
+        (true, _) => "ends as preempted, not requeued (--no-requeue)".to_string(),
+        (false, true) if s.checkpoint_hook.is_empty() => {
+            "is asked to checkpoint (SIGTERM, then SIGKILL after the grace) and requeued, resuming from its checkpoint".into()
+        }
+        (false, true) => format!(
+            "is asked to checkpoint ({}) and requeued, resuming from its checkpoint",
+            s.checkpoint_hook
+        ),
+        (false, false) => "is requeued and restarts from the beginning".into(),
+    };
+    let mut text = if min == 0 {
+        let hint = if s.resumable {
+            "add --min-runtime to be protected"
+        } else {
+            "add --min-runtime or --resumable"
+        };
+        format!("free occupancy: may be preempted at any time, and then {after}; {hint}")
+    } else {
+        format!(
+            "protected for {}; after that, if preempted, it {after}",
+            exact(min)
+        )
+    };
+    match s.time_limit_s {
+        Some(t) => text.push_str(&format!("; ends at its time limit, {}", exact(t))),
+        None => text.push_str("; no time limit"),
+    }
+    if !s.class.is_empty() {
+        text.push_str(&format!(" (class {})", s.class));
+    }
+    text
+}
+
 /// One line for `allot watch` and `submit --wait`: where the workload is now.
 pub fn watch_line(w: &Workload) -> String {
     let state = w.state();
@@ -242,7 +281,7 @@ pub fn workload_json(w: &Workload) -> Value {
         "nodes": s.nodes,
         "cpu_per_node": s.cpu_per_node,
         "mem_per_node_gb": s.mem_per_node_gb,
-        "min_runtime_s": s.min_runtime_s,
+        "min_runtime_s": s.min_runtime_s.unwrap_or(0),
         "time_limit_s": s.time_limit_s,
         "resumable": s.resumable,
         "priority": s.priority,
@@ -356,10 +395,9 @@ pub fn status_text(w: &Workload, now: i64) -> String {
     } else {
         total.to_string()
     };
-    let min_runtime = if s.min_runtime_s == 0 {
-        "0 (preemptible at any time)".into()
-    } else {
-        exact(s.min_runtime_s)
+    let min_runtime = match s.min_runtime_s.unwrap_or(0) {
+        0 => "0 (preemptible at any time)".into(),
+        m => exact(m),
     };
     // What preemption does to it: the contract's other half.
     let requeue = match (s.no_requeue, s.resumable) {
@@ -668,7 +706,7 @@ mod tests {
                 gpus_per_node: 8,
                 nodes: 2,
                 mem_per_node_gb: 64,
-                min_runtime_s: 28_800,
+                min_runtime_s: Some(28_800),
                 argv: vec![
                     "python".into(),
                     "train.py".into(),
