@@ -177,4 +177,32 @@ fn submit_says_the_contract_and_classes_have_defaults() {
         err.contains("(asked for): longer than time_limit (3600 s, the class's default)"),
         "{err}"
     );
+
+    // `allot share`: a manager recomputes every ratio from its row.
+    let id = c.submit(&["--project", "demo-a"], "sleep 60");
+    c.wait_state(&id, "running", LONG);
+    let t = c.json(&["share", "--json"]);
+    let horizon = t["horizon_hours"].as_f64().expect("horizon");
+    assert_eq!(t["ranking_window_hours"], 0.0);
+    for g in t["groups"].as_array().expect("groups") {
+        let f = |k: &str| g[k].as_f64().unwrap_or_else(|| panic!("{k} in {g}"));
+        let (counted, fair) = (f("counted_gpu_hours"), f("fair_gpu_hours"));
+        assert!((f("ratio") - counted / fair).abs() < 1e-9, "{g}");
+        let running = f("running_gpus");
+        assert!(
+            (counted - (f("served_gpu_hours") + running * horizon)).abs() < 1e-3,
+            "COUNTED = RECEIVED + RUNNING × horizon: {g}"
+        );
+        let share = f("share");
+        let want = share
+            * t["capacity_gpus"].as_f64().expect("cap")
+            * (t["covered_hours"].as_f64().expect("covered") + horizon);
+        assert!(
+            (fair - want).abs() < 1e-6,
+            "FAIR = SHARE × capacity × (covered + horizon): {g}"
+        );
+    }
+    let demo_a = &t["groups"].as_array().expect("groups")[0];
+    assert_eq!(demo_a["name"], "demo-a");
+    assert_eq!(demo_a["running_gpus"], 1);
 }

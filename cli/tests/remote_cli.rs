@@ -437,19 +437,25 @@ fn requeued() -> Workload {
     w
 }
 
+/// A group of a 32-GPU cluster with a week's window, 24 h of it covered, a 1 h
+/// horizon: received 80 % of its fair part, 8 GPUs running.
 fn group(name: &str, parent: &str, depth: u32, weight: f64, share: f64) -> Group {
+    let fair = share * 32.0 * (24.0 + 1.0);
+    let received = fair * 0.8 - 8.0;
     Group {
         name: name.into(),
         parent: parent.into(),
         weight,
         share,
         entitled_gpu_hours: share * 32.0 * 168.0,
-        served_gpu_hours: share * 32.0 * 168.0 * 0.8,
-        ratio: 0.8,
+        served_gpu_hours: received,
+        ratio: (received + 8.0) / fair,
         running_gpus: 8,
         pending_gpus: 16,
         project: depth == 2,
         depth,
+        counted_gpu_hours: received + 8.0,
+        fair_gpu_hours: fair,
     }
 }
 
@@ -465,16 +471,24 @@ impl Org for Fake {
                 group("vision", "ml", 2, 1.0, 0.25),
                 group("nlp", "ml", 2, 2.0, 0.5),
                 group("infra", "", 1, 1.0, 0.25),
-                // A new project: half a GPU-hour entitled so far, a little received.
+                // A sliver of the tree that has received a little: small numbers
+                // keep the columns' one precision.
                 Group {
                     entitled_gpu_hours: 0.5,
                     served_gpu_hours: 0.005,
-                    ratio: 0.01,
-                    ..group("tiny", "infra", 2, 1.0, 0.0)
+                    running_gpus: 0,
+                    counted_gpu_hours: 0.005,
+                    fair_gpu_hours: 0.075,
+                    ratio: 0.005 / 0.075,
+                    ..group("tiny", "infra", 2, 1.0, 0.0001)
                 },
             ],
             window_hours: 168.0,
             capacity_gpus: 32,
+            covered_hours: 24.0,
+            horizon_hours: 1.0,
+            ranking_window_hours: 0.0,
+            drf: false,
         }))
     }
 
@@ -942,34 +956,21 @@ fn share_shows_the_tree() {
     let addr = serve(Fake::default());
     let (code, out, err) = allot(&["share", "--server", &addr]);
     assert_eq!(code, 0, "{err}");
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines[0], "window: 168h, capacity: 32 GPUs");
-    assert_eq!(
-        lines[1].split_whitespace().collect::<Vec<_>>(),
-        [
-            "NAME",
-            "WEIGHT",
-            "SHARE",
-            "ENTITLED(gpu-h)",
-            "RECEIVED(gpu-h)",
-            "RATIO",
-            "RUNNING",
-            "PENDING"
-        ]
-    );
-    assert_eq!(
-        lines[2].split_whitespace().collect::<Vec<_>>(),
-        ["ml", "3", "75.0%", "4032.0", "3225.6", "0.80", "8", "16"]
-    );
-    assert!(lines[3].starts_with("  vision  1 "), "{out}");
-    assert!(lines[4].starts_with("  nlp     2 "), "{out}");
-    assert!(lines[5].starts_with("infra     1 "), "{out}");
-    // Small amounts keep two significant digits, so they agree with the ratio.
-    assert_eq!(
-        lines[6].split_whitespace().collect::<Vec<_>>(),
-        ["tiny", "1", "0.0%", "0.50", "0.0050", "0.01", "8", "16"]
-    );
-    assert!(lines[7].starts_with("ratio = "), "{out}");
+    // Every column is what it says, and RATIO = COUNTED / FAIR on every row.
+    expect_test::expect![[r#"
+        window: 168h, capacity: 32 GPUs, history covered: 24h, horizon: 1h
+        NAME      WEIGHT  SHARE  BUDGET  RECEIVED  RUNNING  COUNTED  FAIR   RATIO  PENDING
+        ml        3       75.0%  4032.0  472.0     8        480.0    600.0  0.80   16
+          vision  1       25.0%  1344.0  152.0     8        160.0    200.0  0.80   16
+          nlp     2       50.0%  2688.0  312.0     8        320.0    400.0  0.80   16
+        infra     1       25.0%  1344.0  152.0     8        160.0    200.0  0.80   16
+          tiny    1       0.0%   0.5     0.0       0        0.0      0.1    0.07   16
+        GPU-hours. BUDGET = SHARE × 32 GPUs × 168h; RECEIVED = usage in the window.
+        RATIO = COUNTED / FAIR, lowest served first at each level:
+          COUNTED = RECEIVED + RUNNING × 1h
+          FAIR = SHARE × 32 GPUs × (24h covered + 1h)
+    "#]]
+    .assert_eq(&out);
 
     let (code, out, err) = allot(&["share", "--json", "--server", &addr]);
     assert_eq!(code, 0, "{err}");
@@ -1004,7 +1005,7 @@ fn budget_set_sends_the_weight() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out,
-        "vision: weight 1.5, share 37.5%, entitled 2016.0 gpu-h, received 1612.8 gpu-h, ratio 0.80\n"
+        "vision: weight 1.5, share 37.5%, budget 2016.0 gpu-h, received 232.0 gpu-h, ratio 0.80\n"
     );
     let (code, out, err) = allot(&[
         "budget", "set", "vision", "--weight", "2", "--json", "--server", &addr,

@@ -94,6 +94,13 @@ impl Ratios {
         }
     }
 
+    /// The two sides of `g`'s ratio, in GPU-seconds: what counts as served (usage in
+    /// the window plus the allocation held over the horizon; with DRF the dominant
+    /// share in GPU units) and its fair part (share × capacity × (window + horizon)).
+    pub fn parts(&self, g: GroupId) -> (f64, f64) {
+        (self.value(g, [0.0; 3]), self.share[g.idx()] * self.scale)
+    }
+
     /// The served ratio of `g`.
     pub fn ratio(&self, g: GroupId) -> f64 {
         self.ratio_with(g, [0.0; 3])

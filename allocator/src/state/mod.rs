@@ -487,6 +487,12 @@ impl Allocator {
     pub fn tree(&self, now: Time) -> pb::GetTreeResponse {
         let tree = self.core.tree();
         let ratios = self.core.group_ratios(now);
+        let (parts, covered) = self.core.group_ratio_parts(now);
+        let cfg = self.core.config();
+        let ranking_h = match cfg.ranking_usage() {
+            Some(_) => cfg.ranking_lookback as f64 / 3600.0,
+            None => 0.0,
+        };
         let capacity = self.core.cluster().total_gpus();
         let window_h = self.core.config().lookback as f64 / 3600.0;
         let mut running = vec![0u32; tree.len()];
@@ -523,12 +529,18 @@ impl Allocator {
                 pending_gpus: pending[g.idx()],
                 project: tree.is_project(g),
                 depth: grp.path.len() as u32,
+                counted_gpu_hours: parts.get(g.idx()).map_or(0.0, |p| p.0 / 3600.0),
+                fair_gpu_hours: parts.get(g.idx()).map_or(0.0, |p| p.1 / 3600.0),
             })
             .collect();
         pb::GetTreeResponse {
             groups,
             window_hours: window_h,
             capacity_gpus: u32::try_from(capacity).unwrap_or(u32::MAX),
+            covered_hours: covered / 3600.0,
+            horizon_hours: cfg.allocation_horizon as f64 / 3600.0,
+            ranking_window_hours: ranking_h,
+            drf: cfg.drf,
         }
     }
 }

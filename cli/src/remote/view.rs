@@ -178,43 +178,6 @@ pub fn gpu_count(gpus_per_node: u32, nodes: u32) -> String {
     }
 }
 
-/// GPU-hours for a table: one decimal from 1 up (`4032.0`, `3.5`), two significant
-/// digits below (`0.50`, `0.012`), so that a group that received a little never
-/// reads `0.0` beside a ratio that says otherwise.
-fn gpu_hours(h: f64) -> String {
-    small(h, 1)
-}
-
-/// A served ratio: two decimals (`0.74`), or two significant digits below 0.01.
-fn ratio(r: f64) -> String {
-    if r.abs() >= 0.01 {
-        format!("{r:.2}")
-    } else {
-        small(r, 2)
-    }
-}
-
-/// `decimals` decimals from 1 up; below, two significant digits, at most six decimals.
-fn small(v: f64, decimals: usize) -> String {
-    let a = v.abs();
-    if !v.is_finite() || a >= 1.0 || a == 0.0 {
-        return format!("{v:.decimals$}");
-    }
-    // Two significant digits: 0.5 → 2 decimals, 0.012 → 3; log10 of a positive finite
-    // value below 1 is negative, and the cap keeps the cast in range.
-    let d = (1.0 - a.log10().floor()).clamp(1.0, 6.0) as usize;
-    let s = format!("{v:.d$}");
-    if s.trim_start_matches('-')
-        .trim_matches(['0', '.'])
-        .is_empty()
-    {
-        // Below a millionth: not zero, but not worth the digits either.
-        format!("{}<0.000001", if v < 0.0 { "-" } else { "" })
-    } else {
-        s
-    }
-}
-
 /// A number without trailing zeros: `168`, `2.5`, `0.33`.
 fn num(f: f64) -> String {
     let s = format!("{f:.2}");
@@ -520,6 +483,8 @@ pub fn group_json(g: &Group) -> Value {
         "pending_gpus": g.pending_gpus,
         "project": g.project,
         "depth": g.depth,
+        "counted_gpu_hours": g.counted_gpu_hours,
+        "fair_gpu_hours": g.fair_gpu_hours,
     })
 }
 
@@ -528,11 +493,17 @@ pub fn tree_json(t: &GetTreeResponse) -> Value {
     json!({
         "window_hours": t.window_hours,
         "capacity_gpus": t.capacity_gpus,
+        "covered_hours": t.covered_hours,
+        "horizon_hours": t.horizon_hours,
+        "ranking_window_hours": t.ranking_window_hours,
+        "drf": t.drf,
         "groups": t.groups.iter().map(group_json).collect::<Vec<_>>(),
     })
 }
 
-/// `allot share`: the window, then the tree, indented by depth.
+/// `allot share`: the window, then the tree, indented by depth, with both sides of
+/// every ratio so that a manager can recompute it from the row. One rule of
+/// precision per kind: GPU-hours to 0.1, ratios to 0.01, shares to 0.1 %.
 pub fn share_text(t: &GetTreeResponse) -> String {
     let rows: Vec<Vec<String>> = t
         .groups
@@ -546,47 +517,68 @@ pub fn share_text(t: &GetTreeResponse) -> String {
                 ),
                 num(g.weight),
                 format!("{:.1}%", g.share * 100.0),
-                gpu_hours(g.entitled_gpu_hours),
-                gpu_hours(g.served_gpu_hours),
-                ratio(g.ratio),
+                format!("{:.1}", g.entitled_gpu_hours),
+                format!("{:.1}", g.served_gpu_hours),
                 g.running_gpus.to_string(),
+                format!("{:.1}", g.counted_gpu_hours),
+                format!("{:.1}", g.fair_gpu_hours),
+                format!("{:.2}", g.ratio),
                 g.pending_gpus.to_string(),
             ]
         })
         .collect();
+    let h = |x: f64| format!("{}h", num(x));
     let mut out = format!(
-        "window: {}h, capacity: {} GPUs\n",
-        num(t.window_hours),
-        t.capacity_gpus
+        "window: {}, capacity: {} GPUs, history covered: {}, horizon: {}\n",
+        h(t.window_hours),
+        t.capacity_gpus,
+        h(t.covered_hours),
+        h(t.horizon_hours)
     );
     out.push_str(&table::render(
         &[
-            "NAME",
-            "WEIGHT",
-            "SHARE",
-            "ENTITLED(gpu-h)",
-            "RECEIVED(gpu-h)",
-            "RATIO",
-            "RUNNING",
+            "NAME", "WEIGHT", "SHARE", "BUDGET", "RECEIVED", "RUNNING", "COUNTED", "FAIR", "RATIO",
             "PENDING",
         ],
         &rows,
     ));
-    // The table is the answer to "why am I waiting"; this line is how to read it.
-    out.push_str("ratio = received / entitled; at each level the lowest ratio is served first\n");
+    // The table is the answer to "why am I waiting"; these lines are how to read it.
+    let counted_from = if t.ranking_window_hours > 0.0 {
+        format!(
+            "usage over the ratio's own {} memory (policy.ranking_lookback, not RECEIVED)",
+            h(t.ranking_window_hours)
+        )
+    } else {
+        "RECEIVED".to_string()
+    };
+    let drf = if t.drf {
+        " (the dominant share of GPU, CPU and memory, in GPU-hours)"
+    } else {
+        ""
+    };
+    out.push_str(&format!(
+        "GPU-hours. BUDGET = SHARE × {cap} GPUs × {w}; RECEIVED = usage in the window.\n\
+         RATIO = COUNTED / FAIR, lowest served first at each level:\n  \
+         COUNTED = {counted_from} + RUNNING × {hz}{drf}\n  \
+         FAIR = SHARE × {cap} GPUs × ({cov} covered + {hz})\n",
+        cap = t.capacity_gpus,
+        w = h(t.window_hours),
+        hz = h(t.horizon_hours),
+        cov = h(t.covered_hours),
+    ));
     out
 }
 
 /// One group on one line, after `budget set`.
 pub fn group_line(g: &Group) -> String {
     format!(
-        "{}: weight {}, share {:.1}%, entitled {} gpu-h, received {} gpu-h, ratio {}",
+        "{}: weight {}, share {:.1}%, budget {:.1} gpu-h, received {:.1} gpu-h, ratio {:.2}",
         g.name,
         num(g.weight),
         g.share * 100.0,
-        gpu_hours(g.entitled_gpu_hours),
-        gpu_hours(g.served_gpu_hours),
-        ratio(g.ratio)
+        g.entitled_gpu_hours,
+        g.served_gpu_hours,
+        g.ratio
     )
 }
 
@@ -901,82 +893,35 @@ mod tests {
     }
 
     #[test]
-    fn share_indents_by_depth_and_rounds_for_people() {
+    fn share_says_where_a_ratio_remembers_more_and_drf() {
         let t = GetTreeResponse {
             window_hours: 168.0,
             capacity_gpus: 32,
-            groups: vec![
-                Group {
-                    name: "ml".into(),
-                    weight: 3.0,
-                    share: 0.75,
-                    entitled_gpu_hours: 4_032.0,
-                    served_gpu_hours: 3_000.456,
-                    ratio: 0.7441,
-                    running_gpus: 24,
-                    pending_gpus: 16,
-                    depth: 1,
-                    ..Default::default()
-                },
-                Group {
-                    name: "vision".into(),
-                    parent: "ml".into(),
-                    weight: 0.5,
-                    share: 1.0 / 3.0,
-                    depth: 2,
-                    project: true,
-                    ..Default::default()
-                },
-            ],
+            covered_hours: 168.0,
+            horizon_hours: 1.0,
+            ranking_window_hours: 720.0,
+            drf: true,
+            groups: vec![Group {
+                name: "ml".into(),
+                weight: 3.0,
+                share: 0.75,
+                entitled_gpu_hours: 4_032.0,
+                served_gpu_hours: 3_000.456,
+                ratio: 0.7441,
+                depth: 1,
+                ..Default::default()
+            }],
         };
         let s = share_text(&t);
-        let lines: Vec<&str> = s.lines().collect();
-        assert_eq!(lines[0], "window: 168h, capacity: 32 GPUs");
         assert!(
-            lines[1].starts_with("NAME      WEIGHT  SHARE  ENTITLED(gpu-h)"),
+            s.contains("COUNTED = usage over the ratio's own 720h memory (policy.ranking_lookback, not RECEIVED) + RUNNING × 1h (the dominant share of GPU, CPU and memory, in GPU-hours)"),
             "{s}"
         );
-        assert_eq!(
-            lines[2].split_whitespace().collect::<Vec<_>>(),
-            ["ml", "3", "75.0%", "4032.0", "3000.5", "0.74", "24", "16"]
-        );
-        assert!(lines[3].starts_with("  vision  0.5     33.3%"), "{s}");
-        assert!(lines[4].starts_with("ratio = received / entitled"), "{s}");
         let v = tree_json(&t);
-        assert_eq!(v["window_hours"], 168.0);
-        assert_eq!(v["groups"][1]["parent"], "ml");
-        assert_eq!(v["groups"][1]["project"], true);
+        assert_eq!(v["ranking_window_hours"], 720.0);
         assert_eq!(
             group_line(&t.groups[0]),
-            "ml: weight 3, share 75.0%, entitled 4032.0 gpu-h, received 3000.5 gpu-h, ratio 0.74"
-        );
-    }
-
-    #[test]
-    fn small_gpu_hours_keep_two_significant_digits() {
-        assert_eq!(gpu_hours(4_032.0), "4032.0");
-        assert_eq!(gpu_hours(3.54), "3.5");
-        assert_eq!(gpu_hours(1.0), "1.0");
-        assert_eq!(gpu_hours(0.5), "0.50");
-        assert_eq!(gpu_hours(0.054), "0.054");
-        assert_eq!(gpu_hours(0.0012), "0.0012");
-        assert_eq!(gpu_hours(0.0), "0.0");
-        assert_eq!(gpu_hours(1e-9), "<0.000001");
-        assert_eq!(ratio(0.7441), "0.74");
-        assert_eq!(ratio(0.01), "0.01");
-        assert_eq!(ratio(0.004), "0.0040");
-        assert_eq!(ratio(0.0), "0.00");
-        let g = Group {
-            name: "tiny".into(),
-            weight: 1.0,
-            entitled_gpu_hours: 0.5,
-            served_gpu_hours: 0.005,
-            ratio: 0.01,
-            ..Default::default()
-        };
-        assert_eq!(
-            group_line(&g),
-            "tiny: weight 1, share 0.0%, entitled 0.50 gpu-h, received 0.0050 gpu-h, ratio 0.01"
+            "ml: weight 3, share 75.0%, budget 4032.0 gpu-h, received 3000.5 gpu-h, ratio 0.74"
         );
     }
 

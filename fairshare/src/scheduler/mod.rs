@@ -380,6 +380,20 @@ impl Scheduler {
             .collect()
     }
 
+    /// Each group's ratio as its two sides (see [`Ratios::parts`]), in GPU-seconds,
+    /// with the covered part of the window they were taken over, in seconds: what
+    /// `allot share` shows so that a ratio can be recomputed from its row.
+    pub fn group_ratio_parts(&self, now: Time) -> (Vec<(f64, f64)>, f64) {
+        let r = self.ratios_at(now);
+        let covered = self.st.ranking_ledger(&self.cfg).covered_secs(now);
+        (
+            (0..self.tree.len())
+                .map(|i| r.parts(GroupId(i as u32)))
+                .collect(),
+            covered,
+        )
+    }
+
     /// Ratios people read: from usage and live leases alone (no pass in progress),
     /// over the covered part of the window.
     fn ratios_at(&self, now: Time) -> Ratios {
