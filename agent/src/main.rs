@@ -26,6 +26,10 @@ struct Args {
     /// Only check the config and exit.
     #[arg(long)]
     check_config: bool,
+    /// Log lines as text or as one JSON object each (also $ALLOT_LOG_FORMAT); under
+    /// systemd, text carries syslog priorities for journalctl -p.
+    #[arg(long, global = true, env = "ALLOT_LOG_FORMAT", default_value = "text")]
+    log_format: allot_common::logging::Format,
     /// Stop (as on SIGTERM: workloads keep running) when process PID, the one that
     /// started this agent, dies, however it dies: `allotd dev`'s agents, so a killed
     /// `allotd dev` leaves none behind.
@@ -102,8 +106,8 @@ fn main() -> std::process::ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "supervise") {
         return allot_agent::supervisor::main();
     }
-    allot_common::logging::init("info");
     let a = Args::parse();
+    allot_common::logging::init("info", a.log_format);
     let o = Overrides {
         config: a.config,
         socket: a.socket,

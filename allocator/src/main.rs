@@ -26,6 +26,10 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "allotd", version, about = "allot fair-share allocator")]
 struct Cli {
+    /// Log lines as text or as one JSON object each (also $ALLOT_LOG_FORMAT); under
+    /// systemd, text carries syslog priorities for journalctl -p.
+    #[arg(long, global = true, env = "ALLOT_LOG_FORMAT", default_value = "text")]
+    log_format: allot_common::logging::Format,
     #[command(subcommand)]
     command: Command,
 }
@@ -96,8 +100,10 @@ then: allotd serve --config {}",
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    allot_common::logging::init("warn");
     let cli = Cli::parse();
+    // One line per decision (starts, preemptions, drains, breaker holds, lost
+    // nodes) at info: what `journalctl -u allotd` should show.
+    allot_common::logging::init("info", cli.log_format);
     // Every connection is a descriptor: 1,024 is not enough to serve a cluster.
     match allot_common::rlimit::raise_nofile() {
         Ok(n) => tracing::info!(nofile = n, "descriptor limit"),

@@ -206,3 +206,67 @@ fn submit_says_the_contract_and_classes_have_defaults() {
     assert_eq!(demo_a["name"], "demo-a");
     assert_eq!(demo_a["running_gpus"], 1);
 }
+
+#[test]
+fn under_systemd_log_lines_carry_syslog_priorities_and_json_is_one_object_a_line() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = std::env::temp_dir().join(format!("allot-day-one-log-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = dir.join("allotd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\nstate_dir = {:?}\n{PROJECTS}",
+            dir.join("state").display().to_string()
+        ),
+    )
+    .expect("config");
+    let allotd = |env: &[(&str, String)], stderr: &std::path::Path| {
+        let err = std::fs::File::create(stderr).expect("stderr file");
+        let meta = err.metadata().expect("meta");
+        let mut cmd = Command::new(sibling("allotd", "allot-allocator"));
+        cmd.args(["serve", "--check", "--config"])
+            .arg(&cfg)
+            .env_remove("ALLOT_LOG")
+            .env_remove("JOURNAL_STREAM")
+            .stderr(err);
+        for (k, v) in env {
+            let v = v.replace("DEV:INO", &format!("{}:{}", meta.dev(), meta.ino()));
+            cmd.env(k, v);
+        }
+        let o = cmd.output().expect("allotd runs");
+        assert!(o.status.success(), "{}", text(&o.stdout));
+        std::fs::read_to_string(stderr).expect("log")
+    };
+    // systemd's JOURNAL_STREAM names stderr: info lines begin <6>, no timestamp.
+    let log = allotd(
+        &[("JOURNAL_STREAM", "DEV:INO".into())],
+        &dir.join("journal.log"),
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("descriptor limit"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        line.starts_with("<6>allotd: descriptor limit nofile="),
+        "{log}"
+    );
+    // Another stream's JOURNAL_STREAM (stderr redirected elsewhere): plain text.
+    let log = allotd(&[("JOURNAL_STREAM", "1:2".into())], &dir.join("plain.log"));
+    assert!(
+        !log.starts_with('<') && log.contains(" INFO allotd: descriptor limit"),
+        "{log}"
+    );
+    // --log-format json (or ALLOT_LOG_FORMAT): one object per line.
+    let log = allotd(
+        &[("ALLOT_LOG_FORMAT", "json".into())],
+        &dir.join("json.log"),
+    );
+    for l in log.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert_eq!(v["level"], "INFO", "{l}");
+    }
+    assert!(log.contains("descriptor limit"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
