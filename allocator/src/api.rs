@@ -81,6 +81,7 @@ pub fn workload_pb(w: &WorkRec, explanation: String) -> pb::Workload {
                 .map(|x| x.signal.clone())
                 .unwrap_or_default(),
             warn_before_s: w.warn.as_ref().map_or(0, |x| x.before_s),
+            name: w.name.clone(),
         }),
         state: state_pb(w.state) as i32,
         submit_unix: secs(w.submit),
@@ -109,6 +110,7 @@ pub fn workload_pb(w: &WorkRec, explanation: String) -> pb::Workload {
                 end_reason: r.end_reason.clone(),
                 exit_code: r.exit_code,
                 signal: r.signal,
+                detail: r.detail.clone(),
             })
             .collect(),
     }
@@ -127,6 +129,7 @@ pub fn allot_env(s: &StartLease) -> Vec<(String, String)> {
     let mut v: Vec<(&str, String)> = vec![
         ("ALLOT_WORKLOAD_ID", s.workload.to_string()),
         ("ALLOT_PROJECT", s.project.clone()),
+        ("ALLOT_JOB_NAME", s.name.clone()),
         ("ALLOT_RUN", s.run.to_string()),
         ("ALLOT_NODE_RANK", rank.clone()),
         ("ALLOT_NNODES", nnodes.clone()),
@@ -623,6 +626,26 @@ impl pb::workloads_server::Workloads for Api {
         if s.user.is_empty() {
             s.user = who.user().unwrap_or_default().to_string();
         }
+        // No project named: the only one the user is a member of, if just one.
+        if s.project.is_empty() && !s.user.is_empty() {
+            let mine = self.0.core().alloc.member_projects(&s.user);
+            match mine.as_slice() {
+                [only] => s.project = only.clone(),
+                [] => {
+                    return Err(Status::invalid_argument(format!(
+                        "project: required; {} is a member of no project; `allot share` lists them (set --project, $ALLOT_PROJECT, or project = \"P\" in ~/.config/allot/config.toml)",
+                        s.user
+                    )))
+                }
+                many => {
+                    return Err(Status::invalid_argument(format!(
+                        "project: required; {} is a member of {}: say which (--project, $ALLOT_PROJECT, or project = \"P\" in ~/.config/allot/config.toml)",
+                        s.user,
+                        many.join(", ")
+                    )))
+                }
+            }
+        }
         check_spec(&s)?;
         self.check(
             &who,
@@ -669,6 +692,7 @@ impl pb::workloads_server::Workloads for Api {
                     .unwrap_or_else(|| s.warn_signal.clone()),
                 before_s: s.warn_before_s,
             }),
+            name: s.name.clone(),
         };
         let a = self.0.commit(input).map_err(core_status)?;
         let workload = a.id.and_then(|id| self.workload_view(id).ok());
@@ -748,6 +772,7 @@ impl pb::workloads_server::Workloads for Api {
             .values()
             .filter(|w| r.project.is_empty() || w.spec.project == r.project)
             .filter(|w| r.user.is_empty() || w.spec.user == r.user)
+            .filter(|w| r.name.is_empty() || w.name == r.name)
             .filter(|w| r.state == 0 || state_pb(w.state) as i32 == r.state)
             // Only what this caller may see: their own, their subtree's, or all.
             .filter(|w| c.alloc.sees(&who, w.id))

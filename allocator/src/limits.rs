@@ -35,6 +35,7 @@ pub fn spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
     check_name("project", &s.project, MAX_NAME).map_err(status)?;
     check_name("user", &s.user, MAX_NAME).map_err(status)?;
     check_optional_name("class", &s.class, MAX_NAME).map_err(status)?;
+    check_optional_name("name", &s.name, MAX_NAME).map_err(status)?;
     check_argv("argv", &s.argv).map_err(status)?;
     check_text("checkpoint_hook", &s.checkpoint_hook, MAX_HOOK).map_err(status)?;
     check_optional_name("warn_signal", &s.warn_signal, MAX_NAME).map_err(status)?;
@@ -52,7 +53,8 @@ pub fn spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
 /// rather than searched for).
 pub fn list(r: &pb::ListRequest) -> Result<(), Status> {
     check_optional_name("project", &r.project, MAX_NAME).map_err(status)?;
-    check_optional_name("user", &r.user, MAX_NAME).map_err(status)
+    check_optional_name("user", &r.user, MAX_NAME).map_err(status)?;
+    check_optional_name("name", &r.name, MAX_NAME).map_err(status)
 }
 
 /// A group of the org tree, as SetWeight names it.

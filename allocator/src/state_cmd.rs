@@ -445,6 +445,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
             output: String::new(),
             error: String::new(),
             warn: None,
+            name: String::new(),
         }];
         if k.is_multiple_of(4) {
             step.push(Input::Schedule);

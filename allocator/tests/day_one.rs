@@ -270,3 +270,95 @@ fn under_systemd_log_lines_carry_syslog_priorities_and_json_is_one_object_a_line
     assert!(log.contains("descriptor limit"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn names_cancel_by_filter_and_a_default_project() {
+    let me = allot_test_support::current_user();
+    let groups = format!(
+        "[[group]]\nname = \"demo-a\"\nweight = 1\n[[group]]\nname = \"demo-b\"\nweight = 1\nmembers = [{me:?}]\n"
+    );
+    let c = Cluster::start("day-one-names", &groups, 1, 4);
+    // No --project: the only project the user is a member of.
+    let o = c.allot(&[
+        "submit",
+        "--name",
+        "probe",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$ALLOT_JOB_NAME\"",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains("(project demo-b, 1 GPU)"),
+        "{}",
+        text(&o.stdout)
+    );
+    // A name: in the queue, as a filter, in the job's environment and in %x.
+    let id = c.submit(
+        &[
+            "--project",
+            "demo-a",
+            "-J",
+            "sweep-1",
+            "--output",
+            "%x-%j.out",
+        ],
+        "echo named",
+    );
+    let w = c.wait_state(&id, "completed", LONG);
+    assert_eq!(w["name"], "sweep-1");
+    let o = c.allot(&["logs", &id]);
+    assert_eq!(text(&o.stdout), "named\n", "{}", text(&o.stderr));
+    let file = c
+        .node_dir(0)
+        .join("state/logs")
+        .join(&me)
+        .join(format!("sweep-1-{id}.out"));
+    assert!(
+        file.exists(),
+        "%x put the name in the file name: {}",
+        file.display()
+    );
+    let probe = c.json(&["queue", "--all", "--name", "probe", "--json"]);
+    let probe = probe.as_array().expect("array");
+    assert_eq!(probe.len(), 1);
+    let pid = probe[0]["id"].as_str().expect("id");
+    c.wait_state(pid, "completed", LONG);
+    assert_eq!(text(&c.allot(&["logs", pid]).stdout), "probe\n");
+
+    // Cancel several by id, and every live one of a name.
+    let ids: Vec<String> = (0..4)
+        .map(|i| {
+            c.submit(
+                &[
+                    "--project",
+                    "demo-a",
+                    "--name",
+                    if i < 2 { "a" } else { "b" },
+                ],
+                "sleep 300",
+            )
+        })
+        .collect();
+    let o = c.allot(&["cancel", &ids[0], &ids[1]]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).lines().count(), 2, "{}", text(&o.stdout));
+    let o = c.allot(&["cancel", "--name", "b", "--state", "pending"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = c.allot(&["cancel", "--name", "b"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    for id in &ids {
+        c.wait_state(id, "cancelled", LONG);
+    }
+    // One refusal does not stop the rest, and says which.
+    let o = c.allot(&["cancel", "999", &ids[0]]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("error: workload 999: "),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = c.allot(&["cancel"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+}

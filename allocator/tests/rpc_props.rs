@@ -382,6 +382,7 @@ fn spec() -> BoxedStrategy<pb::WorkloadSpec> {
             (
                 f(m, safe(&["", "USR2", "SIGUSR1"]), text()),
                 f(m, 0u64..120, u64s()),
+                f(m, safe(&["", "train-7"]), text()),
             ),
         )
             .prop_map(
@@ -389,7 +390,7 @@ fn spec() -> BoxedStrategy<pb::WorkloadSpec> {
                     (project, user, class, gpus_per_node, nodes, cpu_per_node, mem_per_node_gb),
                     (min_runtime_s, time_limit_s, resumable, priority, argv, checkpoint_hook, no_requeue),
                     (cwd, env, output, error),
-                    (warn_signal, warn_before_s),
+                    (warn_signal, warn_before_s, name),
                 )| pb::WorkloadSpec {
                     project,
                     user,
@@ -411,6 +412,7 @@ fn spec() -> BoxedStrategy<pb::WorkloadSpec> {
                     error,
                     warn_signal,
                     warn_before_s,
+                    name,
                 },
             )
             .boxed()
@@ -1153,14 +1155,16 @@ fn families() -> Vec<(&'static str, BoxedStrategy<Case>)> {
                 either(safe(&["", "p-a"]), project()),
                 either(safe(&["", "root"]), text()),
                 either(0i32..8, enums()),
+                either(safe(&["", "train-7"]), text()),
             )
-                .prop_map(|(w, project, user, state)| {
+                .prop_map(|(w, project, user, state, name)| {
                     Case::List(
                         w,
                         pb::ListRequest {
                             project,
                             user,
                             state,
+                            name,
                         },
                     )
                 })

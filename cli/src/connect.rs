@@ -51,6 +51,26 @@ pub fn token() -> Result<Option<String>, String> {
     }
 }
 
+/// The project a submission charges when `--project` and `$ALLOT_PROJECT` are
+/// absent: `project = "P"` in `~/.config/allot/config.toml`; `None` lets allotd
+/// pick the only project the user is a member of.
+pub fn default_project() -> Result<Option<String>, String> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        project: Option<String>,
+    }
+    let Some(p) = config_dir().map(|d| d.join("config.toml")) else {
+        return Ok(None);
+    };
+    let text = match std::fs::read_to_string(&p) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", p.display())),
+    };
+    let f: File = toml::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(f.project.filter(|p| !p.trim().is_empty()))
+}
+
 /// The cluster CA to check allotd by.
 fn ca() -> Result<String, String> {
     let candidates: Vec<PathBuf> = match std::env::var_os("ALLOT_CA").filter(|c| !c.is_empty()) {

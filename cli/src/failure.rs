@@ -14,6 +14,8 @@ pub enum Failure {
     Refused(String),
     /// Anything local (printing).
     Other(anyhow::Error),
+    /// Already said on stderr, one line per part that failed: exit status 1.
+    Quiet,
     /// Not a failure of allot's: the job ended with this status (`--wait`, `logs -f`,
     /// `watch`), passed on as `srun` passes its job's.
     JobEnded(u8),
@@ -63,7 +65,7 @@ pub fn block_on(f: impl Future<Output = Result<(), Failure>>) -> ExitCode {
                 }
                 Failure::Status(s) => eprintln!("error: {}", s.message()),
                 Failure::Other(e) => eprintln!("error: {e:#}"),
-                Failure::JobEnded(_) => {}
+                Failure::JobEnded(_) | Failure::Quiet => {}
             }
             ExitCode::from(1)
         }

@@ -45,9 +45,9 @@ pub struct Server {
 pub struct SubmitArgs {
     #[command(flatten)]
     conn: Server,
-    /// The project charged for the GPU time.
-    #[arg(long, value_name = "P")]
-    project: String,
+    /// The project charged for the GPU time [default: $ALLOT_PROJECT, else project = in ~/.config/allot/config.toml, else the only project you are a member of].
+    #[arg(long, value_name = "P", env = "ALLOT_PROJECT")]
+    project: Option<String>,
     /// GPUs on each node: 1 to 64 (allotd says which node sizes this cluster has).
     #[arg(long, value_name = "N", default_value_t = 1)]
     gpus: u32,
@@ -107,6 +107,9 @@ pub struct SubmitArgs {
     /// Stderr file name, as --output [default: the agent's].
     #[arg(long, value_name = "PATTERN")]
     error: Option<String>,
+    /// A name for the job (as sbatch's -J): shown by queue and status, `queue --name` finds it, %x in --output puts it in a file name; the job sees it as ALLOT_JOB_NAME.
+    #[arg(long, short = 'J', value_name = "NAME")]
+    name: Option<String>,
     /// Print `{"id": ...}` (with --wait, then the ended workload as `status --json` prints it).
     #[arg(long)]
     json: bool,
@@ -162,6 +165,9 @@ pub struct QueueArgs {
     /// Only this user's workloads.
     #[arg(long, value_name = "U")]
     user: Option<String>,
+    /// Only workloads of this name (`submit --name`).
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
     /// Only workloads in this state [absent: pending and running].
     #[arg(long, value_enum, conflicts_with = "all")]
     state: Option<StateArg>,
@@ -173,7 +179,40 @@ pub struct QueueArgs {
     json: bool,
 }
 
-/// `allot status` and `allot cancel`.
+/// `allot cancel`: ids, or filters over live work (as `scancel -u -t`).
+#[derive(clap::Args, Debug)]
+pub struct CancelArgs {
+    #[command(flatten)]
+    conn: Server,
+    /// Workload ids.
+    ids: Vec<String>,
+    /// Every live workload of this user.
+    #[arg(long, value_name = "U")]
+    user: Option<String>,
+    /// Every live workload of this project.
+    #[arg(long, value_name = "P")]
+    project: Option<String>,
+    /// Every live workload of this name.
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// With the filters: only pending, or only running, workloads.
+    #[arg(long, value_enum)]
+    state: Option<LiveState>,
+    /// Print each cancelled workload as a JSON object, one a line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A live state, for `cancel --state`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum LiveState {
+    /// Waiting for GPUs.
+    Pending,
+    /// Holding GPUs.
+    Running,
+}
+
+/// `allot status` and `allot watch`.
 #[derive(clap::Args, Debug)]
 pub struct IdArgs {
     #[command(flatten)]
@@ -291,8 +330,8 @@ pub enum Remote {
     Queue(QueueArgs),
     /// One workload in full: its contract, where it runs, why it waits.
     Status(IdArgs),
-    /// Cancel a workload.
-    Cancel(IdArgs),
+    /// Cancel workloads: by id (several at once), or every live one matching --user, --project, --name and --state.
+    Cancel(CancelArgs),
     /// Follow a workload to its end: a line each time it starts, is requeued or ends; exits with its exit status.
     Watch(IdArgs),
     /// A workload's output, from the node that ran it: the latest run's unless --run; -f follows it.
@@ -350,6 +389,14 @@ fn parse_weight(s: &str) -> Result<f64, String> {
 pub fn validate(cmd: &Remote) -> Result<(), Usage> {
     match cmd {
         Remote::Submit(a) => validate_submit(a),
+        Remote::Cancel(a) if a.ids.is_empty() && a.user.is_none() && a.project.is_none() && a.name.is_none() => Err(Usage {
+            path: &["cancel"],
+            message: "say what to cancel: workload ids (allot cancel 12 13), or --user, --project or --name (with --state pending|running) for every live workload that matches".into(),
+        }),
+        Remote::Cancel(a) if a.state.is_some() && a.user.is_none() && a.project.is_none() && a.name.is_none() => Err(Usage {
+            path: &["cancel"],
+            message: "--state narrows --user, --project or --name; give one of them too".into(),
+        }),
         Remote::Budget(BudgetCommand::Set(a)) => match &a.share {
             // Refused rather than taken with a warning: `--share 30` meant 30% to whoever
             // typed it, and setting weight 30 changes every sibling's share at once.
@@ -411,7 +458,8 @@ impl Remote {
         match self {
             Remote::Submit(a) => &a.conn,
             Remote::Queue(a) => &a.conn,
-            Remote::Status(a) | Remote::Cancel(a) | Remote::Watch(a) => &a.conn,
+            Remote::Status(a) | Remote::Watch(a) => &a.conn,
+            Remote::Cancel(a) => &a.conn,
             Remote::Logs(a) => &a.conn,
             Remote::Share(a) => &a.conn,
             Remote::Budget(BudgetCommand::Set(a)) => &a.conn,
@@ -482,8 +530,7 @@ async fn channel(server: &str) -> Result<Conn, Failure> {
 /// asking for all states would fetch the whole history to show the live part.
 async fn list_active(
     c: &mut WorkloadsClient<Conn>,
-    project: &str,
-    user: &str,
+    filter: &ListRequest,
 ) -> Result<Vec<Workload>, Failure> {
     let mut lists = Vec::with_capacity(2);
     // Pending first: a workload that starts between the calls then shows once, as
@@ -491,9 +538,8 @@ async fn list_active(
     for state in [WorkloadState::Pending, WorkloadState::Running] {
         let r = c
             .list(ListRequest {
-                project: project.into(),
-                user: user.into(),
                 state: state as i32,
+                ..filter.clone()
             })
             .await?;
         lists.push(r.into_inner().workloads);
@@ -657,8 +703,14 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 ))
             })?;
             let cwd = crate::jobenv::workdir(a.chdir.as_deref(), &here);
+            let project = match a.project {
+                Some(p) => p,
+                None => crate::connect::default_project()
+                    .map_err(Failure::Refused)?
+                    .unwrap_or_default(),
+            };
             let spec = WorkloadSpec {
-                project: a.project,
+                project,
                 // allotd runs the work as whoever the token or the agent proves.
                 user: a.user.unwrap_or_default(),
                 class: a.class,
@@ -682,6 +734,7 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 error: a.error.unwrap_or_default(),
                 warn_signal: a.signal.as_ref().map(|s| s.0.clone()).unwrap_or_default(),
                 warn_before_s: a.signal.as_ref().map_or(0, |s| s.1),
+                name: a.name.unwrap_or_default(),
             };
             let (project, gpus, nodes) = (spec.project.clone(), spec.gpus_per_node, spec.nodes);
             let ch = channel(&server).await?;
@@ -698,6 +751,12 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 }
                 println!("{v}");
             } else {
+                // allotd may have picked the project (the user's only one).
+                let project = r
+                    .workload
+                    .as_ref()
+                    .and_then(|w| w.spec.as_ref())
+                    .map_or(project, |s| s.project.clone());
                 println!(
                     "submitted workload {id} (project {project}, {})",
                     view::gpu_count(gpus, nodes)
@@ -733,16 +792,19 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 check_project(&tree, p)?;
             }
             let mut c = WorkloadsClient::new(ch);
-            let project = a.project.unwrap_or_default();
-            let user = a.user.unwrap_or_default();
+            let filter = ListRequest {
+                project: a.project.unwrap_or_default(),
+                user: a.user.unwrap_or_default(),
+                name: a.name.unwrap_or_default(),
+                state: 0,
+            };
             let workloads = match (a.state, a.all) {
-                (None, false) => list_active(&mut c, &project, &user).await?,
+                (None, false) => list_active(&mut c, &filter).await?,
                 (state, _) => {
                     let state = state.map_or(WorkloadState::Unspecified, WorkloadState::from);
                     c.list(ListRequest {
-                        project,
-                        user,
                         state: state as i32,
+                        ..filter
                     })
                     .await?
                     .into_inner()
@@ -768,14 +830,44 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
             }
         }
         Remote::Cancel(a) => {
-            let w = WorkloadsClient::new(channel(&server).await?)
-                .cancel(CancelRequest { id: a.id })
-                .await?
-                .into_inner();
-            if a.json {
-                println!("{}", view::workload_json(&w));
-            } else {
-                println!("{}", cancel_line(&w));
+            let mut c = WorkloadsClient::new(channel(&server).await?);
+            let mut ids = a.ids.clone();
+            let filtered = a.user.is_some() || a.project.is_some() || a.name.is_some();
+            if filtered {
+                let filter = ListRequest {
+                    project: a.project.clone().unwrap_or_default(),
+                    user: a.user.clone().unwrap_or_default(),
+                    name: a.name.clone().unwrap_or_default(),
+                    state: 0,
+                };
+                let live = list_active(&mut c, &filter).await?;
+                ids.extend(
+                    live.iter()
+                        .filter(|w| match a.state {
+                            Some(LiveState::Pending) => w.state() == WorkloadState::Pending,
+                            Some(LiveState::Running) => w.state() == WorkloadState::Running,
+                            None => true,
+                        })
+                        .map(|w| w.id.clone()),
+                );
+                if ids.is_empty() {
+                    eprintln!("no live workload matches; nothing cancelled");
+                }
+            }
+            // Each one on its own: one refusal does not keep the others running.
+            let mut refused = 0;
+            for id in ids {
+                match c.cancel(CancelRequest { id: id.clone() }).await {
+                    Ok(w) if a.json => println!("{}", view::workload_json(w.get_ref())),
+                    Ok(w) => println!("{}", cancel_line(w.get_ref())),
+                    Err(e) => {
+                        refused += 1;
+                        eprintln!("error: workload {id}: {}", e.message());
+                    }
+                }
+            }
+            if refused > 0 {
+                return Err(Failure::Quiet);
             }
         }
         Remote::Logs(a) => {

@@ -67,10 +67,32 @@ fn submit_needs_a_command() {
 }
 
 #[test]
-fn submit_needs_a_project() {
-    let (code, _, err) = allot(&["submit", "--", "true"]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--project"), "{err}");
+fn the_project_comes_from_the_flag_the_environment_or_the_config_file() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let home = std::env::temp_dir().join(format!("allot-cli-project-{}", std::process::id()));
+    std::fs::create_dir_all(home.join("allot")).expect("dir");
+    std::fs::write(home.join("allot/config.toml"), "project = \"vision\"\n").expect("config");
+    let xdg = home.to_string_lossy().into_owned();
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut a = vec!["submit", "--server", addr.as_str()];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["--", "true"]);
+        let (code, _, err) = allot_env(&a, env);
+        assert_eq!(code, 0, "{err}");
+    };
+    run(&[], &[("XDG_CONFIG_HOME", &xdg)]);
+    run(&[], &[("XDG_CONFIG_HOME", &xdg), ("ALLOT_PROJECT", "nlp")]);
+    run(
+        &["--project", "infra"],
+        &[("XDG_CONFIG_HOME", &xdg), ("ALLOT_PROJECT", "nlp")],
+    );
+    // Nothing anywhere: sent empty, for allotd to pick the user's only project.
+    run(&[], &[("XDG_CONFIG_HOME", "/nonexistent")]);
+    let seen = fake.seen();
+    let projects: Vec<&str> = seen.submits.iter().map(|s| s.project.as_str()).collect();
+    assert_eq!(projects, ["vision", "nlp", "infra", ""]);
+    let _ = std::fs::remove_dir_all(&home);
 }
 
 #[test]
@@ -729,11 +751,13 @@ fn queue_shows_pending_and_running_by_default() {
         lines[0].split_whitespace().collect::<Vec<_>>(),
         [
             "ID",
+            "NAME",
             "PROJECT",
             "USER",
             "CLASS",
             "GPUS",
             "STATE",
+            "RUN",
             "WAITED/RAN",
             "PREEMPTED",
             "NODES",
@@ -749,14 +773,14 @@ fn queue_shows_pending_and_running_by_default() {
     assert_eq!(ids, ["18", "20", "17"]);
     let running: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(
-        running[..6],
-        ["18", "vision", "ana", "batch", "8x2", "running"]
+        running[..8],
+        ["18", "-", "vision", "ana", "batch", "8x2", "running", "0"]
     );
-    assert!(running[6].starts_with("1h0"), "{out}");
-    assert_eq!(running[7..], ["1", "gpu-01,gpu-02", "-"]);
+    assert!(running[8].starts_with("1h0"), "{out}");
+    assert_eq!(running[9..], ["1", "gpu-01,gpu-02", "-"]);
     let pending: Vec<&str> = lines[3].split_whitespace().collect();
-    assert_eq!(pending[5], "pending");
-    assert!(pending[6].starts_with("3m1"), "{out}");
+    assert_eq!(pending[6], "pending");
+    assert!(pending[8].starts_with("3m1"), "{out}");
     assert!(
         lines[3].ends_with("needs 2 whole nodes, 1 are free in one cluster"),
         "{out}"
@@ -789,9 +813,9 @@ fn queue_state_all_and_json() {
         .expect("row")
         .split_whitespace()
         .collect();
-    assert_eq!(row[5], "timed-out");
-    assert_eq!(row[6], "1h00m");
-    assert_eq!(row[9], "time-limit");
+    assert_eq!(row[6], "timed-out");
+    assert_eq!(row[8], "1h00m");
+    assert_eq!(row[11], "time-limit");
 
     let (code, out, err) = allot(&["queue", "--server", &addr, "--all", "--json"]);
     assert_eq!(code, 0, "{err}");

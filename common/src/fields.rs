@@ -299,7 +299,8 @@ pub fn check_cwd(field: &str, value: &str) -> Result<(), FieldError> {
 /// An output file pattern (`--output`, `--error`): empty (the agent's default) or a
 /// relative file name of at most [`MAX_PATTERN`] bytes on one line, with no `..`
 /// component (it names a file under the agent's log directory, never elsewhere),
-/// and `%` only in `%j` (workload), `%r` (run), `%n` (node rank) and `%%`.
+/// and `%` only in `%j` (workload), `%r` (run), `%n` (node rank), `%u` (user), `%x`
+/// (job name; allotd puts it in before the agent sees the pattern) and `%%`.
 pub fn check_pattern(field: &str, value: &str) -> Result<(), FieldError> {
     if value.is_empty() {
         return Ok(());
@@ -325,11 +326,11 @@ pub fn check_pattern(field: &str, value: &str) -> Result<(), FieldError> {
     }
     let mut chars = value.char_indices();
     while let Some((i, c)) = chars.next() {
-        if c == '%' && !matches!(chars.next(), Some((_, 'j' | 'r' | 'n' | 'u' | '%'))) {
+        if c == '%' && !matches!(chars.next(), Some((_, 'j' | 'r' | 'n' | 'u' | 'x' | '%'))) {
             return refuse(
                 field,
                 format!(
-                    "{} has an unknown % at byte {i}; use %j (workload), %r (run), %n (node rank), %u (user) or %% (a %)",
+                    "{} has an unknown % at byte {i}; use %j (workload), %r (run), %n (node rank), %u (user), %x (job name) or %% (a %)",
                     shown(value)
                 ),
             );

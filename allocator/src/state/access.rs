@@ -214,6 +214,24 @@ impl Allocator {
         })
     }
 
+    /// The projects `user` is named a member (or manager) of, on the project or a
+    /// group above it; open groups do not count: a default project is one the
+    /// user was given, not one anybody may charge.
+    pub fn member_projects(&self, user: &str) -> Vec<String> {
+        let tree = self.core.tree();
+        tree.projects()
+            .iter()
+            .map(|&p| tree.group(p).name.clone())
+            .filter(|p| {
+                self.path_of(p).iter().any(|g| {
+                    self.access.groups.get(g).is_some_and(|a| {
+                        a.members.iter().any(|m| m == user) || a.managers.iter().any(|m| m == user)
+                    })
+                })
+            })
+            .collect()
+    }
+
     fn may_charge(&self, user: &str, project: &str) -> bool {
         self.path_of(project).iter().any(|g| {
             self.access.groups.get(g).is_some_and(|a| {

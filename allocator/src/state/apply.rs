@@ -26,6 +26,7 @@ impl Allocator {
                 output,
                 error,
                 warn,
+                name,
             } => {
                 let id = self.core.submit(at, spec.clone())?;
                 self.work.insert(
@@ -50,6 +51,7 @@ impl Allocator {
                         error: error.clone(),
                         runs: Vec::new(),
                         warn: warn.clone(),
+                        name: name.clone(),
                         exit_code: None,
                         signal: None,
                     },
@@ -440,6 +442,7 @@ impl Allocator {
                 r.end_reason = how.to_string();
                 r.exit_code = exit_code;
                 r.signal = signal;
+                r.detail = reason.to_string();
             }
             w.exit_code = exit_code;
             w.signal = signal;

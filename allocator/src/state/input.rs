@@ -69,6 +69,9 @@ pub enum Input {
         /// existed, whose agents sent their own default: that default is now off).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         warn: Option<super::TimeWarning>,
+        /// The job's name (`--name`); empty: none given.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        name: String,
     },
     /// A user cancelled work.
     Cancel {

@@ -170,6 +170,9 @@ pub struct WorkRec {
     /// The warning it asked for before its time limit; none unless asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warn: Option<TimeWarning>,
+    /// The job's name (`--name`); empty: none given.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
     /// The last run's exit status, when its process exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
@@ -205,6 +208,32 @@ pub struct RunRec {
     /// The signal that ended its process, when one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
+    /// How it ended in words: the host's report (`failed-to-start (…) on n0: …`)
+    /// or allotd's (`node n0 lost`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+/// An output pattern with `%x` replaced by the job's name (`allot` when it has
+/// none), here rather than on the agent: the name is allotd's. `%%x` stays.
+fn with_name(pattern: &str, name: &str) -> String {
+    let name = if name.is_empty() { "allot" } else { name };
+    let mut out = String::with_capacity(pattern.len());
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        match (c, c == '%') {
+            (_, true) => match chars.next() {
+                Some('x') => out.push_str(name),
+                Some(n) => {
+                    out.push('%');
+                    out.push(n);
+                }
+                None => out.push('%'),
+            },
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 /// Counters for `/metrics` (kept in snapshots, rebuilt by replay like everything else).
@@ -402,8 +431,9 @@ impl Allocator {
             argv: w.argv.clone(),
             cwd: w.cwd.clone(),
             env: w.env.clone(),
-            output: w.output.clone(),
-            error: w.error.clone(),
+            output: with_name(&w.output, &w.name),
+            error: with_name(&w.error, &w.name),
+            name: w.name.clone(),
             run: u32::try_from(run).unwrap_or(u32::MAX),
             rank: u32::try_from(rank).unwrap_or(u32::MAX),
             nodes,

@@ -118,6 +118,8 @@ pub struct StartLease {
     pub output: String,
     /// Stderr file pattern; empty: the agent's default.
     pub error: String,
+    /// The job's name (`ALLOT_JOB_NAME`); empty: none given.
+    pub name: String,
     /// Which run of the workload (1-based: its leases in order).
     pub run: u32,
     /// This host's rank in the gang (0-based, the order of `nodes`).

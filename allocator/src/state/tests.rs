@@ -121,6 +121,7 @@ fn replaying_the_inputs_rebuilds_the_same_state() {
                 output: String::new(),
                 error: String::new(),
                 warn: None,
+                name: String::new(),
             },
         ));
         inputs.push((k, Input::Schedule));
@@ -450,6 +451,7 @@ fn batch(project: &str) -> Input {
         output: String::new(),
         error: String::new(),
         warn: None,
+        name: String::new(),
     }
 }
 
@@ -723,6 +725,7 @@ fn busy_day() -> Vec<(Time, Input)> {
         output: String::new(),
         error: String::new(),
         warn: None,
+        name: String::new(),
     };
     for k in 0..8u64 {
         let t = 1 + k * 600;
@@ -1008,6 +1011,7 @@ fn work(nodes: u32, gpus: u32) -> Input {
         output: "out-%j-%n".into(),
         error: String::new(),
         warn: None,
+        name: String::new(),
     }
 }
 

