@@ -25,6 +25,8 @@ fn spec(dir: &Path, n: usize, script: &str, cap: u64, cgroup: Option<PathBuf>) -
         lease_dir: dir.join(format!("{n}/lease")),
         out_log: dir.join(format!("{n}/out")),
         err_log: dir.join(format!("{n}/err")),
+        out_users_own: false,
+        err_users_own: false,
         cap_bytes: cap,
         cgroup: cgroup.map(|c| c.join(format!("B-{n}"))),
         limits: Default::default(),

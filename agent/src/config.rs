@@ -74,6 +74,12 @@ pub struct AgentSection {
     /// submission's `--output`/`--error` pattern under it); empty: `STATE_DIR/logs`
     /// (restart to change).
     pub log_dir: PathBuf,
+    /// A directory on storage every host mounts at the same path (reloadable: for
+    /// leases started after): each workload's `$ALLOT_CHECKPOINT_DIR` is
+    /// `<root>/<user>/<workload>`, the same for every run on every host, so a
+    /// requeued job finds its checkpoint. Empty: a new host-local directory per
+    /// lease (`STATE_DIR/leases/<lease>/checkpoint`), good for the marker only.
+    pub checkpoint_root: PathBuf,
     /// Bytes of output kept per run, stdout and stderr together; the rest is cut with
     /// a note at the end of the file (reloadable: for runs started after).
     pub max_output_bytes: u64,
@@ -105,6 +111,7 @@ impl Default for AgentSection {
             min_free_bytes: 1 << 30,
             disk_check_interval: 15,
             log_dir: PathBuf::new(),
+            checkpoint_root: PathBuf::new(),
             max_output_bytes: 1 << 30,
             cgroup: "auto".into(),
         }
@@ -176,6 +183,15 @@ impl AgentConfig {
             let addr = crate::credentials::with_scheme(&a.allocator);
             crate::credentials::check_allocator(&addr)
                 .map_err(|why| err("agent.allocator", format!("{:?}: {why}", a.allocator)))?;
+        }
+        if !a.checkpoint_root.as_os_str().is_empty() && !a.checkpoint_root.is_absolute() {
+            return Err(err(
+                "agent.checkpoint_root",
+                format!(
+                    "{}: give an absolute directory that every host mounts at the same path, e.g. /shared/allot/checkpoints (or leave it empty for host-local ones)",
+                    a.checkpoint_root.display()
+                ),
+            ));
         }
         if a.max_output_bytes == 0 {
             return Err(err(

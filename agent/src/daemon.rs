@@ -74,6 +74,8 @@ impl Overrides {
 /// The host settings a config gives.
 pub fn settings(c: &AgentConfig, cgroups: &Placement, supervisor: &Path) -> Settings {
     Settings {
+        checkpoint_root: (!c.agent.checkpoint_root.as_os_str().is_empty())
+            .then(|| c.agent.checkpoint_root.clone()),
         default_grace_s: c.agent.default_grace,
         term_grace_s: c.agent.term_grace,
         warning_before_ms: i64::try_from(c.agent.time_limit_warning.saturating_mul(1000))

@@ -55,11 +55,21 @@ pub fn expand(pattern: &str, user: &str, workload: &str, run: u32, rank: u32) ->
     out
 }
 
-/// Where a run's `stream` goes: under the log dir, in the directory of the job's
+/// Whether an `--output`/`--error` pattern names a file of the job's user's own:
+/// absolute, or `./…` relative to the job's directory. Such a file is opened as
+/// that user (never by root), as `sbatch -o` does, and is not capped; any other
+/// name is in the node's log directory.
+pub fn users_own(pattern: &str) -> bool {
+    pattern.starts_with('/') || pattern.starts_with("./")
+}
+
+/// Where a run's `stream` goes: a file of the user's own ([`users_own`]: the
+/// expanded pattern, relative ones under `cwd`), or under the log dir, in the directory of the job's
 /// user, the submission's pattern, or `<workload>/<run>.<rank>.out|err`. Each user's
 /// names are their own, so no one can take a name another user's job will write
 /// (workload ids are sequential). A pattern climbing out (`..`, absolute) is refused
 /// by allotd; here it is kept inside the user's directory all the same.
+#[allow(clippy::too_many_arguments)]
 pub fn log_file(
     log_dir: &Path,
     user: &str,
@@ -68,7 +78,11 @@ pub fn log_file(
     run: u32,
     rank: u32,
     stream: LogStream,
+    cwd: &Path,
 ) -> PathBuf {
+    if users_own(pattern) {
+        return cwd.join(expand(pattern, user, workload, run, rank));
+    }
     let name = if pattern.is_empty() {
         format!("{}/{run}.{rank}.{}", workload, stream.ext())
     } else {
@@ -183,26 +197,46 @@ mod tests {
             "t-w7.2.1-ann-100%"
         );
         let d = Path::new("/logs");
+        let cwd = Path::new("/home/ann/golf");
+        let f = |user: &str, pattern: &str, w: &str, run: u32, rank: u32, s: LogStream| {
+            log_file(d, user, pattern, w, run, rank, s, cwd)
+        };
         assert_eq!(
-            log_file(d, "ann", "", "w7", 2, 1, LogStream::Stderr),
+            f("ann", "", "w7", 2, 1, LogStream::Stderr),
             Path::new("/logs/ann/w7/2.1.err")
         );
         assert_eq!(
-            log_file(d, "ann", "run-%j/%n.out", "w7", 2, 1, LogStream::Stdout),
+            f("ann", "run-%j/%n.out", "w7", 2, 1, LogStream::Stdout),
             Path::new("/logs/ann/run-w7/1.out")
         );
         assert_eq!(
-            log_file(d, "ann", "/etc/../../x", "w", 1, 0, LogStream::Stdout),
+            f("ann", "etc/../../x", "w", 1, 0, LogStream::Stdout),
             Path::new("/logs/ann/etc/x")
+        );
+        // The user's own files: absolute, or under the job's directory.
+        assert_eq!(
+            f(
+                "ann",
+                "/home/ann/logs/%j.out",
+                "w7",
+                1,
+                0,
+                LogStream::Stdout
+            ),
+            Path::new("/home/ann/logs/w7.out")
+        );
+        assert_eq!(
+            f("ann", "./out-%n.log", "w7", 1, 3, LogStream::Stdout),
+            Path::new("/home/ann/golf/./out-3.log")
         );
         // Another user's default name, asked for by bob: his own directory's.
         assert_eq!(
-            log_file(d, "bob", "12/1.0.out", "5", 1, 0, LogStream::Stdout),
+            f("bob", "12/1.0.out", "5", 1, 0, LogStream::Stdout),
             Path::new("/logs/bob/12/1.0.out")
         );
         assert_ne!(
-            log_file(d, "bob", "12/1.0.out", "5", 1, 0, LogStream::Stdout),
-            log_file(d, "ann", "", "12", 1, 0, LogStream::Stdout)
+            f("bob", "12/1.0.out", "5", 1, 0, LogStream::Stdout),
+            f("ann", "", "12", 1, 0, LogStream::Stdout)
         );
     }
 

@@ -103,7 +103,12 @@ fn gpu_source(s: &str) -> Result<String, String> {
 fn main() -> std::process::ExitCode {
     // The per-lease supervisor the agent starts (an internal protocol, not a user
     // command): before logging and config, which are the daemon's and not its.
-    if std::env::args_os().nth(1).is_some_and(|a| a == "supervise") {
+    let title = std::env::args_os().next().unwrap_or_default();
+    if title
+        .to_str()
+        .is_some_and(|t| t.starts_with(allot_agent::supervisor::TITLE))
+        || std::env::args_os().nth(1).is_some_and(|a| a == "supervise")
+    {
         return allot_agent::supervisor::main();
     }
     let a = Args::parse();

@@ -33,6 +33,11 @@ pub struct Launch {
     pub out_log: PathBuf,
     /// Stderr file.
     pub err_log: PathBuf,
+    /// Stdout is a file of the user's own (`--output /…` or `./…`): opened as the
+    /// user, uncapped, its directory theirs to have made.
+    pub out_users_own: bool,
+    /// Stderr is, the same.
+    pub err_users_own: bool,
     /// Bytes of output kept per run.
     pub cap_bytes: u64,
     /// The lease's cgroup (made here); `None`: process groups only.
@@ -76,6 +81,14 @@ pub enum LaunchError {
         /// Why.
         source: std::io::Error,
     },
+    /// The supervisor could not start the job, and said why in full.
+    #[error("lease {lease}: {why}")]
+    Supervisor {
+        /// Lease.
+        lease: String,
+        /// Its words (`cannot start "python": No such file or directory`).
+        why: String,
+    },
     /// The program could not be started.
     #[error("lease {lease}: cannot start {program:?}: {source}")]
     Spawn {
@@ -94,7 +107,7 @@ impl LaunchError {
     pub fn out_of_room(&self) -> bool {
         let io = match self {
             LaunchError::Io { source, .. } | LaunchError::Spawn { source, .. } => source,
-            LaunchError::EmptyCommand(_) => return false,
+            LaunchError::EmptyCommand(_) | LaunchError::Supervisor { .. } => return false,
         };
         matches!(
             io.raw_os_error().map(nix::errno::Errno::from_raw),
@@ -184,8 +197,10 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
     create_private_dir(&l.checkpoint_dir, owner).map_err(io_error(l, &l.checkpoint_dir))?;
     make_dir(l, &l.lease_dir, None)?;
     // The agent's log dir: made by the agent, the files given to the user.
-    for log in [&l.out_log, &l.err_log] {
-        if let Some(dir) = log.parent() {
+    // The agent's log dir: made by the agent; a user's own path is never touched
+    // as root.
+    for (log, own) in [(&l.out_log, l.out_users_own), (&l.err_log, l.err_users_own)] {
+        if let Some(dir) = log.parent().filter(|_| !own) {
             make_dir(l, dir, None)?;
         }
     }
@@ -222,6 +237,8 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
         cgroup: l.cgroup.clone(),
         out_log: l.out_log.clone(),
         err_log: l.err_log.clone(),
+        out_users_own: l.out_users_own,
+        err_users_own: l.err_users_own,
         cap_bytes: l.cap_bytes,
         exit_file: exit_file(&l.lease_dir),
     };

@@ -46,6 +46,12 @@ pub struct Spec {
     pub out_log: PathBuf,
     /// Stderr file.
     pub err_log: PathBuf,
+    /// Stdout is a file of the user's own: opened as the user, not capped.
+    #[serde(default)]
+    pub out_users_own: bool,
+    /// Stderr is.
+    #[serde(default)]
+    pub err_users_own: bool,
     /// Bytes of output kept per run (both streams together); the rest is cut.
     pub cap_bytes: u64,
     /// Where the end is written.
@@ -159,7 +165,22 @@ pub struct Started {
     pub notes: Vec<String>,
 }
 
-/// Starts a supervisor (`program supervise`) for `spec`; its own diagnostics go to
+/// What a supervisor is called in `ps`: `allot-supervise lease A-7 (workload 7)`.
+pub fn process_title(spec: &Spec) -> String {
+    let workload = spec
+        .env
+        .iter()
+        .find(|(k, _)| k == "ALLOT_WORKLOAD_ID")
+        .map(|(_, v)| format!(" (workload {v})"))
+        .unwrap_or_default();
+    format!("{TITLE} lease {}{workload}", spec.lease)
+}
+
+/// The start of every supervisor's `argv[0]`, and its thread name (15 bytes, the
+/// kernel's limit): how `allot-agent` knows it is to supervise.
+pub const TITLE: &str = "allot-supervise";
+
+/// Starts a supervisor (`allot-supervise …`) for `spec`; its own diagnostics go to
 /// `diag` (appended). Returns once the job runs or could not be started.
 pub fn start(program: &Path, spec: &Spec, diag: &Path) -> Result<Started, LaunchError> {
     let io = |path: &Path, source: std::io::Error| LaunchError::Io {
@@ -175,7 +196,9 @@ pub fn start(program: &Path, spec: &Spec, diag: &Path) -> Result<Started, Launch
         .map_err(|e| io(diag, e))?;
     use std::os::unix::process::CommandExt;
     let mut child = Command::new(program)
-        .arg("supervise")
+        // What `ps` shows: which lease it holds, and whose; the name also tells
+        // `main` to supervise.
+        .arg0(process_title(spec))
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -189,10 +212,9 @@ pub fn start(program: &Path, spec: &Spec, diag: &Path) -> Result<Started, Launch
             program: program.display().to_string(),
             source,
         })?;
-    let spawn_err = |why: String| LaunchError::Spawn {
+    let spawn_err = |why: String| LaunchError::Supervisor {
         lease: spec.lease.clone(),
-        program: spec.argv.first().cloned().unwrap_or_default(),
-        source: std::io::Error::other(why),
+        why,
     };
     let sup_pid = i32::try_from(child.id()).unwrap_or(0);
     let supervisor_id = crate::process::identity(sup_pid).unwrap_or(ProcId {
@@ -292,6 +314,8 @@ fn read_hello(out: &mut std::process::ChildStdout) -> Result<String, String> {
 /// `allot-agent supervise`: runs one job (see the module docs). Its exit status is
 /// 0 once `exit.json` is written, 2 when the spec was unusable.
 pub fn main() -> std::process::ExitCode {
+    // `top` and `ps -o comm` show the thread name, not argv[0].
+    let _ = nix::sys::prctl::set_name(c"allot-supervise");
     let mut body = Vec::new();
     let spec: Spec = match std::io::stdin()
         .take(MAX_SPEC)
@@ -370,6 +394,41 @@ fn write_exit(path: &Path, exit: &Exit) -> std::io::Result<()> {
 /// new and given to the user, or, when it exists (a rerun, a pattern naming one
 /// file for every run), only if it is already that user's and has no other name.
 /// So a pattern can never open another user's output, or a file of the agent's.
+/// A file of the user's own (`--output /shared/me/%j.out`): opened as the job's
+/// user, so the file system decides as it would for them, as `sbatch -o` does;
+/// never by root. The supervisor is one thread here, so its file-system identity
+/// is switched for the one open and switched back.
+fn open_as_user(spec: &Spec, path: &Path) -> Result<std::fs::File, String> {
+    use nix::unistd::{getgroups, setfsgid, setfsuid, setgroups, Gid, Uid};
+    let open = || {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o644)
+            .custom_flags(nix::libc::O_CLOEXEC)
+            .open(path)
+    };
+    let said = |e: std::io::Error, who: &str| {
+        format!(
+            "cannot open the output {} as {who}: {e}; give --output/--error a path that user can write (its directory must exist)",
+            path.display()
+        )
+    };
+    let Some(id) = &spec.user else {
+        return open().map_err(|e| said(e, "the agent's user"));
+    };
+    let before = getgroups().map_err(|e| format!("getgroups: {e}"))?;
+    let groups: Vec<Gid> = id.groups.iter().map(|g| Gid::from_raw(*g)).collect();
+    setgroups(&groups).map_err(|e| format!("setgroups: {e}"))?;
+    let old_gid = setfsgid(Gid::from_raw(id.gid));
+    let old_uid = setfsuid(Uid::from_raw(id.uid));
+    let opened = open();
+    setfsuid(old_uid);
+    setfsgid(old_gid);
+    let _ = setgroups(&before);
+    opened.map_err(|e| said(e, &format!("uid {}", id.uid)))
+}
+
 fn open_log(spec: &Spec, path: &Path) -> Result<std::fs::File, String> {
     use std::os::unix::fs::MetadataExt;
     let owner = spec
@@ -418,8 +477,16 @@ fn spawn_job(spec: &Spec) -> Result<(Child, std::fs::File, std::fs::File), Strin
         .argv
         .split_first()
         .ok_or_else(|| "empty command".to_string())?;
-    let out = open_log(spec, &spec.out_log)?;
-    let err = open_log(spec, &spec.err_log)?;
+    let out = if spec.out_users_own {
+        open_as_user(spec, &spec.out_log)?
+    } else {
+        open_log(spec, &spec.out_log)?
+    };
+    let err = if spec.err_users_own {
+        open_as_user(spec, &spec.err_log)?
+    } else {
+        open_log(spec, &spec.err_log)?
+    };
     let mut cmd = Command::new(program);
     // The cgroup is joined first, while still root: after the switch the user could
     // not write to cgroup.procs. Opened here, as nothing may be opened after fork.
@@ -532,11 +599,17 @@ fn supervise(spec: &Spec, mut job: Child, out: std::fs::File, err: std::fs::File
     let (done_tx, done) = std::sync::mpsc::channel::<()>();
     let mut pumps = 0;
     if let Some((o, e)) = pipes {
-        for (from, to) in [
-            (Box::new(o) as Box<dyn Read + Send>, out),
-            (Box::new(e) as Box<dyn Read + Send>, err),
+        // The cap keeps the node's disk: a user's own file is theirs to fill.
+        let uncapped = Arc::new(Cap {
+            limit: u64::MAX,
+            kept: AtomicU64::new(0),
+            cut: AtomicBool::new(false),
+        });
+        for (from, to, own) in [
+            (Box::new(o) as Box<dyn Read + Send>, out, spec.out_users_own),
+            (Box::new(e) as Box<dyn Read + Send>, err, spec.err_users_own),
         ] {
-            let cap = Arc::clone(&cap);
+            let cap = Arc::clone(if own { &uncapped } else { &cap });
             let done_tx = done_tx.clone();
             std::thread::spawn(move || {
                 pump(from, to, &cap);

@@ -544,7 +544,7 @@ fn bad_config_bad_arguments_and_outsiders_get_clear_errors() {
     // An outsider may read but not change.
     if support::is_root() {
         let nobody = 65_534;
-        let out = a.allot_as(Some(nobody), &["leases", "--json"]);
+        let out = a.allot_as(Some(nobody), &["leases", "--all", "--json"]);
         assert!(
             out.status.success(),
             "{}",
@@ -650,7 +650,7 @@ fn the_0_1_0_agent_state_opens_and_its_cluster_drain_keeps_its_author() {
     assert_eq!(g["drain"]["by"], "cluster-operator", "{g}");
     assert_eq!(g["drain"]["reason"], "fixture: rack maintenance", "{g}");
     // Every lease is still listed; the ones whose process is gone ended, saying so.
-    let leases = a.json(&["leases", "--json"]);
+    let leases = a.json(&["leases", "--all", "--json"]);
     let leases = leases.as_array().expect("leases");
     assert_eq!(leases.len(), 2, "{leases:?}");
     assert!(leases.iter().all(|l| l["state"] == "ended"), "{leases:?}");

@@ -25,6 +25,8 @@ fn launch_spec(tag: &str, script: &str) -> Launch {
         lease_dir: dir.join("lease"),
         out_log: dir.join("logs").join(format!("L-{tag}.out")),
         err_log: dir.join("logs").join(format!("L-{tag}.err")),
+        out_users_own: false,
+        err_users_own: false,
         cap_bytes: 1 << 30,
         cgroup: None,
         limits: Default::default(),

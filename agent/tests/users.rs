@@ -113,7 +113,10 @@ fn root_work_is_refused_by_default_and_runs_when_allowed() {
         "{}",
         stderr(&out)
     );
-    assert_eq!(a.json(&["leases", "--json"]), serde_json::json!([]));
+    assert_eq!(
+        a.json(&["leases", "--all", "--json"]),
+        serde_json::json!([])
+    );
     // A user's work still runs there.
     if test_user("allot-test-b").is_some() {
         let l = a.lease_start(&["--gpus", "1", "--user", "allot-test-b"], "true");
@@ -158,7 +161,10 @@ fn system_users_and_unknown_users_are_refused_naming_why() {
         "{}",
         stderr(&out)
     );
-    assert_eq!(a.json(&["leases", "--json"]), serde_json::json!([]));
+    assert_eq!(
+        a.json(&["leases", "--all", "--json"]),
+        serde_json::json!([])
+    );
 }
 
 /// A job running as a normal user writes its own checkpoint marker (the checkpoint

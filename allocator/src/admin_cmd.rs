@@ -10,8 +10,8 @@ use std::path::PathBuf;
 /// Where to find the running allotd.
 #[derive(clap::Args, Debug)]
 pub struct Target {
-    /// allotd's config (its state dir holds the admin socket).
-    #[arg(long, default_value = "/etc/allot/allotd.toml")]
+    /// allotd's config (its state dir holds the admin socket); `allotd dev`'s env file sets $ALLOTD_CONFIG.
+    #[arg(long, env = "ALLOTD_CONFIG", default_value = "/etc/allot/allotd.toml")]
     pub config: PathBuf,
     /// The admin socket itself (overrides --config).
     #[arg(long)]

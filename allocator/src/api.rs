@@ -1146,7 +1146,12 @@ impl Api {
                 match self.0.commit(Input::LeaseEnded {
                     lease,
                     end,
-                    reason: format!("{how} on {node}: {}", l.ended_by),
+                    // Who ended it, when anyone did (a failed start has no rung).
+                    reason: if l.ended_by.is_empty() {
+                        format!("{how} on {node}")
+                    } else {
+                        format!("{how} on {node}: {}", l.ended_by)
+                    },
                     node: node.to_string(),
                     exit_code: l.exit_code,
                     signal: l.term_signal,

@@ -68,11 +68,12 @@ fn write_env(
 ) -> anyhow::Result<()> {
     let bin = agent.parent().unwrap_or(Path::new("."));
     let text = format!(
-        "# Written by `allotd dev`; source it: . {}\nexport ALLOT_SERVER=https://{listen}\nexport ALLOT_CA={}\nexport ALLOT_TOKEN={token}\nexport ALLOT_SOCKET={}\nexport ALLOT_METRICS=http://{metrics}/metrics\nexport ALLOT_DEV_DIR={}\nexport PATH={}:\"$PATH\"\n",
+        "# Written by `allotd dev`; source it: . {}\nexport ALLOT_SERVER=https://{listen}\nexport ALLOT_CA={}\nexport ALLOT_TOKEN={token}\nexport ALLOT_SOCKET={}\nexport ALLOT_METRICS=http://{metrics}/metrics\nexport ALLOT_DEV_DIR={}\nexport ALLOTD_CONFIG={}\nexport PATH={}:\"$PATH\"\n",
         dir.join("env").display(),
         shell_quote(&dir.join("allotd").join("pki").join("ca.pem")),
         shell_quote(&dir.join("agents").join("node-1").join("agent.sock")),
         shell_quote(dir),
+        shell_quote(&dir.join("allotd.toml")),
         shell_quote(bin),
     );
     let path = dir.join("env");
@@ -232,7 +233,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         return Err(e);
     }
     println!(
-        "allot local cluster: {} nodes × {} fake GPUs (TLS with its own CA; you, {user}, are its admin)\n  allotd     https://{listen}  (state {})\n  metrics    http://{metrics}/metrics\n  agents     {}/agents/node-N/ (agent.sock, agent.log, kmsg)\n\nIn another terminal:\n  . {}\n  allot share\n  allot submit --project demo-a --gpus 2 --min-runtime 10m -- sleep 300\n  allot queue; allot nodes; allot leases   # leases: node-1's agent\n\nCtrl-C (or SIGTERM to this process) stops allotd and the agents; workloads keep running and are re-adopted next time.",
+        "allot local cluster: {} nodes × {} fake GPUs (TLS with its own CA; you, {user}, are its admin)\n  allotd     https://{listen}  (state {})\n  metrics    http://{metrics}/metrics\n  agents     {}/agents/node-N/ (agent.sock, agent.log, kmsg)\n\nIn another terminal:\n  . {}\n  allot share\n  allot submit --project demo-a --gpus 2 --min-runtime 10m -- sleep 300\n  allot queue; allot nodes; allot leases   # leases: node-1's agent\n  allotd tokens create --user NAME         # admin commands find this cluster by $ALLOTD_CONFIG\n\nCtrl-C (or SIGTERM to this process) stops allotd and the agents; workloads keep running and are re-adopted next time.",
         a.nodes,
         a.gpus_per_node,
         dir.display(),

@@ -80,7 +80,20 @@ fn init(path: &std::path::Path) -> anyhow::Result<()> {
     if path.exists() {
         println!("{} exists; kept", path.display());
     } else {
-        std::fs::write(path, config::EXAMPLE)?;
+        // A config written anywhere but /etc/allot keeps its state beside it, so
+        // trying allotd out never writes a CA under /var/lib.
+        let text = match std::path::absolute(path)?.parent() {
+            Some(dir) if dir != std::path::Path::new("/etc/allot") => {
+                let state = dir.join("allotd-state");
+                config::EXAMPLE.replacen(
+                    "state_dir = \"/var/lib/allot/allotd\"",
+                    &format!("state_dir = {:?}", state.display().to_string()),
+                    1,
+                )
+            }
+            _ => config::EXAMPLE.to_string(),
+        };
+        std::fs::write(path, text)?;
         println!("wrote {}; edit the org tree", path.display());
     }
     let cfg = config::ServerConfig::load(path)?;

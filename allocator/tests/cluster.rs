@@ -201,7 +201,7 @@ fn kill_9_of_allotd_loses_nothing_and_touches_no_workload() {
         })
         .collect();
     let (_, i) = Cluster::node_of(&w);
-    let before = c.agent_json(i, &["leases", "--json"]);
+    let before = c.agent_json(i, &["leases", "--all", "--json"]);
     let pid = before[0]["pid"].as_i64().expect("pid");
     c.kill9_server();
     c.start_server();
@@ -212,7 +212,7 @@ fn kill_9_of_allotd_loses_nothing_and_touches_no_workload() {
         assert_eq!(c.status(id)["state"], "pending");
     }
     c.wait_connected(2);
-    let again = c.agent_json(i, &["leases", "--json"]);
+    let again = c.agent_json(i, &["leases", "--all", "--json"]);
     assert_eq!(again[0]["pid"].as_i64(), Some(pid));
     assert_eq!(again[0]["state"], "running", "{again}");
     assert!(
@@ -229,13 +229,13 @@ fn an_agent_restart_does_not_disturb_its_workloads() {
         "sleep 600",
     );
     let w = c.wait_state(&id, "running", LONG);
-    let pid = c.agent_json(0, &["leases", "--json"])[0]["pid"]
+    let pid = c.agent_json(0, &["leases", "--all", "--json"])[0]["pid"]
         .as_i64()
         .expect("pid");
     c.kill9_agent(0);
     c.start_agent(0, 2);
     c.wait_connected(1);
-    let l = c.agent_json(0, &["leases", "--json"]);
+    let l = c.agent_json(0, &["leases", "--all", "--json"]);
     assert_eq!(
         (l[0]["pid"].as_i64(), l[0]["state"].as_str()),
         (Some(pid), Some("running")),
@@ -562,7 +562,7 @@ fn the_breaker_holds_automatic_drains_past_half_the_nodes() {
     }
     for ((i, lease), pid) in pids {
         if held_index.contains(&i) {
-            let l = c.agent_json(i, &["leases", "--json"]);
+            let l = c.agent_json(i, &["leases", "--all", "--json"]);
             let live = l.as_array().is_some_and(|a| {
                 a.iter().any(|l| {
                     l["id"] == lease.as_str() && l["state"] == "running" && l["pid"] == pid

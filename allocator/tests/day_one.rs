@@ -362,3 +362,151 @@ fn names_cancel_by_filter_and_a_default_project() {
     let o = c.allot(&["cancel"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
 }
+
+#[test]
+fn with_a_shared_checkpoint_root_a_requeued_job_finds_its_checkpoint_on_another_node() {
+    let mut c = Cluster::start("day-one-ckpt", PROJECTS, 0, 1);
+    let root = c.dir.join("shared-checkpoints");
+    c.agent_extra = format!("checkpoint_root = {:?}\n", root.display().to_string());
+    for i in 0..2 {
+        c.agents.push(None);
+        c.start_agent(i, 1);
+    }
+    c.wait_connected(2);
+    // Run 1 writes its step and waits; run 2, wherever it runs, finds it and ends.
+    let script = "f=\"$ALLOT_CHECKPOINT_DIR/step\"; if [ -f \"$f\" ]; then echo \"resumed at $(cat \"$f\") in $ALLOT_CHECKPOINT_DIR\"; exit 0; fi; echo 41 > \"$f\"; echo \"wrote step 41\"; exec sleep 300";
+    let id = c.submit(&["--project", "demo-a", "--resumable"], script);
+    let w = c.wait_state(&id, "running", LONG);
+    let (first, _) = Cluster::node_of(&w);
+    wait_for("run 1 to write its step", LONG, || {
+        (text(&c.allot(&["logs", &id]).stdout) == "wrote step 41\n").then_some(())
+    });
+    assert!(c
+        .allot(&["nodes", "drain", &first, "--reason", "maintenance", "--now"])
+        .status
+        .success());
+    let w = c.wait_state(&id, "completed", LONG);
+    let runs = w["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2, "{w}");
+    assert_ne!(
+        runs[1]["nodes"][0], runs[0]["nodes"][0],
+        "run 2 on the other node: {w}"
+    );
+    let me = allot_test_support::current_user();
+    let dir = root.join(&me).join(&id);
+    assert_eq!(
+        text(&c.allot(&["logs", &id]).stdout),
+        format!("resumed at 41 in {}\n", dir.display())
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&dir).expect("dir").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "a workload's checkpoints are its user's alone");
+}
+
+#[test]
+fn output_on_a_users_own_path_is_opened_as_that_user() {
+    let Some((uid, gid)) = allot_test_support::test_user("allot-test-a") else {
+        return;
+    };
+    let groups = "[[group]]\nname = \"demo-a\"\nweight = 1\nopen = true\n";
+    let c = Cluster::start("day-one-own-output", groups, 1, 1);
+    let out = c.allotd(&["tokens", "create", "--user", "allot-test-a"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let token = text(&out.stdout).trim().to_string();
+    let as_a = |args: &[&str]| {
+        Command::new(sibling("allot", "allot-cli"))
+            .args(args)
+            .env("ALLOT_SERVER", format!("https://{}", c.addr))
+            .env("ALLOT_TOKEN", &token)
+            .env("ALLOT_CA", c.ca())
+            .output()
+            .expect("allot runs")
+    };
+    // A directory only allot-test-a may write, and one it may not.
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let base = std::env::temp_dir().join(format!("allot-own-output-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let mine = base.join("mine");
+    let roots = base.join("roots");
+    std::fs::create_dir_all(&mine).expect("dir");
+    std::fs::create_dir_all(&roots).expect("dir");
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::os::unix::fs::chown(&mine, Some(uid), Some(gid)).expect("chown");
+    std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    std::fs::set_permissions(&roots, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let submit = |output: &str| {
+        let o = as_a(&[
+            "submit",
+            "--json",
+            "--project",
+            "demo-a",
+            "--chdir",
+            "/tmp",
+            "--name",
+            "own",
+            "--output",
+            output,
+            "--",
+            "sh",
+            "-c",
+            "echo written by $(id -u)",
+        ]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        allot_test_support::json_of(&["submit"], &o)["id"]
+            .as_str()
+            .expect("id")
+            .to_string()
+    };
+    let pattern = format!("{}/%x-%j.out", mine.display());
+    let id = submit(&pattern);
+    c.wait_state(&id, "completed", LONG);
+    let file = mine.join(format!("own-{id}.out"));
+    let m = std::fs::metadata(&file).expect("the file is there");
+    assert_eq!(m.uid(), uid, "made by the job's user, not by root");
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read"),
+        format!("written by {uid}\n")
+    );
+    // `allot logs` reads it still.
+    assert_eq!(
+        text(&as_a(&["logs", &id]).stdout),
+        format!("written by {uid}\n")
+    );
+    // Where that user cannot write, the job fails, saying why; nothing is made there.
+    let id = submit(&format!("{}/x.out", roots.display()));
+    let w = c.wait_state(&id, "failed", LONG);
+    let why = w["runs"][0]["detail"].as_str().unwrap_or("").to_string();
+    assert!(
+        why.contains(&format!(
+            "cannot open the output {}/x.out as uid {uid}: Permission denied",
+            roots.display()
+        )),
+        "{w}"
+    );
+    assert!(!roots.join("x.out").exists());
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn init_keeps_a_config_written_elsewhere_and_its_state_together() {
+    let dir = std::env::temp_dir().join(format!("allot-day-one-init-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = dir.join("allotd.toml");
+    let o = Command::new(sibling("allotd", "allot-allocator"))
+        .arg("init")
+        .arg(&cfg)
+        .output()
+        .expect("allotd runs");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let state = dir.join("allotd-state");
+    assert!(
+        std::fs::read_to_string(&cfg)
+            .expect("written")
+            .contains(&format!("state_dir = {:?}", state.display().to_string())),
+        "the state dir is beside the config"
+    );
+    assert!(state.join("pki/ca.pem").exists(), "{}", text(&o.stdout));
+    assert!(text(&o.stdout).contains(&state.join("pki").display().to_string()));
+    let _ = std::fs::remove_dir_all(&dir);
+}

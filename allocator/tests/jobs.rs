@@ -358,7 +358,7 @@ fn a_two_node_gang_finds_itself_and_rendezvous_over_tcp() {
 /// The live lease of node `i` (agent view), once it runs.
 fn live_lease(c: &Cluster, i: usize) -> serde_json::Value {
     wait_for(&format!("a running lease on node-{i}"), LONG, || {
-        let v = c.agent_json(i, &["leases", "--json"]);
+        let v = c.agent_json(i, &["leases", "--all", "--json"]);
         v.as_array()?
             .iter()
             .find(|l| l["state"] == "running" && l["pid"].as_i64().unwrap_or(0) > 0)
@@ -402,7 +402,7 @@ fn when_one_part_of_a_gang_dies_the_other_ends_with_the_reason() {
     // The other part is revoked with that reason and its process is gone.
     let lease = other["id"].as_str().expect("lease id").to_string();
     let ended = wait_for("the other part to end", LONG, || {
-        let v = c.agent_json(0, &["leases", "--json"]);
+        let v = c.agent_json(0, &["leases", "--all", "--json"]);
         v.as_array()?
             .iter()
             .find(|l| l["id"] == lease.as_str() && l["state"] == "ended")

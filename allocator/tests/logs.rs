@@ -266,7 +266,7 @@ fn a_node_nearly_out_of_disk_drains_and_takes_no_work_until_space_is_back() {
     assert_eq!(wb["state"], "pending", "{wb}");
     assert_eq!(c.node_view(0)["lease_ids"], serde_json::json!([]));
     assert_eq!(
-        c.agent_json(0, &["leases", "--json"]),
+        c.agent_json(0, &["leases", "--all", "--json"]),
         serde_json::json!([]),
         "node-0 started nothing"
     );

@@ -78,7 +78,7 @@ while :; do sleep 0.5; done"#;
 
 /// Node `i`'s lease `lease` as its agent shows it (null while the agent is down).
 fn agent_lease(c: &Cluster, i: usize, lease: &str) -> serde_json::Value {
-    let out = c.agent_allot(i, &["leases", "--json"]);
+    let out = c.agent_allot(i, &["leases", "--all", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     v.as_array()
         .and_then(|a| a.iter().find(|l| l["id"] == lease))

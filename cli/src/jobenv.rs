@@ -11,6 +11,20 @@ use std::path::{Path, PathBuf};
 /// Never exported, whatever `--export` says: the submitter's credential.
 pub const NEVER: &[&str] = &["ALLOT_TOKEN"];
 
+/// The CLI's own settings (where allotd and the agent are, the dev cluster's
+/// files): not the job's, so `--export ALL` leaves them out; a list may name them.
+pub const CLI_OWN: &[&str] = &[
+    "ALLOT_SERVER",
+    "ALLOT_CA",
+    "ALLOT_SOCKET",
+    "ALLOT_METRICS",
+    "ALLOT_DEV_DIR",
+    "ALLOT_PROJECT",
+    "ALLOT_LOG",
+    "ALLOT_LOG_FORMAT",
+    "ALLOTD_CONFIG",
+];
+
 /// The submitted environment: `--export` picks from `vars` (the CLI's own
 /// environment), then each `--env KEY=VALUE` sets or overrides one; in name order.
 /// Under `ALL`, variables a job could not get back (names a shell cannot hold, such
@@ -27,7 +41,11 @@ pub fn resolve(
     match export.trim() {
         "ALL" => {
             for (k, v) in &vars {
-                if is_env_name(k) && !v.contains('\0') && !NEVER.contains(&k.as_str()) {
+                if is_env_name(k)
+                    && !v.contains('\0')
+                    && !NEVER.contains(&k.as_str())
+                    && !CLI_OWN.contains(&k.as_str())
+                {
                     env.insert(k.clone(), v.clone());
                 }
             }
@@ -118,6 +136,20 @@ mod tests {
     fn all_exports_everything_but_the_token_and_what_a_job_cannot_hold() {
         let env = resolve("ALL", &[], here()).expect("resolved");
         assert_eq!(names(&env), ["HOME", "PATH", "WANDB_PROJECT"]);
+    }
+
+    #[test]
+    fn the_clis_own_settings_stay_out_unless_named() {
+        let mut vars = here();
+        vars.push((
+            "ALLOT_SOCKET".into(),
+            "/tmp/dev/agents/node-1/agent.sock".into(),
+        ));
+        vars.push(("ALLOTD_CONFIG".into(), "/tmp/dev/allotd.toml".into()));
+        let env = resolve("ALL", &[], vars.clone()).expect("resolved");
+        assert_eq!(names(&env), ["HOME", "PATH", "WANDB_PROJECT"]);
+        let env = resolve("ALLOT_SOCKET", &[], vars).expect("named");
+        assert_eq!(names(&env), ["ALLOT_SOCKET"]);
     }
 
     #[test]

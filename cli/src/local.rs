@@ -49,6 +49,15 @@ pub struct Conn {
 pub struct LeasesArgs {
     #[command(flatten)]
     conn: Conn,
+    /// Ended leases too [default: live ones only].
+    #[arg(long)]
+    all: bool,
+    /// Only this workload's leases.
+    #[arg(long, value_name = "ID")]
+    workload: Option<String>,
+    /// Only this user's leases.
+    #[arg(long, value_name = "U")]
+    user: Option<String>,
     /// Print one JSON array of leases.
     #[arg(long)]
     json: bool,
@@ -324,7 +333,12 @@ async fn dispatch(cmd: Local, socket: PathBuf) -> Result<(), Failure> {
                 .list_leases(ListLeasesRequest {})
                 .await?
                 .into_inner()
-                .leases;
+                .leases
+                .into_iter()
+                .filter(|l| a.all || l.state() != allot_proto::v1::LeaseState::Ended)
+                .filter(|l| a.workload.as_ref().is_none_or(|w| *w == l.workload_id))
+                .filter(|l| a.user.as_ref().is_none_or(|u| *u == l.user))
+                .collect::<Vec<_>>();
             if a.json {
                 let v: Vec<Value> = leases.iter().map(lease_json).collect();
                 println!("{}", serde_json::to_string(&v)?);

@@ -101,7 +101,7 @@ pub struct SubmitArgs {
     /// Where the job starts on every host [default: this directory]; must exist there.
     #[arg(long, value_name = "DIR")]
     chdir: Option<std::path::PathBuf>,
-    /// Stdout file name, relative to your directory in the host's log directory: %j workload, %r run, %n node rank, %u user, %% a % [default: WORKLOAD/RUN.RANK.out].
+    /// Stdout file: a name in your directory of the host's log directory (capped, `allot logs` reads it), or absolute or ./… (under --chdir): a file of your own, opened as you on the host, as sbatch -o. %j workload, %r run, %n node rank, %u user, %x job name, %% a % [default: WORKLOAD/RUN.RANK.out in the log directory].
     #[arg(long, value_name = "PATTERN")]
     output: Option<String>,
     /// Stderr file name, as --output [default: the agent's].

@@ -517,13 +517,35 @@ fn leases_table_and_json_from_an_agent() {
     assert!(l1[6].starts_with("3m1"), "{out}");
     assert!(l1[7].starts_with("6m4"), "{out}");
     assert_eq!(&l1[8..], ["99", "1.2G", "-"]);
-    let l2 = lines.next().expect("L-2");
+    // Live leases only, unless --all.
+    assert!(lines.next().is_none(), "{out}");
+    let (code, out, err) = allot(&["leases", "--all", "--socket", s.arg()]);
+    assert_eq!(code, 0, "{err}");
+    let l2 = out.lines().nth(2).expect("L-2");
     assert!(
         l2.contains("ended") && l2.contains("exited/exited (exit 0)"),
         "{out}"
     );
+    let (code, out, _) = allot(&["leases", "--all", "--user", "nobody", "--socket", s.arg()]);
+    assert_eq!((code, out.lines().count()), (0, 1), "{out}");
+    let (code, out, _) = allot(&[
+        "leases",
+        "--workload",
+        "wl-L-1",
+        "--json",
+        "--socket",
+        s.arg(),
+    ]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out)
+            .expect("JSON")
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
 
-    let (code, out, err) = allot(&["leases", "--json", "--socket", s.arg()]);
+    let (code, out, err) = allot(&["leases", "--all", "--json", "--socket", s.arg()]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     let a = v.as_array().expect("array");

@@ -296,26 +296,20 @@ pub fn check_cwd(field: &str, value: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
-/// An output file pattern (`--output`, `--error`): empty (the agent's default) or a
-/// relative file name of at most [`MAX_PATTERN`] bytes on one line, with no `..`
-/// component (it names a file under the agent's log directory, never elsewhere),
-/// and `%` only in `%j` (workload), `%r` (run), `%n` (node rank), `%u` (user), `%x`
+/// An output file pattern (`--output`, `--error`): empty (the agent's default); a
+/// file of the user's own, absolute or `./…` under the job's directory (the agent
+/// opens it as the user); or a relative name of at most [`MAX_PATTERN`] bytes on one
+/// line, with no `..` component (it names a file under the agent's log directory,
+/// never elsewhere); `%` only in `%j` (workload), `%r` (run), `%n` (node rank), `%u` (user), `%x`
 /// (job name; allotd puts it in before the agent sees the pattern) and `%%`.
 pub fn check_pattern(field: &str, value: &str) -> Result<(), FieldError> {
     if value.is_empty() {
         return Ok(());
     }
     check_text(field, value, MAX_PATTERN)?;
-    if value.starts_with('/') {
-        return refuse(
-            field,
-            format!(
-                "{} is absolute; give a name relative to the node's log directory, e.g. \"train-%j-%n.out\"",
-                shown(value)
-            ),
-        );
-    }
-    if value.split('/').any(|c| c == "..") {
+    // Absolute or `./…`: a file of the user's own, opened as the user on the host.
+    let users_own = value.starts_with('/') || value.starts_with("./");
+    if !users_own && value.split('/').any(|c| c == "..") {
         return refuse(
             field,
             format!(
@@ -468,7 +462,7 @@ mod tests {
     }
 
     #[test]
-    fn working_directories_are_absolute_and_patterns_relative() {
+    fn working_directories_are_absolute_and_patterns_known() {
         assert_eq!(check_cwd("cwd", ""), Ok(()));
         assert_eq!(check_cwd("cwd", "/home/ana/run 1"), Ok(()));
         assert!(message(check_cwd("cwd", "home/ana")).contains("not absolute"));
@@ -480,10 +474,13 @@ mod tests {
             "logs/%j.err",
             "100%%.txt",
             "%u-%j.log",
+            "%x-%j.out",
+            "/home/ana/logs/%x-%j.out",
+            "./out/%j.log",
+            "/shared/ana/../ana/x",
         ] {
             assert_eq!(check_pattern("output", ok), Ok(()), "{ok}");
         }
-        assert!(message(check_pattern("output", "/tmp/x")).contains("absolute"));
         assert!(message(check_pattern("output", "a/../../etc")).contains(".."));
         assert!(message(check_pattern("error", "x-%q")).starts_with("error: "));
         assert!(message(check_pattern("error", "x-%")).contains("unknown %"));

@@ -145,7 +145,7 @@ impl Host {
         }
         let marked = self
             .os
-            .file_exists(&dir.join("checkpoint").join(DEFAULT_MARKER));
+            .file_exists(&super::checkpoint_dir(&self.settings, l).join(DEFAULT_MARKER));
         let (rung, checkpointed) = ladder_result(l, None, marked);
         l.end(now_ms, ladder_end(l), &rung_name(rung));
         format!(
@@ -270,7 +270,7 @@ impl Host {
                 lease: id.to_string(),
                 pgid,
                 cgroup: (!l.cgroup.is_empty()).then(|| l.cgroup.clone().into()),
-                checkpoint_dir: lease_dir(&settings, id).join("checkpoint"),
+                checkpoint_dir: super::checkpoint_dir(&settings, &l),
                 env: user_env
                     .into_iter()
                     .chain(lease_env(&l, &settings))

@@ -116,6 +116,9 @@ pub struct Settings {
     pub hook_hosts: Vec<String>,
     /// Where workloads' output goes.
     pub log_dir: PathBuf,
+    /// Shared storage for checkpoints (`<root>/<user>/<workload>`); `None`:
+    /// host-local per lease.
+    pub checkpoint_root: Option<PathBuf>,
     /// Bytes of output kept per run.
     pub max_output_bytes: u64,
     /// Where lease cgroups go, or why there are none.
@@ -256,13 +259,37 @@ fn lease_dir(s: &Settings, id: &str) -> PathBuf {
     s.state_dir.join("leases").join(id)
 }
 
+/// Where lease `l` checkpoints: under the shared root, one directory per workload
+/// that every run sees, or a host-local one of its own.
+fn checkpoint_dir(s: &Settings, l: &LeaseRecord) -> PathBuf {
+    match &s.checkpoint_root {
+        Some(root) => {
+            let user = if l.user.is_empty() {
+                "root"
+            } else {
+                l.user.as_str()
+            };
+            let work = if l.workload_id.is_empty() {
+                l.id.as_str()
+            } else {
+                l.workload_id.as_str()
+            };
+            // Names from allotd and the socket are checked to the safe set; a
+            // component that is not one plain name stays inside the root anyway.
+            let part = |p: &str| p.replace(['/', '\0'], "_").replace("..", "__");
+            root.join(part(user)).join(part(work))
+        }
+        None => lease_dir(s, &l.id).join("checkpoint"),
+    }
+}
+
 fn lease_env(l: &LeaseRecord, s: &Settings) -> Vec<(String, String)> {
     let gpus = l.gpus.join(",");
     vec![
         ("ALLOT_LEASE_ID".into(), l.id.clone()),
         (
             "ALLOT_CHECKPOINT_DIR".into(),
-            lease_dir(s, &l.id).join("checkpoint").display().to_string(),
+            checkpoint_dir(s, l).display().to_string(),
         ),
         ("CUDA_VISIBLE_DEVICES".into(), gpus.clone()),
         ("NVIDIA_VISIBLE_DEVICES".into(), gpus),

@@ -14,6 +14,7 @@ use allot_fairshare::scheduler::MAX_CONTRACT;
 use allot_health::verdict::{GpuSample, GpuState};
 use allot_proto::v1::LeaseEnd;
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::str::FromStr;
 
 /// `PATH` when the submission gives none: the system's directories, as a login
@@ -434,6 +435,7 @@ impl Host {
                     l.run,
                     l.rank,
                     stream,
+                    Path::new(if l.cwd.is_empty() { "/" } else { &l.cwd }),
                 )
             };
             l.out_log = log(&l.output, LogStream::Stdout).display().to_string();
@@ -455,7 +457,9 @@ impl Host {
         };
         let (reaper, proc_id) = match adopt {
             Some(p) => {
-                let _ = self.os.create_private_dir(&dir.join("checkpoint"), owner);
+                let _ = self
+                    .os
+                    .create_private_dir(&super::checkpoint_dir(&self.settings, &l), owner);
                 (None, p)
             }
             None => {
@@ -463,10 +467,12 @@ impl Host {
                     lease: id.clone(),
                     argv: spec.argv.clone(),
                     gpus: l.gpus.clone(),
-                    checkpoint_dir: dir.join("checkpoint"),
+                    checkpoint_dir: super::checkpoint_dir(&self.settings, &l),
                     lease_dir: dir.clone(),
                     out_log: l.out_log.clone().into(),
                     err_log: l.err_log.clone().into(),
+                    out_users_own: crate::logs::users_own(&l.output),
+                    err_users_own: crate::logs::users_own(&l.error),
                     cap_bytes: self.settings.max_output_bytes,
                     cgroup,
                     limits: Limits {

@@ -145,7 +145,7 @@ impl TestAgent {
 
     /// One lease by id.
     pub fn lease(&self, id: &str) -> serde_json::Value {
-        let all = self.json(&["leases", "--json"]);
+        let all = self.json(&["leases", "--all", "--json"]);
         all.as_array()
             .and_then(|a| a.iter().find(|l| l["id"] == id).cloned())
             .unwrap_or_else(|| panic!("lease {id} not listed: {all}"))
@@ -203,7 +203,7 @@ impl Drop for TestAgent {
     fn drop(&mut self) {
         // Every workload group the agent started, ended or not.
         if let Ok(out) = Command::new(allot_bin())
-            .args(["leases", "--json", "--socket"])
+            .args(["leases", "--all", "--json", "--socket"])
             .arg(&self.socket)
             .output()
         {

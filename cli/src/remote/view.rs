@@ -144,7 +144,7 @@ fn run_json(r: &allot_proto::v1::Run) -> Value {
         "end_unix": r.end_unix,
         "end_reason": r.end_reason,
         "exit_code": r.exit_code,
-        "signal": r.signal,
+        "exit_signal": r.signal,
         "detail": r.detail,
     })
 }
@@ -269,7 +269,7 @@ pub fn workload_json(w: &Workload) -> Value {
         "history": w.history,
         "funded": w.funded,
         "exit_code": w.exit_code,
-        "signal": w.signal,
+        "exit_signal": w.signal,
         "exit_status": is_final(w.state()).then(|| exit_status(w)),
         "runs": w.runs.iter().map(run_json).collect::<Vec<_>>(),
     })

@@ -82,6 +82,7 @@ pub(super) fn uuid(i: u32) -> String {
 /// (most tests start as root, as allotd's uplink does; `start.rs` tests the rule).
 pub(super) fn settings(dir: &Path) -> Settings {
     Settings {
+        checkpoint_root: None,
         default_grace_s: 30,
         term_grace_s: 10,
         warning_before_ms: 60_000,
