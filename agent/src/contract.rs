@@ -82,11 +82,13 @@ pub fn next_wakeup<'a>(leases: impl IntoIterator<Item = &'a LeaseRecord>, t: Ter
 
 /// When a revocation asked at `now_ms` may act: at once when `now`, else at the
 /// min-runtime lapse (never earlier than asked, never later than an earlier ask).
-pub fn not_before(l: &LeaseRecord, now_ms: i64, now: bool) -> i64 {
+pub fn not_before(l: &LeaseRecord, now_ms: i64, now: bool, floor_ms: i64) -> i64 {
     let asked = if now {
         now_ms
     } else {
-        l.lapse_ms().max(now_ms)
+        // The later of the lapse this host measured and the time allotd named (a
+        // drain gives work that cannot resume its grace on top of the lapse).
+        l.lapse_ms().max(now_ms).max(floor_ms)
     };
     l.not_before_ms.map_or(asked, |prev| prev.min(asked))
 }
@@ -130,13 +132,17 @@ mod tests {
     fn revocation_waits_for_the_lapse_unless_now() {
         let mut l = lease();
         let asked = 1_000_000 + 5_000;
-        assert_eq!(not_before(&l, asked, false), 1_600_000);
-        assert_eq!(not_before(&l, asked, true), asked);
+        assert_eq!(not_before(&l, asked, false, 0), 1_600_000);
+        assert_eq!(not_before(&l, asked, true, 0), asked);
         // After the lapse, a plain revoke acts at once.
-        assert_eq!(not_before(&l, 2_000_000, false), 2_000_000);
+        assert_eq!(not_before(&l, 2_000_000, false, 0), 2_000_000);
+        // allotd's later time wins over the lapse (a drain's grace for work that
+        // cannot resume): one time, said once, on both sides.
+        assert_eq!(not_before(&l, asked, false, 87_000_000), 87_000_000);
         // A later, gentler request never postpones an earlier one.
         l.not_before_ms = Some(1_100_000);
-        assert_eq!(not_before(&l, asked, false), 1_100_000);
+        assert_eq!(not_before(&l, asked, false, 0), 1_100_000);
+        assert_eq!(not_before(&l, asked, false, 87_000_000), 1_100_000);
         l.state = LeaseState::Revoking;
         assert!(due(&l, T, 1_099_999).is_empty());
         assert_eq!(due(&l, T, 1_100_000), vec![Due::Revoke]);

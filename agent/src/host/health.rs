@@ -288,7 +288,7 @@ impl Host {
             self.held_gpus = v.only_gpus.iter().cloned().collect();
             let ids = self.live_leases_on(&self.held_gpus);
             for id in ids {
-                self.revoke_inner(&id, now, &format!("health: {summary}"), "", now_ms);
+                self.revoke_inner(&id, now, &format!("health: {summary}"), "", now_ms, 0);
             }
             return;
         }

@@ -17,7 +17,9 @@ impl Host {
         why: &str,
         now_ms: i64,
     ) -> Result<LeaseRecord, HostError> {
-        self.revoke(id, not_before_ms <= now_ms, why, now_ms)
+        let now = not_before_ms <= now_ms;
+        self.revoke_inner(id, now, why, "", now_ms, not_before_ms)
+            .ok_or_else(|| HostError::NoLease(id.to_string()))
     }
 
     pub(super) fn revoke_inner(
@@ -27,12 +29,13 @@ impl Host {
         why: &str,
         cause: &str,
         now_ms: i64,
+        floor_ms: i64,
     ) -> Option<LeaseRecord> {
         let l = self.leases.get_mut(id)?;
         if !matches!(l.state, LeaseState::Running | LeaseState::Revoking) {
             return Some(l.clone());
         }
-        let nb = contract::not_before(l, now_ms, now);
+        let nb = contract::not_before(l, now_ms, now, floor_ms);
         if l.state == LeaseState::Revoking && l.not_before_ms == Some(nb) {
             return Some(l.clone());
         }
@@ -57,6 +60,8 @@ impl Host {
                 "revoked ({why}); the ladder starts {}",
                 if wait == 0 {
                     "now".to_string()
+                } else if nb > l.lapse_ms().max(now_ms) {
+                    format!("in {wait}s, at the time allotd named")
                 } else {
                     format!("in {wait}s, at the min-runtime lapse")
                 }
@@ -73,14 +78,14 @@ impl Host {
         why: &str,
         now_ms: i64,
     ) -> Result<LeaseRecord, HostError> {
-        self.revoke_inner(id, now, why, "", now_ms)
+        self.revoke_inner(id, now, why, "", now_ms, 0)
             .ok_or_else(|| HostError::NoLease(id.to_string()))
     }
 
     pub(super) fn revoke_all(&mut self, now: bool, why: &str, cause: &str, now_ms: i64) {
         let ids = self.live_ids();
         for id in ids {
-            self.revoke_inner(&id, now, why, cause, now_ms);
+            self.revoke_inner(&id, now, why, cause, now_ms, 0);
         }
     }
 

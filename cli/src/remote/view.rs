@@ -133,6 +133,16 @@ fn first_line(s: &str) -> String {
     or_dash(s.trim().lines().next().unwrap_or("").trim())
 }
 
+/// How many times the workload went back to the queue: each run that ended and
+/// was followed by another, or by waiting again.
+pub fn requeues(w: &Workload) -> usize {
+    let ended = w.runs.iter().filter(|r| r.end_unix != 0).count();
+    match w.state() {
+        WorkloadState::Pending => ended,
+        _ => w.runs.len().saturating_sub(1).min(ended),
+    }
+}
+
 /// One run as JSON.
 fn run_json(r: &allot_proto::v1::Run) -> Value {
     json!({
@@ -266,6 +276,7 @@ pub fn workload_json(w: &Workload) -> Value {
         "lease_ids": w.lease_ids,
         "node_names": w.nodes,
         "preemptions": w.preemptions,
+        "requeues": requeues(w),
         "history": w.history,
         "funded": w.funded,
         "exit_code": w.exit_code,
@@ -424,6 +435,9 @@ pub fn status_text(w: &Workload, now: i64) -> String {
         ("nodes", list(&w.nodes, ", ")),
         ("leases", list(&w.lease_ids, ", ")),
         ("preemptions", w.preemptions.to_string()),
+        // Every end that put it back in the queue: preemptions, drains, lost nodes
+        // and GPUs, refusals (`preemptions` counts the fair-share ones).
+        ("requeued", requeues(w).to_string()),
         ("funded", yes_no(w.funded).into()),
         ("command", or_dash(&shell_join(&s.argv))),
         ("directory", or_dash(&s.cwd)),
@@ -773,6 +787,24 @@ mod tests {
         let mut never = workload(WorkloadState::Cancelled);
         never.end_unix = NOW;
         assert!(status_text(&never, NOW).contains("ran:         -\n"));
+    }
+
+    #[test]
+    fn requeues_count_every_end_that_went_back_to_the_queue() {
+        let run = |end: i64| allot_proto::v1::Run {
+            end_unix: end,
+            ..Default::default()
+        };
+        let mut w = workload(WorkloadState::Pending);
+        w.runs = vec![run(NOW - 60), run(NOW - 10)];
+        assert_eq!(requeues(&w), 2, "a drain and a lost node, then waiting");
+        let mut w = workload(WorkloadState::Running);
+        w.runs = vec![run(NOW - 60), run(0)];
+        assert_eq!(requeues(&w), 1);
+        let mut w = workload(WorkloadState::Completed);
+        w.runs = vec![run(NOW)];
+        assert_eq!(requeues(&w), 0);
+        assert!(status_text(&w, NOW).contains("requeued:"));
     }
 
     #[test]

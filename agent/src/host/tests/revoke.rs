@@ -54,6 +54,14 @@ fn revoke_until_acts_at_once_once_its_not_before_has_come() {
     assert_eq!(ra.not_before_ms, Some(now));
     let rb = t.h.revoke_until(&b.id, now + 1, "later", now).expect("b");
     assert_eq!(rb.not_before_ms, Some(t0 + 60_000), "this host's lapse");
+    // A time allotd names past the lapse (a drain's grace for work that cannot
+    // resume) is kept: the host starts the ladder when allotd said it would.
+    let c = t.start(spec(1, 60));
+    let day = now + 86_400_000;
+    let rc =
+        t.h.revoke_until(&c.id, day, "drain: maintenance", now)
+            .expect("c");
+    assert_eq!(rc.not_before_ms, Some(day));
 }
 
 #[test]
