@@ -237,8 +237,13 @@ mod tests {
         let mut b = s.clone();
         b.error = "../../etc/cron.d/x".into();
         assert!(refused(spec(&b)).starts_with("error: "));
+        // A path of the user's own is theirs (opened as them on the host)...
+        let mut b = s.clone();
+        b.output = "/home/ana/logs/%x-%j.out".into();
+        assert!(spec(&b).is_ok());
+        // ... and still only with the % it knows.
         let mut b = s;
-        b.output = "/var/log/x".into();
+        b.output = "/var/log/%q".into();
         assert!(refused(spec(&b)).starts_with("output: "));
     }
 
