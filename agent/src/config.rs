@@ -322,6 +322,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_key_has_its_entry_in_the_reference() {
+        let doc = include_str!("../../docs/reference/agent.toml.md");
+        for table in ["agent", "health"] {
+            let e = AgentConfig::parse(&format!("[{table}]\nzz_unknown = 1\n"), "a.toml")
+                .expect_err(table);
+            let keys: Vec<&str> = e
+                .message
+                .split(", expected")
+                .nth(1)
+                .unwrap_or("")
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .collect();
+            assert!(!keys.is_empty(), "[{table}]: {e}");
+            let section = doc
+                .split(&format!("## `[{table}]`"))
+                .nth(1)
+                .and_then(|rest| rest.split("\n## ").next())
+                .unwrap_or_else(|| panic!("docs/reference/agent.toml.md has no [{table}] table"));
+            for k in keys {
+                assert!(
+                    section.contains(&format!("| `{k}` |")),
+                    "[{table}] {k} is not in docs/reference/agent.toml.md: add its row"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn defaults_need_no_file() {
         let c = AgentConfig::parse("", "agent.toml").expect("empty is fine");
         assert_eq!(c, AgentConfig::default());

@@ -292,14 +292,20 @@ pub struct ServerConfig {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct GroupEntry {
+    /// The group's name, unique in the tree; a group with no children is a project.
     name: String,
+    /// The group above it; absent: a top-level group.
     #[serde(default)]
     parent: Option<String>,
+    /// Its weight among its siblings (its share is weight ÷ the siblings' sum).
     weight: f64,
+    /// Users who may set weights below it and see and cancel its work.
     #[serde(default)]
     managers: Vec<String>,
+    /// Users who may charge its projects.
     #[serde(default)]
     members: Vec<String>,
+    /// Every user may charge its projects.
     #[serde(default)]
     open: bool,
 }
@@ -642,6 +648,53 @@ mod tests {
         let e = cfg("1m").unwrap_err();
         assert!(e.to_string().contains("server.min_pass_interval"), "{e}");
         assert!(e.to_string().contains("schedule_interval (10 s)"), "{e}");
+    }
+
+    /// The keys serde accepts in a table, from its refusal of one it does not.
+    pub(crate) fn keys_of(message: &str) -> Vec<String> {
+        let list = message.split(", expected").nth(1).unwrap_or("");
+        list.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn every_key_has_its_entry_in_the_reference() {
+        let doc = include_str!("../../docs/reference/allotd.toml.md");
+        let group = "[[group]]\nname = \"p\"\nweight = 1\n";
+        for (table, text) in [
+            ("server", format!("[server]\nzz_unknown = 1\n{group}")),
+            ("policy", format!("[policy]\nzz_unknown = 1\n{group}")),
+            ("breaker", format!("[breaker]\nzz_unknown = 1\n{group}")),
+            ("roles", format!("[roles]\nzz_unknown = 1\n{group}")),
+            ("auth", format!("[auth]\nzz_unknown = 1\n{group}")),
+            ("tls", format!("[tls]\nzz_unknown = 1\n{group}")),
+            (
+                "classes.NAME",
+                format!("[classes.debug]\nzz_unknown = 1\n{group}"),
+            ),
+            ("group", format!("{group}zz_unknown = 1\n")),
+        ] {
+            let e = ServerConfig::parse(&text, "a.toml").expect_err(table);
+            let keys = keys_of(&e.message);
+            assert!(!keys.is_empty(), "[{table}]: {e}");
+            let section = doc
+                .split(&format!(
+                    "## `[{}]`",
+                    if table == "group" { "[group]" } else { table }
+                ))
+                .nth(1)
+                .and_then(|rest| rest.split("\n## ").next())
+                .unwrap_or_else(|| panic!("docs/reference/allotd.toml.md has no [{table}] table"));
+            for k in keys {
+                assert!(
+                    section.contains(&format!("| `{k}` |")),
+                    "[{table}] {k} is not in docs/reference/allotd.toml.md: add its row"
+                );
+            }
+        }
     }
 
     #[test]
