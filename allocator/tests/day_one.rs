@@ -16,11 +16,7 @@ const PROJECTS: &str =
 
 /// `allot ARGS` against `c`, not waited for.
 fn spawn(c: &Cluster, args: &[&str]) -> std::process::Child {
-    Command::new(sibling("allot", "allot-cli"))
-        .args(args)
-        .env("ALLOT_SERVER", format!("https://{}", c.addr))
-        .env("ALLOT_TOKEN", &c.token)
-        .env("ALLOT_CA", c.ca())
+    c.allot_command(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -414,11 +410,8 @@ fn output_on_a_users_own_path_is_opened_as_that_user() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let token = text(&out.stdout).trim().to_string();
     let as_a = |args: &[&str]| {
-        Command::new(sibling("allot", "allot-cli"))
-            .args(args)
-            .env("ALLOT_SERVER", format!("https://{}", c.addr))
+        c.allot_command(args)
             .env("ALLOT_TOKEN", &token)
-            .env("ALLOT_CA", c.ca())
             .output()
             .expect("allot runs")
     };

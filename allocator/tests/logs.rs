@@ -64,11 +64,8 @@ fn logs_follow_a_running_job_and_show_an_earlier_run_after_a_requeue() {
         ),
     );
     c.wait_state(&job, "running", LONG);
-    let mut follow = Command::new(sibling("allot", "allot-cli"))
-        .args(["logs", &job, "-f"])
-        .env("ALLOT_SERVER", format!("https://{}", c.addr))
-        .env("ALLOT_TOKEN", &c.token)
-        .env("ALLOT_CA", c.ca())
+    let mut follow = c
+        .allot_command(&["logs", &job, "-f"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

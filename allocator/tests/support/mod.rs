@@ -275,15 +275,19 @@ impl Cluster {
         });
     }
 
-    /// Runs the CLI against this allotd.
-    pub fn allot(&self, args: &[&str]) -> Output {
-        Command::new(sibling("allot", "allot-cli"))
-            .args(args)
+    /// The CLI against this allotd as its admin, not started yet.
+    pub fn allot_command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(sibling("allot", "allot-cli"));
+        c.args(args)
             .env("ALLOT_SERVER", format!("https://{}", self.addr))
             .env("ALLOT_TOKEN", &self.token)
-            .env("ALLOT_CA", self.ca())
-            .output()
-            .expect("allot runs")
+            .env("ALLOT_CA", self.ca());
+        c
+    }
+
+    /// Runs the CLI against this allotd.
+    pub fn allot(&self, args: &[&str]) -> Output {
+        self.allot_command(args).output().expect("allot runs")
     }
 
     /// Runs the CLI, expects success, parses JSON.
