@@ -46,6 +46,24 @@ fn csr(pem: &str) -> Result<&str, Status> {
 }
 
 impl Api {
+    /// After a revocation or removal (`what`): the node's stream ends now and its
+    /// reconnect is refused; returns its credential as it now stands.
+    fn cut_off(&self, node: &str, by: &str, what: &str) -> pb::NodeCredentials {
+        self.0.cut(node);
+        tracing::warn!(node = %node, by = %by, "node {what}");
+        let c = self.0.core();
+        c.alloc
+            .creds
+            .nodes
+            .get(node)
+            .map(|n| node_cred_pb(node, n))
+            .unwrap_or_else(|| pb::NodeCredentials {
+                node: node.to_string(),
+                state: what.to_string(),
+                ..Default::default()
+            })
+    }
+
     /// Signs `csr_pem` for `node` and records the certificate.
     fn certify(&self, node: &str, csr_pem: &str) -> Result<pb::EnrollResponse, Status> {
         let pki = &self.0.pki;
@@ -256,17 +274,7 @@ impl pb::admin_server::Admin for Api {
                 by: who.name(),
             })
             .map_err(internal)?;
-        // Its stream ends now; the agent's reconnect is refused.
-        self.0.cut(&node);
-        tracing::warn!(node = %node, by = %who.name(), "node revoked");
-        let c = self.0.core();
-        let n = c
-            .alloc
-            .creds
-            .nodes
-            .get(&node)
-            .map(|n| node_cred_pb(&node, n));
-        n.map(Response::new).ok_or_else(|| Status::not_found(node))
+        Ok(Response::new(self.cut_off(&node, &who.name(), "revoked")))
     }
 
     async fn remove_node(
@@ -286,7 +294,7 @@ impl pb::admin_server::Admin for Api {
             let leases = c.alloc.leases_on(&node).len() + c.alloc.leaving_on(&node).len();
             if leases > 0 {
                 return Err(Status::failed_precondition(format!(
-                    "node: {node:?} still runs {leases} lease(s); drain it (`allot drain {node} --now`) and wait for its work to end, or for it to be declared lost, then remove it"
+                    "node: {node:?} still runs {leases} lease(s); drain it (`allot nodes drain {node} --reason TEXT --now`) and wait for its work to end, or for it to be declared lost, then remove it"
                 )));
             }
         }
@@ -296,22 +304,7 @@ impl pb::admin_server::Admin for Api {
                 by: who.name(),
             })
             .map_err(|e| Status::failed_precondition(e.to_string()))?;
-        // A connected agent's stream ends now; its reconnect is refused.
-        self.0.cut(&node);
-        tracing::warn!(node = %node, by = %who.name(), "node removed");
-        let c = self.0.core();
-        let n = c
-            .alloc
-            .creds
-            .nodes
-            .get(&node)
-            .map(|n| node_cred_pb(&node, n))
-            .unwrap_or_else(|| pb::NodeCredentials {
-                node: node.clone(),
-                state: "removed".into(),
-                ..Default::default()
-            });
-        Ok(Response::new(n))
+        Ok(Response::new(self.cut_off(&node, &who.name(), "removed")))
     }
 
     async fn list_node_credentials(
