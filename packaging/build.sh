@@ -22,6 +22,13 @@ command -v cargo-generate-rpm >/dev/null || cargo install --locked -j2 cargo-gen
 # agent's features (the checkpoint ladder's file watcher and HTTP client).
 cargo build --profile dist -j2 -p allot-allocator -p allot-cli
 cargo build --profile dist -j2 -p allot-agent
+# Man pages and completions, from each binary's own clap definition.
+gen=target/allot-docs
+rm -rf "$gen" && mkdir -p "$gen"
+for b in allot allotd allot-agent; do
+  ALLOT_WRITE_DOCS="$gen" "target/dist/$b"
+  gzip -9n "$gen/$b.1"
+done
 out=target/packages
 rm -rf "$out" && mkdir -p "$out"
 cargo deb -p allot-packaging --profile dist --no-build --output "$out/"
@@ -51,6 +58,12 @@ rpmlint --rpmlintrc packaging/rpmlintrc "$rpm"
 echo "== install"
 as_root dpkg -i "$deb"
 allot version
+# Each binary's man page and completions, from its own clap definition.
+for b in allot allotd allot-agent; do
+  zcat "/usr/share/man/man1/$b.1.gz" | grep -q "^\.TH $b 1" || { echo "no man page for $b"; exit 1; }
+  grep -q "$b" "/usr/share/bash-completion/completions/$b" || { echo "no bash completion for $b"; exit 1; }
+done
+if command -v man >/dev/null; then man -w allot >/dev/null; fi
 files=$(dpkg -L allot | while read -r f; do [ -f "$f" ] && echo "$f"; done)
 echo "== systemd-analyze verify"
 systemd-analyze verify /usr/lib/systemd/system/allot-agent.service /usr/lib/systemd/system/allotd.service

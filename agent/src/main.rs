@@ -111,6 +111,11 @@ fn main() -> std::process::ExitCode {
     {
         return allot_agent::supervisor::main();
     }
+    if let Some(code) =
+        allot_common::clidocs::write_if_asked(<Args as clap::CommandFactory>::command)
+    {
+        return code;
+    }
     let a = Args::parse();
     allot_common::logging::init("info", a.log_format);
     let o = Overrides {

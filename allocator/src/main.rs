@@ -113,6 +113,11 @@ then: allotd serve --config {}",
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
+    if let Some(code) =
+        allot_common::clidocs::write_if_asked(<Cli as clap::CommandFactory>::command)
+    {
+        return code;
+    }
     let cli = Cli::parse();
     // One line per decision (starts, preemptions, drains, breaker holds, lost
     // nodes) at info: what `journalctl -u allotd` should show.

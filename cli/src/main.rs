@@ -162,6 +162,9 @@ fn grouped_commands(cmd: &clap::Command) -> String {
 }
 
 fn main() -> std::process::ExitCode {
+    if let Some(code) = allot_common::clidocs::write_if_asked(command) {
+        return code;
+    }
     quiet_on_broken_pipe();
     let matches = command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());

@@ -4,10 +4,13 @@
 //! line from the TOML parser's own spans) · [`stats`] (percentiles) · [`systemd`]
 //! (`sd_notify(3)` and the watchdog period) · [`fields`] (caps on request fields, safe
 //! names) · [`net`] (loopback hosts) · `files` (atomic writes with a mode, feature `files`) · `rlimit` (the descriptor limit, feature `rlimit`) · `sqlite` (opening a state database,
-//! feature `sqlite`) · `logging` (the daemons' tracing set-up, feature `logging`).
+//! feature `sqlite`) · `logging` (the daemons' tracing set-up, feature `logging`) · `clidocs` (man pages and
+//! completions from clap, feature `clidocs`).
 //! Nothing here decides policy; the fair-share core and the health policy stay in
 //! their own crates.
 
+#[cfg(feature = "clidocs")]
+pub mod clidocs;
 pub mod config_error;
 pub mod fields;
 #[cfg(feature = "files")]
