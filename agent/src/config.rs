@@ -327,27 +327,12 @@ mod tests {
         for table in ["agent", "health"] {
             let e = AgentConfig::parse(&format!("[{table}]\nzz_unknown = 1\n"), "a.toml")
                 .expect_err(table);
-            let keys: Vec<&str> = e
-                .message
-                .split(", expected")
-                .nth(1)
-                .unwrap_or("")
-                .split('`')
-                .skip(1)
-                .step_by(2)
-                .collect();
-            assert!(!keys.is_empty(), "[{table}]: {e}");
-            let section = doc
-                .split(&format!("## `[{table}]`"))
-                .nth(1)
-                .and_then(|rest| rest.split("\n## ").next())
-                .unwrap_or_else(|| panic!("docs/reference/agent.toml.md has no [{table}] table"));
-            for k in keys {
-                assert!(
-                    section.contains(&format!("| `{k}` |")),
-                    "[{table}] {k} is not in docs/reference/agent.toml.md: add its row"
-                );
-            }
+            let missing = allot_common::config_error::keys_missing_from_reference(doc, table, &e)
+                .unwrap_or_else(|why| panic!("docs/reference/agent.toml.md: {why}"));
+            assert!(
+                missing.is_empty(),
+                "[{table}] {missing:?} not in docs/reference/agent.toml.md: add their rows"
+            );
         }
     }
 

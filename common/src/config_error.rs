@@ -20,6 +20,40 @@ pub struct ConfigError {
     pub message: String,
 }
 
+impl ConfigError {
+    /// The keys a table accepts, read from serde's refusal of one it does not
+    /// (`unknown field `x`, expected one of `a`, `b``); empty for other errors.
+    pub fn accepted_keys(&self) -> Vec<&str> {
+        let list = self.message.split(", expected").nth(1).unwrap_or("");
+        list.split('`').skip(1).step_by(2).collect()
+    }
+}
+
+/// The keys of `table` that a config reference (`## `[table]`` followed by rows
+/// `| `key` | …`) has no row for; `refusal` is the parser's refusal of an unknown key
+/// in that table. Err when the reference has no such table or the refusal names
+/// no keys. What keeps `docs/reference/` in step with the config types.
+pub fn keys_missing_from_reference(
+    reference: &str,
+    table: &str,
+    refusal: &ConfigError,
+) -> Result<Vec<String>, String> {
+    let keys = refusal.accepted_keys();
+    if keys.is_empty() {
+        return Err(format!("[{table}]: the refusal names no keys: {refusal}"));
+    }
+    let rows = reference
+        .split(&format!("## `[{table}]`"))
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .ok_or_else(|| format!("the reference has no [{table}] table"))?;
+    Ok(keys
+        .into_iter()
+        .filter(|k| !rows.contains(&format!("| `{k}` |")))
+        .map(str::to_string)
+        .collect())
+}
+
 /// A TOML text and the positions its parser reported for every key; semantic checks
 /// made after deserializing use it to point at the line to edit.
 pub struct Positions<'a> {
@@ -250,5 +284,28 @@ sbe_per_hour = -1
         let p = Positions::new("a = [", "a.toml");
         assert_eq!(p.line("a"), 0);
         assert_eq!(p.line_in_array("a", "name", "x"), 0);
+    }
+}
+
+#[cfg(test)]
+mod reference_tests {
+    use super::*;
+
+    #[test]
+    fn a_reference_misses_the_keys_it_has_no_row_for() {
+        let refusal = ConfigError {
+            file: "a.toml".into(),
+            line: 2,
+            field: "zz".into(),
+            message: "unknown field `zz`, expected one of `listen`, `state_dir`".into(),
+        };
+        assert_eq!(refusal.accepted_keys(), ["listen", "state_dir"]);
+        let doc =
+            "## `[server]`\n\n| `listen` | string |\n\n## `[tls]`\n\n| `state_dir` | path |\n";
+        assert_eq!(
+            keys_missing_from_reference(doc, "server", &refusal),
+            Ok(vec!["state_dir".to_string()])
+        );
+        assert!(keys_missing_from_reference(doc, "policy", &refusal).is_err());
     }
 }
