@@ -3,48 +3,17 @@
 //! root, the agent's own user, or the socket's group, checked on the peer's
 //! credentials.
 
-use crate::host::{Caller, GpuView, Host, HostError, StartSpec};
-use crate::lease::{LeaseRecord, LeaseState};
+use crate::host::{Caller, HostError, StartSpec};
+use crate::shared::Shared;
+use crate::wire::{drain_pb, event_pb, gpu_pb, lease_pb, stream_of, verdict_pb};
 use allot_common::fields::{
     check_argv, check_len, check_optional_name, check_text, FieldError, MAX_HOOK, MAX_NAME,
     MAX_REASON,
 };
-use allot_health::verdict::{GpuState, HostVerdict};
 use allot_proto::v1 as pb;
 use allot_proto::v1::agent_local_server::AgentLocal;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tonic::{Request, Response, Status};
-
-/// What the API and the daemon loop share.
-pub struct Shared {
-    /// The host state.
-    pub host: Mutex<Host>,
-    /// Wakes the contract loop after a change.
-    pub wake: tokio::sync::Notify,
-    /// Processes the agent started, to be reaped by a waiter thread.
-    pub spawned: tokio::sync::mpsc::UnboundedSender<(String, crate::os::Reaper)>,
-    /// Members of this group may change things.
-    pub admin_gid: Option<u32>,
-    /// Per-workload CPU and memory; the host's CPUs and memory.
-    pub sys: Mutex<sysinfo::System>,
-    /// Per-lease CPU from the leases' cgroups, between listings.
-    pub cpu: Mutex<crate::cgroup::CpuMeter>,
-    /// This host's name, as reported.
-    pub host_name: String,
-    /// Logical CPUs and installed memory (bytes): read once, they do not change.
-    pub host_size: (u32, u64),
-    /// The allocator's stream while it is up.
-    pub uplink: Mutex<Option<tokio::sync::mpsc::UnboundedSender<pb::AgentMessage>>>,
-    /// The health monitor (absent when it could not start): `allot gpus clear`.
-    pub monitor: Option<Arc<Mutex<allot_health_sources::service::HealthMonitor>>>,
-}
-
-impl Shared {
-    /// Locks the host (a panic elsewhere must not wedge the API).
-    pub fn host(&self) -> std::sync::MutexGuard<'_, Host> {
-        self.host.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
 
 /// The service.
 pub struct LocalApi(pub Arc<Shared>);
@@ -141,129 +110,6 @@ fn check_start(r: &pb::StartLeaseRequest) -> Result<(), FieldError> {
         });
     }
     allot_common::fields::check_cwd("cwd", &r.cwd)
-}
-
-fn secs(ms: i64) -> i64 {
-    ms.div_euclid(1000)
-}
-
-/// The wire form of a lease.
-pub fn lease_pb(l: &LeaseRecord) -> pb::Lease {
-    pb::Lease {
-        id: l.id.clone(),
-        workload_id: l.workload_id.clone(),
-        gpu_uuids: l.gpus.clone(),
-        start_unix: secs(l.start_ms),
-        min_runtime_s: l.min_runtime_s,
-        time_limit_s: l.time_limit_s,
-        checkpoint_hook: l.hook.clone(),
-        grace_s: l.grace_s,
-        warn_signal: l.warn_signal.clone(),
-        warn_before_s: l.warn_before_s,
-        state: match l.state {
-            LeaseState::Starting => pb::LeaseState::Starting,
-            LeaseState::Running => pb::LeaseState::Running,
-            LeaseState::Revoking => pb::LeaseState::Revoking,
-            LeaseState::Checkpointing => pb::LeaseState::Checkpointing,
-            LeaseState::Ended => pb::LeaseState::Ended,
-        } as i32,
-        not_before_unix: l.not_before_ms.map_or(0, secs),
-        ended_by: l.ended_by.clone(),
-        steps: l
-            .steps
-            .iter()
-            .map(|s| pb::LeaseStep {
-                rung: s.rung.clone(),
-                took_ms: s.took_ms,
-                note: s.note.clone(),
-            })
-            .collect(),
-        pid: u32::try_from(l.pid).unwrap_or(0),
-        start_unix_ms: l.start_ms,
-        cpu_pct: 0.0,
-        rss_bytes: 0,
-        user: l.user.clone(),
-        end: l.end_kind() as i32,
-        end_reason: l.end_reason.clone(),
-        exit_code: l.exit_code,
-        ended_unix: secs(l.ended_ms),
-        revoke_why: l.revoke_why.clone(),
-        adopted: l.adopted,
-        cgroup: l.cgroup.clone(),
-        end_detail: l.end_detail.clone(),
-        term_signal: l.signal,
-    }
-}
-
-/// The wire form of a health reason.
-pub fn reason_pb(r: &allot_health::verdict::Reason) -> pb::HealthReason {
-    pb::HealthReason {
-        signal: r.signal.clone(),
-        detail: r.detail.clone(),
-        action: r
-            .action
-            .map(|a| {
-                serde_json::to_value(a)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default()
-            })
-            .unwrap_or_default(),
-        gpu_only: r.gpu_only,
-        since_unix: i64::try_from(r.since).unwrap_or(0),
-    }
-}
-
-/// The wire form of a GPU.
-pub fn gpu_pb(g: &GpuView) -> pb::Gpu {
-    pb::Gpu {
-        uuid: g.sample.uuid.clone(),
-        index: g.sample.index.unwrap_or(0),
-        pci: g.sample.pci.clone(),
-        model: g.sample.name.clone().unwrap_or_default(),
-        state: match g.state {
-            GpuState::Healthy => pb::GpuState::Healthy,
-            GpuState::Degraded => pb::GpuState::Degraded,
-            GpuState::Failed => pb::GpuState::Failed,
-        } as i32,
-        reasons: g.reasons.iter().map(reason_pb).collect(),
-        lease_id: g.lease.clone().unwrap_or_default(),
-    }
-}
-
-/// The wire form of a host verdict.
-pub fn verdict_pb(v: HostVerdict) -> pb::HostVerdict {
-    match v {
-        HostVerdict::Ok => pb::HostVerdict::Ok,
-        HostVerdict::Drain => pb::HostVerdict::Drain,
-        HostVerdict::DrainNow => pb::HostVerdict::DrainNow,
-    }
-}
-
-/// Every drain of the host, in force or held, on the wire.
-pub fn drains_pb(h: &Host) -> Vec<pb::DrainInfo> {
-    h.drains()
-        .into_iter()
-        .map(|d| pb::DrainInfo {
-            by: d.by.clone(),
-            author: d.author.clone(),
-            reason: d.reason.clone(),
-            now: d.now,
-            since_unix: secs(d.at_ms),
-            held: d.held,
-        })
-        .collect()
-}
-
-fn drain_pb(h: &Host) -> pb::DrainResponse {
-    let first = h.drain_state();
-    pb::DrainResponse {
-        draining: first.is_some(),
-        reason: first.map(|d| d.reason.clone()).unwrap_or_default(),
-        now: first.is_some_and(|d| d.now),
-        by: first.map(|d| d.by.clone()).unwrap_or_default(),
-        drains: drains_pb(h),
-    }
 }
 
 /// The user name of a uid, or the number.
@@ -488,7 +334,7 @@ impl AgentLocal for LocalApi {
         let c = caller(&req)?;
         let r = req.get_ref().clone();
         check_len("lease_id", &r.lease_id, MAX_NAME).map_err(invalid)?;
-        let stream = crate::logs::stream_of(r.stream);
+        let stream = stream_of(r.stream);
         let src = self
             .0
             .host()
@@ -533,13 +379,7 @@ impl AgentLocal for LocalApi {
             .events(since)
             .map_err(status)?
             .into_iter()
-            .map(|e| pb::Event {
-                at_unix: secs(e.at_ms),
-                kind: e.kind,
-                lease_id: e.lease,
-                gpu: e.gpu,
-                message: e.message,
-            })
+            .map(event_pb)
             .collect();
         Ok(Response::new(pb::EventsResponse { events }))
     }

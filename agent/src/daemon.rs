@@ -2,11 +2,12 @@
 //! the local API, and runs the contract loop: sleep until the host's next deadline,
 //! a request, a process exit, a verdict or a reload, then let [`Host`] act.
 
-use crate::api::{LocalApi, Shared};
+use crate::api::LocalApi;
 use crate::cgroup::Placement;
 use crate::config::{socket_mode, AgentConfig, DEFAULT_PATH};
 use crate::host::{now_ms, Host, Settings};
 use crate::os::{RealOs, Reaper};
+use crate::shared::Shared;
 use crate::store::Store;
 use crate::supervisor::Exit;
 use allot_health::verdict::{GpuSample, Verdict};
@@ -393,7 +394,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         if write_failed {
             // A write failed (a start, a lease's change): the disk is looked at now,
             // and allotd hears of the drain it made.
-            crate::disk::check(&cfg, &shared);
+            check_disk(&cfg, &shared);
             crate::uplink::send(&shared, crate::uplink::health(&shared));
         }
         crate::uplink::flush(&shared);
@@ -412,7 +413,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
                 crate::uplink::send(&shared, crate::uplink::health(&shared));
             }
             _ = tokio::time::sleep_until(next_disk) => {
-                crate::disk::check(&cfg, &shared);
+                check_disk(&cfg, &shared);
                 next_disk = tokio::time::Instant::now()
                     + Duration::from_secs(cfg.agent.disk_check_interval.max(1));
             }
@@ -439,4 +440,29 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir(base);
     }
     Ok(())
+}
+
+/// One check on the daemon's loop (every `disk_check_interval`, and at once after a
+/// write failed): the host's faults set or cleared, allotd told when the verdict
+/// changed.
+fn check_disk(c: &crate::config::AgentConfig, sh: &crate::shared::Shared) {
+    let now_ms = crate::host::now_ms();
+    // A failed write is tried again first: it clears only by a write that succeeds.
+    let mut changed = sh.host().retry_write(now_ms);
+    let was_low = sh.host().disk_low();
+    let a = crate::disk::assess(
+        &crate::disk::paths(c),
+        &crate::disk::Statvfs,
+        c.agent.min_free_bytes,
+        was_low,
+        u64::try_from(now_ms / 1000).unwrap_or(0),
+    );
+    for e in &a.errors {
+        tracing::warn!(error = %e, "cannot measure free space");
+    }
+    changed |= sh.host().on_disk(a.fault, now_ms);
+    if changed {
+        crate::uplink::send(sh, crate::uplink::health(sh));
+        sh.wake.notify_one();
+    }
 }

@@ -184,31 +184,6 @@ pub fn write_fault(what: &str, now_s: u64) -> Reason {
     }
 }
 
-/// One check on the daemon's loop (every `disk_check_interval`, and at once after a
-/// write failed): the host's faults set or cleared, allotd told when the verdict
-/// changed.
-pub fn check(c: &crate::config::AgentConfig, sh: &crate::api::Shared) {
-    let now_ms = crate::host::now_ms();
-    // A failed write is tried again first: it clears only by a write that succeeds.
-    let mut changed = sh.host().retry_write(now_ms);
-    let was_low = sh.host().disk_low();
-    let a = assess(
-        &paths(c),
-        &Statvfs,
-        c.agent.min_free_bytes,
-        was_low,
-        u64::try_from(now_ms / 1000).unwrap_or(0),
-    );
-    for e in &a.errors {
-        tracing::warn!(error = %e, "cannot measure free space");
-    }
-    changed |= sh.host().on_disk(a.fault, now_ms);
-    if changed {
-        crate::uplink::send(sh, crate::uplink::health(sh));
-        sh.wake.notify_one();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

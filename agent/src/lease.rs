@@ -1,9 +1,14 @@
 //! A lease as the agent holds it: what runs on which GPUs, under which contract, and
 //! how it ended. Stored as one JSON row per lease (see `store.rs`).
 
-use allot_proto::v1::LeaseEnd;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+/// Whether a lease id is one the allocator gives (`A-…`; local leases are the
+/// operator's business).
+pub fn from_allocator_id(id: &str) -> bool {
+    id.starts_with("A-")
+}
 
 /// One of a lease's two output streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +27,76 @@ impl LogStream {
             LogStream::Stderr => "err",
         }
     }
+}
+
+/// How a lease ended. Stored by [`LeaseEnd::name`] (the form 0.1 agents wrote and
+/// sent as `end_reason`), so rows and older allotds read the same words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// Not ended, or a name this release does not know.
+    Unspecified,
+    /// Its process exited on its own (the exit code says how).
+    Exited,
+    /// Ended by a revocation's ladder.
+    Revoked,
+    /// Ended at its time limit.
+    TimeLimit,
+    /// A GPU it held failed.
+    GpuLost,
+    /// Its process was gone when the agent looked (a restart, a reboot).
+    Vanished,
+    /// The host would not take it (drained, a GPU taken).
+    Refused,
+    /// The host took it and could not start it.
+    FailedToStart,
+}
+
+impl LeaseEnd {
+    const ALL: [LeaseEnd; 7] = [
+        LeaseEnd::Exited,
+        LeaseEnd::Revoked,
+        LeaseEnd::TimeLimit,
+        LeaseEnd::GpuLost,
+        LeaseEnd::Vanished,
+        LeaseEnd::Refused,
+        LeaseEnd::FailedToStart,
+    ];
+
+    /// The name people read: `exited`, `revoked`, `time-limit`, `gpu-lost`,
+    /// `vanished`, `refused`, `failed-to-start`; empty when unspecified.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeaseEnd::Unspecified => "",
+            LeaseEnd::Exited => "exited",
+            LeaseEnd::Revoked => "revoked",
+            LeaseEnd::TimeLimit => "time-limit",
+            LeaseEnd::GpuLost => "gpu-lost",
+            LeaseEnd::Vanished => "vanished",
+            LeaseEnd::Refused => "refused",
+            LeaseEnd::FailedToStart => "failed-to-start",
+        }
+    }
+
+    /// The end named by [`LeaseEnd::name`]; unspecified for any other text.
+    pub fn from_name(name: &str) -> LeaseEnd {
+        Self::ALL
+            .into_iter()
+            .find(|e| e.name() == name)
+            .unwrap_or(LeaseEnd::Unspecified)
+    }
+}
+
+/// Where a lease's output is, as the host holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSource {
+    /// The file.
+    pub path: PathBuf,
+    /// The lease has not ended: the file may still grow.
+    pub live: bool,
+    /// Started by something else: the agent captured none of its output.
+    pub adopted: bool,
+    /// The user it runs as (who may read it on the host).
+    pub user: String,
 }
 
 /// Where a lease is in its life.

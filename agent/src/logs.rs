@@ -5,28 +5,14 @@
 //! never by a path from a request, so no request can make the agent read anything
 //! else.
 
-use crate::api::Shared;
-use crate::lease::LogStream;
-use allot_proto::v1 as pb;
+use crate::lease::{LogSource, LogStream};
+use crate::shared::Shared;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 /// Most bytes one read returns, whatever is asked: a chunk stays far below the
 /// 4 MiB message cap of every hop.
 pub const MAX_CHUNK: u32 = 1 << 20;
-
-/// Where a lease's output is, as the host holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogSource {
-    /// The file.
-    pub path: PathBuf,
-    /// The lease has not ended: the file may still grow.
-    pub live: bool,
-    /// Started by something else: the agent captured none of its output.
-    pub adopted: bool,
-    /// The user it runs as (who may read it on the host).
-    pub user: String,
-}
 
 /// Expands an `--output`/`--error` pattern: `%j` the workload, `%r` the run, `%n`
 /// the node rank, `%u` the user, `%%` a `%` (allotd checked the pattern; anything
@@ -97,14 +83,6 @@ pub fn log_file(
     log_dir.join(inside(user)).join(inside(&name))
 }
 
-/// The stream a wire value names (unspecified reads as stdout).
-pub fn stream_of(v: i32) -> LogStream {
-    match pb::LogStream::try_from(v) {
-        Ok(pb::LogStream::Stderr) => LogStream::Stderr,
-        _ => LogStream::Stdout,
-    }
-}
-
 /// Up to `max` bytes of `path` from `offset` (at most [`MAX_CHUNK`]), and whether
 /// the read reached the end of the file as it was then.
 pub fn read_at(path: &Path, offset: u64, max: u32) -> std::io::Result<(Vec<u8>, bool)> {
@@ -156,34 +134,24 @@ pub fn read_source(
     }
 }
 
-/// The answer to allotd's `ReadLog`: only leases allotd placed are read for it.
-pub fn answer(sh: &Shared, r: &pb::ReadLogRequest) -> pb::LogChunk {
-    let stream = stream_of(r.stream);
-    let src = if crate::uplink::from_allocator_id(&r.lease_id) {
-        sh.host()
-            .log_source(&r.lease_id, stream)
-            .map_err(|e| e.to_string())
-    } else {
-        Err(format!(
-            "{:?} is not a lease allotd placed; only those are read for it",
-            r.lease_id
-        ))
-    };
-    let read = src.and_then(|s| read_source(&r.lease_id, stream, s, r.offset, r.max_bytes));
-    match read {
-        Ok((data, eof, lease_live)) => pb::LogChunk {
-            request_id: r.request_id,
-            data,
-            eof,
-            lease_live,
-            error: String::new(),
-        },
-        Err(error) => pb::LogChunk {
-            request_id: r.request_id,
-            error,
-            ..Default::default()
-        },
+/// One read for allotd's `ReadLog`: only leases allotd placed are read for it.
+pub fn for_allotd(
+    sh: &Shared,
+    lease: &str,
+    stream: LogStream,
+    offset: u64,
+    max: u32,
+) -> Result<(Vec<u8>, bool, bool), String> {
+    if !crate::lease::from_allocator_id(lease) {
+        return Err(format!(
+            "{lease:?} is not a lease allotd placed; only those are read for it"
+        ));
     }
+    let src = sh
+        .host()
+        .log_source(lease, stream)
+        .map_err(|e| e.to_string())?;
+    read_source(lease, stream, src, offset, max)
 }
 
 #[cfg(test)]

@@ -3,10 +3,11 @@
 //! and lease changes; carry out the allocator's starts, revocations and drains.
 //! Reconnects with exponential backoff; the agent works on alone meanwhile.
 
-use crate::api::{drains_pb, gpu_pb, lease_pb, reason_pb, verdict_pb, Shared};
 use crate::credentials::Credentials;
 use crate::host::{now_ms, Caller, StartSpec};
-use crate::lease::LeaseRecord;
+use crate::lease::{LeaseEnd, LeaseRecord};
+use crate::shared::Shared;
+use crate::wire::{drains_pb, end_pb, gpu_pb, lease_pb, reason_pb, verdict_pb};
 use allot_proto::v1 as pb;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,13 +17,8 @@ use std::time::Duration;
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(10));
 
 /// Leases the allocator gave (local leases are the operator's business).
-pub fn from_allocator(l: &LeaseRecord) -> bool {
-    from_allocator_id(&l.id)
-}
-
-/// Whether a lease id is one the allocator gives.
-pub fn from_allocator_id(id: &str) -> bool {
-    id.starts_with("A-")
+fn from_allocator(l: &LeaseRecord) -> bool {
+    crate::lease::from_allocator_id(&l.id)
 }
 
 fn status(l: &LeaseRecord) -> pb::AgentMessage {
@@ -102,13 +98,13 @@ pub fn flush(sh: &Shared) {
     }
 }
 
-fn failed_start(id: &str, how: pb::LeaseEnd, why: &str) -> pb::AgentMessage {
+fn failed_start(id: &str, how: LeaseEnd, why: &str) -> pb::AgentMessage {
     pb::AgentMessage {
         body: Some(pb::agent_message::Body::LeaseStatus(pb::LeaseStatus {
             lease: Some(pb::Lease {
                 id: id.to_string(),
                 state: pb::LeaseState::Ended as i32,
-                end: how as i32,
+                end: end_pb(how) as i32,
                 end_reason: how.name().into(),
                 ended_by: why.to_string(),
                 ..Default::default()
@@ -124,7 +120,16 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
             // answer names its request, so answers may pass each other.
             let sh = sh.clone();
             tokio::task::spawn_blocking(move || {
-                let chunk = crate::logs::answer(&sh, &r);
+                let chunk = crate::wire::log_chunk(
+                    r.request_id,
+                    crate::logs::for_allotd(
+                        &sh,
+                        &r.lease_id,
+                        crate::wire::stream_of(r.stream),
+                        r.offset,
+                        r.max_bytes,
+                    ),
+                );
                 send(
                     &sh,
                     pb::AgentMessage {
@@ -147,7 +152,7 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
                         l.id, existing.workload_id, existing.allotd_start_s
                     );
                     tracing::warn!(lease = %l.id, "{why}");
-                    send(sh, failed_start(&l.id, pb::LeaseEnd::Refused, &why));
+                    send(sh, failed_start(&l.id, LeaseEnd::Refused, &why));
                     return;
                 }
                 // Re-sent after a reconnect: answer with what this host knows.
@@ -193,8 +198,8 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
                     // the workload's fault: allotd requeues it; a command that cannot
                     // start at all fails the workload.
                     let reason = match e {
-                        crate::host::HostError::Refused(_) => pb::LeaseEnd::Refused,
-                        _ => pb::LeaseEnd::FailedToStart,
+                        crate::host::HostError::Refused(_) => LeaseEnd::Refused,
+                        _ => LeaseEnd::FailedToStart,
                     };
                     send(sh, failed_start(&l.id, reason, &e.to_string()));
                 }
@@ -222,7 +227,7 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
                     sh,
                     failed_start(
                         &r.lease_id,
-                        pb::LeaseEnd::Vanished,
+                        LeaseEnd::Vanished,
                         "revoked, and this host does not hold it",
                     ),
                 );

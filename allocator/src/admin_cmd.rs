@@ -96,7 +96,7 @@ async fn client(t: &Target) -> anyhow::Result<AdminClient<tonic::transport::Chan
         Some(p) => p.clone(),
         None => {
             let cfg = crate::config::ServerConfig::load(&t.config)?;
-            crate::serve::admin_socket_path(&cfg.server.state_dir)
+            crate::daemon::admin_socket_path(&cfg.server.state_dir)
         }
     };
     client_at(&path).await

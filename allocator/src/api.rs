@@ -4,12 +4,12 @@
 //! [`Server::commit`].
 
 use crate::serve::{now, Server};
-use crate::state::{
-    end_from_agent, end_from_agent_text, lease_from_wire, lease_wire, state_name, Ask, Command,
-    Denied, GpuCondition, GpuSeen, HostDrain, Input, NodeRec, Out, StartLease, TimeWarning,
-    Verdict, Who, WorkRec,
+use crate::state::{lease_from_wire, lease_wire, Ask, Denied, Input, Out, TimeWarning, Who};
+use crate::wire::{
+    command_pb, end_from_agent, end_from_agent_text, gpu_report, gpu_seen, host_drain, node_pb,
+    state_pb, tree_pb, verdict_of, workload_pb,
 };
-use allot_fairshare::{CoreError, NodeSpec, NodeState, WorkloadSpec, WorkloadState};
+use allot_fairshare::{CoreError, NodeSpec, NodeState, WorkloadSpec};
 use allot_proto::v1 as pb;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -31,339 +31,6 @@ fn core_status(e: CoreError) -> Status {
         }
         CoreError::AlreadyEnded(_) => Status::failed_precondition(e.to_string()),
         _ => Status::invalid_argument(e.to_string()),
-    }
-}
-
-fn state_pb(s: WorkloadState) -> pb::WorkloadState {
-    match s {
-        WorkloadState::Pending => pb::WorkloadState::Pending,
-        WorkloadState::Running => pb::WorkloadState::Running,
-        WorkloadState::Completed => pb::WorkloadState::Completed,
-        WorkloadState::Failed => pb::WorkloadState::Failed,
-        WorkloadState::Cancelled => pb::WorkloadState::Cancelled,
-        WorkloadState::Preempted => pb::WorkloadState::Preempted,
-        WorkloadState::TimedOut => pb::WorkloadState::TimedOut,
-    }
-}
-
-fn secs(t: u64) -> i64 {
-    i64::try_from(t).unwrap_or(i64::MAX)
-}
-
-/// The wire form of a workload, with why it waits (`Allocator::explanation`).
-pub fn workload_pb(w: &WorkRec, explanation: String) -> pb::Workload {
-    pb::Workload {
-        id: w.id.to_string(),
-        spec: Some(pb::WorkloadSpec {
-            project: w.spec.project.clone(),
-            user: w.spec.user.clone(),
-            class: w.spec.class.clone(),
-            gpus_per_node: w.spec.gpus_per_node,
-            nodes: w.spec.nodes,
-            cpu_per_node: w.spec.cpu_per_node,
-            mem_per_node_gb: w.spec.mem_per_node_gb,
-            min_runtime_s: Some(w.spec.min_runtime),
-            time_limit_s: w.spec.time_limit,
-            resumable: w.spec.resumable,
-            priority: w.spec.priority,
-            argv: w.argv.clone(),
-            checkpoint_hook: w.hook.clone(),
-            no_requeue: w.spec.no_requeue,
-            cwd: w.cwd.clone(),
-            // Kept and sent to the hosts that run it, shown to no one: an
-            // environment may hold secrets.
-            env: Vec::new(),
-            output: w.output.clone(),
-            error: w.error.clone(),
-            warn_signal: w
-                .warn
-                .as_ref()
-                .map(|x| x.signal.clone())
-                .unwrap_or_default(),
-            warn_before_s: w.warn.as_ref().map_or(0, |x| x.before_s),
-            name: w.name.clone(),
-        }),
-        state: state_pb(w.state) as i32,
-        submit_unix: secs(w.submit),
-        explanation,
-        lease_ids: w.leases.iter().map(|l| lease_wire(*l)).collect(),
-        nodes: w.nodes.clone(),
-        preemptions: w.preemptions,
-        start_unix: secs(w.start),
-        end_unix: secs(w.end),
-        funded: w.funded,
-        end_reason: w.end_reason.clone(),
-        history: Vec::new(),
-        exit_code: w.exit_code,
-        signal: w.signal,
-        runs: w
-            .runs
-            .iter()
-            .enumerate()
-            .map(|(i, r)| pb::Run {
-                number: u32::try_from(i + 1).unwrap_or(u32::MAX),
-                lease_id: lease_wire(r.lease),
-                nodes: r.nodes.clone(),
-                gpus: r.gpus,
-                start_unix: secs(r.start),
-                end_unix: secs(r.end),
-                end_reason: r.end_reason.clone(),
-                exit_code: r.exit_code,
-                signal: r.signal,
-                detail: r.detail.clone(),
-            })
-            .collect(),
-    }
-}
-
-/// allot's variables for one part of a lease (they win over the submitted
-/// environment and the user's login variables on the host): who the work is, where
-/// the gang's parts are, and the names `torchrun` reads, so a bare `torchrun
-/// train.py` finds its rendezvous. `WORLD_SIZE` counts GPU processes (nodes × GPUs
-/// per node), `ALLOT_NNODES` nodes.
-pub fn allot_env(s: &StartLease) -> Vec<(String, String)> {
-    let nnodes = s.nodes.len().max(1).to_string();
-    let rank = s.rank.to_string();
-    let per_node = s.gpus_per_node.to_string();
-    let world = (s.nodes.len().max(1) as u64 * u64::from(s.gpus_per_node)).to_string();
-    let mut v: Vec<(&str, String)> = vec![
-        ("ALLOT_WORKLOAD_ID", s.workload.to_string()),
-        ("ALLOT_PROJECT", s.project.clone()),
-        ("ALLOT_JOB_NAME", s.name.clone()),
-        ("ALLOT_RUN", s.run.to_string()),
-        ("ALLOT_NODE_RANK", rank.clone()),
-        ("ALLOT_NNODES", nnodes.clone()),
-        ("ALLOT_NODELIST", s.nodes.join(",")),
-        ("ALLOT_GPUS_PER_NODE", per_node.clone()),
-        ("MASTER_ADDR", s.master_addr.clone()),
-        ("WORLD_SIZE", world),
-        ("NODE_RANK", rank.clone()),
-        ("PET_NNODES", nnodes),
-        ("PET_NODE_RANK", rank),
-        ("PET_NPROC_PER_NODE", per_node),
-        ("PET_MASTER_ADDR", s.master_addr.clone()),
-    ];
-    if s.master_port != 0 {
-        v.push(("MASTER_PORT", s.master_port.to_string()));
-        v.push(("PET_MASTER_PORT", s.master_port.to_string()));
-    }
-    v.push(("PET_SIGNALS_TO_HANDLE", torchrun_signals(s)));
-    v.into_iter().map(|(k, val)| (k.to_string(), val)).collect()
-}
-
-/// The signals torchrun is to catch and forward to its workers (it starts each in a
-/// session of its own, so a signal to its group never reaches them): its own
-/// default, and the checkpoint hook's and the time-limit warning's signals, so that
-/// a gang's ranks hear what the lease asks of them instead of torchrun dying of it.
-fn torchrun_signals(s: &StartLease) -> String {
-    let mut sigs: Vec<String> = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]
-        .into_iter()
-        .map(String::from)
-        .collect();
-    let hook = match s.hook.parse::<allot_checkpoint_hooks::Hook>() {
-        Ok(allot_checkpoint_hooks::Hook::Signal(name)) => Some(name),
-        _ => None,
-    };
-    let warn = s.warn.as_ref().map(|w| w.signal.clone());
-    for name in hook.into_iter().chain(warn) {
-        if let Some(sig) = allot_checkpoint_hooks::signal_named(&name) {
-            let n = sig.as_str().to_string();
-            if !sigs.contains(&n) {
-                sigs.push(n);
-            }
-        }
-    }
-    sigs.join(",")
-}
-
-/// The wire form of a command for an agent.
-pub fn command_pb(cmd: &Command) -> pb::AllocatorMessage {
-    use pb::allocator_message::Body;
-    let revoke = |lease: u64, not_before: u64, why: &str, withdraw: bool| {
-        Body::Revoke(pb::RevokeCommand {
-            lease_id: lease_wire(lease),
-            not_before_unix: i64::try_from(not_before).unwrap_or(0),
-            why: why.to_string(),
-            withdraw,
-        })
-    };
-    let drain = |drain: bool, now: bool, reason: String, by: &str| {
-        Body::Drain(pb::DrainCommand {
-            drain,
-            now,
-            reason,
-            by: by.to_string(),
-            author: "allotd".into(),
-        })
-    };
-    let body = match cmd {
-        Command::Start(s) => Body::Start(pb::StartLeaseCommand {
-            lease: Some(pb::Lease {
-                id: lease_wire(s.lease),
-                workload_id: s.workload.to_string(),
-                gpu_uuids: s.gpu_uuids.clone(),
-                start_unix: i64::try_from(s.start).unwrap_or(0),
-                min_runtime_s: s.min_runtime,
-                time_limit_s: s.time_limit,
-                checkpoint_hook: s.hook.clone(),
-                warn_signal: s
-                    .warn
-                    .as_ref()
-                    .map(|w| w.signal.clone())
-                    .unwrap_or_default(),
-                warn_before_s: s.warn.as_ref().map_or(0, |w| w.before_s),
-                ..Default::default()
-            }),
-            argv: s.argv.clone(),
-            user: s.user.clone(),
-            env: allot_env(s).into_iter().collect(),
-            job_env: s
-                .env
-                .iter()
-                .map(|(name, value)| pb::EnvVar {
-                    name: name.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
-            cwd: s.cwd.clone(),
-            run: s.run,
-            rank: s.rank,
-            output: s.output.clone(),
-            error: s.error.clone(),
-            cpu_per_node: s.cpu_per_node,
-            mem_per_node_gb: s.mem_per_node_gb,
-        }),
-        Command::Revoke {
-            lease,
-            not_before,
-            why,
-        } => revoke(*lease, *not_before, why, false),
-        Command::Withdraw { lease, why } => revoke(*lease, 0, why, true),
-        Command::Drain {
-            drain: d,
-            now,
-            reason,
-            by,
-        } => drain(*d, *now, reason.clone(), by),
-        Command::Hold { now, reasons } => drain(
-            false,
-            *now,
-            format!("held by allotd's circuit breaker: {reasons}"),
-            "health",
-        ),
-    };
-    pb::AllocatorMessage { body: Some(body) }
-}
-
-fn verdict_pb(v: Verdict) -> pb::HostVerdict {
-    match v {
-        Verdict::Unspecified => pb::HostVerdict::Unspecified,
-        Verdict::Ok => pb::HostVerdict::Ok,
-        Verdict::Drain => pb::HostVerdict::Drain,
-        Verdict::DrainNow => pb::HostVerdict::DrainNow,
-    }
-}
-
-fn verdict_of(v: i32) -> Verdict {
-    match pb::HostVerdict::try_from(v) {
-        Ok(pb::HostVerdict::Ok) => Verdict::Ok,
-        Ok(pb::HostVerdict::Drain) => Verdict::Drain,
-        Ok(pb::HostVerdict::DrainNow) => Verdict::DrainNow,
-        _ => Verdict::Unspecified,
-    }
-}
-
-/// What allotd's rules look at of a reported GPU.
-fn gpu_seen(g: &pb::Gpu) -> GpuSeen {
-    GpuSeen {
-        index: g.index,
-        state: match pb::GpuState::try_from(g.state) {
-            Ok(pb::GpuState::Healthy) => GpuCondition::Healthy,
-            Ok(pb::GpuState::Degraded) => GpuCondition::Degraded,
-            Ok(pb::GpuState::Failed) => GpuCondition::Failed,
-            _ => GpuCondition::Unspecified,
-        },
-        lease: g.lease_id.clone(),
-    }
-}
-
-fn host_drain(d: &pb::DrainInfo) -> HostDrain {
-    HostDrain {
-        by: d.by.clone(),
-        author: d.author.clone(),
-        reason: d.reason.clone(),
-        now: d.now,
-        held: d.held,
-    }
-}
-
-/// The wire form of a node's drains: allotd's own and those its agent reported.
-fn drains_pb(n: &NodeRec) -> Vec<pb::DrainInfo> {
-    let mut v: Vec<pb::DrainInfo> = n
-        .drains
-        .iter()
-        .map(|(by, d)| pb::DrainInfo {
-            by: by.clone(),
-            author: if !d.author.is_empty() {
-                d.author.clone()
-            } else if by == "health" {
-                "health monitor".into()
-            } else {
-                "allotd".into()
-            },
-            reason: d.reason.clone(),
-            now: matches!(d.state, NodeState::DrainNow | NodeState::Down),
-            since_unix: secs(d.since),
-            held: false,
-        })
-        .collect();
-    if let Some((r, now_)) = &n.held {
-        v.push(pb::DrainInfo {
-            by: "health".into(),
-            author: "health monitor".into(),
-            reason: r.clone(),
-            now: *now_,
-            held: true,
-            ..Default::default()
-        });
-    }
-    v
-}
-
-/// The wire form of a node.
-pub fn node_pb(n: &NodeRec, leases: &[(u64, Vec<String>)], free: u32, now_: u64) -> pb::Node {
-    // What the core remembers of this node (held parts, a refusal) is added by the
-    // caller, which holds the core.
-    let drains = drains_pb(n);
-    let mut gpu_list = n.gpus.clone();
-    for g in &mut gpu_list {
-        // The agent's view names only its own leases; allotd knows its placements.
-        if let Some((l, _)) = leases.iter().find(|(_, u)| u.contains(&g.uuid)) {
-            g.lease_id = lease_wire(*l);
-        }
-    }
-    pb::Node {
-        name: n.spec.name.clone(),
-        cluster: n.spec.cluster.clone(),
-        state: state_name(n.state).into(),
-        connected: n.connected,
-        gpus: n.spec.gpus,
-        free_gpus: free,
-        cpu: n.spec.cpu,
-        memory_gb: u64::from(n.spec.memory_gb),
-        verdict: verdict_pb(n.verdict) as i32,
-        lease_ids: leases.iter().map(|(l, _)| lease_wire(*l)).collect(),
-        drain_reason: drains
-            .iter()
-            .find(|d| !d.held)
-            .map(|d| format!("{}: {}", d.by, d.reason))
-            .unwrap_or_default(),
-        gpu_list,
-        // A connected agent is heard from now; its stream would have broken otherwise.
-        last_seen_unix: secs(if n.connected { now_ } else { n.last_seen }),
-        drains,
-        leaving_lease_ids: Vec::new(),
-        refused_gpus: 0,
     }
 }
 
@@ -892,7 +559,7 @@ impl pb::org_server::Org for Api {
         req: Request<pb::GetTreeRequest>,
     ) -> Result<Response<pb::GetTreeResponse>, Status> {
         self.allow(&req, Ask::Read)?;
-        Ok(Response::new(self.0.core().alloc.tree(now())))
+        Ok(Response::new(tree_pb(self.0.core().alloc.tree(now()))))
     }
 
     async fn set_weight(
@@ -920,7 +587,7 @@ impl pb::org_server::Org for Api {
                 by: who.name(),
             })
             .map_err(core_status)?;
-        let tree = self.0.core().alloc.tree(now());
+        let tree = tree_pb(self.0.core().alloc.tree(now()));
         tree.groups
             .into_iter()
             .find(|g| g.name == r.name)
@@ -1093,11 +760,10 @@ impl Api {
                 end_strays: true,
             })
             .map_err(core_status)?;
-        if let Some(n) = self.0.core().alloc.node_mut(&name) {
-            n.connected = true;
-            n.last_seen = now();
-            n.gpus = r.gpus.clone();
-        }
+        self.0
+            .core()
+            .alloc
+            .agent_connected(&name, now(), r.gpus.iter().map(gpu_report).collect());
         let (backlog, others): (Vec<Out>, Vec<Out>) = applied
             .outs
             .into_iter()
@@ -1114,9 +780,7 @@ impl Api {
 
     /// One message from an agent.
     fn on_agent(&self, node: &str, m: pb::AgentMessage) {
-        if let Some(n) = self.0.core().alloc.node_mut(node) {
-            n.last_seen = now();
-        }
+        self.0.core().alloc.agent_heard(node, now());
         match m.body {
             Some(pb::agent_message::Body::LeaseStatus(s)) => {
                 let Some(l) = s.lease else { return };
@@ -1177,9 +841,9 @@ impl Api {
             tracing::warn!(node, error = %e, "health report refused");
             return;
         }
-        match self.0.core().alloc.node_mut(node) {
-            Some(n) => n.gpus = h.gpus.clone(),
-            None => return,
+        let gpus = h.gpus.iter().map(gpu_report).collect();
+        if !self.0.core().alloc.agent_reported(node, gpus) {
+            return;
         }
         let reasons: Vec<String> = h
             .gpus

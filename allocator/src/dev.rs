@@ -101,7 +101,7 @@ async fn user_token(dir: &Path, user: &str) -> anyhow::Result<String> {
             return Ok(t.trim().to_string());
         }
     }
-    let r = crate::admin_cmd::client_at(&crate::serve::admin_socket_path(&dir.join("allotd")))
+    let r = crate::admin_cmd::client_at(&crate::daemon::admin_socket_path(&dir.join("allotd")))
         .await?
         .create_token(allot_proto::v1::CreateTokenRequest {
             user: user.to_string(),
@@ -129,7 +129,7 @@ async fn enroll(
     if state.join("pki").join("node.pem").exists() {
         return Ok(());
     }
-    let r = crate::admin_cmd::client_at(&crate::serve::admin_socket_path(&dir.join("allotd")))
+    let r = crate::admin_cmd::client_at(&crate::daemon::admin_socket_path(&dir.join("allotd")))
         .await?
         .enroll_node(allot_proto::v1::EnrollNodeRequest {
             node: name.to_string(),
@@ -197,16 +197,16 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let agent = agent_binary()?;
     // Ports first: a busy port must fail before any agent starts (an agent started
     // now would join whichever allotd holds the port).
-    let bound = crate::serve::Bound::bind(&cfg).await?;
+    let bound = crate::daemon::Bound::bind(&cfg).await?;
     let listen = bound.grpc.local_addr()?.to_string();
     let metrics = match &bound.metrics {
         Some(m) => m.local_addr()?.to_string(),
         None => "-".into(),
     };
-    let server = tokio::spawn(crate::serve::serve_bound(
+    let server = tokio::spawn(crate::daemon::serve_bound(
         cfg,
         bound,
-        crate::serve::signalled(),
+        crate::daemon::signalled(),
     ));
     let user = current_user();
     let token = match user_token(&dir, &user).await {

@@ -220,10 +220,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let me = crate::dev::current_user();
     cfg.roles.admins = vec![me.clone()];
     let reopen_cfg = cfg.clone();
-    let admin_socket = crate::serve::admin_socket_path(&cfg.server.state_dir);
+    let admin_socket = crate::daemon::admin_socket_path(&cfg.server.state_dir);
     let ca_path = cfg.pki_dir().join("ca.pem");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(crate::serve::serve(cfg, async {
+    let server = tokio::spawn(crate::daemon::serve(cfg, async {
         let _ = stop_rx.await;
     }));
     let url = format!("https://{addr}");

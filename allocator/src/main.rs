@@ -8,9 +8,11 @@ mod admin_cmd;
 mod api;
 mod config;
 mod conns;
+mod daemon;
 mod dev;
 mod limits;
 mod loadtest;
+mod log_relay;
 mod logs;
 mod metrics;
 mod pki;
@@ -20,6 +22,7 @@ mod state;
 mod state_cmd;
 mod store;
 mod svg;
+mod wire;
 
 use clap::{Parser, Subcommand};
 
@@ -133,7 +136,9 @@ fn main() -> std::process::ExitCode {
         Command::Serve { config, check } => match config::ServerConfig::load(&config) {
             Err(e) => Err(e.into()),
             Ok(cfg) if check => pki::check_key_modes(&cfg).map(|()| println!("config ok")),
-            Ok(cfg) => runtime().and_then(|rt| rt.block_on(serve::serve(cfg, serve::signalled()))),
+            Ok(cfg) => {
+                runtime().and_then(|rt| rt.block_on(daemon::serve(cfg, daemon::signalled())))
+            }
         },
         Command::Dev(a) => runtime().and_then(|rt| rt.block_on(dev::run(a))),
         Command::Loadtest(a) => runtime().and_then(|rt| rt.block_on(loadtest::run(a))),

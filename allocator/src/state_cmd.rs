@@ -355,7 +355,7 @@ fn accept_loss(cfg: &ServerConfig) -> anyhow::Result<()> {
 
 /// Refuses while an allotd serves this state dir (it is the file's one writer).
 fn stopped(cfg: &ServerConfig) -> anyhow::Result<()> {
-    let socket = crate::serve::admin_socket_path(&cfg.server.state_dir);
+    let socket = crate::daemon::admin_socket_path(&cfg.server.state_dir);
     if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
         anyhow::bail!(
             "an allotd answers on {}: stop it first (systemctl stop allotd)",

@@ -3,8 +3,8 @@
 //! host-wide one drains the host) and the GPUs as the CLI shows them.
 
 use super::{Drain, GpuView, Host, HEALTH};
+use crate::lease::LeaseEnd;
 use allot_health::verdict::{GpuSample, GpuState, HostVerdict, Reason, Verdict};
-use allot_proto::v1::LeaseEnd;
 use nix::sys::signal::Signal;
 use std::collections::{BTreeMap, BTreeSet};
 

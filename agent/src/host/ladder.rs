@@ -5,11 +5,11 @@
 
 use super::{lease_dir, lease_env, Host, LadderJob, ADOPTED_POLL_MS};
 use crate::contract::{self, Due};
+use crate::lease::LeaseEnd;
 use crate::lease::{LeaseRecord, LeaseState, StepRecord};
 use crate::supervisor::Exit;
 use allot_checkpoint_hooks::{Ladder, Outcome, Rung, Target, DEFAULT_MARKER};
 use allot_fairshare::scheduler::MAX_CONTRACT;
-use allot_proto::v1::LeaseEnd;
 use std::time::Duration;
 
 /// How a ladder that began reads once the workload is gone: the rung that ended it

@@ -385,7 +385,7 @@ impl Host {
         &self,
         id: &str,
         stream: crate::lease::LogStream,
-    ) -> Result<Option<crate::logs::LogSource>, HostError> {
+    ) -> Result<Option<crate::lease::LogSource>, HostError> {
         let l = match self.leases.get(id) {
             Some(l) => l.clone(),
             None => match self.store.lease(id)? {
@@ -393,7 +393,7 @@ impl Host {
                 None => return Ok(None),
             },
         };
-        Ok(Some(crate::logs::LogSource {
+        Ok(Some(crate::lease::LogSource {
             path: l.log_path(stream, &lease_dir(&self.settings, &l.id)),
             live: l.live(),
             adopted: l.adopted,

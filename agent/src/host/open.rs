@@ -4,10 +4,10 @@
 //! away; ladders cut short by the stop run again.
 
 use super::{Drain, Host, HostError, Settings, CLUSTER, ENDED_SHOWN, HOLD_KEY, LOCAL};
+use crate::lease::LeaseEnd;
 use crate::lease::LeaseState;
 use crate::os::Os;
 use crate::store::{Store, StoreError};
-use allot_proto::v1::LeaseEnd;
 use std::collections::{BTreeMap, BTreeSet};
 
 impl Host {

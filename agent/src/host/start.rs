@@ -5,6 +5,7 @@
 //! that a crash in between leaves a lease that reads as never started.
 
 use super::{lease_dir, Caller, Host, HostError, StartSpec, CLUSTER, HEALTH};
+use crate::lease::LeaseEnd;
 use crate::lease::{LeaseRecord, LeaseState, LogStream};
 use crate::os::Reaper;
 use crate::process::Launch;
@@ -12,7 +13,6 @@ use allot_checkpoint_hooks::cgroup::Limits;
 use allot_checkpoint_hooks::{host_allowed, Hook, Identity, RunAs};
 use allot_fairshare::scheduler::MAX_CONTRACT;
 use allot_health::verdict::{GpuSample, GpuState};
-use allot_proto::v1::LeaseEnd;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::str::FromStr;

@@ -2,30 +2,7 @@
 //! earlier releases are read ([`Input::decode`], [`drain_kind`]).
 
 use allot_fairshare::{Action, LeaseEnd, NodeSpec, NodeState, WorkloadSpec};
-use allot_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
-
-/// How a lease ended, from its agent's report: allotd's side of the one end enum
-/// (`LeaseEnd` on the wire, the core's `LeaseEnd` in the journal).
-pub fn end_from_agent(end: pb::LeaseEnd, exit_code: Option<i32>) -> LeaseEnd {
-    match end {
-        pb::LeaseEnd::Exited if exit_code == Some(0) => LeaseEnd::Completed,
-        pb::LeaseEnd::Revoked => LeaseEnd::Revoked,
-        pb::LeaseEnd::TimeLimit => LeaseEnd::TimeLimit,
-        // The host could not take it (drained, GPU taken): a fact about the node;
-        // the work waits again and that node is not offered it until it changes.
-        pb::LeaseEnd::Refused => LeaseEnd::Refused,
-        pb::LeaseEnd::GpuLost | pb::LeaseEnd::Vanished => LeaseEnd::NodeLost,
-        pb::LeaseEnd::Exited | pb::LeaseEnd::FailedToStart | pb::LeaseEnd::Unspecified => {
-            LeaseEnd::Failed
-        }
-    }
-}
-
-/// From a 0.1 agent, which names the end only in text (`end_reason`).
-pub fn end_from_agent_text(end_reason: &str, exit_code: Option<i32>) -> LeaseEnd {
-    end_from_agent(pb::LeaseEnd::from_name(end_reason), exit_code)
-}
 
 fn is_zero(n: &u64) -> bool {
     *n == 0

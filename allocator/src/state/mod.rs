@@ -30,9 +30,7 @@ mod tests;
 pub use access::{Access, Ask, Denied, Who};
 pub use audit::state_name;
 pub use creds::{Creds, NodeCred, TokenRec};
-pub use input::{
-    end_from_agent, end_from_agent_text, GpuCondition, GpuSeen, HostDrain, Input, Verdict,
-};
+pub use input::{GpuCondition, GpuSeen, HostDrain, Input, Verdict};
 pub use out::{lease_from_wire, lease_wire, Applied, Command, Level, Out, StartLease};
 pub use snapshot::{Snapshot, SNAPSHOT_VERSION};
 
@@ -41,7 +39,6 @@ use allot_fairshare::{
     CoreError, LeaseId, NodeId, NodeSpec, NodeState, OrgTree, Scheduler, Time, WorkloadSpec,
     WorkloadState,
 };
-use allot_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -71,10 +68,95 @@ pub struct NodeRec {
     /// The agent's GPUs as the rules last saw them (registration, health report).
     pub seen: Vec<GpuSeen>,
     /// The agent's GPUs as last reported, for views (not journaled; the API keeps it).
-    pub gpus: Vec<pb::Gpu>,
+    pub gpus: Vec<GpuReport>,
     /// Where the cluster reaches the host, as its agent registered it (empty from
     /// agents before it was sent: the node's name is used).
     pub addr: String,
+}
+
+/// A GPU as its agent last reported it, for views.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuReport {
+    /// Its UUID.
+    pub uuid: String,
+    /// Its index on the host.
+    pub index: u32,
+    /// Its PCI address (`dddd:bb:dd`).
+    pub pci: String,
+    /// Its model.
+    pub model: String,
+    /// Its condition.
+    pub state: GpuCondition,
+    /// The health signals seen on it.
+    pub reasons: Vec<GpuReason>,
+    /// The lease the agent holds it for (empty when free).
+    pub lease: String,
+}
+
+/// One health signal of a [`GpuReport`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuReason {
+    /// `xid:79`, `row-remap-pending`, ...
+    pub signal: String,
+    /// The value and what it means.
+    pub detail: String,
+    /// `""`, `drain` or `drain-now`.
+    pub action: String,
+    /// Only this GPU's leases need to end.
+    pub gpu_only: bool,
+    /// Since, Unix s.
+    pub since_unix: i64,
+}
+
+/// The org tree as `allot share` reads it: per group its share, what it was
+/// entitled to and received over the window, and what runs and waits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeView {
+    /// Every group but the root, parents before children.
+    pub groups: Vec<GroupView>,
+    /// The usage window, hours.
+    pub window_hours: f64,
+    /// GPUs in the cluster.
+    pub capacity_gpus: u32,
+    /// The part of the window the ledger has recorded, hours.
+    pub covered_hours: f64,
+    /// How far ahead the current allocation is counted, hours.
+    pub horizon_hours: f64,
+    /// The ranking's longer memory, hours (0: the window).
+    pub ranking_window_hours: f64,
+    /// Dominant-resource fairness is on.
+    pub drf: bool,
+}
+
+/// One group of [`TreeView`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupView {
+    /// Its name.
+    pub name: String,
+    /// Its parent's name (empty under the root).
+    pub parent: String,
+    /// Its weight among its siblings.
+    pub weight: f64,
+    /// Its normalised share of the cluster.
+    pub share: f64,
+    /// Share × capacity × window, GPU-hours.
+    pub entitled_gpu_hours: f64,
+    /// GPU-hours it used over the window.
+    pub served_gpu_hours: f64,
+    /// Its served ratio.
+    pub ratio: f64,
+    /// GPUs its work holds now.
+    pub running_gpus: u32,
+    /// GPUs its pending work asks for.
+    pub pending_gpus: u32,
+    /// A project (a leaf that takes work).
+    pub project: bool,
+    /// Depth below the root (1: top level).
+    pub depth: u32,
+    /// What the ratio counts as received, GPU-hours.
+    pub counted_gpu_hours: f64,
+    /// What the ratio counts as fair, GPU-hours.
+    pub fair_gpu_hours: f64,
 }
 
 /// One drain of a node.
@@ -335,9 +417,41 @@ impl Allocator {
         &self.nodes
     }
 
-    /// A node's runtime fields (connection, health report).
-    pub fn node_mut(&mut self, name: &str) -> Option<&mut NodeRec> {
-        self.nodes.get_mut(name)
+    /// A node's agent opened its stream and registered these GPUs (runtime facts,
+    /// not journaled).
+    pub fn agent_connected(&mut self, node: &str, now: Time, gpus: Vec<GpuReport>) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.connected = true;
+            n.last_seen = now;
+            n.gpus = gpus;
+        }
+    }
+
+    /// A node's agent was heard from.
+    pub fn agent_heard(&mut self, node: &str, now: Time) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.last_seen = now;
+        }
+    }
+
+    /// A node's agent reported its GPUs, kept for views; false for a node allotd
+    /// does not know.
+    pub fn agent_reported(&mut self, node: &str, gpus: Vec<GpuReport>) -> bool {
+        match self.nodes.get_mut(node) {
+            Some(n) => {
+                n.gpus = gpus;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A node's agent's stream ended.
+    pub fn agent_disconnected(&mut self, node: &str, now: Time) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.connected = false;
+            n.last_seen = now;
+        }
     }
 
     /// Workloads by id.
@@ -514,7 +628,7 @@ impl Allocator {
     }
 
     /// The org tree for `allot share`.
-    pub fn tree(&self, now: Time) -> pb::GetTreeResponse {
+    pub fn tree(&self, now: Time) -> TreeView {
         let tree = self.core.tree();
         let ratios = self.core.group_ratios(now);
         let (parts, covered) = self.core.group_ratio_parts(now);
@@ -543,7 +657,7 @@ impl Allocator {
         let groups = tree
             .groups()
             .filter(|(g, _)| g.idx() != 0)
-            .map(|(g, grp)| pb::Group {
+            .map(|(g, grp)| GroupView {
                 name: grp.name.clone(),
                 parent: grp
                     .parent
@@ -563,7 +677,7 @@ impl Allocator {
                 fair_gpu_hours: parts.get(g.idx()).map_or(0.0, |p| p.1 / 3600.0),
             })
             .collect();
-        pb::GetTreeResponse {
+        TreeView {
             groups,
             window_hours: window_h,
             capacity_gpus: u32::try_from(capacity).unwrap_or(u32::MAX),

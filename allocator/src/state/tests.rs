@@ -680,23 +680,6 @@ fn the_new_inputs_read_with_their_fields_left_out() {
     ));
 }
 
-#[test]
-fn agents_name_the_end_by_enum_and_0_1_agents_by_text() {
-    use allot_proto::v1::LeaseEnd as E;
-    assert_eq!(end_from_agent(E::Exited, Some(0)), LeaseEnd::Completed);
-    assert_eq!(end_from_agent(E::Exited, Some(1)), LeaseEnd::Failed);
-    assert_eq!(end_from_agent(E::Exited, None), LeaseEnd::Failed);
-    assert_eq!(end_from_agent(E::Revoked, None), LeaseEnd::Revoked);
-    assert_eq!(end_from_agent(E::TimeLimit, None), LeaseEnd::TimeLimit);
-    assert_eq!(end_from_agent(E::GpuLost, None), LeaseEnd::NodeLost);
-    assert_eq!(end_from_agent(E::Vanished, None), LeaseEnd::NodeLost);
-    assert_eq!(end_from_agent(E::Refused, None), LeaseEnd::Refused);
-    assert_eq!(end_from_agent(E::FailedToStart, None), LeaseEnd::Failed);
-    assert_eq!(end_from_agent_text("vanished", None), LeaseEnd::NodeLost);
-    assert_eq!(end_from_agent_text("refused", None), LeaseEnd::Refused);
-    assert_eq!(end_from_agent_text("exploded", Some(0)), LeaseEnd::Failed);
-}
-
 /// A day of work on four nodes: funded and free work, a gang, ends, a drain, a
 /// health report and a weight change.
 fn busy_day() -> Vec<(Time, Input)> {
@@ -1030,7 +1013,7 @@ fn starts(ap: &Applied) -> Vec<(String, StartLease)> {
 }
 
 fn env_of(s: &StartLease) -> BTreeMap<String, String> {
-    crate::api::allot_env(s).into_iter().collect()
+    s.allot_env().into_iter().collect()
 }
 
 #[test]
