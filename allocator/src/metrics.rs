@@ -2,129 +2,339 @@
 //! project, served ratio per tree node, queue waits per class, revocations by
 //! reason, drains, the breaker, scheduling-cycle time, connected agents, open
 //! connections and Watch streams.
+//!
+//! The numbers are copied out under the state's lock ([`Numbers::read`]) and
+//! written after it is released; the HTTP side is hyper behind axum's router, with
+//! a cap on connections and deadlines on each, so a silent scraper holds nothing.
 
 use crate::serve::{now, Server};
-use crate::state::WAIT_BUCKETS;
-use std::fmt::Write;
+use crate::state::{Counters, GroupView, WAIT_BUCKETS};
+use allot_common::exposition::{Exposition, Kind, CONTENT_TYPE};
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::time::Duration;
 
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
+/// What one scraper may hold.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// Most scrapes served at once; more wait in the listen backlog.
+    connections: usize,
+    /// Longest a scraper may take to send its request headers.
+    headers: Duration,
+    /// Longest one connection lives, request and answer together.
+    connection: Duration,
 }
 
-/// The whole exposition.
-pub fn render(server: &Server) -> String {
-    let mut o = String::new();
-    let stats = server
-        .stats
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let connected = server
-        .sessions
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .len();
-    let c = server.core();
-    let a = &c.alloc;
-    let tree = a.tree(now());
-    let _ = writeln!(o, "# HELP allot_pending_gpus GPUs asked for by pending workloads.\n# TYPE allot_pending_gpus gauge");
-    for g in tree.groups.iter().filter(|g| g.project) {
-        let _ = writeln!(
-            o,
-            "allot_pending_gpus{{project=\"{}\"}} {}",
-            esc(&g.name),
-            g.pending_gpus
-        );
+const LIMITS: Limits = Limits {
+    connections: 64,
+    headers: Duration::from_secs(5),
+    connection: Duration::from_secs(30),
+};
+
+/// What one scrape shows, copied from the server.
+pub struct Numbers {
+    groups: Vec<GroupView>,
+    counters: Counters,
+    stats: crate::serve::LoopStats,
+    connected: usize,
+    pending: usize,
+    connections: (usize, u64, u64, usize),
+}
+
+impl Numbers {
+    /// Copies the numbers out (the state's lock is held only for this).
+    pub fn read(server: &Server) -> Numbers {
+        let stats = server
+            .stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let connected = server
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
+        let c = &server.conns;
+        let connections = (c.open(), c.refused(), c.idle_closed(), c.watch_streams());
+        let core = server.core();
+        Numbers {
+            groups: core.alloc.tree(now()).groups,
+            counters: core.alloc.counters.clone(),
+            stats,
+            connected,
+            pending: core.alloc.core.pending_len(),
+            connections,
+        }
     }
-    let _ = writeln!(o, "# HELP allot_running_gpus GPUs held by running workloads.\n# TYPE allot_running_gpus gauge");
-    for g in tree.groups.iter().filter(|g| g.project) {
-        let _ = writeln!(
-            o,
-            "allot_running_gpus{{project=\"{}\"}} {}",
-            esc(&g.name),
-            g.running_gpus
+
+    /// The exposition.
+    pub fn render(&self) -> String {
+        let mut e = Exposition::new();
+        let projects = || self.groups.iter().filter(|g| g.project);
+        e.family(
+            "allot_pending_gpus",
+            "GPUs asked for by pending workloads.",
+            Kind::Gauge,
         );
-    }
-    let _ = writeln!(o, "# HELP allot_served_ratio Usage over entitlement per tree node (1 = its share).\n# TYPE allot_served_ratio gauge");
-    for g in &tree.groups {
-        let _ = writeln!(
-            o,
-            "allot_served_ratio{{group=\"{}\"}} {:.6}",
-            esc(&g.name),
-            g.ratio
-        );
-    }
-    let _ = writeln!(o, "# HELP allot_queue_wait_seconds Submit-to-start wait per class.\n# TYPE allot_queue_wait_seconds histogram");
-    for (class, h) in &a.counters.waits {
-        for (b, n) in WAIT_BUCKETS.iter().zip(h.buckets) {
-            let _ = writeln!(
-                o,
-                "allot_queue_wait_seconds_bucket{{class=\"{}\",le=\"{b}\"}} {n}",
-                esc(class)
+        for g in projects() {
+            e.sample(
+                "allot_pending_gpus",
+                &[("project", &g.name)],
+                g.pending_gpus,
             );
         }
-        let _ = writeln!(
-            o,
-            "allot_queue_wait_seconds_bucket{{class=\"{}\",le=\"+Inf\"}} {}\nallot_queue_wait_seconds_sum{{class=\"{}\"}} {}\nallot_queue_wait_seconds_count{{class=\"{}\"}} {}",
-            esc(class),
-            h.count,
-            esc(class),
-            h.sum,
-            esc(class),
-            h.count
+        e.family(
+            "allot_running_gpus",
+            "GPUs held by running workloads.",
+            Kind::Gauge,
         );
+        for g in projects() {
+            e.sample(
+                "allot_running_gpus",
+                &[("project", &g.name)],
+                g.running_gpus,
+            );
+        }
+        e.family(
+            "allot_served_ratio",
+            "Usage over entitlement per tree node (1 = its share).",
+            Kind::Gauge,
+        );
+        for g in &self.groups {
+            e.sample(
+                "allot_served_ratio",
+                &[("group", &g.name)],
+                format_args!("{:.6}", g.ratio),
+            );
+        }
+        let wait = "allot_queue_wait_seconds";
+        e.family(wait, "Submit-to-start wait per class.", Kind::Histogram);
+        for (class, h) in &self.counters.waits {
+            for (b, n) in WAIT_BUCKETS.iter().zip(h.buckets) {
+                e.sample(
+                    "allot_queue_wait_seconds_bucket",
+                    &[("class", class), ("le", &b.to_string())],
+                    n,
+                );
+            }
+            e.sample(
+                "allot_queue_wait_seconds_bucket",
+                &[("class", class), ("le", "+Inf")],
+                h.count,
+            );
+            e.sample("allot_queue_wait_seconds_sum", &[("class", class)], h.sum);
+            e.sample(
+                "allot_queue_wait_seconds_count",
+                &[("class", class)],
+                h.count,
+            );
+        }
+        e.family(
+            "allot_revocations_total",
+            "Leases revoked, by reason.",
+            Kind::Counter,
+        );
+        for (k, v) in &self.counters.revocations {
+            e.sample("allot_revocations_total", &[("reason", k)], v);
+        }
+        e.family(
+            "allot_drains_total",
+            "Node drains, by who asked.",
+            Kind::Counter,
+        );
+        for (k, v) in &self.counters.drains {
+            e.sample("allot_drains_total", &[("by", k)], v);
+        }
+        e.single(
+            "allot_breaker_held_total",
+            "Automatic drains held by the circuit breaker.",
+            Kind::Counter,
+            self.counters.breaker_held,
+        );
+        e.family(
+            "allot_schedule_cycle_seconds",
+            "Scheduling pass duration.",
+            Kind::Summary,
+        )
+        .sample(
+            "allot_schedule_cycle_seconds_sum",
+            &[],
+            format_args!("{:.6}", self.stats.seconds),
+        )
+        .sample("allot_schedule_cycle_seconds_count", &[], self.stats.passes);
+        e.single(
+            "allot_schedule_last_cycle_seconds",
+            "The last pass.",
+            Kind::Gauge,
+            format_args!("{:.6}", self.stats.last),
+        );
+        e.single(
+            "allot_agents_connected",
+            "Agents with an open stream.",
+            Kind::Gauge,
+            self.connected,
+        );
+        let (open, refused, idle, watches) = self.connections;
+        e.single(
+            "allotd_connections",
+            "Open gRPC connections (CLI, agents, anyone).",
+            Kind::Gauge,
+            open,
+        );
+        e.single("allotd_connections_refused_total", "Connections closed at accept: over server.max_connections_per_peer, max_connections_per_prefix or max_connections.", Kind::Counter, refused);
+        e.single("allotd_connections_idle_closed_total", "Connections closed with no request open: none begun within server.handshake_timeout and first_request_timeout, or none for server.idle_timeout.", Kind::Counter, idle);
+        e.single(
+            "allotd_watch_streams",
+            "Open Watch and followed Logs streams.",
+            Kind::Gauge,
+            watches,
+        );
+        e.single(
+            "allot_pending_workloads",
+            "Workloads waiting.",
+            Kind::Gauge,
+            self.pending,
+        );
+        e.finish()
     }
-    let _ = writeln!(o, "# HELP allot_revocations_total Leases revoked, by reason.\n# TYPE allot_revocations_total counter");
-    for (k, v) in &a.counters.revocations {
-        let _ = writeln!(o, "allot_revocations_total{{reason=\"{k}\"}} {v}");
-    }
-    let _ = writeln!(
-        o,
-        "# HELP allot_drains_total Node drains, by who asked.\n# TYPE allot_drains_total counter"
-    );
-    for (k, v) in &a.counters.drains {
-        let _ = writeln!(o, "allot_drains_total{{by=\"{k}\"}} {v}");
-    }
-    let _ = writeln!(o, "# HELP allot_breaker_held_total Automatic drains held by the circuit breaker.\n# TYPE allot_breaker_held_total counter\nallot_breaker_held_total {}", a.counters.breaker_held);
-    let _ = writeln!(o, "# HELP allot_schedule_cycle_seconds Scheduling pass duration.\n# TYPE allot_schedule_cycle_seconds summary\nallot_schedule_cycle_seconds_sum {:.6}\nallot_schedule_cycle_seconds_count {}", stats.seconds, stats.passes);
-    let _ = writeln!(o, "# HELP allot_schedule_last_cycle_seconds The last pass.\n# TYPE allot_schedule_last_cycle_seconds gauge\nallot_schedule_last_cycle_seconds {:.6}", stats.last);
-    let _ = writeln!(o, "# HELP allot_agents_connected Agents with an open stream.\n# TYPE allot_agents_connected gauge\nallot_agents_connected {connected}");
-    let conns = &server.conns;
-    let _ = writeln!(o, "# HELP allotd_connections Open gRPC connections (CLI, agents, anyone).\n# TYPE allotd_connections gauge\nallotd_connections {}", conns.open());
-    let _ = writeln!(o, "# HELP allotd_connections_refused_total Connections closed at accept: over server.max_connections_per_peer, max_connections_per_prefix or max_connections.\n# TYPE allotd_connections_refused_total counter\nallotd_connections_refused_total {}", conns.refused());
-    let _ = writeln!(o, "# HELP allotd_connections_idle_closed_total Connections closed with no request open: none begun within server.handshake_timeout and first_request_timeout, or none for server.idle_timeout.\n# TYPE allotd_connections_idle_closed_total counter\nallotd_connections_idle_closed_total {}", conns.idle_closed());
-    let _ = writeln!(o, "# HELP allotd_watch_streams Open Watch and followed Logs streams.\n# TYPE allotd_watch_streams gauge\nallotd_watch_streams {}", conns.watch_streams());
-    let pending = a.core.pending_len();
-    let _ = writeln!(o, "# HELP allot_pending_workloads Workloads waiting.\n# TYPE allot_pending_workloads gauge\nallot_pending_workloads {pending}");
-    o
 }
 
-/// A minimal HTTP/1.1 responder: `GET /metrics`, anything else 404.
+/// The routes: `GET /metrics`, anything else 404 naming it.
+fn router(server: Arc<Server>) -> axum::Router {
+    use axum::http::{header, StatusCode};
+    axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let server = server.clone();
+                async move {
+                    // The copy takes the state's lock: off the async workers.
+                    let body = tokio::task::spawn_blocking(move || Numbers::read(&server).render())
+                        .await
+                        .unwrap_or_default();
+                    ([(header::CONTENT_TYPE, CONTENT_TYPE)], body)
+                }
+            }),
+        )
+        .fallback(|| async { (StatusCode::NOT_FOUND, "try /metrics\n") })
+}
+
+/// Serves `/metrics` on `listener` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, server: Arc<Server>) {
+    serve_within(listener, server, LIMITS).await;
+}
+
+async fn serve_within(listener: tokio::net::TcpListener, server: Arc<Server>, limits: Limits) {
+    let router = router(server);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections));
     loop {
-        let Ok((mut s, _)) = listener.accept().await else {
-            continue;
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
         };
-        let server = server.clone();
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors and the like: wait rather than spin.
+                tracing::warn!(error = %e, "metrics: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
         tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let Ok(n) = s.read(&mut buf).await else {
-                return;
-            };
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let (status, body) = if req.starts_with("GET /metrics") {
-                ("200 OK", render(&server))
-            } else {
-                ("404 Not Found", "try /metrics\n".to_string())
-            };
-            let head = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = s.write_all(head.as_bytes()).await;
-            let _ = s.write_all(body.as_bytes()).await;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.headers)
+                .keep_alive(false)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(limits.connection, conn).await;
+            drop(permit);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A `/metrics` server on a fresh state dir; the dir goes with the returned guard.
+    const SHORT: Limits = Limits {
+        connections: 4,
+        headers: Duration::from_millis(300),
+        connection: Duration::from_secs(20),
+    };
+
+    async fn metrics_server() -> (std::net::SocketAddr, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!(
+            "allot-metrics-test-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        let mut cfg = crate::config::ServerConfig::parse(crate::config::EXAMPLE, "example")
+            .expect("the example config parses");
+        cfg.server.state_dir = dir.join("allotd");
+        let server = Server::open(cfg).expect("server");
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        tokio::spawn(serve_within(l, server, SHORT));
+        (addr, dir)
+    }
+
+    fn rand_suffix() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    }
+
+    async fn get(addr: std::net::SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+            .await
+            .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("read");
+        out
+    }
+
+    #[tokio::test]
+    async fn silent_scrapers_are_cut_off_and_never_hold_every_slot() {
+        let (addr, dir) = metrics_server().await;
+        // Every slot and more taken by clients that send nothing: each is closed
+        // at the header deadline, long before the connection's.
+        let mut silent = Vec::new();
+        for _ in 0..SHORT.connections * 2 {
+            silent.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+        }
+        for s in &mut silent {
+            let mut buf = [0u8; 256];
+            let n = tokio::time::timeout(SHORT.connection / 2, s.read(&mut buf))
+                .await
+                .expect("closed before the connection deadline")
+                .unwrap_or(0);
+            // hyper may answer 408 before closing; either way the slot is free.
+            assert!(
+                n == 0 || buf.starts_with(b"HTTP/1.1 408"),
+                "{:?}",
+                &buf[..n]
+            );
+        }
+        let body = get(addr, "/metrics").await;
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        assert!(
+            body.contains("content-type: text/plain; version=0.0.4"),
+            "{body}"
+        );
+        assert!(
+            body.contains("# TYPE allot_pending_workloads gauge\nallot_pending_workloads 0\n"),
+            "{body}"
+        );
+        let other = get(addr, "/other").await;
+        assert!(
+            other.starts_with("HTTP/1.1 404") && other.ends_with("try /metrics\n"),
+            "{other}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

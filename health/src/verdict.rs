@@ -538,61 +538,77 @@ impl HealthPolicy {
     /// Prometheus text: dcgm-exporter's names where a metric means the same, and a
     /// counter per GPU and XID so a repeated XID is never invisible.
     pub fn metrics(&self) -> String {
-        let mut out = String::new();
-        let mut gauge = |name: &str, help: &str, rows: Vec<(String, f64)>| {
-            out += &format!("# HELP {name} {help}\n# TYPE {name} gauge\n");
-            for (labels, v) in rows {
-                out += &format!("{name}{{{labels}}} {v}\n");
-            }
-        };
-        let label = |pci: &str, uuid: &str| format!("pci_bus_id=\"{pci}\",UUID=\"{uuid}\"");
+        use allot_common::exposition::{Exposition, Kind};
+        let mut e = Exposition::new();
         let samples: Vec<(&String, &GpuSample)> = self
             .gpus
             .iter()
             .filter_map(|(p, g)| g.last.as_ref().map(|(_, s)| (p, s)))
             .collect();
-        gauge(
+        e.family(
             "DCGM_FI_DEV_GPU_TEMP",
             "GPU temperature (in C).",
-            samples
-                .iter()
-                .filter_map(|(p, s)| s.temperature_c.map(|t| (label(p, &s.uuid), f64::from(t))))
-                .collect(),
+            Kind::Gauge,
         );
-        gauge(
-            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-            "Total number of PCIe retries.",
-            samples
-                .iter()
-                .filter_map(|(p, s)| s.pcie_replay.map(|v| (label(p, &s.uuid), v as f64)))
-                .collect(),
-        );
-        gauge(
-            "DCGM_FI_DEV_XID_ERRORS",
-            "Value of the last XID error encountered.",
-            self.gpus
-                .iter()
-                .filter_map(|(p, g)| {
-                    g.last_xid
-                        .map(|x| (format!("pci_bus_id=\"{p}\""), f64::from(x)))
-                })
-                .collect(),
-        );
-        let v = self.verdict();
-        gauge(
-            "allot_gpu_health_state",
-            "GPU state: 0 healthy, 1 degraded, 2 failed.",
-            v.gpus
-                .iter()
-                .map(|g| (format!("pci_bus_id=\"{}\"", g.pci), g.state as u8 as f64))
-                .collect(),
-        );
-        out += "# HELP allot_gpu_xid_total XID events per GPU and XID.\n# TYPE allot_gpu_xid_total counter\n";
-        for (p, g) in &self.gpus {
-            for (x, n) in &g.xids {
-                out += &format!("allot_gpu_xid_total{{pci_bus_id=\"{p}\",xid=\"{x}\"}} {n}\n");
+        for (p, s) in &samples {
+            if let Some(t) = s.temperature_c {
+                e.sample(
+                    "DCGM_FI_DEV_GPU_TEMP",
+                    &[("pci_bus_id", p), ("UUID", &s.uuid)],
+                    f64::from(t),
+                );
             }
         }
-        out
+        e.family(
+            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+            "Total number of PCIe retries.",
+            Kind::Gauge,
+        );
+        for (p, s) in &samples {
+            if let Some(v) = s.pcie_replay {
+                e.sample(
+                    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                    &[("pci_bus_id", p), ("UUID", &s.uuid)],
+                    v as f64,
+                );
+            }
+        }
+        e.family(
+            "DCGM_FI_DEV_XID_ERRORS",
+            "Value of the last XID error encountered.",
+            Kind::Gauge,
+        );
+        for (p, g) in &self.gpus {
+            if let Some(x) = g.last_xid {
+                e.sample("DCGM_FI_DEV_XID_ERRORS", &[("pci_bus_id", p)], f64::from(x));
+            }
+        }
+        e.family(
+            "allot_gpu_health_state",
+            "GPU state: 0 healthy, 1 degraded, 2 failed.",
+            Kind::Gauge,
+        );
+        for g in self.verdict().gpus {
+            e.sample(
+                "allot_gpu_health_state",
+                &[("pci_bus_id", &g.pci)],
+                f64::from(g.state as u8),
+            );
+        }
+        e.family(
+            "allot_gpu_xid_total",
+            "XID events per GPU and XID.",
+            Kind::Counter,
+        );
+        for (p, g) in &self.gpus {
+            for (x, n) in &g.xids {
+                e.sample(
+                    "allot_gpu_xid_total",
+                    &[("pci_bus_id", p), ("xid", &x.to_string())],
+                    n,
+                );
+            }
+        }
+        e.finish()
     }
 }
