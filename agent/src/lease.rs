@@ -97,6 +97,9 @@ pub struct LogSource {
     pub adopted: bool,
     /// The user it runs as (who may read it on the host).
     pub user: String,
+    /// On a path of the user's own (`--output /…` or `./…`), not in the agent's
+    /// log dir: read as that user.
+    pub users_own: bool,
 }
 
 /// Where a lease is in its life.

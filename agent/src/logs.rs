@@ -86,7 +86,32 @@ pub fn log_file(
 /// Up to `max` bytes of `path` from `offset` (at most [`MAX_CHUNK`]), and whether
 /// the read reached the end of the file as it was then.
 pub fn read_at(path: &Path, offset: u64, max: u32) -> std::io::Result<(Vec<u8>, bool)> {
-    let mut f = std::fs::File::open(path)?;
+    read_from(std::fs::File::open(path)?, offset, max)
+}
+
+/// Opens a lease's output on a path of the user's own as that user when the agent is root: a file on a path
+/// of the user's own may since have been replaced by a link to one only root may
+/// read, and the user must get no more than they could read themselves.
+fn open_as_owner(src: &LogSource) -> std::io::Result<std::fs::File> {
+    let open = || std::fs::File::open(&src.path);
+    // The agent's own log dir is root's: nobody but the agent puts a file there.
+    if !src.users_own
+        || !nix::unistd::geteuid().is_root()
+        || src.user.is_empty()
+        || src.user == "root"
+    {
+        return open();
+    }
+    let Some(user) = crate::fsid::FsUser::named(&src.user) else {
+        return Err(std::io::Error::other(format!(
+            "its user {:?} is unknown on this host, and output is never read as root for it",
+            src.user
+        )));
+    };
+    crate::fsid::as_user(&user, open).map_err(std::io::Error::other)?
+}
+
+fn read_from(mut f: std::fs::File, offset: u64, max: u32) -> std::io::Result<(Vec<u8>, bool)> {
     let len = f.metadata()?.len();
     if offset >= len {
         return Ok((Vec::new(), true));
@@ -121,7 +146,7 @@ pub fn read_source(
             "lease {lease} adopted a process the agent did not start: its output was never captured"
         ));
     }
-    match read_at(&src.path, offset, max) {
+    match open_as_owner(&src).and_then(|f| read_from(f, offset, max)) {
         Ok((data, eof)) => Ok((data, eof, src.live)),
         // Not written yet (a lease that just started): nothing so far.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && src.live => {
@@ -247,6 +272,7 @@ mod tests {
             live,
             adopted,
             user: "u".into(),
+            users_own: false,
         };
         let e = read_source("A-3", LogStream::Stdout, None, 0, 10).expect_err("unknown");
         assert!(e.contains("holds no lease A-3"), "{e}");

@@ -465,6 +465,22 @@ fn output_on_a_users_own_path_is_opened_as_that_user() {
         text(&as_a(&["logs", &id]).stdout),
         format!("written by {uid}\n")
     );
+    // The file is its user's to replace: a link to a file only root may read is
+    // read as that user, so it gives nothing away.
+    let secret = roots.join("secret");
+    std::fs::write(&secret, "root's secret\n").expect("write");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::fs::remove_file(&file).expect("rm");
+    std::os::unix::fs::symlink(&secret, &file).expect("symlink");
+    let o = as_a(&["logs", &id]);
+    assert!(!o.status.success(), "{}", text(&o.stdout));
+    assert!(!text(&o.stdout).contains("secret"), "{}", text(&o.stdout));
+    assert!(
+        text(&o.stderr).contains("Permission denied"),
+        "{}",
+        text(&o.stderr)
+    );
+    std::fs::remove_file(&secret).expect("rm");
     // Where that user cannot write, the job fails, saying why; nothing is made there.
     let id = submit(&format!("{}/x.out", roots.display()));
     let w = c.wait_state(&id, "failed", LONG);

@@ -398,6 +398,10 @@ impl Host {
             live: l.live(),
             adopted: l.adopted,
             user: l.user.clone(),
+            users_own: crate::logs::users_own(match stream {
+                crate::lease::LogStream::Stdout => &l.output,
+                crate::lease::LogStream::Stderr => &l.error,
+            }),
         }))
     }
 
