@@ -7,7 +7,8 @@
 
 mod common;
 
-use allot_agent::process::{exit_file, launch, Launch};
+use allot_agent::process::{launch, Launch};
+use allot_agent::supervisor::exit_file;
 use allot_agent::supervisor::read_exit;
 use allot_checkpoint_hooks::RunAs;
 use std::path::{Path, PathBuf};

@@ -384,7 +384,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
                 let outcome = allot_checkpoint_hooks::run(&job.target, &job.ladder);
                 if let Some(s) = job.supervisor {
                     // It records the exit once the output is drained: a few ms.
-                    crate::process::wait_gone(s, Duration::from_secs(5));
+                    crate::procid::wait_gone(s, Duration::from_secs(5));
                 }
                 sh.host().ladder_done(&job.lease, &outcome, now_ms());
                 sh.wake.notify_one();

@@ -271,16 +271,16 @@ impl LeaseRecord {
     }
 
     /// Its process's identity (pid and start time).
-    pub fn proc_id(&self) -> crate::process::ProcId {
-        crate::process::ProcId {
+    pub fn proc_id(&self) -> crate::procid::ProcId {
+        crate::procid::ProcId {
             pid: self.pid,
             start_ticks: self.start_ticks,
         }
     }
 
     /// Its supervisor's identity, when it has one.
-    pub fn supervisor_id(&self) -> Option<crate::process::ProcId> {
-        (self.supervisor_pid > 0).then_some(crate::process::ProcId {
+    pub fn supervisor_id(&self) -> Option<crate::procid::ProcId> {
+        (self.supervisor_pid > 0).then_some(crate::procid::ProcId {
             pid: self.supervisor_pid,
             start_ticks: self.supervisor_ticks,
         })

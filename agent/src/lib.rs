@@ -18,6 +18,7 @@ pub mod lease;
 pub mod logs;
 pub mod os;
 pub mod process;
+pub mod procid;
 pub mod shared;
 pub mod store;
 pub mod supervisor;

@@ -6,7 +6,6 @@
 //! else.
 
 use crate::lease::{LogSource, LogStream};
-use crate::shared::Shared;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
@@ -160,10 +159,11 @@ pub fn read_source(
 }
 
 /// One read for allotd's `ReadLog`: only leases allotd placed are read for it.
+/// `locate` asks the host where the lease's output is (after the id is checked).
 pub fn for_allotd(
-    sh: &Shared,
     lease: &str,
     stream: LogStream,
+    locate: impl FnOnce() -> Result<Option<LogSource>, String>,
     offset: u64,
     max: u32,
 ) -> Result<(Vec<u8>, bool, bool), String> {
@@ -172,10 +172,7 @@ pub fn for_allotd(
             "{lease:?} is not a lease allotd placed; only those are read for it"
         ));
     }
-    let src = sh
-        .host()
-        .log_source(lease, stream)
-        .map_err(|e| e.to_string())?;
+    let src = locate()?;
     read_source(lease, stream, src, offset, max)
 }
 

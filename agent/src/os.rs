@@ -6,8 +6,10 @@
 //! can be tested without a process, a signal or a sleep (`fake::FakeOs` in unit
 //! tests); the daemon gives it [`RealOs`], which is what the host did inline before.
 
-use crate::process::{Launch, LaunchError, ProcId};
+use crate::process::Launch;
+use crate::procid::ProcId;
 use crate::supervisor::Exit;
+use crate::supervisor::LaunchError;
 use allot_checkpoint_hooks::{Identity, RunAs};
 use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
@@ -182,7 +184,7 @@ impl Os for RealOs {
         let started = crate::process::launch(l)?;
         let notes = started.notes;
         let mut child = started.supervisor;
-        let exit_file = crate::process::exit_file(&l.lease_dir);
+        let exit_file = crate::supervisor::exit_file(&l.lease_dir);
         Ok(Launched {
             id: started.job,
             supervisor: started.supervisor_id,
@@ -203,11 +205,11 @@ impl Os for RealOs {
     }
 
     fn identity(&self, pid: i32) -> Option<ProcId> {
-        crate::process::identity(pid)
+        crate::procid::identity(pid)
     }
 
     fn process_group(&self, pid: i32) -> Option<i32> {
-        crate::process::group_and_session(pid).map(|g| g.0)
+        crate::procid::group_and_session(pid).map(|g| g.0)
     }
 
     fn signal_group(&self, pgid: i32, signal: Signal) -> Result<(), nix::Error> {
@@ -257,7 +259,7 @@ impl Os for RealOs {
     }
 
     fn read_exit(&self, lease_dir: &Path) -> Option<Exit> {
-        crate::supervisor::read_exit(&crate::process::exit_file(lease_dir))
+        crate::supervisor::read_exit(&crate::supervisor::exit_file(lease_dir))
     }
 
     fn file_exists(&self, path: &Path) -> bool {

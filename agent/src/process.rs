@@ -10,10 +10,9 @@
 //! files. A process is identified by pid *and* start time (`/proc/PID/stat` field
 //! 22), so a pid the kernel recycled for something else is never mistaken for it.
 
-use crate::supervisor::{self, Spec, Started};
+use crate::supervisor::{self, exit_file, LaunchError, Spec, Started};
 use allot_checkpoint_hooks::cgroup::{Cgroup, Limits};
 use allot_checkpoint_hooks::identity::RunAs;
-use allot_checkpoint_hooks::proc_stat;
 use std::path::{Path, PathBuf};
 
 /// What to start.
@@ -54,92 +53,6 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
     /// Where it starts; `None`: the agent's own directory.
     pub cwd: Option<PathBuf>,
-}
-
-/// A process, as pid plus start time (clock ticks since boot).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcId {
-    /// Process id (also its process group and session id when we started it).
-    pub pid: i32,
-    /// Start time, in clock ticks since boot.
-    pub start_ticks: u64,
-}
-
-/// Why a workload could not be started.
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    /// Nothing to run.
-    #[error("lease {0}: empty command; give the program and its arguments")]
-    EmptyCommand(String),
-    /// A directory or log file could not be made.
-    #[error("lease {lease}: {path}: {source}")]
-    Io {
-        /// Lease.
-        lease: String,
-        /// The path.
-        path: String,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The supervisor could not start the job, and said why in full.
-    #[error("lease {lease}: {why}")]
-    Supervisor {
-        /// Lease.
-        lease: String,
-        /// Its words (`cannot start "python": No such file or directory`).
-        why: String,
-    },
-    /// The program could not be started.
-    #[error("lease {lease}: cannot start {program:?}: {source}")]
-    Spawn {
-        /// Lease.
-        lease: String,
-        /// The program.
-        program: String,
-        /// Why.
-        source: std::io::Error,
-    },
-}
-
-impl LaunchError {
-    /// Whether the host's file system refused the launch for want of room (ENOSPC, a
-    /// quota) or as read-only: the host's fault, not the work's.
-    pub fn out_of_room(&self) -> bool {
-        let io = match self {
-            LaunchError::Io { source, .. } | LaunchError::Spawn { source, .. } => source,
-            LaunchError::EmptyCommand(_) | LaunchError::Supervisor { .. } => return false,
-        };
-        matches!(
-            io.raw_os_error().map(nix::errno::Errno::from_raw),
-            Some(nix::errno::Errno::ENOSPC | nix::errno::Errno::EDQUOT | nix::errno::Errno::EROFS)
-        )
-    }
-}
-
-/// The identity of `pid` now, if it exists and has not exited.
-pub fn identity(pid: i32) -> Option<ProcId> {
-    proc_stat(pid).filter(|s| !s.exited()).map(|s| ProcId {
-        pid,
-        start_ticks: s.start_ticks,
-    })
-}
-
-/// Waits until process `p` is gone (or is no longer itself), for at most `limit`.
-pub fn wait_gone(p: ProcId, limit: std::time::Duration) {
-    let until = std::time::Instant::now() + limit;
-    while identity(p.pid) == Some(p) && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
-/// True if `p` still names the same live process (not a recycled pid).
-pub fn is_same(p: ProcId) -> bool {
-    identity(p.pid) == Some(p)
-}
-
-/// Process group and session of `pid`.
-pub fn group_and_session(pid: i32) -> Option<(i32, i32)> {
-    proc_stat(pid).map(|s| (s.pgrp, s.session))
 }
 
 /// Makes `path` and its parents; `path` itself, if this made it, is given to `owner`
@@ -247,11 +160,6 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
     let mut started = supervisor::start(&l.supervisor, &spec, &supervisor_log(&l.lease_dir))?;
     started.notes = notes;
     Ok(started)
-}
-
-/// Where a lease's supervisor writes how it ended.
-pub fn exit_file(lease_dir: &Path) -> PathBuf {
-    lease_dir.join("exit.json")
 }
 
 /// Where a lease's supervisor writes its own diagnostics.

@@ -12,7 +12,7 @@
 //! running and the file once it is done, so neither the output nor the exit status
 //! depends on the agent being there.
 
-use crate::process::{LaunchError, ProcId};
+use crate::procid::ProcId;
 use allot_checkpoint_hooks::cgroup::Cgroup;
 use allot_checkpoint_hooks::identity::{prepare, Identity, RunAs};
 use serde::{Deserialize, Serialize};
@@ -23,6 +23,62 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Why a workload could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// Nothing to run.
+    #[error("lease {0}: empty command; give the program and its arguments")]
+    EmptyCommand(String),
+    /// A directory or log file could not be made.
+    #[error("lease {lease}: {path}: {source}")]
+    Io {
+        /// Lease.
+        lease: String,
+        /// The path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The supervisor could not start the job, and said why in full.
+    #[error("lease {lease}: {why}")]
+    Supervisor {
+        /// Lease.
+        lease: String,
+        /// Its words (`cannot start "python": No such file or directory`).
+        why: String,
+    },
+    /// The program could not be started.
+    #[error("lease {lease}: cannot start {program:?}: {source}")]
+    Spawn {
+        /// Lease.
+        lease: String,
+        /// The program.
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl LaunchError {
+    /// Whether the host's file system refused the launch for want of room (ENOSPC, a
+    /// quota) or as read-only: the host's fault, not the work's.
+    pub fn out_of_room(&self) -> bool {
+        let io = match self {
+            LaunchError::Io { source, .. } | LaunchError::Spawn { source, .. } => source,
+            LaunchError::EmptyCommand(_) | LaunchError::Supervisor { .. } => return false,
+        };
+        matches!(
+            io.raw_os_error().map(nix::errno::Errno::from_raw),
+            Some(nix::errno::Errno::ENOSPC | nix::errno::Errno::EDQUOT | nix::errno::Errno::EROFS)
+        )
+    }
+}
+
+/// Where a lease's supervisor writes how it ended.
+pub fn exit_file(lease_dir: &Path) -> PathBuf {
+    lease_dir.join("exit.json")
+}
 
 /// The largest spec the supervisor reads (the environment is capped at 64 KiB).
 const MAX_SPEC: u64 = 4 << 20;
@@ -217,7 +273,7 @@ pub fn start(program: &Path, spec: &Spec, diag: &Path) -> Result<Started, Launch
         why,
     };
     let sup_pid = i32::try_from(child.id()).unwrap_or(0);
-    let supervisor_id = crate::process::identity(sup_pid).unwrap_or(ProcId {
+    let supervisor_id = crate::procid::identity(sup_pid).unwrap_or(ProcId {
         pid: sup_pid,
         start_ticks: 0,
     });

@@ -120,16 +120,15 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
             // answer names its request, so answers may pass each other.
             let sh = sh.clone();
             tokio::task::spawn_blocking(move || {
-                let chunk = crate::wire::log_chunk(
-                    r.request_id,
-                    crate::logs::for_allotd(
-                        &sh,
-                        &r.lease_id,
-                        crate::wire::stream_of(r.stream),
-                        r.offset,
-                        r.max_bytes,
-                    ),
-                );
+                let stream = crate::wire::stream_of(r.stream);
+                let locate = || {
+                    sh.host()
+                        .log_source(&r.lease_id, stream)
+                        .map_err(|e| e.to_string())
+                };
+                let read =
+                    crate::logs::for_allotd(&r.lease_id, stream, locate, r.offset, r.max_bytes);
+                let chunk = crate::wire::log_chunk(r.request_id, read);
                 send(
                     &sh,
                     pb::AgentMessage {

@@ -6,10 +6,9 @@
 mod support;
 
 use allot_agent::os::{Os, RealOs};
-use allot_agent::process::{
-    exit_file, group_and_session, identity, is_same, launch, Launch, ProcId,
-};
-use allot_agent::supervisor::{read_exit, Exit, Started};
+use allot_agent::process::{launch, Launch};
+use allot_agent::procid::{group_and_session, identity, is_same, ProcId};
+use allot_agent::supervisor::{exit_file, read_exit, Exit, Started};
 use allot_checkpoint_hooks::{run, Ladder, RunAs, Rung, Target};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;

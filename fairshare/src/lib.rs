@@ -26,8 +26,10 @@ pub mod workload;
 
 pub use cluster::{NodeId, NodeSpec, NodeState};
 pub use config::PolicyConfig;
-pub use decision::{Action, Blocked, Decisions, Explanation, StartWhy};
+pub use decision::{Action, Decisions, Explanation, StartWhy};
 pub use scheduler::{CoreError, LeaseEnd, Scheduler};
 pub use time::{Secs, Time};
 pub use tree::{GroupId, GroupSpec, OrgTree};
-pub use workload::{Lease, LeaseId, RevokeWhy, Workload, WorkloadId, WorkloadSpec, WorkloadState};
+pub use workload::{
+    Blocked, Lease, LeaseId, RevokeWhy, Workload, WorkloadId, WorkloadSpec, WorkloadState,
+};

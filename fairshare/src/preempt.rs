@@ -12,14 +12,74 @@
 
 use crate::cluster::{lowest_bits, NodeId, NodeState};
 use crate::config::PolicyConfig;
-use crate::decision::Blocked;
 use crate::queue::Shape;
 use crate::ratios::{Ratios, Res};
-use crate::scheduler::access::View;
-use crate::scheduler::NodeLease;
 use crate::time::{Secs, Time};
 use crate::tree::{GroupId, OrgTree};
+use crate::workload::Blocked;
 use crate::workload::{Lease, LeaseId, NodeGpus, RevokeWhy, WorkloadId};
+
+/// What the planner reads of the scheduler's state (which implements it), without
+/// the state type.
+pub(crate) trait View {
+    fn cluster(&self) -> &crate::cluster::Cluster;
+    fn lease(&self, id: LeaseId) -> Option<&Lease>;
+    fn node_leases(&self, n: NodeId) -> &[NodeLease];
+    fn revoking(&self, id: LeaseId) -> bool;
+    fn recent_preemptions(&self) -> &[(Time, GroupId, GroupId)];
+}
+
+/// A lease as the per-node index keeps it: what a preemption plan reads to rule a
+/// node out before it looks the lease up (none of it changes while the lease runs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct NodeLease {
+    /// The lease.
+    pub id: LeaseId,
+    /// Its project.
+    pub project: GroupId,
+    /// Whether it runs funded.
+    pub funded: bool,
+    /// The GPUs it holds on this node.
+    pub gpus: u64,
+    /// The GPUs it holds in all.
+    pub lease_gpus: u32,
+    /// Its start.
+    pub start: Time,
+    /// When it may be preempted (`Lease::preemptible_at`).
+    pub preemptible_at: Time,
+    /// When its time limit ends it, if it has one.
+    pub ends_by: Option<Time>,
+    /// Whether its work resumes from a checkpoint.
+    pub resumable: bool,
+}
+
+impl NodeLease {
+    /// `lease`'s entry on a node where it holds `gpus`.
+    pub(crate) fn of(lease: &Lease, gpus: u64) -> Self {
+        NodeLease {
+            id: lease.id,
+            project: lease.project,
+            funded: lease.funded,
+            gpus,
+            lease_gpus: lease.gpus,
+            start: lease.start,
+            preemptible_at: lease.preemptible_at,
+            ends_by: lease.ends_by,
+            resumable: lease.resumable,
+        }
+    }
+
+    /// As [`Lease::loss_at`].
+    pub fn loss_at(&self, now: Time, checkpoint_loss: Option<crate::time::Secs>) -> u64 {
+        crate::workload::work_lost(
+            self.lease_gpus,
+            self.start,
+            self.resumable,
+            now,
+            checkpoint_loss,
+        )
+    }
+}
 
 /// Most nodes one single-node plan evaluates (fewest clearable GPUs first), so a plan
 /// costs the same at 100 nodes and at 10,000.
@@ -181,7 +241,7 @@ impl<V: View> Planner<'_, V> {
         }
         let total = removed.with(gv, l.alloc());
         let req_after = self.r.ratio_with(gr, self.req);
-        let victim_after = self.r.ratio_with(gv, crate::scheduler::neg(total));
+        let victim_after = self.r.ratio_with(gv, crate::ratios::neg(total));
         (req_after + self.hysteresis < victim_after).then_some((gv, req_after, victim_after))
     }
 

@@ -122,3 +122,8 @@ impl Ratios {
         }
     }
 }
+
+/// The negation of an allocation.
+pub(crate) fn neg(x: [f64; 3]) -> [f64; 3] {
+    [-x[0], -x[1], -x[2]]
+}

@@ -118,7 +118,67 @@ pub struct Workload {
     /// When it was last preempted.
     pub last_preempted: Option<Time>,
     /// What stopped it in the last pass that examined it.
-    pub blocked: Option<crate::decision::Blocked>,
+    pub blocked: Option<Blocked>,
+}
+
+/// Why a pending workload is not running.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Blocked {
+    /// No node has enough free GPUs for it.
+    NoFit {
+        /// GPUs needed on one node.
+        need: u32,
+        /// The most any node has free.
+        largest_free: u32,
+    },
+    /// Not enough wholly free nodes in one cluster for the gang.
+    NoWholeNodes {
+        /// Nodes needed.
+        need: u32,
+        /// Most wholly free nodes in a cluster.
+        free: u32,
+    },
+    /// Victims were asked to checkpoint; it starts when they are gone.
+    WaitingForVictims,
+    /// Nodes are reserved for it from `start`.
+    Reserved {
+        /// Expected start.
+        start: Time,
+    },
+    /// Its project's budget is spent and unfunded work cannot preempt.
+    Unfunded,
+    /// Nothing it may preempt would make room (protected, or better-served groups).
+    NothingPreemptible,
+    /// Preemption could make room, but would throw away more of others' work than
+    /// `max_loss_per_gpu` allows for its GPUs.
+    PreemptionTooDear {
+        /// GPU-seconds the cheapest way would throw away.
+        lost_gpu_s: u64,
+        /// GPU-seconds it may throw away.
+        most_gpu_s: u64,
+    },
+    /// Free occupancy waits: the GPUs free are kept for protected work
+    /// (`protected_headroom`), or go first to occupancy ranked ahead of it.
+    Headroom {
+        /// GPUs free now.
+        free: u64,
+        /// GPUs kept free for protected work.
+        kept: u64,
+    },
+    /// Baseline policy only: its team is at its concurrent-GPU cap.
+    OverCap {
+        /// The team's cap.
+        cap: u64,
+    },
+    /// The pass ended before reaching it (others ranked ahead took the capacity).
+    NotReached,
+    /// Its previous run has parts still ending on these nodes (being stopped, or a
+    /// lost node's run that came back): it does not run twice at once.
+    PreviousRunEnding {
+        /// The nodes, by name.
+        nodes: Vec<String>,
+    },
 }
 
 /// Why a lease is being taken back.

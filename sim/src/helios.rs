@@ -23,9 +23,21 @@
 //! wait moves by 0.3% between the two).
 
 use crate::scenario::{Scenario, ScenarioError};
-use crate::strict::Job;
-use allot_fairshare::time::Time;
+use allot_fairshare::time::{Secs, Time};
 use serde::Serialize;
+
+/// One job of one cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Job {
+    /// Submit time, seconds from the trace's origin.
+    pub submit: Time,
+    /// Seconds it runs once started (at least 1).
+    pub duration: Secs,
+    /// GPUs it asks for (at least 1, at most the cluster's).
+    pub gpus: u32,
+    /// Line in the trace file (0 when made up).
+    pub line: usize,
+}
 
 /// One cluster's jobs.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,7 +120,7 @@ impl HeliosTrace {
     pub fn origin_text(&self) -> String {
         self.origin.map_or_else(
             || "none: no job".into(),
-            |t| format!("{} UTC", format_time(t)),
+            |t| format!("{} UTC", crate::utc::format_time(t)),
         )
     }
 }
@@ -131,7 +143,7 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<HeliosTrace,
         message,
     };
     let window = scenario.trace.as_ref();
-    let bound = |s: &Option<String>| s.as_deref().and_then(parse_time);
+    let bound = |s: &Option<String>| s.as_deref().and_then(crate::utc::parse_time);
     let from = window.and_then(|w| bound(&w.from));
     let to = window.and_then(|w| bound(&w.to));
     let mut lines = text.lines().enumerate();
@@ -195,7 +207,7 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<HeliosTrace,
             }
         };
         let ts = cell(0)?;
-        let submit = parse_time(ts).ok_or_else(|| {
+        let submit = crate::utc::parse_time(ts).ok_or_else(|| {
             err(
                 ln,
                 "timestamp",
@@ -271,112 +283,4 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<HeliosTrace,
         clusters,
         dropped,
     })
-}
-
-/// `YYYY-MM-DD HH:MM:SS` (or with a `T`) as a Unix second, read as UTC.
-pub fn parse_time(s: &str) -> Option<i64> {
-    let s = s.trim();
-    let b = s.as_bytes();
-    if b.len() != 19
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !(b[10] == b' ' || b[10] == b'T')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let p = &s[r];
-        if p.bytes().all(|c| c.is_ascii_digit()) {
-            p.parse().ok()
-        } else {
-            None
-        }
-    };
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let days_in = [
-        31,
-        if leap { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    if !(1..=12).contains(&mo)
-        || d < 1
-        || d > days_in[(mo - 1) as usize]
-        || h > 23
-        || mi > 59
-        || se > 59
-    {
-        return None;
-    }
-    Some(days_from_civil(y, mo, d) * 86_400 + h * 3_600 + mi * 60 + se)
-}
-
-/// A Unix second as `YYYY-MM-DD HH:MM:SS` (UTC).
-pub fn format_time(t: i64) -> String {
-    let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        secs / 3_600,
-        secs / 60 % 60,
-        secs % 60
-    )
-}
-
-// Howard Hinnant's algorithms (proleptic Gregorian calendar).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{format_time, parse_time};
-
-    #[test]
-    fn times_are_utc_seconds_and_round_trip() {
-        assert_eq!(parse_time("1970-01-01 00:00:00"), Some(0));
-        assert_eq!(parse_time("2017-10-01 00:00:00"), Some(1_506_816_000));
-        assert_eq!(parse_time("2016-02-29T23:59:59"), Some(1_456_790_399));
-        for bad in [
-            "2017-02-29 00:00:00",
-            "2017-10-01 24:00:00",
-            "2017-10-01",
-            "x",
-        ] {
-            assert_eq!(parse_time(bad), None, "{bad}");
-        }
-        for t in [0, 1_506_816_045, 1_456_790_399, 4_102_444_800] {
-            assert_eq!(parse_time(&format_time(t)), Some(t));
-        }
-    }
 }

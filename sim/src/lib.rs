@@ -13,6 +13,7 @@ pub mod rng;
 pub mod scenario;
 pub mod strict;
 pub mod trace;
+pub mod utc;
 
 use allot_fairshare::cluster::{NodeId, NodeState};
 use allot_fairshare::decision::Action;

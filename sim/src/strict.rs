@@ -22,7 +22,7 @@
 //! A started job runs for its whole duration: queueing delay is `start − submit`, JCT
 //! `start + duration − submit`. Pure: no I/O, no clock, no hash-order iteration.
 
-use crate::helios::{HeliosTrace, TraceDrops};
+use crate::helios::{HeliosTrace, Job, TraceDrops};
 use allot_fairshare::time::{Secs, Time};
 use serde::Serialize;
 use std::cmp::Reverse;
@@ -45,19 +45,6 @@ impl Order {
             Order::Sjf => "sjf",
         }
     }
-}
-
-/// One job of one cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Job {
-    /// Submit time, seconds from the trace's origin.
-    pub submit: Time,
-    /// Seconds it runs once started (at least 1).
-    pub duration: Secs,
-    /// GPUs it asks for (at least 1, at most the cluster's).
-    pub gpus: u32,
-    /// Line in the trace file (0 when made up).
-    pub line: usize,
 }
 
 /// Where a job of `gpus` GPUs goes on nodes with `free[i]` free GPUs each (every node

@@ -3,7 +3,8 @@
 //! per-VC scenario against the figures of the study's own simulator.
 
 use allot_sim::helios;
-use allot_sim::strict::{self, place, simulate, Job, Order};
+use allot_sim::helios::Job;
+use allot_sim::strict::{self, place, simulate, Order};
 use allot_sim::Scenario;
 
 fn job(submit: u64, duration: u64, gpus: u32) -> Job {

@@ -63,7 +63,7 @@ pub enum HostError {
     Store(#[from] StoreError),
     /// The workload could not be started.
     #[error(transparent)]
-    Launch(#[from] crate::process::LaunchError),
+    Launch(#[from] crate::supervisor::LaunchError),
 }
 
 /// A drain and who asked for it (stored as JSON in `agent.db`'s settings; a field
@@ -202,7 +202,7 @@ pub struct LadderJob {
     /// The workload's supervisor: the daemon waits (briefly) for it to record the
     /// workload's exit before telling the host the ladder is done, so that the end
     /// reads how the workload died.
-    pub supervisor: Option<crate::process::ProcId>,
+    pub supervisor: Option<crate::procid::ProcId>,
 }
 
 /// One GPU as the agent shows it.

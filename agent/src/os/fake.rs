@@ -4,8 +4,10 @@
 //! to the system, and what it did not.
 
 use super::{Launched, Os, Reaper, User};
-use crate::process::{Launch, LaunchError, ProcId};
+use crate::process::Launch;
+use crate::procid::ProcId;
 use crate::supervisor::Exit;
+use crate::supervisor::LaunchError;
 use nix::sys::signal::Signal;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -4,11 +4,11 @@
 
 use super::pass::{block, Pass};
 use super::{Scheduler, State};
-use crate::decision::Blocked;
 use crate::ledger::Channel;
 use crate::queue::{Aging, Cursor, ProjectQueue, Shape};
 use crate::time::Time;
 use crate::tree::{GroupId, OrgTree};
+use crate::workload::Blocked;
 use crate::workload::WorkloadId;
 
 /// The static-priority policy allot replaces, kept for before/after comparisons:

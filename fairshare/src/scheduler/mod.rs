@@ -21,12 +21,14 @@ mod placement;
 
 use crate::cluster::{lowest_bits, Cluster, ClusterError, Node, NodeId, NodeSpec, NodeState};
 use crate::config::PolicyConfig;
-use crate::decision::{Action, Blocked, Decisions, Explanation, StartWhy};
+use crate::decision::{Action, Decisions, Explanation, StartWhy};
 use crate::ledger::{Channel, Ledger};
+use crate::preempt::NodeLease;
 use crate::queue::{Aging, ProjectQueue, Shape};
-use crate::ratios::Ratios;
+use crate::ratios::{neg, Ratios};
 use crate::time::Time;
 use crate::tree::{GroupId, OrgTree};
+use crate::workload::Blocked;
 use crate::workload::{
     Lease, LeaseId, NodeGpus, Revocation, RevokeWhy, Workload, WorkloadId, WorkloadSpec,
     WorkloadState,
@@ -608,78 +610,7 @@ struct ExplainContext {
     refusals: Vec<(u32, String)>,
 }
 
-/// A lease as the per-node index keeps it: what a preemption plan reads to rule a
-/// node out before it looks the lease up (none of it changes while the lease runs).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct NodeLease {
-    /// The lease.
-    pub id: LeaseId,
-    /// Its project.
-    pub project: GroupId,
-    /// Whether it runs funded.
-    pub funded: bool,
-    /// The GPUs it holds on this node.
-    pub gpus: u64,
-    /// The GPUs it holds in all.
-    pub lease_gpus: u32,
-    /// Its start.
-    pub start: Time,
-    /// When it may be preempted (`Lease::preemptible_at`).
-    pub preemptible_at: Time,
-    /// When its time limit ends it, if it has one.
-    pub ends_by: Option<Time>,
-    /// Whether its work resumes from a checkpoint.
-    pub resumable: bool,
-}
-
-impl NodeLease {
-    /// `lease`'s entry on a node where it holds `gpus`.
-    fn of(lease: &Lease, gpus: u64) -> Self {
-        NodeLease {
-            id: lease.id,
-            project: lease.project,
-            funded: lease.funded,
-            gpus,
-            lease_gpus: lease.gpus,
-            start: lease.start,
-            preemptible_at: lease.preemptible_at,
-            ends_by: lease.ends_by,
-            resumable: lease.resumable,
-        }
-    }
-
-    /// As [`Lease::loss_at`].
-    pub fn loss_at(&self, now: Time, checkpoint_loss: Option<crate::time::Secs>) -> u64 {
-        crate::workload::work_lost(
-            self.lease_gpus,
-            self.start,
-            self.resumable,
-            now,
-            checkpoint_loss,
-        )
-    }
-}
-
-/// The negation of an allocation.
-pub(crate) fn neg(x: [f64; 3]) -> [f64; 3] {
-    [-x[0], -x[1], -x[2]]
-}
-
-// Accessors the planner needs without exposing the state type.
-pub(crate) mod access {
-    use super::*;
-
-    /// Read-only view for the preemption planner.
-    pub(crate) trait View {
-        fn cluster(&self) -> &Cluster;
-        fn lease(&self, id: LeaseId) -> Option<&Lease>;
-        fn node_leases(&self, n: NodeId) -> &[NodeLease];
-        fn revoking(&self, id: LeaseId) -> bool;
-        fn recent_preemptions(&self) -> &[(Time, GroupId, GroupId)];
-    }
-}
-
-impl access::View for State {
+impl crate::preempt::View for State {
     fn cluster(&self) -> &Cluster {
         &self.cluster
     }

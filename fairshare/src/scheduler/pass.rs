@@ -5,13 +5,15 @@
 //! over later workloads of that shape without trying them again in the same pass.
 
 use super::placement::{backfill_capacity, backfill_placement, free_placement};
-use super::{neg, Baseline, Claim, ClaimKind, State};
+use super::{Baseline, Claim, ClaimKind, State};
 use crate::config::PolicyConfig;
-use crate::decision::{Action, Blocked, Decisions, StartWhy};
+use crate::decision::{Action, Decisions, StartWhy};
 use crate::queue::{Aging, Cursor, ProjectQueue, Shape};
+use crate::ratios::neg;
 use crate::ratios::Ratios;
 use crate::time::Time;
 use crate::tree::{GroupId, OrgTree};
+use crate::workload::Blocked;
 use crate::workload::{NodeGpus, WorkloadId, WorkloadState};
 use std::collections::BTreeSet;
 
