@@ -3,23 +3,19 @@
 //! answered with the field at fault and the fix; every change goes through
 //! [`Server::commit`].
 
+use crate::limits::MAX_HOST_GPUS;
 use crate::serve::{now, Server};
 use crate::state::{lease_from_wire, lease_wire, Ask, Denied, Input, Out, TimeWarning, Who};
 use crate::wire::{
     command_pb, end_from_agent, end_from_agent_text, gpu_report, gpu_seen, host_drain, node_pb,
     state_pb, tree_pb, verdict_of, workload_pb,
 };
-use allot_fairshare::{CoreError, NodeSpec, NodeState, WorkloadSpec};
+use allot_fairshare::{CoreError, NodeSpec, NodeState, SpecError, WorkloadSpec};
 use allot_proto::v1 as pb;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
-
-/// Most GPUs one submission may ask for per node: beyond any host.
-const MAX_GPUS: u32 = 64;
-/// Most nodes one gang may ask for: beyond any cluster allot is built for.
-const MAX_NODES: u32 = 4096;
 
 fn core_status(e: CoreError) -> Status {
     match e {
@@ -172,29 +168,54 @@ fn parse_id(s: &str) -> Result<u64, Status> {
 /// The contract a submission gets: what it asked for, its class's default for what
 /// it left out (`[classes.NAME]`), else free occupancy; a protection longer than
 /// the limit is refused, naming where each came from.
-fn contract(
+/// The core's spec of a submission: its class (the default when it names none)
+/// and that class's contract where the submission leaves it out, checked by
+/// [`WorkloadSpec::check`]; a refusal says where each number came from.
+fn workload_spec(
     s: &pb::WorkloadSpec,
-    class: &str,
     classes: &std::collections::BTreeMap<String, crate::config::ClassDefaults>,
-) -> Result<(u64, Option<u64>), Status> {
+) -> Result<WorkloadSpec, Status> {
+    let class = if s.class.is_empty() {
+        allot_fairshare::DEFAULT_CLASS
+    } else {
+        &s.class
+    };
     let d = classes.get(class).cloned().unwrap_or_default();
-    let min_runtime = s.min_runtime_s.or(d.min_runtime).unwrap_or(0);
-    let time_limit = s.time_limit_s.or(d.time_limit);
-    if let Some(tl) = time_limit.filter(|&tl| min_runtime > tl) {
-        let from = |asked: bool| {
-            if asked {
-                "asked for"
-            } else {
-                "the class's default"
-            }
-        };
-        return Err(Status::invalid_argument(format!(
-            "min_runtime = {min_runtime} ({}): longer than time_limit ({tl} s, {}): the work would be stopped before its protection ends; ask for a min runtime no longer than the time limit",
-            from(s.min_runtime_s.is_some()),
-            from(s.time_limit_s.is_some()),
-        )));
+    let spec = WorkloadSpec {
+        project: s.project.clone(),
+        user: s.user.clone(),
+        class: class.to_string(),
+        gpus_per_node: s.gpus_per_node,
+        nodes: s.nodes,
+        cpu_per_node: s.cpu_per_node,
+        mem_per_node_gb: s.mem_per_node_gb,
+        min_runtime: s.min_runtime_s.or(d.min_runtime).unwrap_or(0),
+        time_limit: s.time_limit_s.or(d.time_limit),
+        resumable: s.resumable,
+        priority: s.priority,
+        no_requeue: s.no_requeue,
+    };
+    match spec.check() {
+        Ok(()) => Ok(spec),
+        Err(SpecError::ProtectedPastLimit {
+            min_runtime,
+            time_limit,
+        }) => {
+            let from = |asked: bool| {
+                if asked {
+                    "asked for"
+                } else {
+                    "the class's default"
+                }
+            };
+            Err(Status::invalid_argument(format!(
+                "min_runtime = {min_runtime} ({}): longer than time_limit ({time_limit} s, {}): the work would be stopped before its protection ends; ask for a min runtime no longer than the time limit",
+                from(s.min_runtime_s.is_some()),
+                from(s.time_limit_s.is_some()),
+            )))
+        }
+        Err(e) => Err(Status::invalid_argument(e.to_string())),
     }
-    Ok((min_runtime, time_limit))
 }
 
 fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
@@ -206,30 +227,6 @@ fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
         );
     }
     crate::limits::spec(s)?;
-    // Sizes beyond any host are refused here (capped input); the core names what
-    // this cluster can hold, in the same "field = value: fix" form.
-    if s.gpus_per_node > MAX_GPUS {
-        return Err(Status::invalid_argument(format!(
-            "gpus_per_node = {}: ask for 1 to {MAX_GPUS} GPUs per node",
-            s.gpus_per_node
-        )));
-    }
-    if s.nodes > MAX_NODES {
-        return Err(Status::invalid_argument(format!(
-            "nodes = {}: ask for 1 to {MAX_NODES} nodes",
-            s.nodes
-        )));
-    }
-    if !s.class.is_empty() && !crate::config::CLASSES.contains(&s.class.as_str()) {
-        return bad(
-            "class",
-            format!(
-                "{:?} is not a workload class; use one of {}",
-                s.class,
-                crate::config::CLASSES.join(", ")
-            ),
-        );
-    }
     if s.argv.is_empty() || s.argv[0].is_empty() {
         return bad("argv", "the command to run is missing (after `--`)".into());
     }
@@ -314,6 +311,7 @@ impl pb::workloads_server::Workloads for Api {
             }
         }
         check_spec(&s)?;
+        let spec = workload_spec(&s, &self.0.cfg.classes)?;
         self.check(
             &who,
             Ask::Submit {
@@ -321,27 +319,8 @@ impl pb::workloads_server::Workloads for Api {
                 user: &s.user,
             },
         )?;
-        let class = if s.class.is_empty() {
-            "batch".to_string()
-        } else {
-            s.class.clone()
-        };
-        let (min_runtime, time_limit) = contract(&s, &class, &self.0.cfg.classes)?;
         let input = Input::Submit {
-            spec: WorkloadSpec {
-                project: s.project.clone(),
-                user: s.user.clone(),
-                class,
-                gpus_per_node: s.gpus_per_node,
-                nodes: s.nodes,
-                cpu_per_node: s.cpu_per_node,
-                mem_per_node_gb: s.mem_per_node_gb,
-                min_runtime,
-                time_limit,
-                resumable: s.resumable,
-                priority: s.priority,
-                no_requeue: s.no_requeue,
-            },
+            spec,
             argv: s.argv.clone(),
             hook: s.checkpoint_hook.clone(),
             cwd: s.cwd.clone(),
@@ -684,7 +663,7 @@ fn check_register(r: &pb::Register) -> Result<(NodeSpec, Vec<String>), Status> {
     if r.host.trim().is_empty() {
         return bad("host", "empty; set [agent] host or the system hostname");
     }
-    if r.gpus.is_empty() || r.gpus.len() > MAX_GPUS as usize {
+    if r.gpus.is_empty() || r.gpus.len() > MAX_HOST_GPUS {
         return bad(
             "gpus",
             "a host registers 1 to 64 GPUs (the agent has no GPU inventory yet?)",
@@ -703,7 +682,7 @@ fn check_register(r: &pb::Register) -> Result<(NodeSpec, Vec<String>), Status> {
             ),
         );
     }
-    if let Some(g) = gpus.iter().find(|g| g.index >= MAX_GPUS) {
+    if let Some(g) = gpus.iter().find(|g| g.index as usize >= MAX_HOST_GPUS) {
         return bad(
             "gpus",
             &format!("index {}: a host's GPUs are indexed 0 to 63", g.index),

@@ -173,8 +173,7 @@ pub struct RolesSection {
     pub admins: Vec<String>,
 }
 
-/// The workload classes; the names are fixed.
-pub const CLASSES: [&str; 4] = ["batch", "debug", "interactive", "training"];
+pub use allot_fairshare::CLASSES;
 
 /// One `[classes.NAME]` table: the contract a job of that class gets when its
 /// submission leaves a term out.

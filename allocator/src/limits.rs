@@ -12,6 +12,8 @@ use tonic::Status;
 
 /// Most GPUs a host registers or reports: beyond any host.
 pub const MAX_HOST_GPUS: usize = 64;
+/// Most nodes one gang may ask for: beyond any cluster allot is built for.
+pub const MAX_NODES: u32 = 4096;
 /// Most leases a host reports running at registration: 64 GPUs shared by fractional
 /// and local leases stay far below it.
 pub const MAX_RUNNING: usize = 4096;
@@ -46,7 +48,22 @@ pub fn spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
     )
     .map_err(status)?;
     check_pattern("output", &s.output).map_err(status)?;
-    check_pattern("error", &s.error).map_err(status)
+    check_pattern("error", &s.error).map_err(status)?;
+    // Sizes beyond any host or cluster; the core names what this cluster can hold,
+    // in the same "field = value: fix" form.
+    if s.gpus_per_node as usize > MAX_HOST_GPUS {
+        return Err(Status::invalid_argument(format!(
+            "gpus_per_node = {}: ask for 1 to {MAX_HOST_GPUS} GPUs per node",
+            s.gpus_per_node
+        )));
+    }
+    if s.nodes > MAX_NODES {
+        return Err(Status::invalid_argument(format!(
+            "nodes = {}: ask for 1 to {MAX_NODES} nodes",
+            s.nodes
+        )));
+    }
+    Ok(())
 }
 
 /// A List's filters: names when given (a filter nobody could match is refused

@@ -7,8 +7,7 @@
 use crate::config::ServerConfig;
 use crate::state::{Allocator, Applied, Command, Input, Level, Out};
 use crate::store::{Sqlite, Store};
-use allot_fairshare::LeaseEnd;
-use allot_fairshare::{CoreError, NodeState, Time};
+use allot_fairshare::{CoreError, Time};
 use allot_proto::v1 as pb;
 use anyhow::Context;
 use std::collections::HashMap;
@@ -389,47 +388,17 @@ impl Server {
         st.last = dt;
     }
 
-    /// Nodes silent past the grace are lost: their leases end as node-lost (so
-    /// resumable work is requeued), and the node takes no work until it returns.
+    /// Nodes silent past the grace are lost (the rule: `Allocator::silent_nodes`,
+    /// `lost_input`, `lost_parts`); each input is committed as any other.
     fn mark_lost(&self) {
-        let t = now();
-        let lost: Vec<String> = self
-            .core()
-            .alloc
-            .nodes()
-            .values()
-            .filter(|n| {
-                !n.connected
-                    && n.state != NodeState::Down
-                    && t.saturating_sub(n.last_seen.max(self.started)) > self.cfg.server.lost_grace
-            })
-            .map(|n| n.spec.name.clone())
-            .collect();
+        let grace = self.cfg.server.lost_grace;
+        let lost = self.core().alloc.silent_nodes(now(), self.started, grace);
         for node in lost {
-            tracing::warn!(node = %node, grace_s = self.cfg.server.lost_grace, "agent silent past the grace: node lost");
-            let _ = self.commit(Input::NodeState {
-                node: node.clone(),
-                state: NodeState::Down,
-                reason: format!("agent silent for more than {}s", self.cfg.server.lost_grace),
-                by: "lost".into(),
-                author: String::new(),
-            });
-            // Its own parts end with it (should it come back running them, they are
-            // held again and ended then); the parts of its gangs elsewhere are told
-            // to stop and stay held until they have.
-            let leases = self.core().alloc.leases_on(&node);
-            let leaving = self.core().alloc.leaving_on(&node);
-            for lease in leases.into_iter().map(|(l, _)| l).chain(leaving) {
-                let _ = self.commit(Input::LeaseEnded {
-                    lease,
-                    end: LeaseEnd::NodeLost,
-                    reason: format!("node {node} lost"),
-                    node: node.clone(),
-                    exit_code: None,
-                    signal: None,
-                    part: true,
-                    leaving: true,
-                });
+            tracing::warn!(node = %node, grace_s = grace, "agent silent past the grace: node lost");
+            let _ = self.commit(Allocator::lost_input(&node, grace));
+            let parts = self.core().alloc.lost_parts(&node);
+            for input in parts {
+                let _ = self.commit(input);
             }
         }
     }

@@ -80,9 +80,10 @@ pub struct SubmitArgs {
         allow_negative_numbers = true
     )]
     priority: i32,
-    /// Workload class.
-    #[arg(long, value_name = "NAME", default_value = "batch")]
-    class: String,
+    /// Workload class: batch, debug, interactive or training [absent: allotd's
+    /// default, batch].
+    #[arg(long, value_name = "NAME")]
+    class: Option<String>,
     /// How to ask for a checkpoint before preemption: signal:USR1, exec:CMD or http:URL.
     #[arg(long, value_name = "HOOK", value_parser = parse_hook)]
     checkpoint: Option<String>,
@@ -713,7 +714,7 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 project,
                 // allotd runs the work as whoever the token or the agent proves.
                 user: a.user.unwrap_or_default(),
-                class: a.class,
+                class: a.class.unwrap_or_default(),
                 gpus_per_node: a.gpus,
                 nodes: a.nodes,
                 cpu_per_node: a.cpus.unwrap_or(0),

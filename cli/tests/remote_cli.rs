@@ -347,11 +347,17 @@ impl Workloads for Fake {
             ));
         }
         self.seen().submits.push(spec.clone());
-        // As allotd answers: the contract in force (no class defaults here).
+        // As allotd answers: the contract in force and the class (allotd's default
+        // class when none was named; no class defaults here).
         let workload = Workload {
             id: "17".into(),
             spec: Some(WorkloadSpec {
                 min_runtime_s: Some(spec.min_runtime_s.unwrap_or(0)),
+                class: if spec.class.is_empty() {
+                    "batch".into()
+                } else {
+                    spec.class.clone()
+                },
                 ..spec
             }),
             state: WorkloadState::Pending as i32,
@@ -695,7 +701,8 @@ fn submit_defaults_and_json() {
     let s = &seen.submits[0];
     // The user is who allotd proves (the token, or the vouching agent), not $USER.
     assert_eq!(s.user, "");
-    assert_eq!(s.class, "batch");
+    // Left out, so that allotd applies its default class.
+    assert_eq!(s.class, "");
     assert_eq!((s.gpus_per_node, s.nodes), (1, 1));
     assert_eq!((s.cpu_per_node, s.mem_per_node_gb), (0, 1));
     // Left out, so that allotd applies the class's default.

@@ -31,5 +31,6 @@ pub use scheduler::{CoreError, LeaseEnd, Scheduler};
 pub use time::{Secs, Time};
 pub use tree::{GroupId, GroupSpec, OrgTree};
 pub use workload::{
-    Blocked, Lease, LeaseId, RevokeWhy, Workload, WorkloadId, WorkloadSpec, WorkloadState,
+    Blocked, Lease, LeaseId, RevokeWhy, SpecError, Workload, WorkloadId, WorkloadSpec,
+    WorkloadState, CLASSES, DEFAULT_CLASS,
 };

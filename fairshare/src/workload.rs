@@ -52,7 +52,73 @@ pub struct WorkloadSpec {
     pub no_requeue: bool,
 }
 
+/// The workload classes (`--class`, `[classes.NAME]`): what a workload is, for its
+/// contract's defaults and for people.
+pub const CLASSES: [&str; 4] = ["batch", "debug", "interactive", "training"];
+
+/// The class of a submission that names none.
+pub const DEFAULT_CLASS: &str = "batch";
+
+/// A submission allot could never run, whatever the cluster; each names the field
+/// and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// Not one of [`CLASSES`].
+    #[error(
+        "class: {0:?} is not a workload class; use one of batch, debug, interactive, training"
+    )]
+    UnknownClass(String),
+    /// A contract longer than [`crate::scheduler::MAX_CONTRACT`].
+    #[error("{field} = {value}: longer than 365 days; ask for at most 365d")]
+    TooLong {
+        /// `min_runtime` or `time_limit`.
+        field: &'static str,
+        /// Seconds asked.
+        value: u64,
+    },
+    /// Protected past its own time limit.
+    #[error("min_runtime = {min_runtime}: longer than time_limit ({time_limit} s): the work would be stopped before its protection ends; ask for a min runtime no longer than the time limit")]
+    ProtectedPastLimit {
+        /// Seconds protected.
+        min_runtime: u64,
+        /// Seconds it may run.
+        time_limit: u64,
+    },
+}
+
 impl WorkloadSpec {
+    /// Whether allot could ever run this, whatever the cluster (what fits this
+    /// cluster is the scheduler's to say at submit). Checked where a submission
+    /// comes in, never on replay: a journal keeps what was accepted.
+    pub fn check(&self) -> Result<(), SpecError> {
+        if !CLASSES.contains(&self.class.as_str()) {
+            return Err(SpecError::UnknownClass(self.class.clone()));
+        }
+        self.check_contract_length()?;
+        match self.time_limit {
+            Some(time_limit) if self.min_runtime > time_limit => {
+                Err(SpecError::ProtectedPastLimit {
+                    min_runtime: self.min_runtime,
+                    time_limit,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Min runtime and time limit within [`crate::scheduler::MAX_CONTRACT`].
+    pub fn check_contract_length(&self) -> Result<(), SpecError> {
+        for (field, v) in [
+            ("min_runtime", Some(self.min_runtime)),
+            ("time_limit", self.time_limit),
+        ] {
+            if let Some(value) = v.filter(|&v| v > crate::scheduler::MAX_CONTRACT) {
+                return Err(SpecError::TooLong { field, value });
+            }
+        }
+        Ok(())
+    }
+
     /// Total GPUs across all nodes.
     pub fn total_gpus(&self) -> u32 {
         self.gpus_per_node * self.nodes
@@ -308,5 +374,52 @@ impl Lease {
             f64::from(self.cpu_per_node) * n,
             f64::from(self.mem_per_node) * n,
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(class: &str, min_runtime: u64, time_limit: Option<u64>) -> WorkloadSpec {
+        WorkloadSpec {
+            project: "p".into(),
+            user: "u".into(),
+            class: class.into(),
+            gpus_per_node: 1,
+            nodes: 1,
+            cpu_per_node: 0,
+            mem_per_node_gb: 0,
+            min_runtime,
+            time_limit,
+            resumable: false,
+            priority: 0,
+            no_requeue: false,
+        }
+    }
+
+    #[test]
+    fn a_spec_names_what_could_never_run_and_the_fix() {
+        assert_eq!(spec(DEFAULT_CLASS, 0, None).check(), Ok(()));
+        assert_eq!(spec("training", 3_600, Some(3_600)).check(), Ok(()));
+        let e = spec("gpu", 0, None).check().expect_err("unknown class");
+        assert!(CLASSES.iter().all(|c| e.to_string().contains(c)), "{e}");
+        assert!(e.to_string().starts_with("class: \"gpu\""), "{e}");
+        assert_eq!(
+            spec("batch", 7_200, Some(3_600)).check(),
+            Err(SpecError::ProtectedPastLimit {
+                min_runtime: 7_200,
+                time_limit: 3_600
+            })
+        );
+        let year = crate::scheduler::MAX_CONTRACT;
+        assert_eq!(
+            spec("batch", 0, Some(year + 1)).check(),
+            Err(SpecError::TooLong {
+                field: "time_limit",
+                value: year + 1
+            })
+        );
+        assert!(spec("batch", year, Some(year)).check().is_ok());
     }
 }

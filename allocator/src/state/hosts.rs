@@ -2,7 +2,7 @@
 //! health reports through the circuit breaker.
 
 use super::audit::state_name;
-use super::input::{drain_kind, GpuCondition, GpuSeen, HostDrain, Verdict};
+use super::input::{drain_kind, GpuCondition, GpuSeen, HostDrain, Input, Verdict};
 use super::out::{lease_wire, Applied, Command, Level};
 use super::{effective, Allocator, DrainRec, NodeRec};
 use allot_fairshare::{CoreError, LeaseId, NodeSpec, NodeState, Time, WorkloadId, WorkloadState};
@@ -539,5 +539,55 @@ impl Allocator {
             return Ok(false);
         }
         self.health_drain(at, node, &reasons, now_, a)
+    }
+}
+
+impl Allocator {
+    /// Nodes whose agent has been silent for more than `grace` seconds, counted from
+    /// `since` at the earliest (the serving process's start, so a restart loses no
+    /// node at once): not connected, not already down.
+    pub fn silent_nodes(&self, now: Time, since: Time, grace: u64) -> Vec<String> {
+        self.nodes
+            .values()
+            .filter(|n| {
+                !n.connected
+                    && n.state != NodeState::Down
+                    && now.saturating_sub(n.last_seen.max(since)) > grace
+            })
+            .map(|n| n.spec.name.clone())
+            .collect()
+    }
+
+    /// What marks a silent node lost: down by the `lost` author, so it takes no
+    /// work until its agent returns.
+    pub fn lost_input(node: &str, grace: u64) -> Input {
+        Input::NodeState {
+            node: node.to_string(),
+            state: NodeState::Down,
+            reason: format!("agent silent for more than {grace}s"),
+            by: "lost".into(),
+            author: String::new(),
+        }
+    }
+
+    /// After [`Allocator::lost_input`]: the ends of the parts on a lost node, as
+    /// node-lost (resumable work is requeued). Should the node come back running
+    /// them, they are held again and ended then; the parts of its gangs elsewhere
+    /// are told to stop and stay held until they have.
+    pub fn lost_parts(&self, node: &str) -> Vec<Input> {
+        let leases = self.leases_on(node).into_iter().map(|(l, _)| l);
+        leases
+            .chain(self.leaving_on(node))
+            .map(|lease| Input::LeaseEnded {
+                lease,
+                end: allot_fairshare::LeaseEnd::NodeLost,
+                reason: format!("node {node} lost"),
+                node: node.to_string(),
+                exit_code: None,
+                signal: None,
+                part: true,
+                leaving: true,
+            })
+            .collect()
     }
 }

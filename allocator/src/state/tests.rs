@@ -518,6 +518,55 @@ fn registration_reconciles_the_leases_both_sides_hold() {
 }
 
 #[test]
+fn a_node_silent_past_the_grace_is_lost_and_its_parts_end_as_node_lost() {
+    let mut a = allocator(0);
+    a.apply(0, &registration(0, Vec::new(), Vec::new()))
+        .expect("n0");
+    a.apply(0, &registration(1, Vec::new(), Vec::new()))
+        .expect("n1");
+    a.apply(1, &batch("demo-a")).expect("submit");
+    a.apply(2, &Input::Schedule).expect("pass");
+    let on: Vec<(String, u64)> = ["n0", "n1"]
+        .iter()
+        .flat_map(|n| a.leases_on(n).into_iter().map(|(l, _)| (n.to_string(), l)))
+        .collect();
+    assert_eq!(on.len(), 1, "{on:?}");
+    let (node, lease) = on[0].clone();
+    let other = if node == "n0" { "n1" } else { "n0" };
+    a.agent_connected(other, 0, Vec::new());
+    a.agent_disconnected(&node, 10);
+    // Silent for the grace and no more: not lost; past it: lost. The connected
+    // node never is, and a process that started later counts from its start.
+    assert!(a.silent_nodes(310, 0, 300).is_empty());
+    assert_eq!(a.silent_nodes(311, 0, 300), vec![node.clone()]);
+    assert!(
+        a.silent_nodes(400, 200, 300).is_empty(),
+        "counted from the start"
+    );
+    a.apply(311, &Allocator::lost_input(&node, 300))
+        .expect("lost");
+    assert_eq!(a.nodes()[&node].state, NodeState::Down);
+    assert!(a.silent_nodes(1_000, 0, 300).is_empty(), "down already");
+    let parts = a.lost_parts(&node);
+    assert!(
+        matches!(
+            parts.as_slice(),
+            [Input::LeaseEnded { lease: l, end: LeaseEnd::NodeLost, part: true, leaving: true, .. }] if *l == lease
+        ),
+        "{parts:?}"
+    );
+    for p in &parts {
+        a.apply(311, p).expect("part ended");
+    }
+    assert!(a.leases_on(&node).is_empty());
+    assert_eq!(
+        a.workloads()[&1].state,
+        WorkloadState::Pending,
+        "resumable: requeued"
+    );
+}
+
+#[test]
 fn registration_reconciles_drains_and_brings_a_lost_node_back() {
     let mut a = allocator(0);
     a.apply(0, &registration(0, Vec::new(), Vec::new()))

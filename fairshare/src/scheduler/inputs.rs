@@ -1,6 +1,7 @@
 //! What the shell reports: submissions, cancels, lease ends, node and GPU changes.
 
 use super::*;
+use crate::workload::SpecError;
 
 impl Scheduler {
     /// Accepts a workload; it is pending from `now`.
@@ -33,20 +34,15 @@ impl Scheduler {
     }
 
     fn check_fits(&self, spec: &WorkloadSpec) -> Result<(), CoreError> {
-        for (field, v) in [
-            ("min_runtime", Some(spec.min_runtime)),
-            ("time_limit", spec.time_limit),
-        ] {
-            if let Some(v) = v.filter(|&v| v > MAX_CONTRACT) {
-                return Err(CoreError::Impossible {
-                    field,
-                    value: v,
-                    why: format!(
-                        "longer than {} days; ask for at most 365d",
-                        MAX_CONTRACT / 86_400
-                    ),
-                });
-            }
+        if let Err(SpecError::TooLong { field, value }) = spec.check_contract_length() {
+            return Err(CoreError::Impossible {
+                field,
+                value,
+                why: format!(
+                    "longer than {} days; ask for at most 365d",
+                    MAX_CONTRACT / 86_400
+                ),
+            });
         }
         // Over node kinds (cluster and size, with counts), not nodes: the same answer
         // as a scan of every node, at a cost that does not grow with the cluster.
