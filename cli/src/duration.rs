@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// Reuses the policy core's parser so that `allot` and the config files agree on
 /// what a duration is; clap adds the flag's name to the message.
 pub fn parse(s: &str) -> Result<u64, String> {
-    allot_fairshare::time::parse_duration(s).map_err(|e| e.to_string())
+    allot_units::parse_duration(s).map_err(|e| e.to_string())
 }
 
 /// Clap value parser for a job's runtime (`--min-runtime`, `--time-limit`), in the
@@ -99,7 +99,7 @@ pub fn now_ms() -> i64 {
 
 /// A span for a table cell: `45s`, `3m12s`, `2h05m`, `3d04h` (the core's formatter,
 /// so tables and explanations read alike).
-pub use allot_fairshare::time::format_duration as age;
+pub use allot_units::format_duration as age;
 
 /// A declared duration exactly, in the form `--min-runtime` takes: `8h`, `2d`, `90m`,
 /// `45s`; unlike [`age`] nothing is rounded away, so it can be typed back.

@@ -86,7 +86,7 @@ impl FakeSource {
                 }
                 _ => return Err(err(i + 1, form.into())),
             };
-            let t = allot_fairshare::time::parse_duration(at)
+            let t = allot_units::parse_duration(at)
                 .ok()
                 .ok_or_else(|| err(i + 1, format!("time {at:?}: use 90s, 10m, 8h or 7d")))?;
             let g: usize = gpu.parse().ok().filter(|&g| g < gpus).ok_or_else(|| {

@@ -9,7 +9,7 @@ use crate::lease::LeaseEnd;
 use crate::lease::{LeaseRecord, LeaseState, StepRecord};
 use crate::supervisor::Exit;
 use allot_checkpoint_hooks::{Ladder, Outcome, Rung, Target, DEFAULT_MARKER};
-use allot_fairshare::scheduler::MAX_CONTRACT;
+use allot_units::MAX_CONTRACT;
 use std::time::Duration;
 
 /// How a ladder that began reads once the workload is gone: the rung that ended it

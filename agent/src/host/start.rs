@@ -11,7 +11,7 @@ use crate::os::Reaper;
 use crate::process::Launch;
 use allot_checkpoint_hooks::cgroup::Limits;
 use allot_checkpoint_hooks::{host_allowed, Hook, Identity, RunAs};
-use allot_fairshare::scheduler::MAX_CONTRACT;
+use allot_units::MAX_CONTRACT;
 use allot_health::verdict::{GpuSample, GpuState};
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -149,8 +149,7 @@ pub enum ClaimKind {
     },
 }
 
-/// Longest min runtime or time limit accepted: a year.
-pub const MAX_CONTRACT: u64 = 365 * 86_400;
+pub use allot_units::MAX_CONTRACT;
 
 /// The policy core.
 #[derive(Debug, Clone)]

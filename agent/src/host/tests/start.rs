@@ -294,7 +294,7 @@ fn an_agent_that_is_not_root_runs_work_only_as_itself() {
 #[test]
 fn durations_longer_than_a_year_are_refused_naming_the_field() {
     let mut t = T::new();
-    let year = allot_fairshare::scheduler::MAX_CONTRACT;
+    let year = allot_units::MAX_CONTRACT;
     for (field, s) in [
         (
             "grace_s",
@@ -351,7 +351,7 @@ mod arbitrary_requests {
                 now,
             );
             if let Ok((l, _)) = r {
-                let year = allot_fairshare::scheduler::MAX_CONTRACT;
+                let year = allot_units::MAX_CONTRACT;
                 prop_assert!(l.grace_s <= year && l.min_runtime_s <= year);
                 prop_assert!(l.time_limit_s.is_none_or(|s| s <= year));
                 prop_assert!(l.gpus.len() == gpus as usize);
