@@ -4,8 +4,8 @@
 
 use allot_checkpoint_hooks::{host_allowed, Hook};
 use allot_common::config_error::{from_toml, ConfigError, Positions};
-use allot_units::de_duration;
 use allot_health::config::HealthConfig;
+use allot_units::de_duration;
 use serde::Deserialize;
 use std::path::PathBuf;
 

@@ -10,6 +10,7 @@ use crate::wire::{
     command_pb, end_from_agent, end_from_agent_text, gpu_report, gpu_seen, host_drain, node_pb,
     state_pb, tree_pb, verdict_of, workload_pb,
 };
+use allot_common::drain::DrainAuthor;
 use allot_fairshare::{CoreError, NodeSpec, NodeState, SpecError, WorkloadSpec};
 use allot_proto::v1 as pb;
 use std::pin::Pin;
@@ -613,7 +614,7 @@ impl pb::nodes_server::Nodes for Api {
             let others: Vec<String> = {
                 let c = self.0.core();
                 let n = c.alloc.nodes().get(&r.name);
-                if n.is_some_and(|n| n.drains.contains_key("cluster-operator")) {
+                if n.is_some_and(|n| n.drains.contains_key(DrainAuthor::ClusterOperator.as_str())) {
                     Vec::new()
                 } else {
                     n.map(|n| {
@@ -647,7 +648,7 @@ impl pb::nodes_server::Nodes for Api {
                 } else {
                     r.reason.clone()
                 },
-                by: "cluster-operator".into(),
+                by: DrainAuthor::ClusterOperator.as_str().into(),
                 author: who.name(),
             })
             .map_err(core_status)?;

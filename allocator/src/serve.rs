@@ -7,6 +7,7 @@
 use crate::config::ServerConfig;
 use crate::state::{Allocator, Applied, Command, Input, Level, Out};
 use crate::store::{Sqlite, Store};
+use allot_common::drain::DrainAuthor;
 use allot_fairshare::{CoreError, Time};
 use allot_proto::v1 as pb;
 use anyhow::Context;
@@ -96,7 +97,7 @@ pub const PROTOCOL_DRAINS: u32 = 2;
 fn understood(protocol: u32, cmd: &Command) -> bool {
     protocol >= PROTOCOL_DRAINS
         || !matches!(cmd, Command::Withdraw { .. } | Command::Hold { .. })
-            && !matches!(cmd, Command::Drain { by, .. } if by == "health")
+            && !matches!(cmd, Command::Drain { by, .. } if by == DrainAuthor::Health.as_str())
 }
 
 /// The running service.
@@ -310,7 +311,11 @@ impl Server {
             .alloc
             .nodes()
             .values()
-            .filter(|n| n.connected && n.held.is_some() && !n.drains.contains_key("health"))
+            .filter(|n| {
+                n.connected
+                    && n.held.is_some()
+                    && !n.drains.contains_key(DrainAuthor::Health.as_str())
+            })
             .map(|n| n.spec.name.clone())
             .collect();
         for node in held {

@@ -6,6 +6,7 @@ use crate::state::{
     lease_wire, state_name, Command, GpuCondition, GpuReason, GpuReport, GpuSeen, HostDrain,
     NodeRec, TreeView, Verdict, WorkRec,
 };
+use allot_common::drain::DrainAuthor;
 use allot_fairshare::{LeaseEnd, NodeState, WorkloadState};
 use allot_proto::v1 as pb;
 
@@ -164,7 +165,7 @@ pub fn command_pb(cmd: &Command) -> pb::AllocatorMessage {
             false,
             *now,
             format!("held by allotd's circuit breaker: {reasons}"),
-            "health",
+            DrainAuthor::Health.as_str(),
         ),
     };
     pb::AllocatorMessage { body: Some(body) }
@@ -311,7 +312,7 @@ fn drains_pb(n: &NodeRec) -> Vec<pb::DrainInfo> {
             by: by.clone(),
             author: if !d.author.is_empty() {
                 d.author.clone()
-            } else if by == "health" {
+            } else if by == DrainAuthor::Health.as_str() {
                 "health monitor".into()
             } else {
                 "allotd".into()
@@ -324,7 +325,7 @@ fn drains_pb(n: &NodeRec) -> Vec<pb::DrainInfo> {
         .collect();
     if let Some((r, now_)) = &n.held {
         v.push(pb::DrainInfo {
-            by: "health".into(),
+            by: DrainAuthor::Health.as_str().into(),
             author: "health monitor".into(),
             reason: r.clone(),
             now: *now_,

@@ -12,6 +12,7 @@
 #[cfg(feature = "clidocs")]
 pub mod clidocs;
 pub mod config_error;
+pub mod drain;
 pub mod exposition;
 pub mod fields;
 #[cfg(feature = "files")]

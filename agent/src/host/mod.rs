@@ -25,6 +25,7 @@ use crate::lease::LeaseRecord;
 use crate::os::Os;
 use crate::store::{Event, Store, StoreError};
 use allot_checkpoint_hooks::{Ladder, Target};
+use allot_common::drain::DrainAuthor;
 use allot_health::verdict::{GpuSample, GpuState, Verdict};
 use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
@@ -86,12 +87,13 @@ pub struct Drain {
     pub held: bool,
 }
 
-/// The three drain author kinds a host knows.
-pub const LOCAL: &str = "local-operator";
+/// The three drain author kinds a host knows (`allot_common::drain`): an operator
+/// on the host.
+pub const LOCAL: &str = DrainAuthor::LocalOperator.as_str();
 /// A cluster operator's drain, carried out for allotd.
-pub const CLUSTER: &str = "cluster-operator";
+pub const CLUSTER: &str = DrainAuthor::ClusterOperator.as_str();
 /// The health verdict's drain.
-pub const HEALTH: &str = "health";
+pub const HEALTH: &str = DrainAuthor::Health.as_str();
 
 /// Settings the host applies to every lease (reloadable).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,6 +5,7 @@ use super::audit::state_name;
 use super::input::{drain_kind, GpuCondition, GpuSeen, HostDrain, Input, Verdict};
 use super::out::{lease_wire, Applied, Command, Level};
 use super::{effective, Allocator, DrainRec, NodeRec};
+use allot_common::drain::DrainAuthor;
 use allot_fairshare::{CoreError, LeaseId, NodeSpec, NodeState, Time, WorkloadId, WorkloadState};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -136,7 +137,7 @@ impl Allocator {
                 },
             );
             *self.counters.drains.entry(kind.clone()).or_default() += 1;
-            if kind == "health" {
+            if kind == DrainAuthor::Health.as_str() {
                 self.auto_drains.push_back((at, node.to_string()));
                 n.held = None;
             }
@@ -148,7 +149,7 @@ impl Allocator {
             self.core.set_node_state(at, n.id, eff)?;
             n.state = eff;
         }
-        if kind == "cluster-operator" || kind == "health" {
+        if kind == DrainAuthor::ClusterOperator.as_str() || kind == DrainAuthor::Health.as_str() {
             // The agent refuses starts and revokes too, and shows who asked.
             a.send(
                 node,
@@ -185,11 +186,13 @@ impl Allocator {
         drains: &[HostDrain],
         a: &mut Applied,
     ) -> bool {
-        let theirs = drains.iter().find(|d| d.by == "local-operator" && !d.held);
+        let theirs = drains
+            .iter()
+            .find(|d| d.by == DrainAuthor::LocalOperator.as_str() && !d.held);
         let ours = self
             .nodes
             .get(node)
-            .and_then(|n| n.drains.get("local-operator"));
+            .and_then(|n| n.drains.get(DrainAuthor::LocalOperator.as_str()));
         let want = theirs.map(|d| {
             (
                 if d.now {
@@ -210,7 +213,15 @@ impl Allocator {
             "undrained on the host".into(),
             String::new(),
         ));
-        match self.node_state(at, node, state, &reason, "local-operator", &author, a) {
+        match self.node_state(
+            at,
+            node,
+            state,
+            &reason,
+            DrainAuthor::LocalOperator.as_str(),
+            &author,
+            a,
+        ) {
             Ok(changed) => changed,
             Err(e) => {
                 a.notice(
@@ -248,12 +259,20 @@ impl Allocator {
         match self
             .nodes
             .get(name)
-            .map(|n| (n.id, n.drains.contains_key("lost")))
+            .map(|n| (n.id, n.drains.contains_key(DrainAuthor::Lost.as_str())))
         {
             None => self.add_node(at, spec, gpu_uuids)?,
             Some((id, lost)) => {
                 if lost {
-                    self.node_state(at, name, NodeState::Ready, "agent back", "lost", "", a)?;
+                    self.node_state(
+                        at,
+                        name,
+                        NodeState::Ready,
+                        "agent back",
+                        DrainAuthor::Lost.as_str(),
+                        "",
+                        a,
+                    )?;
                 }
                 // A host that comes back may take what it refused before.
                 self.core.node_changed(id);
@@ -309,7 +328,10 @@ impl Allocator {
             }
         }
         if let Some(n) = self.nodes.get(name) {
-            for kind in ["cluster-operator", "health"] {
+            for kind in [
+                DrainAuthor::ClusterOperator.as_str(),
+                DrainAuthor::Health.as_str(),
+            ] {
                 let ours = n.drains.get(kind);
                 let theirs = drains.iter().find(|d| d.by == kind && !d.held);
                 if ours.is_none() && theirs.is_none() {
@@ -436,7 +458,7 @@ impl Allocator {
         let id = n.id;
         let prev = std::mem::replace(&mut n.seen, gpus.to_vec());
         let prev_verdict = std::mem::replace(&mut n.verdict, verdict);
-        let health_drained = n.drains.contains_key("health");
+        let health_drained = n.drains.contains_key(DrainAuthor::Health.as_str());
         let mut changed = prev != gpus || prev_verdict != verdict;
         // Whether the host changed in a way that may let it take what it refused.
         let mut node_changed = prev_verdict != verdict;
@@ -470,7 +492,7 @@ impl Allocator {
                         node,
                         NodeState::Ready,
                         "health verdict ok",
-                        "health",
+                        DrainAuthor::Health.as_str(),
                         "",
                         a,
                     )?;
@@ -521,7 +543,15 @@ impl Allocator {
         } else {
             NodeState::Draining
         };
-        Ok(self.node_state(at, node, state, reasons, "health", "", a)? || changed)
+        Ok(self.node_state(
+            at,
+            node,
+            state,
+            reasons,
+            DrainAuthor::Health.as_str(),
+            "",
+            a,
+        )? || changed)
     }
 
     /// A held health drain looked at again: through once the breaker has room.
@@ -535,7 +565,7 @@ impl Allocator {
         let Some((reasons, now_)) = n.held.clone() else {
             return Ok(false);
         };
-        if n.drains.contains_key("health") || !self.breaker_allows(at, node) {
+        if n.drains.contains_key(DrainAuthor::Health.as_str()) || !self.breaker_allows(at, node) {
             return Ok(false);
         }
         self.health_drain(at, node, &reasons, now_, a)
@@ -565,7 +595,7 @@ impl Allocator {
             node: node.to_string(),
             state: NodeState::Down,
             reason: format!("agent silent for more than {grace}s"),
-            by: "lost".into(),
+            by: DrainAuthor::Lost.as_str().into(),
             author: String::new(),
         }
     }

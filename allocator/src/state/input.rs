@@ -1,6 +1,7 @@
 //! What the journal holds: every accepted [`Input`], and how entries written by
 //! earlier releases are read ([`Input::decode`], [`drain_kind`]).
 
+use allot_common::drain::DrainAuthor;
 use allot_fairshare::{Action, LeaseEnd, NodeSpec, NodeState, WorkloadSpec};
 use serde::{Deserialize, Serialize};
 
@@ -365,8 +366,8 @@ impl Input {
 /// Drain author kinds as journals of every release name them.
 pub fn drain_kind(by: &str) -> &str {
     match by {
-        "operator" => "cluster-operator",
-        "agent" => "lost",
+        "operator" => DrainAuthor::ClusterOperator.as_str(),
+        "agent" => DrainAuthor::Lost.as_str(),
         k => k,
     }
 }

@@ -222,12 +222,13 @@ pub(super) fn drain_text(d: &DrainResponse, undrain: bool) -> String {
 
 /// What lifts the drains an `allot undrain` left in place.
 pub(super) fn undrain_hint(drains: &[DrainInfo]) -> String {
-    let kinds = |k: &str| drains.iter().any(|d| d.by == k && !d.held);
+    use allot_common::drain::DrainAuthor;
+    let kinds = |k: DrainAuthor| drains.iter().any(|d| d.by == k.as_str() && !d.held);
     let mut how = vec!["undrain lifts only this host's operator drain".to_string()];
-    if kinds("cluster-operator") {
+    if kinds(DrainAuthor::ClusterOperator) {
         how.push("a cluster operator's lifts with `allot nodes undrain HOST`".into());
     }
-    if kinds("health") {
+    if kinds(DrainAuthor::Health) {
         how.push("a health drain lifts when the GPUs are healthy again (`allot gpus clear INDEX --reason TEXT` after a reset)".into());
     }
     how.join("; ")
