@@ -146,10 +146,12 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<HeliosTrace,
     let bound = |s: &Option<String>| s.as_deref().and_then(crate::utc::parse_time);
     let from = window.and_then(|w| bound(&w.from));
     let to = window.and_then(|w| bound(&w.to));
-    let mut lines = text.lines().enumerate();
-    let Some((header_line, header)) = crate::trace::csv_header(&mut lines) else {
+    let mut records = crate::trace::csv_records(text);
+    let Some(first) = records.next() else {
         return Err(err(1, "header", "empty file: expected a CSV header".into()));
     };
+    let (header_line, header) = first.map_err(|(ln, m)| err(ln, "header", m))?;
+    let header: Vec<String> = header.iter().map(str::to_string).collect();
     let known = || {
         let mut k: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
         k.extend(IGNORED);
@@ -191,15 +193,11 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<HeliosTrace,
     let mut dropped = TraceDrops::default();
     // (cluster index, unix submit, duration, gpus, line)
     let mut rows: Vec<(usize, i64, u64, u32, usize)> = Vec::new();
-    for (i, line) in lines {
-        let ln = i + 1;
-        let Some(cells) =
-            crate::trace::csv_row(line, header.len()).map_err(|m| err(ln, "row", m))?
-        else {
-            continue;
-        };
+    for rec in records {
+        let (ln, cells) = rec.map_err(|(ln, m)| err(ln, "row", m))?;
+        crate::trace::csv_row(&cells, header.len()).map_err(|m| err(ln, "row", m))?;
         let cell = |c: usize| -> Result<&str, ScenarioError> {
-            let s = cells[cols[c]];
+            let s = &cells[cols[c]];
             if s.is_empty() {
                 Err(err(ln, COLUMNS[c].0, "is empty".into()))
             } else {

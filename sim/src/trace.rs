@@ -43,10 +43,12 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
         field: field.into(),
         message,
     };
-    let mut lines = text.lines().enumerate();
-    let Some((header_line, header)) = csv_header(&mut lines) else {
+    let mut records = csv_records(text);
+    let Some(first) = records.next() else {
         return Err(err(1, "header", "empty file: expected a CSV header".into()));
     };
+    let (header_line, header) = first.map_err(|(ln, m)| err(ln, "header", m))?;
+    let header: Vec<String> = header.iter().map(str::to_string).collect();
     for h in &header {
         if !KNOWN.contains(&h.as_str()) {
             return Err(err(
@@ -70,12 +72,10 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
     let mut jobs = Vec::new();
     let mut groups: Vec<(String, String)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
-    for (i, line) in lines {
-        let ln = i + 1;
-        let Some(cells) = csv_row(line, header.len()).map_err(|m| err(ln, "row", m))? else {
-            continue;
-        };
-        let get = |k: usize| cols[k].map(|c| cells[c]).filter(|s| !s.is_empty());
+    for rec in records {
+        let (ln, cells) = rec.map_err(|(ln, m)| err(ln, "row", m))?;
+        csv_row(&cells, header.len()).map_err(|m| err(ln, "row", m))?;
+        let get = |k: usize| cols[k].map(|c| &cells[c]).filter(|s| !s.is_empty());
         let num = |k: usize, what: &str| -> Result<Option<u64>, ScenarioError> {
             get(k)
                 .map(|s| {
@@ -162,25 +162,37 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
     Ok(Trace { jobs, groups })
 }
 
-/// The header of a CSV text: its first non-blank line, as (1-based line, trimmed
-/// names). Both trace formats read their files with this and [`csv_row`].
-pub(crate) fn csv_header(
-    lines: &mut std::iter::Enumerate<std::str::Lines<'_>>,
-) -> Option<(usize, Vec<String>)> {
-    lines
-        .find(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| (i + 1, l.split(',').map(|h| h.trim().to_string()).collect()))
+/// The records of a CSV text with their 1-based lines, read by the `csv` crate
+/// (quoted fields may hold commas): fields trimmed, blank lines skipped. Both trace
+/// formats read their files with this; the first record is the header, and
+/// [`csv_row`] checks each row against it.
+pub(crate) fn csv_records(
+    text: &str,
+) -> impl Iterator<Item = Result<(usize, csv::StringRecord), (usize, String)>> + '_ {
+    csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(text.as_bytes())
+        .into_records()
+        .filter_map(|r| match r {
+            Ok(rec) => {
+                let line = rec.position().map_or(0, |p| p.line() as usize);
+                let blank = rec.iter().all(str::is_empty) && rec.len() <= 1;
+                (!blank).then_some(Ok((line, rec)))
+            }
+            Err(e) => {
+                let line = e.position().map_or(0, |p| p.line() as usize);
+                Some(Err((line, e.to_string())))
+            }
+        })
 }
 
-/// The trimmed cells of a row, `None` for a blank line; the error says how many
-/// cells it has against the header's `width`.
-pub(crate) fn csv_row(line: &str, width: usize) -> Result<Option<Vec<&str>>, String> {
-    if line.trim().is_empty() {
-        return Ok(None);
+/// A row's cells, checked against the header's `width`: the error says how many
+/// it has.
+pub(crate) fn csv_row(rec: &csv::StringRecord, width: usize) -> Result<(), String> {
+    if rec.len() != width {
+        return Err(format!("has {} cells, the header has {width}", rec.len()));
     }
-    let cells: Vec<&str> = line.split(',').map(str::trim).collect();
-    if cells.len() != width {
-        return Err(format!("has {} cells, the header has {width}", cells.len()));
-    }
-    Ok(Some(cells))
+    Ok(())
 }

@@ -140,6 +140,18 @@ fn trace_errors_name_the_line_and_column() {
     )
     .unwrap_err();
     assert_eq!(e.field, "resumable");
+    // CSV as spreadsheets write it: a quoted cell holds a comma, blank lines are
+    // skipped, and an error still names the line it is on.
+    let t = "submit_s,duration_s,gpus,team\n\n0,60,1,\"a,b\"\n   \n5,sixty,1,a\n";
+    let e = trace::parse(t, "t.csv", &sc).unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (5, "duration_s"), "{e}");
+    let tr = trace::parse(
+        "submit_s,duration_s,gpus,team\n0,60,1,\"a,b\"\n",
+        "t.csv",
+        &sc,
+    )
+    .expect("a quoted comma is part of its cell");
+    assert_eq!(tr.groups[0].0, "a,b");
 }
 
 #[test]

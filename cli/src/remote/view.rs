@@ -208,24 +208,10 @@ fn yes_no(b: bool) -> &'static str {
     }
 }
 
-/// An argv as a shell would take it back: arguments with blanks or quotes are
-/// single-quoted, so that what `allot status` shows can be pasted.
+/// An argv as a shell would take it back (shlex's quoting), so that what `allot
+/// status` shows can be pasted; an argument no shell can hold (a NUL) is shown bare.
 fn shell_join(argv: &[String]) -> String {
-    let safe = |a: &str| {
-        !a.is_empty()
-            && a.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_-+=:,./@%".contains(c))
-    };
-    argv.iter()
-        .map(|a| {
-            if safe(a) {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    shlex::try_join(argv.iter().map(String::as_str)).unwrap_or_else(|_| argv.join(" "))
 }
 
 /// A list for one text cell, `-` when empty.
