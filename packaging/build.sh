@@ -20,12 +20,12 @@ command -v cargo-generate-rpm >/dev/null || cargo install --locked -j2 cargo-gen
 
 # allotd and the CLI apart from the agent, so that they are built without the
 # agent's features (the checkpoint ladder's file watcher and HTTP client).
-cargo build --profile dist -j2 -p allot-allocator -p allot-cli
+cargo build --profile dist -j2 -p allot-allocator -p allot-cli -p allot-sim
 cargo build --profile dist -j2 -p allot-agent
 # Man pages and completions, from each binary's own clap definition.
 gen=target/allot-docs
 rm -rf "$gen" && mkdir -p "$gen"
-for b in allot allotd allot-agent; do
+for b in allot allotd allot-agent allot-sim; do
   ALLOT_WRITE_DOCS="$gen" "target/dist/$b"
   gzip -9n "$gen/$b.1"
 done
@@ -59,7 +59,7 @@ echo "== install"
 as_root dpkg -i "$deb"
 allot version
 # Each binary's man page and completions, from its own clap definition.
-for b in allot allotd allot-agent; do
+for b in allot allotd allot-agent allot-sim; do
   zcat "/usr/share/man/man1/$b.1.gz" | grep -q "^\.TH $b 1" || { echo "no man page for $b"; exit 1; }
   grep -q "$b" "/usr/share/bash-completion/completions/$b" || { echo "no bash completion for $b"; exit 1; }
 done

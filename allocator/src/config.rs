@@ -25,7 +25,7 @@ pub struct ServerSection {
     #[serde(deserialize_with = "de_duration")]
     pub schedule_interval: u64,
     /// Passes that changes ask for come at most this often (0: 20 ms after each
-    /// change). A large fleet batches its changes so; `allotd simulate` models it
+    /// change). A large fleet batches its changes so; `allot-sim` models it
     /// with a scenario's `pass_interval`. At most `schedule_interval`.
     #[serde(deserialize_with = "de_duration")]
     pub min_pass_interval: u64,

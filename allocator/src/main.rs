@@ -1,6 +1,6 @@
 //! `allotd`: the allot fair-share allocator: the service (`serve`), a whole local
-//! cluster on fake GPUs (`dev`), an example config (`init`), the policy
-//! simulator (`simulate`), and the state file's tools (`state`).
+//! cluster on fake GPUs (`dev`), an example config (`init`), and the state file's
+//! tools (`state`); `simulate` is an alias of `allot-sim` for one release.
 
 mod acked;
 mod admin;
@@ -17,11 +17,9 @@ mod logs;
 mod metrics;
 mod pki;
 mod serve;
-mod simulate;
 mod state;
 mod state_cmd;
 mod store;
-mod svg;
 mod wire;
 
 use clap::{Parser, Subcommand};
@@ -59,8 +57,9 @@ enum Command {
         #[arg(default_value = "allotd.toml")]
         path: std::path::PathBuf,
     },
-    /// Simulate a month of scheduling on a scenario (and optionally a trace).
-    Simulate(simulate::Args),
+    /// Simulate a month of scheduling: moved to `allot-sim` (same options); this
+    /// alias goes in the next release.
+    Simulate(allot_sim::cli::Args),
     /// User tokens (through the running allotd's admin socket).
     #[command(subcommand)]
     Tokens(admin_cmd::Tokens),
@@ -110,11 +109,6 @@ then: allotd serve --config {}",
     Ok(())
 }
 
-/// mimalloc: allocation-heavy work (the simulator above all) runs faster than on
-/// glibc's allocator.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> std::process::ExitCode {
     if let Some(code) =
         allot_common::clidocs::write_if_asked(<Cli as clap::CommandFactory>::command)
@@ -131,7 +125,10 @@ fn main() -> std::process::ExitCode {
         Err(e) => tracing::warn!(error = %e, "descriptor limit not raised"),
     }
     let result = match cli.command {
-        Command::Simulate(a) => simulate::run(a),
+        Command::Simulate(a) => {
+            eprintln!("allotd: `allotd simulate` is now `allot-sim` (same options); this alias goes in the next release");
+            allot_sim::cli::run(a)
+        }
         Command::Init { path } => init(&path),
         Command::Serve { config, check } => match config::ServerConfig::load(&config) {
             Err(e) => Err(e.into()),

@@ -519,3 +519,19 @@ fn init_keeps_a_config_written_elsewhere_and_its_state_together() {
     assert!(text(&o.stdout).contains(&state.join("pki").display().to_string()));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn allotd_simulate_still_runs_and_points_to_allot_sim() {
+    let o = Command::new(sibling("allotd", "allot-allocator"))
+        .args(["simulate", "--days", "1", "--json"])
+        .output()
+        .expect("allotd runs");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("`allotd simulate` is now `allot-sim` (same options)"),
+        "{}",
+        text(&o.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).expect("the report");
+    assert_eq!(report["scenario"], "ai2", "{report}");
+}

@@ -33,7 +33,7 @@ use allot_fairshare::{
 use allot_sim::{self as sim, rng::Rng, scenario::AI2, PolicyKind, Scenario, SimOptions};
 use std::time::Instant;
 
-/// The allocator allotd runs the simulator on.
+/// The allocator allot-sim runs on, so the month figures are allot-sim's.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

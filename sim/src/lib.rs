@@ -7,11 +7,13 @@
 //! the clock to the next event or wake-up. It integrates each team's received and
 //! entitled GPU-hours (the ideal of [`allot_fairshare::entitlement`]) as it goes.
 
+pub mod cli;
 pub mod helios;
 pub mod report;
 pub mod rng;
 pub mod scenario;
 pub mod strict;
+pub mod svg;
 pub mod trace;
 pub mod utc;
 

@@ -518,7 +518,7 @@ pub struct Spread {
 }
 
 /// The same scenario and policy over several seeds: each run and the spread of each
-/// measure (`allotd simulate --seeds 1-10`).
+/// measure (`allot-sim --seeds 1-10`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SeedTable {
     /// Policy name.

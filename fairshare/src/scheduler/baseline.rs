@@ -1,5 +1,5 @@
 //! The static-priority baseline allot replaces, kept for before/after comparisons
-//! (`allotd simulate --policy priority`): its settings, and the pass's global
+//! (`allot-sim --policy priority`): its settings, and the pass's global
 //! priority order and per-team caps.
 
 use super::pass::{block, Pass};

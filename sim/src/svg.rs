@@ -1,6 +1,6 @@
 //! Plain SVG plots of a simulation report, no plotting dependency.
 
-use allot_sim::Report;
+use crate::Report;
 use std::fmt::Write as _;
 use std::path::Path;
 

@@ -1,8 +1,8 @@
-//! `allotd simulate`: read the scenario and trace, run the core on a virtual clock,
-//! print the report.
+//! `allot-sim` (and, for one release, `allot-sim`): read the scenario and
+//! trace, run the core on a virtual clock, print the report.
 //!
 //! `--policy fifo|sjf` runs the Helios study's strict-order baselines instead
-//! ([`allot_sim::strict`]): they need a scenario whose `[trace]` is in the Helios
+//! ([`crate::strict`]): they need a scenario whose `[trace]` is in the Helios
 //! format with `clusters_separately = true` (`scenarios/philly-vc.toml`), and print
 //! one row per cluster. They are deterministic and run until every job has ended, so
 //! `--seed`, `--seeds`, `--days` and `--svg` do not apply. Such a scenario under
@@ -10,15 +10,13 @@
 //! replays Philly through `scenarios/philly.toml` (one shared cluster,
 //! the VCs as teams), which is the comparison it is built for.
 
-use allot_sim::scenario::TraceFormat;
-use allot_sim::{
-    self as sim, helios, scenario::AI2, strict, trace, PolicyKind, Scenario, SimOptions,
-};
+use crate::scenario::TraceFormat;
+use crate::{self as sim, helios, scenario::AI2, strict, trace, PolicyKind, Scenario, SimOptions};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// Options of `allotd simulate`.
+/// Options of `allot-sim`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Scenario: a TOML file, or the name of a built-in one (`ai2`).
@@ -53,6 +51,7 @@ pub struct Args {
     per_job: Option<PathBuf>,
 }
 
+/// Runs the simulation `a` asks for and prints its report.
 pub fn run(a: Args) -> Result<()> {
     let policy = match a.policy.as_str() {
         "fairshare" => PolicyKind::FairShare,

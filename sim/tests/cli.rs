@@ -1,12 +1,13 @@
-//! `allotd simulate` as users run it: the real binary, its output and exit codes.
+//! `allot-sim` as users run it: the real binary, its output and exit codes (and
+//! `allotd simulate`, its alias for one release, in `allocator/tests/`).
 
 use std::process::Command;
 
-fn allotd(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_allotd"))
+fn allot_sim(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_allot-sim"))
         .args(args)
         .output()
-        .expect("allotd runs");
+        .expect("allot-sim runs");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -22,9 +23,9 @@ fn without_wall(json: &str) -> serde_json::Value {
 
 #[test]
 fn json_is_byte_identical_across_runs_apart_from_wall_time() {
-    let args = ["simulate", "--days", "4", "--json"];
-    let (c1, a, _) = allotd(&args);
-    let (c2, b, _) = allotd(&args);
+    let args = ["--days", "4", "--json"];
+    let (c1, a, _) = allot_sim(&args);
+    let (c2, b, _) = allot_sim(&args);
     assert_eq!((c1, c2), (0, 0));
     assert_eq!(a.lines().count(), 1, "one object on one line");
     let strip = |s: &str| {
@@ -68,18 +69,18 @@ fn json_is_byte_identical_across_runs_apart_from_wall_time() {
 
 #[test]
 fn table_for_people_and_baseline_policy() {
-    let (code, out, _) = allotd(&["simulate", "--days", "2", "--policy", "priority"]);
+    let (code, out, _) = allot_sim(&["--days", "2", "--policy", "priority"]);
     assert_eq!(code, 0);
     assert!(out.contains("policy priority"), "{out}");
     assert!(out.contains("fairness: mean"), "{out}");
-    let (code, _, err) = allotd(&["simulate", "--policy", "lottery"]);
+    let (code, _, err) = allot_sim(&["--policy", "lottery"]);
     assert_eq!(code, 2);
     assert!(err.contains("--policy \"lottery\""), "{err}");
 }
 
 #[test]
 fn bad_files_fail_with_file_line_and_field() {
-    let dir = std::env::temp_dir().join(format!("allotd-cli-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("allot-sim-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let sc = dir.join("bad.toml");
     std::fs::write(
@@ -87,25 +88,19 @@ fn bad_files_fail_with_file_line_and_field() {
         "name = \"x\"\n\n[[clusters]]\nname = \"c\"\nnodes = -4\ngpus_per_node = 8\n",
     )
     .expect("write");
-    let (code, _, err) = allotd(&["simulate", "--scenario", sc.to_str().expect("utf8")]);
+    let (code, _, err) = allot_sim(&["--scenario", sc.to_str().expect("utf8")]);
     assert_eq!(code, 2);
     assert!(err.contains("bad.toml:5:"), "{err}");
     let tr = dir.join("t.csv");
     std::fs::write(&tr, "submit_s,duration_s,gpus,team\n0,60,1,a\n1,60,x,a\n").expect("write");
-    let (code, _, err) = allotd(&["simulate", "--trace", tr.to_str().expect("utf8")]);
+    let (code, _, err) = allot_sim(&["--trace", tr.to_str().expect("utf8")]);
     assert_eq!(code, 2);
     assert!(err.contains("t.csv:3: gpus:"), "{err}");
-    let (code, _, err) = allotd(&["simulate", "--scenario", "/nonexistent/x.toml"]);
+    let (code, _, err) = allot_sim(&["--scenario", "/nonexistent/x.toml"]);
     assert_eq!(code, 2);
     assert!(err.contains("--scenario /nonexistent/x.toml"), "{err}");
     let svg = dir.join("plots");
-    let (code, _, _) = allotd(&[
-        "simulate",
-        "--days",
-        "1",
-        "--svg",
-        svg.to_str().expect("utf8"),
-    ]);
+    let (code, _, _) = allot_sim(&["--days", "1", "--svg", svg.to_str().expect("utf8")]);
     assert_eq!(code, 0);
     for f in ["team-share.svg", "occupancy.svg", "wait-cdf.svg"] {
         let body = std::fs::read_to_string(svg.join(f)).expect("plot written");
