@@ -3,9 +3,9 @@
 //! root, the agent's own user, or the socket's group, checked on the peer's
 //! credentials.
 
-use crate::host::{Caller, HostError, StartSpec};
+use crate::host::{Caller, Effect, HostCommand, HostError, Outcome, StartSpec};
 use crate::shared::Shared;
-use crate::wire::{drain_pb, event_pb, gpu_pb, lease_pb, stream_of, verdict_pb};
+use crate::wire::{drain_pb, drain_response, event_pb, gpu_pb, lease_pb, stream_of, verdict_pb};
 use allot_common::fields::{
     check_argv, check_len, check_optional_name, check_text, FieldError, MAX_HOOK, MAX_NAME,
     MAX_REASON,
@@ -49,8 +49,7 @@ impl LocalApi {
     /// The host's drains or GPUs changed: allotd hears of it at once, and the
     /// contract loop looks again.
     fn host_changed(&self) {
-        crate::uplink::send(&self.0, crate::uplink::health(&self.0));
-        self.0.wake.notify_one();
+        self.0.carry_out(vec![Effect::ReportHealth]);
     }
 
     fn may_change<T>(&self, req: &Request<T>, what: &str) -> Result<Caller, Status> {
@@ -110,6 +109,26 @@ fn check_start(r: &pb::StartLeaseRequest) -> Result<(), FieldError> {
         });
     }
     allot_common::fields::check_cwd("cwd", &r.cwd)
+}
+
+/// The lease a start or a revocation answers with.
+fn lease_of(o: Outcome) -> Result<crate::lease::LeaseRecord, Status> {
+    match o {
+        Outcome::Lease(l) => Ok(*l),
+        other => Err(Status::internal(format!(
+            "the host answered {other:?}, not a lease"
+        ))),
+    }
+}
+
+/// The drains a drain or an undrain answers with.
+fn drains_of(o: Outcome) -> Result<pb::DrainResponse, Status> {
+    match o {
+        Outcome::Drains(d) => Ok(drain_response(&d)),
+        other => Err(Status::internal(format!(
+            "the host answered {other:?}, not its drains"
+        ))),
+    }
 }
 
 /// The user name of a uid, or the number.
@@ -210,15 +229,14 @@ impl AgentLocal for LocalApi {
             warn_before_s: r.warn_before_s,
             ..StartSpec::default()
         };
-        let (l, reaper) = self
-            .0
-            .host()
-            .start(spec, c, crate::host::now_ms())
-            .map_err(status)?;
-        if let Some(reaper) = reaper {
-            let _ = self.0.spawned.send((l.id.clone(), reaper));
-        }
-        self.0.wake.notify_one();
+        let l = lease_of(
+            self.0
+                .command(HostCommand::Start {
+                    spec: Box::new(spec),
+                    caller: c,
+                })
+                .map_err(status)?,
+        )?;
         Ok(Response::new(lease_pb(&l)))
     }
 
@@ -229,17 +247,15 @@ impl AgentLocal for LocalApi {
         let c = self.may_change(&req, "revoking a lease")?;
         let r = req.into_inner();
         check_len("lease_id", &r.lease_id, MAX_NAME).map_err(invalid)?;
-        let l = self
-            .0
-            .host()
-            .revoke(
-                &r.lease_id,
-                r.now,
-                &format!("operator (uid {})", c.uid),
-                crate::host::now_ms(),
-            )
-            .map_err(status)?;
-        self.0.wake.notify_one();
+        let l = lease_of(
+            self.0
+                .command(HostCommand::Revoke {
+                    lease: r.lease_id,
+                    now: r.now,
+                    by: format!("operator (uid {})", c.uid),
+                })
+                .map_err(status)?,
+        )?;
         Ok(Response::new(lease_pb(&l)))
     }
 
@@ -250,15 +266,15 @@ impl AgentLocal for LocalApi {
         let c = self.may_change(&req, "draining")?;
         let r = req.into_inner();
         check_text("reason", &r.reason, MAX_REASON).map_err(invalid)?;
-        let resp = {
-            let mut h = self.0.host();
-            h.drain(&r.reason, r.now, &user_name(c.uid), crate::host::now_ms())
-                .map_err(status)?;
-            drain_pb(&h)
-        };
-        // allotd learns of the drain at once and sends no more work here.
-        self.host_changed();
-        Ok(Response::new(resp))
+        let done = self
+            .0
+            .command(HostCommand::Drain {
+                reason: r.reason,
+                now: r.now,
+                author: user_name(c.uid),
+            })
+            .map_err(status)?;
+        Ok(Response::new(drains_of(done)?))
     }
 
     async fn undrain(
@@ -266,13 +282,8 @@ impl AgentLocal for LocalApi {
         req: Request<pb::UndrainRequest>,
     ) -> Result<Response<pb::DrainResponse>, Status> {
         self.may_change(&req, "undraining")?;
-        let resp = {
-            let mut h = self.0.host();
-            h.undrain().map_err(status)?;
-            drain_pb(&h)
-        };
-        self.host_changed();
-        Ok(Response::new(resp))
+        let done = self.0.command(HostCommand::Undrain).map_err(status)?;
+        Ok(Response::new(drains_of(done)?))
     }
 
     async fn clear_gpu(

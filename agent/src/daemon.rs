@@ -284,6 +284,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         host: Mutex::new(host),
         wake: tokio::sync::Notify::new(),
         spawned: spawned_tx,
+        health_due: std::sync::atomic::AtomicBool::new(false),
         admin_gid,
         host_size: {
             let mut sys = sysinfo::System::new();
@@ -395,6 +396,12 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
             // A write failed (a start, a lease's change): the disk is looked at now,
             // and allotd hears of the drain it made.
             check_disk(&cfg, &shared);
+            crate::uplink::send(&shared, crate::uplink::health(&shared));
+        }
+        if shared
+            .health_due
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
             crate::uplink::send(&shared, crate::uplink::health(&shared));
         }
         crate::uplink::flush(&shared);

@@ -4,7 +4,7 @@
 //! Reconnects with exponential backoff; the agent works on alone meanwhile.
 
 use crate::credentials::Credentials;
-use crate::host::{now_ms, Caller, StartSpec};
+use crate::host::{now_ms, Caller, HostCommand, Outcome, StartSpec};
 use crate::lease::{LeaseEnd, LeaseRecord};
 use crate::shared::Shared;
 use crate::wire::{drains_pb, end_pb, gpu_pb, lease_pb, reason_pb, verdict_pb};
@@ -185,12 +185,12 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
             };
             // The allocator speaks for root on this host; the host still refuses a
             // user it cannot become.
-            let started = sh.host().start(spec, Caller { uid: 0, gid: 0 }, now_ms());
+            let started = sh.command(HostCommand::Start {
+                spec: Box::new(spec),
+                caller: Caller { uid: 0, gid: 0 },
+            });
             match started {
-                Ok((_, Some(reaper))) => {
-                    let _ = sh.spawned.send((l.id.clone(), reaper));
-                }
-                Ok((_, None)) => {}
+                Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(lease = %l.id, error = %e, "allocator start refused");
                     // A host that cannot take the lease now (drained, GPU taken) is not
@@ -205,15 +205,18 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
             }
         }
         Some(pb::allocator_message::Body::Revoke(r)) if r.withdraw => {
-            sh.host()
-                .withdraw(&r.lease_id, &format!("allocator: {}", r.why));
+            let _ = sh.command(HostCommand::Withdraw {
+                lease: r.lease_id,
+                why: format!("allocator: {}", r.why),
+            });
         }
         Some(pb::allocator_message::Body::Revoke(r)) => {
-            let nb = r.not_before_unix.saturating_mul(1000);
-            let revoked =
-                sh.host()
-                    .revoke_until(&r.lease_id, nb, &format!("allocator: {}", r.why), now_ms());
-            if let Ok(l) = &revoked {
+            let revoked = sh.command(HostCommand::RevokeUntil {
+                lease: r.lease_id.clone(),
+                not_before_ms: r.not_before_unix.saturating_mul(1000),
+                why: format!("allocator: {}", r.why),
+            });
+            if let Ok(Outcome::Lease(l)) = &revoked {
                 if !l.live() {
                     // Over already: allotd asks again because it has not heard the end.
                     send(sh, status(l));
@@ -239,9 +242,12 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
             } else {
                 d.by.as_str()
             };
-            let r = sh
-                .host()
-                .allocator_drain(kind, d.drain, d.now, &d.reason, now_ms());
+            let r = sh.command(HostCommand::AllocatorDrain {
+                kind: kind.to_string(),
+                drain: d.drain,
+                now: d.now,
+                reason: d.reason,
+            });
             if let Err(e) = r {
                 tracing::warn!(error = %e, "allocator drain not applied");
             }

@@ -1,7 +1,7 @@
 //! Every conversion between the agent's own types and `allot.v1` (protobuf): the
 //! rules in `host/` and `lease.rs` never see the wire.
 
-use crate::host::{GpuView, Host};
+use crate::host::{Drain, GpuView, Host};
 use crate::lease::{LeaseEnd, LeaseRecord, LeaseState, LogStream};
 use allot_health::verdict::{GpuState, HostVerdict};
 use allot_proto::v1 as pb;
@@ -105,28 +105,36 @@ pub fn verdict_pb(v: HostVerdict) -> pb::HostVerdict {
 
 /// Every drain of the host, in force or held, on the wire.
 pub fn drains_pb(h: &Host) -> Vec<pb::DrainInfo> {
-    h.drains()
-        .into_iter()
-        .map(|d| pb::DrainInfo {
-            by: d.by.clone(),
-            author: d.author.clone(),
-            reason: d.reason.clone(),
-            now: d.now,
-            since_unix: secs(d.at_ms),
-            held: d.held,
-        })
-        .collect()
+    h.drains().into_iter().map(drain_info).collect()
 }
 
-/// The answer to a drain or undrain: the host's drains after it.
+fn drain_info(d: &Drain) -> pb::DrainInfo {
+    pb::DrainInfo {
+        by: d.by.clone(),
+        author: d.author.clone(),
+        reason: d.reason.clone(),
+        now: d.now,
+        since_unix: secs(d.at_ms),
+        held: d.held,
+    }
+}
+
+/// The host's drains as `allot gpus` and a drain's answer show them.
 pub fn drain_pb(h: &Host) -> pb::DrainResponse {
-    let first = h.drain_state();
+    let drains: Vec<Drain> = h.drains().into_iter().cloned().collect();
+    drain_response(&drains)
+}
+
+/// The answer to a drain or undrain: `drains` (in force or held), the first in
+/// force named.
+pub fn drain_response(drains: &[Drain]) -> pb::DrainResponse {
+    let first = drains.iter().find(|d| !d.held);
     pb::DrainResponse {
         draining: first.is_some(),
         reason: first.map(|d| d.reason.clone()).unwrap_or_default(),
         now: first.is_some_and(|d| d.now),
         by: first.map(|d| d.by.clone()).unwrap_or_default(),
-        drains: drains_pb(h),
+        drains: drains.iter().map(drain_info).collect(),
     }
 }
 

@@ -11,6 +11,7 @@
 //! signals, `/proc`, users, the clock) is reached only through [`Os`], so that the
 //! unit tests (`tests/`) run every rule against a fake, without a process.
 
+mod command;
 mod drain;
 mod health;
 mod ladder;
@@ -33,6 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 pub use crate::os::now_ms;
+pub use command::{Effect, HostCommand, Outcome};
 pub use start::{job_env, DEFAULT_PATH};
 
 /// Ended leases kept in memory for `allot leases` (all stay in the database).

@@ -167,3 +167,73 @@ fn a_0_1_0_operator_drain_is_the_host_operators() {
     assert_eq!(t.h.drain_state().map(|d| d.by.as_str()), Some(LOCAL));
     assert_eq!(t.h.undrain().expect("undrains"), None);
 }
+
+#[test]
+fn commands_leave_the_daemon_its_reaper_a_wake_up_and_a_health_report() {
+    let mut t = T::new();
+    let kinds = |e: &[Effect]| -> Vec<&'static str> {
+        e.iter()
+            .map(|e| match e {
+                Effect::Reap(..) => "reap",
+                Effect::Wake => "wake",
+                Effect::ReportHealth => "health",
+            })
+            .collect()
+    };
+    let now = t.now();
+    let (o, e) =
+        t.h.command(
+            HostCommand::Start {
+                spec: Box::new(spec(1, 60)),
+                caller: ROOT,
+            },
+            now,
+        )
+        .expect("starts");
+    let Outcome::Lease(l) = o else {
+        panic!("a start answers with its lease: {o:?}")
+    };
+    assert!(matches!(&e[..], [Effect::Wake, Effect::Reap(id, _)] if *id == l.id));
+    // A drain changes what allotd must hear; allotd's own does not (it knows).
+    let (o, e) =
+        t.h.command(
+            HostCommand::Drain {
+                reason: "rack work".into(),
+                now: false,
+                author: "bob".into(),
+            },
+            now,
+        )
+        .expect("drains");
+    assert_eq!(kinds(&e), ["health", "wake"]);
+    let Outcome::Drains(d) = o else {
+        panic!("a drain answers with the drains: {o:?}")
+    };
+    assert_eq!((d.len(), d[0].by.as_str()), (1, LOCAL));
+    let (_, e) =
+        t.h.command(
+            HostCommand::AllocatorDrain {
+                kind: CLUSTER.into(),
+                drain: true,
+                now: false,
+                reason: "swap PSU".into(),
+            },
+            now,
+        )
+        .expect("allotd drains");
+    assert_eq!(kinds(&e), ["wake"]);
+    let (o, e) = t.h.command(HostCommand::Undrain, now).expect("undrains");
+    assert_eq!(kinds(&e), ["health", "wake"]);
+    assert!(matches!(o, Outcome::Drains(d) if d.len() == 1 && d[0].by == CLUSTER));
+    let (o, _) =
+        t.h.command(
+            HostCommand::Revoke {
+                lease: l.id.clone(),
+                now: true,
+                by: "operator".into(),
+            },
+            now,
+        )
+        .expect("revokes");
+    assert!(matches!(o, Outcome::Lease(r) if r.state == LeaseState::Revoking || !r.live()));
+}
