@@ -196,6 +196,12 @@ fn workload_spec(
         priority: s.priority,
         no_requeue: s.no_requeue,
     };
+    if !s.warn_signal.is_empty() && spec.time_limit.is_none() {
+        return Err(Status::invalid_argument(format!(
+            "warn_signal: a warning before the time limit needs a time limit, and class {} has none; add --time-limit, or drop --signal",
+            spec.class
+        )));
+    }
     match spec.check() {
         Ok(()) => Ok(spec),
         Err(SpecError::ProtectedPastLimit {
@@ -240,12 +246,6 @@ fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
         return bad("user", "required (the CLI sends $USER)".into());
     }
     if !s.warn_signal.is_empty() {
-        if s.time_limit_s.is_none() {
-            return bad(
-                "warn_signal",
-                "a warning before the time limit needs a time limit; add --time-limit, or drop --signal".into(),
-            );
-        }
         format!("signal:{}", s.warn_signal)
             .parse::<allot_checkpoint_hooks::Hook>()
             .map_err(|e| {

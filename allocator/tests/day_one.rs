@@ -166,6 +166,16 @@ fn submit_says_the_contract_and_classes_have_defaults() {
         out.contains("ends at its time limit, 1h (class debug)"),
         "{out}"
     );
+    // A warning before the time limit may lean on the class's limit; with none at
+    // all it is refused, naming the class.
+    let (code, _, err) = submit(&["--class", "debug", "--signal", "USR2@5m"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = submit(&["--signal", "USR2@5m"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("warn_signal: a warning before the time limit needs a time limit, and class batch has none"),
+        "{err}"
+    );
     // A protection past the class's limit is refused, naming where each came from.
     let (code, _, err) = submit(&["--class", "debug", "--min-runtime", "2h"]);
     assert_eq!(code, Some(1), "{err}");

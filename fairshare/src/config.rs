@@ -38,8 +38,9 @@ pub const DEFAULT_CHECKPOINT_LOSS: Secs = 10 * MINUTE;
 /// gang's run (in the ai2 month 31 such revocations threw away 14,000 GPU-hours).
 pub const DEFAULT_MAX_LOSS_PER_GPU: Secs = 2 * HOUR;
 /// GPUs of small, short work each user may run funded after the project's budget is
-/// spent (a debug allowance outside the budget): one node of 8 GPUs, so a person
-/// whose team spent its week still debugs in seconds.
+/// spent (a debug allowance outside the budget): 16, each job on one node (two
+/// 8-GPU debug runs at once), so a person whose team spent its week still debugs
+/// in seconds.
 pub const DEFAULT_ALLOWANCE_GPUS: u32 = 16;
 /// The longest time limit work may declare to run on the allowance: debug runs and
 /// interactive sessions, not training.

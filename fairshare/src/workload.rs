@@ -68,7 +68,7 @@ pub enum SpecError {
         "class: {0:?} is not a workload class; use one of batch, debug, interactive, training"
     )]
     UnknownClass(String),
-    /// A contract longer than [`crate::scheduler::MAX_CONTRACT`].
+    /// A contract longer than [`crate::time::MAX_CONTRACT`].
     #[error("{field} = {value}: longer than 365 days; ask for at most 365d")]
     TooLong {
         /// `min_runtime` or `time_limit`.
@@ -106,13 +106,13 @@ impl WorkloadSpec {
         }
     }
 
-    /// Min runtime and time limit within [`crate::scheduler::MAX_CONTRACT`].
+    /// Min runtime and time limit within [`crate::time::MAX_CONTRACT`].
     pub fn check_contract_length(&self) -> Result<(), SpecError> {
         for (field, v) in [
             ("min_runtime", Some(self.min_runtime)),
             ("time_limit", self.time_limit),
         ] {
-            if let Some(value) = v.filter(|&v| v > crate::scheduler::MAX_CONTRACT) {
+            if let Some(value) = v.filter(|&v| v > crate::time::MAX_CONTRACT) {
                 return Err(SpecError::TooLong { field, value });
             }
         }
@@ -412,7 +412,7 @@ mod tests {
                 time_limit: 3_600
             })
         );
-        let year = crate::scheduler::MAX_CONTRACT;
+        let year = crate::time::MAX_CONTRACT;
         assert_eq!(
             spec("batch", 0, Some(year + 1)).check(),
             Err(SpecError::TooLong {
