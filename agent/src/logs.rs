@@ -88,26 +88,43 @@ pub fn read_at(path: &Path, offset: u64, max: u32) -> std::io::Result<(Vec<u8>, 
     read_from(std::fs::File::open(path)?, offset, max)
 }
 
-/// Opens a lease's output on a path of the user's own as that user when the agent is root: a file on a path
-/// of the user's own may since have been replaced by a link to one only root may
-/// read, and the user must get no more than they could read themselves.
+/// Opens a lease's output. A file on a path of the user's own (`--output /…`) may
+/// since have been replaced by its user with a link to a file only root may read,
+/// or a FIFO that never answers: it is opened without following a last link,
+/// without blocking, and read only if it is a regular file its user owns, so the
+/// user gets back nothing they did not write. (No identity switch: the agent's
+/// threads share one group list.) Files in the agent's own log dir sit in root's
+/// directories, which nobody else writes.
 fn open_as_owner(src: &LogSource) -> std::io::Result<std::fs::File> {
-    let open = || std::fs::File::open(&src.path);
-    // The agent's own log dir is root's: nobody but the agent puts a file there.
-    if !src.users_own
-        || !nix::unistd::geteuid().is_root()
-        || src.user.is_empty()
-        || src.user == "root"
-    {
-        return open();
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    if !src.users_own {
+        return std::fs::File::open(&src.path);
     }
-    let Some(user) = crate::fsid::FsUser::named(&src.user) else {
-        return Err(std::io::Error::other(format!(
-            "its user {:?} is unknown on this host, and output is never read as root for it",
-            src.user
-        )));
-    };
-    crate::fsid::as_user(&user, open).map_err(std::io::Error::other)?
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
+        .open(&src.path)?;
+    let m = f.metadata()?;
+    let owner = owner_uid(&src.user);
+    if !m.file_type().is_file() || owner != Some(m.uid()) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "it is no longer a file of {}'s own (replaced since the job wrote it?); read it on the host as that user",
+                src.user
+            ),
+        ));
+    }
+    Ok(f)
+}
+
+/// The uid of a lease's user: its name on this host, or the bare uid a user with
+/// no account ran as.
+fn owner_uid(user: &str) -> Option<u32> {
+    match nix::unistd::User::from_name(user).ok().flatten() {
+        Some(u) => Some(u.uid.as_raw()),
+        None => user.parse().ok(),
+    }
 }
 
 fn read_from(mut f: std::fs::File, offset: u64, max: u32) -> std::io::Result<(Vec<u8>, bool)> {

@@ -166,9 +166,6 @@ fn parse_id(s: &str) -> Result<u64, Status> {
     })
 }
 
-/// The contract a submission gets: what it asked for, its class's default for what
-/// it left out (`[classes.NAME]`), else free occupancy; a protection longer than
-/// the limit is refused, naming where each came from.
 /// The core's spec of a submission: its class (the default when it names none)
 /// and that class's contract where the submission leaves it out, checked by
 /// [`WorkloadSpec::check`]; a refusal says where each number came from.
@@ -312,7 +309,6 @@ impl pb::workloads_server::Workloads for Api {
             }
         }
         check_spec(&s)?;
-        let spec = workload_spec(&s, &self.0.cfg.classes)?;
         self.check(
             &who,
             Ask::Submit {
@@ -320,6 +316,7 @@ impl pb::workloads_server::Workloads for Api {
                 user: &s.user,
             },
         )?;
+        let spec = workload_spec(&s, &self.0.cfg.classes)?;
         let input = Input::Submit {
             spec,
             argv: s.argv.clone(),

@@ -208,10 +208,16 @@ fn router(server: Arc<Server>) -> axum::Router {
                 let server = server.clone();
                 async move {
                     // The copy takes the state's lock: off the async workers.
-                    let body = tokio::task::spawn_blocking(move || Numbers::read(&server).render())
-                        .await
-                        .unwrap_or_default();
-                    ([(header::CONTENT_TYPE, CONTENT_TYPE)], body)
+                    // A render that failed is a failed scrape, never an empty one.
+                    match tokio::task::spawn_blocking(move || Numbers::read(&server).render()).await
+                    {
+                        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], body),
+                        Err(e) => (
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            [(header::CONTENT_TYPE, CONTENT_TYPE)],
+                            format!("metrics could not be rendered: {e}\n"),
+                        ),
+                    }
                 }
             }),
         )

@@ -476,7 +476,7 @@ fn output_on_a_users_own_path_is_opened_as_that_user() {
         format!("written by {uid}\n")
     );
     // The file is its user's to replace: a link to a file only root may read is
-    // read as that user, so it gives nothing away.
+    // not followed, and a file that is not the user's own is not read.
     let secret = roots.join("secret");
     std::fs::write(&secret, "root's secret\n").expect("write");
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -486,7 +486,17 @@ fn output_on_a_users_own_path_is_opened_as_that_user() {
     assert!(!o.status.success(), "{}", text(&o.stdout));
     assert!(!text(&o.stdout).contains("secret"), "{}", text(&o.stdout));
     assert!(
-        text(&o.stderr).contains("Permission denied"),
+        text(&o.stderr).contains("cannot be read"),
+        "{}",
+        text(&o.stderr)
+    );
+    std::fs::remove_file(&file).expect("rm");
+    std::fs::hard_link(&secret, &file).expect("a hard link, as root may make one");
+    let o = as_a(&["logs", &id]);
+    assert!(!o.status.success(), "{}", text(&o.stdout));
+    assert!(!text(&o.stdout).contains("secret"), "{}", text(&o.stdout));
+    assert!(
+        text(&o.stderr).contains("no longer a file of allot-test-a's own"),
         "{}",
         text(&o.stderr)
     );

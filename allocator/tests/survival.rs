@@ -53,7 +53,8 @@ fn a_time_limit_sends_nothing_unasked_and_ends_timed_out() {
     assert!(logs(&c, &warned).contains("warned-by-usr1"), "{w}");
     let w = c.wait_state(&short, "completed", LONG);
     assert_eq!(w["end_reason"], "completed", "{w}");
-    // A warning without a limit to warn before is refused before it is sent.
+    // A warning without a limit to warn before (none asked, none from the class)
+    // is refused by allotd before anything starts.
     let out = c.allot(&[
         "submit",
         "--project",
@@ -63,9 +64,9 @@ fn a_time_limit_sends_nothing_unasked_and_ends_timed_out() {
         "--",
         "true",
     ]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("add --time-limit"),
+        String::from_utf8_lossy(&out.stderr).contains("class batch has none; add --time-limit"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

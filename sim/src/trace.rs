@@ -162,29 +162,29 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
     Ok(Trace { jobs, groups })
 }
 
-/// The records of a CSV text with their 1-based lines, read by the `csv` crate
-/// (quoted fields may hold commas): fields trimmed, blank lines skipped. Both trace
-/// formats read their files with this; the first record is the header, and
-/// [`csv_row`] checks each row against it.
+/// The records of a CSV text with their 1-based lines: one record a line (LF or
+/// CRLF), each read by the `csv` crate (a quoted cell may hold a comma), fields
+/// trimmed, blank lines skipped. The lines are counted here, not by the reader,
+/// which counts a row from before the line ending it skipped. Both trace formats
+/// read their files with this; the first record is the header, and [`csv_row`]
+/// checks each row against it.
 pub(crate) fn csv_records(
     text: &str,
 ) -> impl Iterator<Item = Result<(usize, csv::StringRecord), (usize, String)>> + '_ {
-    csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .trim(csv::Trim::All)
-        .from_reader(text.as_bytes())
-        .into_records()
-        .filter_map(|r| match r {
-            Ok(rec) => {
-                let line = rec.position().map_or(0, |p| p.line() as usize);
-                let blank = rec.iter().all(str::is_empty) && rec.len() <= 1;
-                (!blank).then_some(Ok((line, rec)))
-            }
-            Err(e) => {
-                let line = e.position().map_or(0, |p| p.line() as usize);
-                Some(Err((line, e.to_string())))
-            }
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            let mut rec = csv::StringRecord::new();
+            csv::ReaderBuilder::new()
+                .has_headers(false)
+                .flexible(true)
+                .trim(csv::Trim::All)
+                .buffer_capacity(l.len().max(64))
+                .from_reader(l.as_bytes())
+                .read_record(&mut rec)
+                .map(|_| (i + 1, rec))
+                .map_err(|e| (i + 1, e.to_string()))
         })
 }
 

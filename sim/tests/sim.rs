@@ -152,6 +152,10 @@ fn trace_errors_name_the_line_and_column() {
     )
     .expect("a quoted comma is part of its cell");
     assert_eq!(tr.groups[0].0, "a,b");
+    // CRLF lines, as the shipped Philly trace has them: lines still counted right.
+    let crlf = "submit_s,duration_s,gpus,team\r\n0,60,1,a\r\n\r\n5,sixty,1,a\r\n";
+    let e = trace::parse(crlf, "t.csv", &sc).unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (4, "duration_s"), "{e}");
 }
 
 #[test]
