@@ -12,7 +12,6 @@ pub mod contract;
 pub mod credentials;
 pub mod daemon;
 pub mod disk;
-pub mod fsid;
 pub mod host;
 pub mod lease;
 pub mod logs;

@@ -17,27 +17,14 @@ pub const MAX_CHUNK: u32 = 1 << 20;
 /// the node rank, `%u` the user, `%%` a `%` (allotd checked the pattern; anything
 /// else stays as it is).
 pub fn expand(pattern: &str, user: &str, workload: &str, run: u32, rank: u32) -> String {
-    let mut out = String::with_capacity(pattern.len() + 16);
-    let mut chars = pattern.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('j') => out.push_str(workload),
-            Some('r') => out.push_str(&run.to_string()),
-            Some('n') => out.push_str(&rank.to_string()),
-            Some('u') => out.push_str(user),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
+    allot_common::fields::expand_pattern(pattern, |e| match e {
+        'j' => Some(workload.to_string()),
+        'r' => Some(run.to_string()),
+        'n' => Some(rank.to_string()),
+        'u' => Some(user.to_string()),
+        '%' => Some("%".into()),
+        _ => None,
+    })
 }
 
 /// Whether an `--output`/`--error` pattern names a file of the job's user's own:

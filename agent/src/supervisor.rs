@@ -455,6 +455,7 @@ fn write_exit(path: &Path, exit: &Exit) -> std::io::Result<()> {
 /// never by root. The supervisor is one thread here, so its file-system identity
 /// is switched for the one open and switched back.
 fn open_as_user(spec: &Spec, path: &Path) -> Result<std::fs::File, String> {
+    use nix::unistd::{getgroups, setfsgid, setfsuid, setgroups, Gid, Uid};
     let open = || {
         std::fs::OpenOptions::new()
             .append(true)
@@ -472,12 +473,18 @@ fn open_as_user(spec: &Spec, path: &Path) -> Result<std::fs::File, String> {
     let Some(id) = &spec.user else {
         return open().map_err(|e| said(e, "the agent's user"));
     };
-    let user = crate::fsid::FsUser {
-        uid: id.uid,
-        gid: id.gid,
-        groups: id.groups.clone(),
-    };
-    crate::fsid::as_user(&user, open)?.map_err(|e| said(e, &format!("uid {}", id.uid)))
+    // `setgroups` changes the whole process's groups: safe only because the
+    // supervisor has one thread.
+    let before = getgroups().map_err(|e| format!("getgroups: {e}"))?;
+    let groups: Vec<Gid> = id.groups.iter().map(|g| Gid::from_raw(*g)).collect();
+    setgroups(&groups).map_err(|e| format!("setgroups: {e}"))?;
+    let old_gid = setfsgid(Gid::from_raw(id.gid));
+    let old_uid = setfsuid(Uid::from_raw(id.uid));
+    let opened = open();
+    setfsuid(old_uid);
+    setfsgid(old_gid);
+    let _ = setgroups(&before);
+    opened.map_err(|e| said(e, &format!("uid {}", id.uid)))
 }
 
 fn open_log(spec: &Spec, path: &Path) -> Result<std::fs::File, String> {

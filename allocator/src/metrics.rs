@@ -70,42 +70,29 @@ impl Numbers {
     pub fn render(&self) -> String {
         let mut e = Exposition::new();
         let projects = || self.groups.iter().filter(|g| g.project);
-        e.family(
+        e.labelled(
             "allot_pending_gpus",
             "GPUs asked for by pending workloads.",
             Kind::Gauge,
+            "project",
+            projects().map(|g| (g.name.as_str(), g.pending_gpus)),
         );
-        for g in projects() {
-            e.sample(
-                "allot_pending_gpus",
-                &[("project", &g.name)],
-                g.pending_gpus,
-            );
-        }
-        e.family(
+        e.labelled(
             "allot_running_gpus",
             "GPUs held by running workloads.",
             Kind::Gauge,
+            "project",
+            projects().map(|g| (g.name.as_str(), g.running_gpus)),
         );
-        for g in projects() {
-            e.sample(
-                "allot_running_gpus",
-                &[("project", &g.name)],
-                g.running_gpus,
-            );
-        }
-        e.family(
+        e.labelled(
             "allot_served_ratio",
             "Usage over entitlement per tree node (1 = its share).",
             Kind::Gauge,
+            "group",
+            self.groups
+                .iter()
+                .map(|g| (g.name.as_str(), format!("{:.6}", g.ratio))),
         );
-        for g in &self.groups {
-            e.sample(
-                "allot_served_ratio",
-                &[("group", &g.name)],
-                format_args!("{:.6}", g.ratio),
-            );
-        }
         let wait = "allot_queue_wait_seconds";
         e.family(wait, "Submit-to-start wait per class.", Kind::Histogram);
         for (class, h) in &self.counters.waits {
@@ -128,22 +115,23 @@ impl Numbers {
                 h.count,
             );
         }
-        e.family(
+        e.labelled(
             "allot_revocations_total",
             "Leases revoked, by reason.",
             Kind::Counter,
+            "reason",
+            self.counters
+                .revocations
+                .iter()
+                .map(|(k, v)| (k.as_str(), v)),
         );
-        for (k, v) in &self.counters.revocations {
-            e.sample("allot_revocations_total", &[("reason", k)], v);
-        }
-        e.family(
+        e.labelled(
             "allot_drains_total",
             "Node drains, by who asked.",
             Kind::Counter,
+            "by",
+            self.counters.drains.iter().map(|(k, v)| (k.as_str(), v)),
         );
-        for (k, v) in &self.counters.drains {
-            e.sample("allot_drains_total", &[("by", k)], v);
-        }
         e.single(
             "allot_breaker_held_total",
             "Automatic drains held by the circuit breaker.",

@@ -480,26 +480,18 @@ fn output_on_a_users_own_path_is_opened_as_that_user() {
     let secret = roots.join("secret");
     std::fs::write(&secret, "root's secret\n").expect("write");
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let refused = |why: &str| {
+        let o = as_a(&["logs", &id]);
+        assert!(!o.status.success(), "{}", text(&o.stdout));
+        assert!(!text(&o.stdout).contains("secret"), "{}", text(&o.stdout));
+        assert!(text(&o.stderr).contains(why), "{}", text(&o.stderr));
+        std::fs::remove_file(&file).expect("rm");
+    };
     std::fs::remove_file(&file).expect("rm");
     std::os::unix::fs::symlink(&secret, &file).expect("symlink");
-    let o = as_a(&["logs", &id]);
-    assert!(!o.status.success(), "{}", text(&o.stdout));
-    assert!(!text(&o.stdout).contains("secret"), "{}", text(&o.stdout));
-    assert!(
-        text(&o.stderr).contains("cannot be read"),
-        "{}",
-        text(&o.stderr)
-    );
-    std::fs::remove_file(&file).expect("rm");
+    refused("cannot be read");
     std::fs::hard_link(&secret, &file).expect("a hard link, as root may make one");
-    let o = as_a(&["logs", &id]);
-    assert!(!o.status.success(), "{}", text(&o.stdout));
-    assert!(!text(&o.stdout).contains("secret"), "{}", text(&o.stdout));
-    assert!(
-        text(&o.stderr).contains("no longer a file of allot-test-a's own"),
-        "{}",
-        text(&o.stderr)
-    );
+    refused("no longer a file of allot-test-a's own");
     std::fs::remove_file(&secret).expect("rm");
     // Where that user cannot write, the job fails, saying why; nothing is made there.
     let id = submit(&format!("{}/x.out", roots.display()));

@@ -120,22 +120,8 @@ pub fn ms_to_secs_ceil(ms: i64) -> u64 {
     u64::try_from(ms.max(0)).unwrap_or(0).div_ceil(1_000)
 }
 
-/// Unix seconds as UTC ISO-8601: `2026-11-29T19:20:00Z` (the number itself beyond
-/// year 9999).
-pub fn iso_utc(unix: i64) -> String {
-    match time::OffsetDateTime::from_unix_timestamp(unix) {
-        Ok(d) => format!(
-            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-            d.year(),
-            u8::from(d.month()),
-            d.day(),
-            d.hour(),
-            d.minute(),
-            d.second()
-        ),
-        Err(_) => unix.to_string(),
-    }
-}
+/// Unix seconds as UTC ISO-8601: `2026-11-29T19:20:00Z`.
+pub use allot_common::utc::iso as iso_utc;
 
 #[cfg(test)]
 mod tests {

@@ -86,6 +86,22 @@ impl Exposition {
         self
     }
 
+    /// A family whose samples differ by one label: `(label value, value)` rows.
+    pub fn labelled<'a, V: Display>(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: Kind,
+        label: &str,
+        rows: impl IntoIterator<Item = (&'a str, V)>,
+    ) -> &mut Self {
+        self.family(name, help, kind);
+        for (l, v) in rows {
+            self.sample(name, &[(label, l)], v);
+        }
+        self
+    }
+
     /// A family with one unlabelled sample.
     pub fn single(&mut self, name: &str, help: &str, kind: Kind, value: impl Display) -> &mut Self {
         self.family(name, help, kind).sample(name, &[], value)
@@ -111,6 +127,12 @@ mod tests {
             e.finish(),
             "# HELP x_total a \\\\ help\\nline\n# TYPE x_total counter\n\
              x_total{a=\"q\\\"b\\\\s\\nn\",b=\"plain\"} 3\nx_total 1.5\n"
+        );
+        let mut e = Exposition::new();
+        e.labelled("up", "Up.", Kind::Gauge, "node", [("n1", 1), ("n2", 0)]);
+        assert_eq!(
+            e.finish(),
+            "# HELP up Up.\n# TYPE up gauge\nup{node=\"n1\"} 1\nup{node=\"n2\"} 0\n"
         );
     }
 }

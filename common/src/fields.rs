@@ -296,6 +296,30 @@ pub fn check_cwd(field: &str, value: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// An output pattern with the `%` escapes `fill` knows replaced; any other escape,
+/// and a `%` at the end, kept as written (allotd fills `%x`, the agent the rest).
+pub fn expand_pattern(pattern: &str, fill: impl Fn(char) -> Option<String>) -> String {
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some(e) => match fill(e) {
+                Some(v) => out.push_str(&v),
+                None => {
+                    out.push('%');
+                    out.push(e);
+                }
+            },
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
 /// An output file pattern (`--output`, `--error`): empty (the agent's default); a
 /// file of the user's own, absolute or `./…` under the job's directory (the agent
 /// opens it as the user); or a relative name of at most [`MAX_PATTERN`] bytes on one

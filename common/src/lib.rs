@@ -26,3 +26,4 @@ pub mod rlimit;
 pub mod sqlite;
 pub mod stats;
 pub mod systemd;
+pub mod utc;

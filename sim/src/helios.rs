@@ -120,7 +120,7 @@ impl HeliosTrace {
     pub fn origin_text(&self) -> String {
         self.origin.map_or_else(
             || "none: no job".into(),
-            |t| format!("{} UTC", crate::utc::format_time(t)),
+            |t| format!("{} UTC", allot_common::utc::format_time(t)),
         )
     }
 }
@@ -143,7 +143,7 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<HeliosTrace,
         message,
     };
     let window = scenario.trace.as_ref();
-    let bound = |s: &Option<String>| s.as_deref().and_then(crate::utc::parse_time);
+    let bound = |s: &Option<String>| s.as_deref().and_then(allot_common::utc::parse_time);
     let from = window.and_then(|w| bound(&w.from));
     let to = window.and_then(|w| bound(&w.to));
     let mut records = crate::trace::csv_records(text);
@@ -205,7 +205,7 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<HeliosTrace,
             }
         };
         let ts = cell(0)?;
-        let submit = crate::utc::parse_time(ts).ok_or_else(|| {
+        let submit = allot_common::utc::parse_time(ts).ok_or_else(|| {
             err(
                 ln,
                 "timestamp",

@@ -15,7 +15,6 @@ pub mod scenario;
 pub mod strict;
 pub mod svg;
 pub mod trace;
-pub mod utc;
 
 use allot_fairshare::cluster::{NodeId, NodeState};
 use allot_fairshare::decision::Action;

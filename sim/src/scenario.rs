@@ -524,7 +524,7 @@ impl Scenario {
                     "a submit window applies to format = \"helios\" only".into(),
                 ));
             }
-            let t = crate::utc::parse_time(v).ok_or_else(|| {
+            let t = allot_common::utc::parse_time(v).ok_or_else(|| {
                 err(
                     &format!("trace.{key}"),
                     format!("trace.{key}"),

@@ -71,8 +71,6 @@ pub enum Outcome {
     Lease(Box<LeaseRecord>),
     /// The host's drains after it, in force or held.
     Drains(Vec<Drain>),
-    /// Whether a revocation was taken back.
-    Withdrawn(bool),
     /// Done; nothing to show.
     Done,
 }
@@ -116,10 +114,10 @@ impl Host {
                 let l = self.revoke_until(&lease, not_before_ms, &why, now_ms)?;
                 Ok((Outcome::Lease(Box::new(l)), vec![Effect::Wake]))
             }
-            HostCommand::Withdraw { lease, why } => Ok((
-                Outcome::Withdrawn(self.withdraw(&lease, &why)),
-                vec![Effect::Wake],
-            )),
+            HostCommand::Withdraw { lease, why } => {
+                self.withdraw(&lease, &why);
+                Ok((Outcome::Done, vec![Effect::Wake]))
+            }
             HostCommand::Drain {
                 reason,
                 now,

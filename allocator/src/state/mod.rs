@@ -300,22 +300,7 @@ pub struct RunRec {
 /// none), here rather than on the agent: the name is allotd's. `%%x` stays.
 fn with_name(pattern: &str, name: &str) -> String {
     let name = if name.is_empty() { "allot" } else { name };
-    let mut out = String::with_capacity(pattern.len());
-    let mut chars = pattern.chars();
-    while let Some(c) = chars.next() {
-        match (c, c == '%') {
-            (_, true) => match chars.next() {
-                Some('x') => out.push_str(name),
-                Some(n) => {
-                    out.push('%');
-                    out.push(n);
-                }
-                None => out.push('%'),
-            },
-            _ => out.push(c),
-        }
-    }
-    out
+    allot_common::fields::expand_pattern(pattern, |e| (e == 'x').then(|| name.to_string()))
 }
 
 /// Counters for `/metrics` (kept in snapshots, rebuilt by replay like everything else).

@@ -199,33 +199,32 @@ impl StartLease {
     /// train.py` finds its rendezvous. `WORLD_SIZE` counts GPU processes (nodes × GPUs
     /// per node), `ALLOT_NNODES` nodes.
     pub fn allot_env(&self) -> Vec<(String, String)> {
-        let s = self;
-        let nnodes = s.nodes.len().max(1).to_string();
-        let rank = s.rank.to_string();
-        let per_node = s.gpus_per_node.to_string();
-        let world = (s.nodes.len().max(1) as u64 * u64::from(s.gpus_per_node)).to_string();
+        let nnodes = self.nodes.len().max(1).to_string();
+        let rank = self.rank.to_string();
+        let per_node = self.gpus_per_node.to_string();
+        let world = (self.nodes.len().max(1) as u64 * u64::from(self.gpus_per_node)).to_string();
         let mut v: Vec<(&str, String)> = vec![
-            ("ALLOT_WORKLOAD_ID", s.workload.to_string()),
-            ("ALLOT_PROJECT", s.project.clone()),
-            ("ALLOT_JOB_NAME", s.name.clone()),
-            ("ALLOT_RUN", s.run.to_string()),
+            ("ALLOT_WORKLOAD_ID", self.workload.to_string()),
+            ("ALLOT_PROJECT", self.project.clone()),
+            ("ALLOT_JOB_NAME", self.name.clone()),
+            ("ALLOT_RUN", self.run.to_string()),
             ("ALLOT_NODE_RANK", rank.clone()),
             ("ALLOT_NNODES", nnodes.clone()),
-            ("ALLOT_NODELIST", s.nodes.join(",")),
+            ("ALLOT_NODELIST", self.nodes.join(",")),
             ("ALLOT_GPUS_PER_NODE", per_node.clone()),
-            ("MASTER_ADDR", s.master_addr.clone()),
+            ("MASTER_ADDR", self.master_addr.clone()),
             ("WORLD_SIZE", world),
             ("NODE_RANK", rank.clone()),
             ("PET_NNODES", nnodes),
             ("PET_NODE_RANK", rank),
             ("PET_NPROC_PER_NODE", per_node),
-            ("PET_MASTER_ADDR", s.master_addr.clone()),
+            ("PET_MASTER_ADDR", self.master_addr.clone()),
         ];
-        if s.master_port != 0 {
-            v.push(("MASTER_PORT", s.master_port.to_string()));
-            v.push(("PET_MASTER_PORT", s.master_port.to_string()));
+        if self.master_port != 0 {
+            v.push(("MASTER_PORT", self.master_port.to_string()));
+            v.push(("PET_MASTER_PORT", self.master_port.to_string()));
         }
-        v.push(("PET_SIGNALS_TO_HANDLE", s.torchrun_signals()));
+        v.push(("PET_SIGNALS_TO_HANDLE", self.torchrun_signals()));
         v.into_iter().map(|(k, val)| (k.to_string(), val)).collect()
     }
 
@@ -234,16 +233,15 @@ impl StartLease {
     /// default, and the checkpoint hook's and the time-limit warning's signals, so that
     /// a gang's ranks hear what the lease asks of them instead of torchrun dying of it.
     fn torchrun_signals(&self) -> String {
-        let s = self;
         let mut sigs: Vec<String> = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]
             .into_iter()
             .map(String::from)
             .collect();
-        let hook = match s.hook.parse::<allot_checkpoint_hooks::Hook>() {
+        let hook = match self.hook.parse::<allot_checkpoint_hooks::Hook>() {
             Ok(allot_checkpoint_hooks::Hook::Signal(name)) => Some(name),
             _ => None,
         };
-        let warn = s.warn.as_ref().map(|w| w.signal.clone());
+        let warn = self.warn.as_ref().map(|w| w.signal.clone());
         for name in hook.into_iter().chain(warn) {
             if let Some(sig) = allot_checkpoint_hooks::signal_named(&name) {
                 let n = sig.as_str().to_string();

@@ -1,4 +1,4 @@
-//! Trace timestamps: `YYYY-MM-DD HH:MM:SS` in UTC, to and from Unix seconds (the
+//! UTC date-times to and from Unix seconds, as traces and the CLI write them (the
 //! calendar is the `time` crate's).
 
 /// `YYYY-MM-DD HH:MM:SS` (or with a `T`) as a Unix second, read as UTC; `None` for
@@ -46,9 +46,18 @@ pub fn parse_time(s: &str) -> Option<i64> {
 /// A Unix second as `YYYY-MM-DD HH:MM:SS` (UTC); the raw number when it is beyond
 /// the calendar's range.
 pub fn format_time(t: i64) -> String {
+    format_with(t, ' ', "")
+}
+
+/// A Unix second as ISO 8601: `2026-11-29T19:20:00Z`.
+pub fn iso(t: i64) -> String {
+    format_with(t, 'T', "Z")
+}
+
+fn format_with(t: i64, sep: char, zone: &str) -> String {
     match time::OffsetDateTime::from_unix_timestamp(t) {
         Ok(d) => format!(
-            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+            "{:04}-{:02}-{:02}{sep}{:02}:{:02}:{:02}{zone}",
             d.year(),
             u8::from(d.month()),
             d.day(),
