@@ -529,6 +529,11 @@ impl Cluster {
         &self.whole_clearable
     }
 
+    /// The wholly free nodes of cluster `cluster` (an index of `cluster_names`).
+    pub fn whole_free_in(&self, cluster: u16) -> Option<&BTreeSet<u32>> {
+        self.whole_free.get(usize::from(cluster))
+    }
+
     /// Number of wholly free nodes in the cluster with the most of them.
     pub fn most_whole_free(&self) -> u32 {
         self.whole_free

@@ -25,8 +25,9 @@ pub struct Args {
     /// Replay this CSV trace instead of the scenario's workload classes.
     #[arg(long)]
     trace: Option<PathBuf>,
-    /// `fairshare` (allot), `priority` (the static-priority baseline), or the Helios
-    /// study's strict-order baselines `fifo` and `sjf` (a Helios-format scenario).
+    /// `fairshare` (allot), `priority` (the static-priority baseline), `fifo-backfill`
+    /// (FIFO with EASY backfill, as a Slurm site runs), or the Helios study's
+    /// strict-order baselines `fifo` and `sjf` (a Helios-format scenario).
     #[arg(long, default_value = "fairshare")]
     policy: String,
     /// Seed (default: the scenario's).
@@ -54,11 +55,13 @@ pub struct Args {
 /// Runs the simulation `a` asks for and prints its report.
 pub fn run(a: Args) -> Result<()> {
     let policy = match a.policy.as_str() {
-        "fairshare" => PolicyKind::FairShare,
-        "priority" => PolicyKind::Priority,
         "fifo" => return run_strict(a, strict::Order::Fifo),
         "sjf" => return run_strict(a, strict::Order::Sjf),
-        other => bail!("--policy {other:?}: use `fairshare`, `priority`, `fifo` or `sjf`"),
+        other => PolicyKind::parse(other).with_context(|| {
+            format!(
+                "--policy {other:?}: use `fairshare`, `priority`, `fifo-backfill`, `fifo` or `sjf`"
+            )
+        })?,
     };
     if a.per_job.is_some() {
         bail!("--per-job applies to --policy fifo and sjf");
@@ -207,7 +210,7 @@ fn read_trace(path: &std::path::Path, sc: &Scenario) -> Result<trace::Trace> {
 const MAX_SEEDS: usize = 1_000;
 
 /// `1-10`, `1,4,7`, `1-3,9`: the seeds in the order given, each once.
-fn parse_seeds(list: &str) -> Result<Vec<u64>> {
+pub(crate) fn parse_seeds(list: &str) -> Result<Vec<u64>> {
     let bad = |part: &str| {
         anyhow::anyhow!(
             "--seeds {list:?}: {part:?} is not a seed or a range; write e.g. `1-10` or `1,4,7`"

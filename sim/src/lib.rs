@@ -13,6 +13,7 @@ pub mod report;
 pub mod rng;
 pub mod scenario;
 pub mod strict;
+pub mod suite;
 pub mod svg;
 pub mod trace;
 
@@ -36,6 +37,9 @@ pub enum PolicyKind {
     FairShare,
     /// The baseline it replaces: static priorities and per-team caps.
     Priority,
+    /// FIFO with EASY backfill, the reference a Slurm site runs (work-conserving, no
+    /// preemption), with every job's real duration as its time limit when it has none.
+    FifoBackfill,
 }
 
 impl PolicyKind {
@@ -44,7 +48,19 @@ impl PolicyKind {
         match self {
             PolicyKind::FairShare => "fairshare",
             PolicyKind::Priority => "priority",
+            PolicyKind::FifoBackfill => "fifo-backfill",
         }
+    }
+
+    /// The policy a command-line name picks.
+    pub fn parse(name: &str) -> Option<PolicyKind> {
+        [
+            PolicyKind::FairShare,
+            PolicyKind::Priority,
+            PolicyKind::FifoBackfill,
+        ]
+        .into_iter()
+        .find(|p| p.name() == name)
     }
 }
 
@@ -179,6 +195,12 @@ pub fn run(
             .map(|(_, g)| (g.share * total_gpus as f64 * sc.baseline.cap_factor).round() as u64)
             .collect();
         core = core.into_baseline(Baseline { team_caps: caps });
+    }
+    if opts.policy == PolicyKind::FifoBackfill {
+        core = core.into_fifo_backfill();
+        for j in &mut jobs {
+            perfect_estimate(j);
+        }
     }
     let horizon = u64::from(sc.days) * DAY;
     let teams: Vec<GroupId> = tree.teams().to_vec();
@@ -418,6 +440,9 @@ pub fn run(
                     if js.first_start.is_none() {
                         js.first_start = Some(t);
                         rep.waited(&job.spec.class, job.spec.nodes, t - job.submit);
+                        if small_short(job) {
+                            rep.small_short_waited(t - job.submit, Some(funded));
+                        }
                     }
                     let run_for = match job.spec.time_limit {
                         Some(tl) => js.remaining.min(tl),
@@ -497,11 +522,31 @@ pub fn run(
         let started = job_state.get(i).and_then(|s| s.first_start).is_some();
         if !started {
             rep.waited(&j.spec.class, j.spec.nodes, horizon - j.submit);
+            if small_short(j) {
+                rep.small_short_waited(horizon - j.submit, None);
+            }
         }
     }
     rep.submitted = next_job as u64;
     rep.events = events;
     Ok(rep.finish(opts.policy.name(), &sc.name, opts.seed, sc.days, horizon))
+}
+
+/// Whether `job` counts as small short work in the report.
+fn small_short(job: &Job) -> bool {
+    job.spec.total_gpus() <= report::SMALL_GPUS && job.work <= report::SHORT_WORK
+}
+
+/// Gives `job` its real duration as its time limit when it has none (what EASY
+/// backfill plans with), and a min runtime no longer than that.
+fn perfect_estimate(job: &mut Job) {
+    let limit = job
+        .spec
+        .time_limit
+        .unwrap_or(job.work.max(1))
+        .min(allot_fairshare::scheduler::MAX_CONTRACT);
+    job.spec.time_limit = Some(limit);
+    job.spec.min_runtime = job.spec.min_runtime.min(limit);
 }
 
 /// Run `r` ends at `t`: its GPUs leave the team's and the cluster's counts.

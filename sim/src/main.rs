@@ -15,9 +15,20 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     version,
     about = "Simulate allot's fair-share policy on a scenario or a cluster trace"
 )]
+#[command(args_conflicts_with_subcommands = true)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     #[command(flatten)]
     args: allot_sim::cli::Args,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Judge allot's default policy on every scenario of a directory, on many seeds,
+    /// against the priority baseline and FIFO with EASY backfill, and print the
+    /// spread of each measure and a verdict per target.
+    Suite(allot_sim::suite::SuiteArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -28,7 +39,11 @@ fn main() -> std::process::ExitCode {
     }
     let cli = Cli::parse();
     allot_common::logging::init("info", allot_common::logging::Format::Text);
-    match allot_sim::cli::run(cli.args) {
+    let result = match cli.command {
+        Some(Command::Suite(a)) => allot_sim::suite::run(a),
+        None => allot_sim::cli::run(cli.args),
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("allot-sim: {e:#}");

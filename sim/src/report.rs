@@ -61,6 +61,19 @@ pub struct WaitStats {
     pub p99: u64,
 }
 
+impl WaitStats {
+    /// The percentiles of `waits`.
+    fn of(mut waits: Vec<u64>) -> WaitStats {
+        waits.sort_unstable();
+        WaitStats {
+            count: waits.len() as u64,
+            p50: pct(&waits, 0.5),
+            p90: pct(&waits, 0.9),
+            p99: pct(&waits, 0.99),
+        }
+    }
+}
+
 /// Waits of the largest gangs.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GangWait {
@@ -117,6 +130,14 @@ pub struct Report {
     pub lost_gpu_hours_by: BTreeMap<String, f64>,
     /// Waits of the largest gangs.
     pub largest_gang_wait_s: GangWait,
+    /// Waits of small short work (at most [`SMALL_GPUS`] GPUs, at most
+    /// [`SHORT_WORK`] of running), whatever its class.
+    pub small_short_wait_s: WaitStats,
+    /// The same, of the small short work that started funded (within its project's
+    /// budget or its user's allowance).
+    pub small_short_funded_wait_s: WaitStats,
+    /// GPU-hours run (busy), what lost work is measured against.
+    pub delivered_gpu_hours: f64,
     /// Workloads submitted.
     pub submitted: u64,
     /// Host faults injected.
@@ -133,6 +154,11 @@ pub struct Report {
     #[serde(skip)]
     pub timeline: Option<Timeline>,
 }
+
+/// Most GPUs of work counted as small (`small_short_wait_s`).
+pub const SMALL_GPUS: u32 = 8;
+/// Most running time of work counted as short.
+pub const SHORT_WORK: Secs = 30 * 60;
 
 fn round4(x: f64) -> f64 {
     (x * 1e4).round() / 1e4
@@ -161,6 +187,8 @@ pub(crate) struct Builder {
     unfunded_s: f64,
     waits: BTreeMap<String, Vec<u64>>,
     gang_waits: BTreeMap<u32, Vec<u64>>,
+    /// Waits of small short work: all, and those that started funded.
+    small_short: [Vec<u64>; 2],
     timeline: Option<Timeline>,
     next_sample: Time,
     pub preemptions: u64,
@@ -190,6 +218,7 @@ impl Builder {
             unfunded_s: 0.0,
             waits: BTreeMap::new(),
             gang_waits: BTreeMap::new(),
+            small_short: [Vec::new(), Vec::new()],
             timeline: timeline.then(|| Timeline {
                 team_share: vec![Vec::new(); teams.len()],
                 ..Timeline::default()
@@ -306,6 +335,15 @@ impl Builder {
         self.gang_waits.entry(nodes).or_default().push(wait);
     }
 
+    /// Records the wait of small short work; `funded`: it started funded (`None`:
+    /// it never started).
+    pub fn small_short_waited(&mut self, wait: Secs, funded: Option<bool>) {
+        self.small_short[0].push(wait);
+        if funded == Some(true) {
+            self.small_short[1].push(wait);
+        }
+    }
+
     pub fn finish(
         mut self,
         policy: &str,
@@ -355,17 +393,9 @@ impl Builder {
         };
         let wait_s = std::mem::take(&mut self.waits)
             .into_iter()
-            .map(|(k, mut v)| {
-                v.sort_unstable();
-                let s = WaitStats {
-                    count: v.len() as u64,
-                    p50: pct(&v, 0.5),
-                    p90: pct(&v, 0.9),
-                    p99: pct(&v, 0.99),
-                };
-                (k, s)
-            })
+            .map(|(k, v)| (k, WaitStats::of(v)))
             .collect();
+        let [small, small_funded] = std::mem::take(&mut self.small_short);
         let largest_gang_wait_s = match self.gang_waits.iter_mut().next_back() {
             Some((&nodes, v)) => {
                 v.sort_unstable();
@@ -406,6 +436,9 @@ impl Builder {
                 .map(|(k, v)| (k.to_string(), round4(*v as f64 / 3_600.0)))
                 .collect(),
             largest_gang_wait_s,
+            small_short_wait_s: WaitStats::of(small),
+            small_short_funded_wait_s: WaitStats::of(small_funded),
+            delivered_gpu_hours: round4(self.busy_s / 3_600.0),
             submitted: self.submitted,
             faults: self.faults,
             reservations: self.reservations,

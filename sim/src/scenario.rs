@@ -304,6 +304,119 @@ pub struct Scenario {
     /// The trace this scenario replays, if it names one.
     #[serde(default)]
     pub trace: Option<TraceSpec>,
+    /// Offered load against the scenario as written: every class's arrivals, or a
+    /// trace's arrival rate (submit times ÷ `load`), times this. 1 leaves it.
+    #[serde(default = "one")]
+    pub load: f64,
+    /// How `allot-sim suite` runs it.
+    #[serde(default)]
+    pub suite: SuiteSpec,
+}
+
+/// `[suite]`: how `allot-sim suite` runs a scenario.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteSpec {
+    /// Part of `--quick` (the suite CI runs).
+    #[serde(default = "yes")]
+    pub quick: bool,
+    /// Its seeds when the suite's are not given (a range or list, as `--seeds`).
+    #[serde(default)]
+    pub seeds: Option<String>,
+    /// The wall time one run of allot's policy must stay under, seconds.
+    #[serde(default)]
+    pub max_wall_s: Option<f64>,
+    /// Targets the default policy is known to miss here (their names as the suite
+    /// prints them, or the start of one): `--strict` fails only on the others, and
+    /// on a known miss that is met now (the list must stay true).
+    #[serde(default)]
+    pub known_misses: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for SuiteSpec {
+    fn default() -> Self {
+        SuiteSpec {
+            quick: true,
+            seeds: None,
+            max_wall_s: None,
+            known_misses: Vec::new(),
+        }
+    }
+}
+
+/// Deepest chain of `extends` a scenario may have.
+const MAX_EXTENDS: usize = 4;
+
+/// `over` laid on `base`: tables merge key by key, anything else (arrays of tables
+/// included) replaces.
+fn overlay(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => overlay(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+/// The text of the scenario `text` (read from `file`) with the one it `extends`
+/// merged under it: `extends = "ai2"` (built-in) or a path relative to `file`.
+fn resolve_extends(text: &str, file: &str, depth: usize) -> Result<String, ScenarioError> {
+    let table: toml::Table = allot_common::config_error::from_toml(text, file, "(syntax)")?;
+    let Some(base) = table.get("extends") else {
+        return Ok(text.to_string());
+    };
+    let pos = allot_common::config_error::Positions::new(text, file);
+    let Some(base) = base.as_str() else {
+        return Err(pos.error(
+            "extends",
+            "must be a string: \"ai2\" or a scenario file's path",
+        ));
+    };
+    if depth >= MAX_EXTENDS {
+        return Err(pos.error(
+            "extends",
+            format!("more than {MAX_EXTENDS} scenarios extend each other; extend one that extends nothing"),
+        ));
+    }
+    let (base_text, base_file) = if base == "ai2" {
+        (AI2.to_string(), "ai2 (built-in)".to_string())
+    } else {
+        let dir = std::path::Path::new(file)
+            .parent()
+            .unwrap_or(std::path::Path::new(""));
+        let path = dir.join(base);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            pos.error(
+                "extends",
+                format!("{}: cannot read it ({e}); name a scenario file relative to this one, or \"ai2\"", path.display()),
+            )
+        })?;
+        (text, path.display().to_string())
+    };
+    let base_text = resolve_extends(&base_text, &base_file, depth + 1)?;
+    let mut merged: toml::Table =
+        allot_common::config_error::from_toml(&base_text, &base_file, "(syntax)")?;
+    let mut over = table;
+    over.remove("extends");
+    // A trace path is relative to the file that names it: the base's, made absolute.
+    if let Some(toml::Value::Table(tr)) = merged.get_mut("trace") {
+        if let Some(toml::Value::String(p)) = tr.get_mut("path") {
+            let dir = std::path::Path::new(&base_file)
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+            *p = dir.join(&*p).display().to_string();
+        }
+    }
+    overlay(&mut merged, over);
+    toml::to_string(&merged).map_err(|e| pos.error("extends", format!("cannot merge: {e}")))
 }
 
 /// How a scenario's trace is written.
@@ -369,9 +482,14 @@ pub struct Job {
 
 impl Scenario {
     /// Parses and checks a scenario; `file` names it in errors.
+    ///
+    /// A scenario may `extends = "ai2"` or another scenario file (relative to
+    /// `file`): its tables are laid over that one's (arrays such as `[[classes]]`
+    /// replace theirs).
     pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
-        let s: Scenario = allot_common::config_error::from_toml(text, file, "(syntax)")?;
-        s.check(text, file)?;
+        let text = resolve_extends(text, file, 0)?;
+        let s: Scenario = allot_common::config_error::from_toml(&text, file, "(syntax)")?;
+        s.check(&text, file)?;
         Ok(s)
     }
 
@@ -387,6 +505,16 @@ impl Scenario {
             .map_err(|m| err("policy", "policy".into(), m))?;
         if self.days == 0 {
             return Err(err("days", "days".into(), "must be at least 1".into()));
+        }
+        if !(self.load.is_finite() && self.load > 0.0 && self.load <= 100.0) {
+            return Err(err(
+                "load",
+                "load".into(),
+                format!(
+                    "{}: use a factor above 0 and at most 100 (1 leaves the arrivals as written)",
+                    self.load
+                ),
+            ));
         }
         if self.pass_interval > MAX_PASS_INTERVAL {
             return Err(err(
@@ -685,7 +813,7 @@ impl Scenario {
             } else {
                 weighted_keys::<i32>(&c.priority)
             };
-            let mean_gap = 3_600.0 / c.arrivals_per_hour;
+            let mean_gap = 3_600.0 / (c.arrivals_per_hour * self.load);
             let mut t = 0.0;
             let mut seq = 0u64;
             loop {

@@ -139,7 +139,7 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
         }
         let gpus = gpus as u32;
         jobs.push(Job {
-            submit,
+            submit: (submit as f64 / scenario.load) as u64,
             work: work.max(1),
             spec: WorkloadSpec {
                 project,

@@ -111,3 +111,106 @@ fn bad_files_fail_with_file_line_and_field() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn suite_runs_every_scenario_under_three_policies_and_judges_allots() {
+    let dir = std::env::temp_dir().join(format!("allot-sim-suite-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    // Two days of a light ai2 (extends the built-in, arrivals × 0.3), and one left
+    // out of --quick.
+    std::fs::write(
+        dir.join("a.toml"),
+        "extends = \"ai2\"\nname = \"tiny\"\ndays = 2\nload = 0.3\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.join("b.toml"),
+        "extends = \"a.toml\"\nname = \"heavy\"\n[suite]\nquick = false\n",
+    )
+    .expect("write");
+    let d = dir.to_str().expect("utf8");
+    let (code, out, err) = allot_sim(&["suite", "--dir", d, "--quick", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    let scenarios = v["scenarios"].as_array().expect("scenarios");
+    assert_eq!(scenarios.len(), 1, "--quick leaves heavy out");
+    let tiny = &scenarios[0];
+    assert_eq!(tiny["scenario"], "tiny");
+    assert_eq!(tiny["seeds"], serde_json::json!([1, 2]));
+    let policies: Vec<&str> = tiny["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| r[0].as_str().expect("name"))
+        .collect();
+    assert_eq!(policies, ["fairshare", "priority", "fifo-backfill"]);
+    for r in tiny["runs"].as_array().expect("runs") {
+        assert_eq!(r[1].as_array().expect("per seed").len(), 2);
+        let occ = r[1][0]["occupancy"].as_f64().expect("occupancy");
+        assert!(occ > 0.0 && occ <= 1.0, "{occ}");
+    }
+    let verdicts: Vec<&str> = tiny["verdicts"]
+        .as_array()
+        .expect("verdicts")
+        .iter()
+        .map(|v| v["target"].as_str().expect("target"))
+        .collect();
+    for t in [
+        "occupancy ≥ 0.97 × FIFO+backfill's",
+        "worst team ≥ 0.92",
+        "lost ≤ priority's",
+    ] {
+        assert!(verdicts.contains(&t), "{verdicts:?}");
+    }
+    // The table for people, and a policy key tried everywhere.
+    let (code, out, err) = allot_sim(&[
+        "suite",
+        "--dir",
+        d,
+        "--seeds",
+        "3",
+        "--policies",
+        "fairshare",
+        "--set",
+        "protected_headroom=0",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("--set protected_headroom=0"), "{out}");
+    assert!(
+        out.contains("== heavy (seeds 3)") && out.contains("== tiny"),
+        "{out}"
+    );
+    assert!(out.contains("summary: targets met"), "{out}");
+    // Bad input names the flag and the fix.
+    let (code, _, err) = allot_sim(&["suite", "--dir", d, "--set", "protected_headroom=2"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("policy.protected_headroom = 2"), "{err}");
+    let (code, _, err) = allot_sim(&["suite", "--dir", d, "--set", "headroom=0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("headroom"), "{err}");
+    let (code, _, err) = allot_sim(&["suite", "--dir", d, "--policies", "lottery"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("\"lottery\" is not one"), "{err}");
+    std::fs::write(dir.join("c.toml"), "extends = \"missing.toml\"\n").expect("write");
+    let (code, _, err) = allot_sim(&["suite", "--dir", d]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("missing.toml") && err.contains("extends"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn fifo_backfill_runs_a_month_and_keeps_the_gpus_busy() {
+    let (code, out, err) = allot_sim(&["--days", "3", "--policy", "fifo-backfill", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v = without_wall(&out);
+    assert_eq!(v["policy"], "fifo-backfill");
+    assert_eq!(v["preemptions"], 0, "FIFO+backfill preempts nothing");
+    let occ = v["occupancy"].as_f64().expect("occupancy");
+    assert!(
+        occ > 0.9,
+        "ai2's backlog keeps a work-conserving queue busy: {occ}"
+    );
+}

@@ -237,6 +237,64 @@ fn every_shipped_scenario_parses() {
         let sc = Scenario::parse(text, file).unwrap_or_else(|e| panic!("{e}"));
         assert!(!sc.clusters.is_empty(), "{file}");
     }
+    // The suite's scenarios extend others by path: read them where they lie.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/suite");
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(&dir).expect("scenarios/suite") {
+        let path = e.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("readable");
+        let sc =
+            Scenario::parse(&text, &path.display().to_string()).unwrap_or_else(|e| panic!("{e}"));
+        if let Some(tr) = sc.trace_path(&path) {
+            assert!(
+                tr.exists(),
+                "{}: trace {} is committed",
+                path.display(),
+                tr.display()
+            );
+        }
+        names.push(sc.name);
+    }
+    names.sort();
+    let expected = [
+        "ai2",
+        "ai2-100k",
+        "faults",
+        "light-month",
+        "llm-lab",
+        "philly-1024-6x",
+        "philly-2x",
+        "philly-384",
+        "philly-light",
+        "philly-vcs",
+    ];
+    assert_eq!(names, expected);
+}
+
+#[test]
+fn load_scales_arrivals_and_extends_lays_tables_over_the_base() {
+    let base = Scenario::parse(AI2, "ai2").expect("ai2");
+    let light = Scenario::parse("extends = \"ai2\"\nload = 0.5\ndays = 3\n", "x.toml")
+        .expect("extends ai2");
+    assert_eq!(
+        light.teams.len(),
+        base.teams.len(),
+        "teams come from the base"
+    );
+    assert_eq!(light.days, 3, "scalars laid over");
+    let full = Scenario::parse("extends = \"ai2\"\ndays = 3\n", "y.toml").expect("extends");
+    let (n_light, n_full) = (
+        light.generate(1).len() as f64,
+        full.generate(1).len() as f64,
+    );
+    assert!(
+        (n_light / n_full - 0.5).abs() < 0.05,
+        "half the arrivals: {n_light} of {n_full}"
+    );
+    let e = Scenario::parse("extends = \"ai2\"\nload = 0\n", "z.toml").unwrap_err();
+    assert!(e.to_string().contains("load"), "{e}");
+    let e = Scenario::parse("extends = 3\n", "w.toml").unwrap_err();
+    assert!(e.to_string().contains("extends"), "{e}");
 }
 
 #[test]

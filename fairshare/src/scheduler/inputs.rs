@@ -114,6 +114,9 @@ impl Scheduler {
     /// Queues work at its place (taken by key, so a requeue need not copy the workload).
     pub(super) fn enqueue(&mut self, k: QueueKey) {
         self.queues[k.project.idx()].insert(k.shape, k.priority, k.submit, k.id);
+        if let Some(f) = &mut self.fifo {
+            f.queue.insert((k.submit, k.id));
+        }
         self.st.pending += 1;
         if k.is_gang() {
             self.st.pending_gangs += 1;
@@ -124,6 +127,9 @@ impl Scheduler {
         let Some(k) = self.st.workloads.get(&id).map(|w| QueueKey::of(w)) else {
             return;
         };
+        if let Some(f) = &mut self.fifo {
+            f.queue.remove(&(k.submit, k.id));
+        }
         if self.queues[k.project.idx()].remove(k.shape, k.priority, k.submit, k.id) {
             self.st.pending -= 1;
             if k.is_gang() {

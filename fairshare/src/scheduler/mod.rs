@@ -9,10 +9,12 @@
 //! entry point; `inputs` the shell's reports (submissions, cancels, lease ends, node
 //! and GPU changes); `bookkeeping` what starting, ending, revoking and claiming does
 //! to the state; `pass` one ranking pass; `placement` where a shape fits; `baseline`
-//! the static-priority policy kept for comparison.
+//! the static-priority policy kept for comparison; `easy` FIFO with EASY backfill,
+//! the reference a Slurm site runs.
 
 mod baseline;
 mod bookkeeping;
+mod easy;
 mod facts;
 mod inputs;
 mod leaving;
@@ -159,6 +161,8 @@ pub struct Scheduler {
     queues: Vec<ProjectQueue>,
     st: State,
     baseline: Option<Baseline>,
+    /// FIFO with EASY backfill's queue, when this scheduler is that baseline.
+    fifo: Option<easy::Fifo>,
 }
 
 #[derive(Debug, Clone)]
@@ -232,6 +236,7 @@ impl Scheduler {
                 leaving: BTreeMap::new(),
             },
             baseline: None,
+            fifo: None,
             queues: vec![ProjectQueue::default(); n],
             tree,
             cfg,
@@ -556,6 +561,15 @@ impl Scheduler {
             .retain(|e| e.0.saturating_add(cooldown) >= now);
         self.st
             .process_claims(now, &self.tree, &self.cfg, &mut d.actions);
+        if self.fifo.is_some() {
+            self.fifo_pass(now, &mut d);
+            for id in std::mem::take(&mut self.st.dequeue) {
+                self.dequeue(id);
+            }
+            d.next_wakeup = self.st.next_wakeup(now, false);
+            d.actions.append(&mut self.st.outbox);
+            return d;
+        }
         // Ratios look ahead: preemption claimants count as started, leases being
         // revoked as gone. A reservation is not allocation: others still run there.
         let mut claimed_alloc: Vec<(GroupId, [f64; 3])> = self
