@@ -7,6 +7,7 @@
 //! the clock to the next event or wake-up. It integrates each team's received and
 //! entitled GPU-hours (the ideal of [`allot_fairshare::entitlement`]) as it goes.
 
+pub mod ablation;
 pub mod cli;
 pub mod helios;
 pub mod report;

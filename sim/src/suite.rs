@@ -40,6 +40,10 @@ pub struct SuiteArgs {
     /// Print one JSON object instead of the tables.
     #[arg(long)]
     pub json: bool,
+    /// Judge each variant of this file against the policy (allot's runs only):
+    /// a TOML table per variant, `name = { key = value, … }` (`[policy]` keys).
+    #[arg(long, value_name = "FILE")]
+    pub variants: Option<PathBuf>,
     /// Exit non-zero when a target is missed that the scenario does not list in
     /// `[suite] known_misses`, or (on the scenarios' own seeds) a listed one is met.
     #[arg(long)]
@@ -47,11 +51,11 @@ pub struct SuiteArgs {
 }
 
 /// One scenario of the suite, read and ready to run.
-struct Entry {
-    name: String,
-    scenario: Scenario,
-    trace: Option<trace::Trace>,
-    seeds: Vec<u64>,
+pub(crate) struct Entry {
+    pub name: String,
+    pub scenario: Scenario,
+    pub trace: Option<trace::Trace>,
+    pub seeds: Vec<u64>,
 }
 
 /// The figures the suite reads from one run.
@@ -239,6 +243,9 @@ pub struct SuiteReport {
 
 /// Runs the suite `a` asks for and prints it.
 pub fn run(a: SuiteArgs) -> Result<()> {
+    if let Some(file) = &a.variants {
+        return crate::ablation::run(&a, file);
+    }
     let started = Instant::now();
     let policies = parse_policies(&a.policies)?;
     let policy = policy_with(&a.set)?;
@@ -252,40 +259,18 @@ pub fn run(a: SuiteArgs) -> Result<()> {
                 .map_or(String::new(), |o| format!(" whose name contains {o:?}"))
         );
     }
-    let tasks: Vec<(usize, PolicyKind, u64)> = entries
-        .iter()
-        .enumerate()
-        .flat_map(|(i, e)| {
-            let policies = &policies;
-            e.seeds
-                .iter()
-                .flat_map(move |&s| policies.iter().map(move |&p| (i, p, s)))
-        })
-        .collect();
+    let tasks = tasks_of(&entries, &policies, 1);
     tracing::info!(
         scenarios = entries.len(),
         runs = tasks.len(),
         "running the suite"
     );
-    let reports = run_all(&entries, &tasks)?;
+    let figures = run_all(&entries, std::slice::from_ref(&policy), &tasks)?;
     let mut scenarios = Vec::new();
     for (i, e) in entries.iter().enumerate() {
         let runs: Vec<(String, Vec<Figures>)> = policies
             .iter()
-            .map(|&p| {
-                let figs = e
-                    .seeds
-                    .iter()
-                    .map(|&s| {
-                        let k = tasks
-                            .iter()
-                            .position(|t| *t == (i, p, s))
-                            .expect("every task ran");
-                        Figures::of(&reports[k])
-                    })
-                    .collect();
-                (p.name().to_string(), figs)
-            })
+            .map(|&p| (p.name().to_string(), figures_of(&tasks, &figures, i, p, 0)))
             .collect();
         let spread = runs
             .iter()
@@ -326,7 +311,7 @@ pub fn run(a: SuiteArgs) -> Result<()> {
     Ok(())
 }
 
-fn parse_policies(list: &str) -> Result<Vec<PolicyKind>> {
+pub(crate) fn parse_policies(list: &str) -> Result<Vec<PolicyKind>> {
     let mut out = Vec::new();
     for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let p = PolicyKind::parse(name).with_context(|| {
@@ -346,6 +331,20 @@ fn parse_policies(list: &str) -> Result<Vec<PolicyKind>> {
 
 /// The default policy with `--set` overrides.
 fn policy_with(set: &[String]) -> Result<PolicyConfig> {
+    policy_of(set_table(set)?, "--set")
+}
+
+/// A `[policy]` table as its config, checked; `what` names where it came from.
+pub(crate) fn policy_of(table: toml::Table, what: &str) -> Result<PolicyConfig> {
+    let text = toml::to_string(&table)?;
+    let cfg: PolicyConfig = allot_common::config_error::from_toml(&text, what, "policy")
+        .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+    cfg.validate().map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+    Ok(cfg)
+}
+
+/// `--set key=value` pairs as a `[policy]` table.
+pub(crate) fn set_table(set: &[String]) -> Result<toml::Table> {
     let mut table = toml::Table::new();
     for kv in set {
         let Some((k, v)) = kv.split_once('=') else {
@@ -358,17 +357,13 @@ fn policy_with(set: &[String]) -> Result<PolicyConfig> {
         };
         table.insert(k.to_string(), value);
     }
-    let text = toml::to_string(&table)?;
-    let cfg: PolicyConfig = allot_common::config_error::from_toml(&text, "--set", "policy")
-        .map_err(|e| anyhow::anyhow!("--set: {e}"))?;
-    cfg.validate().map_err(|e| anyhow::anyhow!("--set: {e}"))?;
-    Ok(cfg)
+    Ok(table)
 }
 
 /// Most seeds one scenario of the suite runs.
 const MAX_SUITE_SEEDS: usize = 100;
 
-fn read_entries(a: &SuiteArgs, policy: &PolicyConfig) -> Result<Vec<Entry>> {
+pub(crate) fn read_entries(a: &SuiteArgs, policy: &PolicyConfig) -> Result<Vec<Entry>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(&a.dir)
         .with_context(|| format!("--dir {}: cannot read the directory", a.dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -423,16 +418,70 @@ fn read_entries(a: &SuiteArgs, policy: &PolicyConfig) -> Result<Vec<Entry>> {
     Ok(out)
 }
 
+/// One run of the suite: a scenario (index into the entries), a policy, a seed, and
+/// which of the allot configurations it uses (index; the baselines ignore it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Task {
+    pub entry: usize,
+    pub kind: PolicyKind,
+    pub seed: u64,
+    pub config: usize,
+}
+
+/// Every (scenario, seed, policy) run; allot's once per configuration, the baselines
+/// once.
+pub(crate) fn tasks_of(entries: &[Entry], kinds: &[PolicyKind], configs: usize) -> Vec<Task> {
+    let mut out = Vec::new();
+    for (entry, e) in entries.iter().enumerate() {
+        for &seed in &e.seeds {
+            for &kind in kinds {
+                let n = if kind == PolicyKind::FairShare {
+                    configs
+                } else {
+                    1
+                };
+                out.extend((0..n).map(|config| Task {
+                    entry,
+                    kind,
+                    seed,
+                    config,
+                }));
+            }
+        }
+    }
+    out
+}
+
+/// The figures of scenario `entry` under `kind` (configuration `config`), seed by seed.
+pub(crate) fn figures_of(
+    tasks: &[Task],
+    figures: &[Figures],
+    entry: usize,
+    kind: PolicyKind,
+    config: usize,
+) -> Vec<Figures> {
+    tasks
+        .iter()
+        .zip(figures)
+        .filter(|(t, _)| t.entry == entry && t.kind == kind && t.config == config)
+        .map(|(_, f)| *f)
+        .collect()
+}
+
 /// Every run, on as many threads as the machine has cores, largest scenarios first.
-fn run_all(entries: &[Entry], tasks: &[(usize, PolicyKind, u64)]) -> Result<Vec<Report>> {
+pub(crate) fn run_all(
+    entries: &[Entry],
+    configs: &[PolicyConfig],
+    tasks: &[Task],
+) -> Result<Vec<Figures>> {
     let mut order: Vec<usize> = (0..tasks.len()).collect();
     let size = |e: &Entry| {
         let gpus: u64 = e.scenario.nodes().iter().map(|n| u64::from(n.gpus)).sum();
         gpus * u64::from(e.scenario.days)
     };
-    order.sort_by_key(|&k| std::cmp::Reverse(size(&entries[tasks[k].0])));
+    order.sort_by_key(|&k| std::cmp::Reverse(size(&entries[tasks[k].entry])));
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let slots: std::sync::Mutex<Vec<Option<Result<Report>>>> =
+    let slots: std::sync::Mutex<Vec<Option<Result<Figures>>>> =
         std::sync::Mutex::new((0..tasks.len()).map(|_| None).collect());
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -444,8 +493,15 @@ fn run_all(entries: &[Entry], tasks: &[(usize, PolicyKind, u64)]) -> Result<Vec<
                 let Some(&k) = order.get(i) else {
                     break;
                 };
-                let (e, policy, seed) = tasks[k];
+                let Task {
+                    entry: e,
+                    kind: policy,
+                    seed,
+                    config,
+                } = tasks[k];
                 let entry = &entries[e];
+                let mut scenario = entry.scenario.clone();
+                scenario.policy = configs[config].clone();
                 let (jobs, groups) = match &entry.trace {
                     Some(t) => (t.jobs.clone(), t.groups.clone()),
                     None => (entry.scenario.generate(seed), Vec::new()),
@@ -456,10 +512,10 @@ fn run_all(entries: &[Entry], tasks: &[(usize, PolicyKind, u64)]) -> Result<Vec<
                     timeline: false,
                 };
                 let started = Instant::now();
-                let r = sim::run(&entry.scenario, jobs, &groups, &opts)
+                let r = sim::run(&scenario, jobs, &groups, &opts)
                     .map(|mut r| {
                         r.sim_wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
-                        r
+                        Figures::of(&r)
                     })
                     .with_context(|| format!("{} {} seed {seed}", entry.name, policy.name()));
                 tracing::debug!(scenario = %entry.name, policy = policy.name(), seed, "ran");

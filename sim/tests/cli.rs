@@ -181,6 +181,42 @@ fn suite_runs_every_scenario_under_three_policies_and_judges_allots() {
         "{out}"
     );
     assert!(out.contains("summary: targets met"), "{out}");
+    // Variants judged against the defaults: the default's own value changes nothing.
+    let variants = dir.with_extension("variants.toml");
+    std::fs::write(
+        &variants,
+        "same = { hysteresis = 0.05 }\nnoaging = { aging_per_hour = 0 }\n",
+    )
+    .expect("write");
+    let v = variants.to_str().expect("utf8");
+    let (code, out, err) = allot_sim(&[
+        "suite",
+        "--dir",
+        d,
+        "--seeds",
+        "1-2",
+        "--only",
+        "tiny",
+        "--variants",
+        v,
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    let js = j["judgements"].as_array().expect("judgements");
+    assert_eq!(js.len(), 2);
+    let same = js.iter().find(|x| x["name"] == "same").expect("same");
+    assert_eq!(same["verdict"], "no effect", "{same}");
+    assert_eq!(same["keys"], "hysteresis = 0.05");
+    std::fs::write(&variants, "broken = 3\n").expect("write");
+    let (code, _, err) = allot_sim(&["suite", "--dir", d, "--variants", v]);
+    assert_eq!(code, 2);
+    assert!(err.contains("broken = { key = value }"), "{err}");
+    std::fs::write(&variants, "bad = { hysteresis = -1 }\n").expect("write");
+    let (code, _, err) = allot_sim(&["suite", "--dir", d, "--variants", v]);
+    assert_eq!(code, 2);
+    assert!(err.contains("bad") && err.contains("hysteresis"), "{err}");
+    std::fs::remove_file(&variants).ok();
     // Bad input names the flag and the fix.
     let (code, _, err) = allot_sim(&["suite", "--dir", d, "--set", "protected_headroom=2"]);
     assert_eq!(code, 2);
