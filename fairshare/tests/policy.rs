@@ -941,12 +941,13 @@ fn the_victim_is_the_lease_that_loses_the_least_work() {
 }
 
 #[test]
-fn no_preemption_throws_away_more_than_two_hours_a_gpu() {
+fn no_preemption_throws_away_more_than_its_bound_a_gpu() {
     // Free occupancy of 8 GPUs that cannot resume: revoking it loses all it ran. A
-    // 1-GPU request may lose at most 2 h (max_loss_per_gpu): after 10 min (80
+    // 1-GPU request may lose at most 30 min (max_loss_per_gpu): after 3 min (24
     // GPU-minutes) the lease is taken, after 3 h (24 GPU-hours) it is not, and the
     // request waits.
-    for (ran, taken) in [(10 * MINUTE, true), (3 * HOUR, false)] {
+    assert_eq!(PolicyConfig::default().max_loss_per_gpu, 30 * MINUTE);
+    for (ran, taken) in [(3 * MINUTE, true), (3 * HOUR, false)] {
         let mut s = sched(two_teams(), nodes("c", 1, 8));
         let mut free = job("x", 8, 0);
         free.resumable = false;
@@ -972,12 +973,12 @@ fn no_preemption_throws_away_more_than_two_hours_a_gpu() {
                 e.blocked,
                 Blocked::PreemptionTooDear {
                     lost_gpu_s: 8 * 3 * HOUR,
-                    most_gpu_s: 2 * HOUR,
+                    most_gpu_s: 30 * MINUTE,
                 }
             );
             assert!(
                 e.text.contains(
-                    "would throw away 24.0 GPU-hours of others' work, more than the 2.0 \
+                    "would throw away 24.0 GPU-hours of others' work, more than the 0.5 \
                      allowed for its size (policy.max_loss_per_gpu)"
                 ),
                 "{}",
@@ -985,13 +986,21 @@ fn no_preemption_throws_away_more_than_two_hours_a_gpu() {
             );
         }
     }
-    // Resumable, the same lease loses only checkpoint_loss (8 × 10 min) after 3 h.
-    let mut s = sched(two_teams(), nodes("c", 1, 8));
-    let free = s.submit(0, job("x", 8, 0)).unwrap();
-    s.schedule(0);
-    s.submit(3 * HOUR, job("y", 1, HOUR)).unwrap();
-    let d = s.schedule(3 * HOUR);
-    assert_eq!(revokes(&d), vec![(lease_of(&s, free), 3 * HOUR)]);
+    // Resumable, the same lease loses only checkpoint_loss (8 × 10 min) after 3 h:
+    // more than a 1-GPU request may throw away, within a 3-GPU one's 90 minutes.
+    for (gpus, taken) in [(1, false), (3, true)] {
+        let mut s = sched(two_teams(), nodes("c", 1, 8));
+        let free = s.submit(0, job("x", 8, 0)).unwrap();
+        s.schedule(0);
+        s.submit(3 * HOUR, job("y", gpus, HOUR)).unwrap();
+        let d = s.schedule(3 * HOUR);
+        let want = if taken {
+            vec![(lease_of(&s, free), 3 * HOUR)]
+        } else {
+            vec![]
+        };
+        assert_eq!(revokes(&d), want, "{gpus} GPUs");
+    }
     // With no bound (the rules of 0.4 had none) 24 GPU-hours are thrown away.
     let cfg = PolicyConfig {
         max_loss_per_gpu: 30 * 24 * HOUR,
@@ -1010,7 +1019,7 @@ fn no_preemption_throws_away_more_than_two_hours_a_gpu() {
 #[test]
 fn a_gang_neither_preempts_nor_reserves_past_its_loss_budget() {
     // Two nodes of non-resumable free occupancy that have run 3 h: taking both loses
-    // 2 × 8 × 3 h = 48 GPU-hours, more than 16 GPUs × 2 h. The gang neither preempts
+    // 2 × 8 × 3 h = 48 GPU-hours, more than 16 GPUs × 30 min. The gang neither preempts
     // them nor reserves their nodes; it starts when they end. Resumable, they lose
     // 16 × 10 min and are taken at once.
     for resumable in [false, true] {

@@ -6,7 +6,10 @@
 //! worse than the base's beyond the base's own spread over the same seeds (its min
 //! to max, widened by a small tolerance), and some scenario's is better beyond it.
 //! Worse somewhere is a rejection, whatever it wins elsewhere: a rule that trades one
-//! workload for another is not a default for every workload.
+//! workload for another is not a default for every workload. A median hides one
+//! seed's collapse, so the team ratios are also judged on their worst seed: the
+//! variant's lowest may not fall more than 0.10 below the base's lowest (a variant that changes
+//! nothing measurable moves the chaotic worst seed by up to 0.08: less is noise).
 
 use crate::suite::{self, Entry, Figures, SuiteArgs, Task};
 use crate::PolicyKind;
@@ -25,6 +28,8 @@ struct Judged {
     higher_is_better: bool,
     abs_tol: f64,
     rel_tol: f64,
+    /// Also judged on the worst seed, with this tolerance below the base's worst.
+    worst_seed_tol: Option<f64>,
 }
 
 const JUDGED: [Judged; 4] = [
@@ -34,6 +39,7 @@ const JUDGED: [Judged; 4] = [
         higher_is_better: true,
         abs_tol: 0.002,
         rel_tol: 0.0,
+        worst_seed_tol: Some(0.10),
     },
     Judged {
         name: "mean team",
@@ -41,6 +47,7 @@ const JUDGED: [Judged; 4] = [
         higher_is_better: true,
         abs_tol: 0.002,
         rel_tol: 0.0,
+        worst_seed_tol: Some(0.10),
     },
     Judged {
         name: "lost GPU-h",
@@ -48,6 +55,7 @@ const JUDGED: [Judged; 4] = [
         higher_is_better: false,
         abs_tol: 20.0,
         rel_tol: 0.02,
+        worst_seed_tol: None,
     },
     Judged {
         name: "largest gang p90 s",
@@ -55,6 +63,7 @@ const JUDGED: [Judged; 4] = [
         higher_is_better: false,
         abs_tol: 120.0,
         rel_tol: 0.02,
+        worst_seed_tol: None,
     },
 ];
 
@@ -125,6 +134,18 @@ pub fn judge(
                 worse.push(shift);
             } else if good {
                 better.push(shift);
+            }
+            if let Some(tol) = m.worst_seed_tol {
+                let floor = |xs: &[f64]| xs.iter().copied().fold(f64::INFINITY, f64::min);
+                let (bw, vw) = (floor(&bs), floor(&v.iter().map(m.get).collect::<Vec<_>>()));
+                if vw < bw - tol {
+                    worse.push(Shift {
+                        scenario: sc.clone(),
+                        measure: format!("{}, worst seed", m.name),
+                        base: bw,
+                        variant: vw,
+                    });
+                }
             }
         }
     }
@@ -337,5 +358,13 @@ mod tests {
             ("b", "lost GPU-h")
         );
         assert!(table(&[j]).contains("b lost GPU-h 510→900"));
+        // One seed's collapse is not hidden by the median.
+        let collapse = vec![
+            vec![fig(0.92, 1050.0), fig(0.95, 1050.0), fig(0.95, 1050.0)],
+            vec![fig(0.10, 510.0), fig(0.81, 510.0), fig(0.82, 510.0)],
+        ];
+        let j = judge("x", "", &names, &base, &collapse);
+        assert_eq!(j.verdict, "reject");
+        assert_eq!(j.worse[0].measure, "worst team, worst seed");
     }
 }
