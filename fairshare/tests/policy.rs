@@ -100,9 +100,10 @@ fn protected_leases_wait_out_their_min_runtime() {
     let hog = s.submit(0, job("x", 8, 8 * HOUR)).unwrap();
     s.schedule(0);
     let t = 3 * DAY;
-    let y = s.submit(t, job("y", 1, HOUR)).unwrap();
+    // 3 GPUs: the 8-GPU lease loses 80 GPU-minutes, within 3 × max_loss_per_gpu.
+    let y = s.submit(t, job("y", 3, HOUR)).unwrap();
     let d = s.schedule(t);
-    // Past its 8 h, x is over-served, so y may take one GPU from it.
+    // Past its 8 h, x is over-served, so y may take GPUs from it.
     assert_eq!(revokes(&d).len(), 1);
     let _ = y;
     // A fresh protected lease is another matter.
@@ -167,8 +168,9 @@ fn budget_spent_runs_unfunded() {
     let b = s.submit(half, job("x", 8, HOUR)).unwrap();
     let d = s.schedule(half);
     assert_eq!(starts(&d), vec![(b, lease_of(&s, b), false)]);
-    // y's funded work may now take x's GPUs at once.
-    s.submit(half + 1, job("y", 2, HOUR)).unwrap();
+    // y's funded work may now take x's GPUs at once (3 GPUs: the lease's 80
+    // GPU-minutes lost are within y's loss bound).
+    s.submit(half + 1, job("y", 3, HOUR)).unwrap();
     let d = s.schedule(half + 1);
     assert_eq!(revokes(&d), vec![(lease_of(&s, b), half + 1)]);
 }
