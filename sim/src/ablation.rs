@@ -11,7 +11,7 @@
 //! variant's lowest may not fall more than 0.10 below the base's lowest (a variant that changes
 //! nothing measurable moves the chaotic worst seed by up to 0.08: less is noise).
 
-use crate::suite::{self, Entry, Figures, SuiteArgs, Task};
+use crate::suite::{self, Entry, Figures, Spread3, SuiteArgs, Task};
 use crate::PolicyKind;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -95,12 +95,6 @@ pub struct Judgement {
     pub better: Vec<Shift>,
 }
 
-fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0.0)
-}
-
 /// The rule, on one variant's figures against the base's (scenario by scenario,
 /// seed by seed).
 pub fn judge(
@@ -113,12 +107,11 @@ pub fn judge(
     let (mut worse, mut better) = (Vec::new(), Vec::new());
     for ((sc, b), v) in scenarios.iter().zip(base).zip(variant) {
         for m in &JUDGED {
-            let bs: Vec<f64> = b.iter().map(m.get).collect();
-            let bm = median(&bs);
-            let x = median(&v.iter().map(m.get).collect::<Vec<_>>());
+            let bs = Spread3::of(&b.iter().map(m.get).collect::<Vec<_>>());
+            let vs = Spread3::of(&v.iter().map(m.get).collect::<Vec<_>>());
+            let (bm, x) = (bs.median, vs.median);
             let tol = m.abs_tol.max(m.rel_tol * bm.abs());
-            let lo = bs.iter().copied().fold(f64::INFINITY, f64::min) - tol;
-            let hi = bs.iter().copied().fold(f64::NEG_INFINITY, f64::max) + tol;
+            let (lo, hi) = (bs.min - tol, bs.max + tol);
             let shift = Shift {
                 scenario: sc.clone(),
                 measure: m.name.to_string(),
@@ -135,15 +128,14 @@ pub fn judge(
             } else if good {
                 better.push(shift);
             }
+            // Only higher-is-better measures carry the guard: the worst seed is the lowest.
             if let Some(tol) = m.worst_seed_tol {
-                let floor = |xs: &[f64]| xs.iter().copied().fold(f64::INFINITY, f64::min);
-                let (bw, vw) = (floor(&bs), floor(&v.iter().map(m.get).collect::<Vec<_>>()));
-                if vw < bw - tol {
+                if vs.min < bs.min - tol {
                     worse.push(Shift {
                         scenario: sc.clone(),
                         measure: format!("{}, worst seed", m.name),
-                        base: bw,
-                        variant: vw,
+                        base: bs.min,
+                        variant: vs.min,
                     });
                 }
             }

@@ -190,7 +190,8 @@ pub struct Spread3 {
 }
 
 impl Spread3 {
-    fn of(xs: &[f64]) -> Spread3 {
+    /// The spread of `xs`.
+    pub(crate) fn of(xs: &[f64]) -> Spread3 {
         let mut v = xs.to_vec();
         v.sort_by(f64::total_cmp);
         let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
