@@ -206,7 +206,7 @@ pub fn run(a: &SuiteArgs, file: &Path) -> Result<()> {
                 .join(", "),
         );
     }
-    let entries: Vec<Entry> = suite::read_entries(a, &base)?;
+    let entries: Vec<Entry> = suite::read_entries(a)?;
     if entries.is_empty() {
         bail!("--dir {}: no scenario to run", a.dir.display());
     }

@@ -10,6 +10,7 @@
 //! replays Philly through `scenarios/philly.toml` (one shared cluster,
 //! the VCs as teams), which is the comparison it is built for.
 
+use crate::pool::{self, wall_s};
 use crate::scenario::TraceFormat;
 use crate::{self as sim, helios, scenario::AI2, strict, trace, PolicyKind, Scenario, SimOptions};
 use anyhow::{bail, Context, Result};
@@ -186,10 +187,6 @@ fn run_strict(a: Args, order: strict::Order) -> Result<()> {
 }
 
 /// Seconds since `started`, to the millisecond (what reports print as wall time).
-fn wall_s(started: Instant) -> f64 {
-    (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
-}
-
 /// Prints a report: one JSON object, or its table for people.
 fn print<T: serde::Serialize>(json: bool, report: &T, table: fn(&T) -> String) -> Result<()> {
     if json {
@@ -247,47 +244,12 @@ fn run_seeds(
     policy: PolicyKind,
     seeds: &[u64],
 ) -> Result<sim::SeedTable> {
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(seeds.len());
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: std::sync::Mutex<Vec<Option<Result<sim::Report>>>> =
-        std::sync::Mutex::new((0..seeds.len()).map(|_| None).collect());
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(&seed) = seeds.get(i) else {
-                    break;
-                };
-                let (jobs, groups) = match trace {
-                    Some(t) => (t.jobs.clone(), t.groups.clone()),
-                    None => (sc.generate(seed), Vec::new()),
-                };
-                let opts = SimOptions {
-                    policy,
-                    seed,
-                    timeline: false,
-                };
-                let started = Instant::now();
-                let r = sim::run(sc, jobs, &groups, &opts)
-                    .map(|mut r| {
-                        r.sim_wall_s = wall_s(started);
-                        r
-                    })
-                    .with_context(|| format!("seed {seed}"));
-                if let Ok(mut slots) = results.lock() {
-                    slots[i] = Some(r);
-                }
-            });
-        }
-    });
-    let runs = results
-        .into_inner()
-        .map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a simulation thread panicked"))))
-        .collect::<Result<Vec<_>>>()?;
+    let runs = pool::par_map(seeds.len(), |i| {
+        pool::run_timed(sc, trace, policy, seeds[i]).with_context(|| format!("seed {}", seeds[i]))
+    })
+    .into_iter()
+    .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a simulation thread panicked"))))
+    .collect::<Result<Vec<_>>>()?;
     Ok(sim::SeedTable::new(runs))
 }
 

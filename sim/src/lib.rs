@@ -10,6 +10,7 @@
 pub mod ablation;
 pub mod cli;
 pub mod helios;
+mod pool;
 pub mod report;
 pub mod rng;
 pub mod scenario;

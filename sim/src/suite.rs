@@ -8,7 +8,7 @@
 //! measure is printed as min / median / max over the seeds; each target is checked
 //! on every seed, and a verdict names the seed and the figure that missed.
 
-use crate::{self as sim, trace, PolicyKind, Report, Scenario, SimOptions};
+use crate::{trace, PolicyKind, Report, Scenario};
 use allot_fairshare::config::PolicyConfig;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -253,7 +253,7 @@ pub fn run(a: SuiteArgs) -> Result<()> {
     let started = Instant::now();
     let policies = parse_policies(&a.policies)?;
     let policy = policy_with(&a.set)?;
-    let entries = read_entries(&a, &policy)?;
+    let entries = read_entries(&a)?;
     if entries.is_empty() {
         bail!(
             "--dir {}: no scenario (*.toml){}",
@@ -367,7 +367,8 @@ pub(crate) fn set_table(set: &[String]) -> Result<toml::Table> {
 /// Most seeds one scenario of the suite runs.
 const MAX_SUITE_SEEDS: usize = 100;
 
-pub(crate) fn read_entries(a: &SuiteArgs, policy: &PolicyConfig) -> Result<Vec<Entry>> {
+/// The scenarios `a` asks for, read and checked (each run sets its own policy).
+pub(crate) fn read_entries(a: &SuiteArgs) -> Result<Vec<Entry>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(&a.dir)
         .with_context(|| format!("--dir {}: cannot read the directory", a.dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -378,7 +379,7 @@ pub(crate) fn read_entries(a: &SuiteArgs, policy: &PolicyConfig) -> Result<Vec<E
     for file in files {
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("{}: cannot read the file", file.display()))?;
-        let mut sc = Scenario::parse(&text, &file.display().to_string())?;
+        let sc = Scenario::parse(&text, &file.display().to_string())?;
         if a.only
             .as_ref()
             .is_some_and(|o| !sc.name.contains(o.as_str()))
@@ -388,7 +389,6 @@ pub(crate) fn read_entries(a: &SuiteArgs, policy: &PolicyConfig) -> Result<Vec<E
         if a.quick && !sc.suite.quick {
             continue;
         }
-        sc.policy = policy.clone();
         let list = match (&a.seeds, a.quick, &sc.suite.seeds) {
             (Some(s), _, _) => s.clone(),
             (None, true, _) => "1-2".to_string(),
@@ -484,54 +484,27 @@ pub(crate) fn run_all(
         gpus * u64::from(e.scenario.days)
     };
     order.sort_by_key(|&k| std::cmp::Reverse(size(&entries[tasks[k].entry])));
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let slots: std::sync::Mutex<Vec<Option<Result<Figures>>>> =
-        std::sync::Mutex::new((0..tasks.len()).map(|_| None).collect());
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(tasks.len());
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(&k) = order.get(i) else {
-                    break;
-                };
-                let Task {
-                    entry: e,
-                    kind: policy,
-                    seed,
-                    config,
-                } = tasks[k];
-                let entry = &entries[e];
-                let mut scenario = entry.scenario.clone();
-                scenario.policy = configs[config].clone();
-                let (jobs, groups) = match &entry.trace {
-                    Some(t) => (t.jobs.clone(), t.groups.clone()),
-                    None => (entry.scenario.generate(seed), Vec::new()),
-                };
-                let opts = SimOptions {
-                    policy,
-                    seed,
-                    timeline: false,
-                };
-                let started = Instant::now();
-                let r = sim::run(&scenario, jobs, &groups, &opts)
-                    .map(|mut r| {
-                        r.sim_wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
-                        Figures::of(&r)
-                    })
-                    .with_context(|| format!("{} {} seed {seed}", entry.name, policy.name()));
-                tracing::debug!(scenario = %entry.name, policy = policy.name(), seed, "ran");
-                if let Ok(mut s) = slots.lock() {
-                    s[k] = Some(r);
-                }
-            });
-        }
+    let done = crate::pool::par_map(order.len(), |i| {
+        let Task {
+            entry: e,
+            kind,
+            seed,
+            config,
+        } = tasks[order[i]];
+        let entry = &entries[e];
+        let mut scenario = entry.scenario.clone();
+        scenario.policy = configs[config].clone();
+        let r = crate::pool::run_timed(&scenario, entry.trace.as_ref(), kind, seed)
+            .map(|r| Figures::of(&r))
+            .with_context(|| format!("{} {} seed {seed}", entry.name, kind.name()));
+        tracing::debug!(scenario = %entry.name, policy = kind.name(), seed, "ran");
+        r
     });
+    let mut slots: Vec<Option<Result<Figures>>> = (0..tasks.len()).map(|_| None).collect();
+    for (k, r) in order.into_iter().zip(done) {
+        slots[k] = r;
+    }
     slots
-        .into_inner()
-        .map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a simulation thread panicked"))))
         .collect()
