@@ -291,6 +291,16 @@ fn load_scales_arrivals_and_extends_lays_tables_over_the_base() {
         (n_light / n_full - 0.5).abs() < 0.05,
         "half the arrivals: {n_light} of {n_full}"
     );
+    // A trace's submit times are divided by the load: arrivals twice as fast.
+    let t = "submit_s,duration_s,gpus,team\n0,60,1,alpha-llm-team\n3600,60,1,alpha-llm-team\n";
+    let twice = Scenario::parse("extends = \"ai2\"\nload = 2\n", "v.toml").expect("load 2");
+    let submits: Vec<u64> = trace::parse(t, "t.csv", &twice)
+        .expect("parses")
+        .jobs
+        .iter()
+        .map(|j| j.submit)
+        .collect();
+    assert_eq!(submits, [0, 1_800]);
     let e = Scenario::parse("extends = \"ai2\"\nload = 0\n", "z.toml").unwrap_err();
     assert!(e.to_string().contains("load"), "{e}");
     let e = Scenario::parse("extends = 3\n", "w.toml").unwrap_err();
