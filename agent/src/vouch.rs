@@ -197,6 +197,54 @@ impl pb::workloads_server::Workloads for Vouch {
         )?;
         Ok(Response::new(Box::pin(r.into_inner())))
     }
+
+    async fn hold(
+        &self,
+        req: Request<pb::ControlRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        forward!(
+            self,
+            req,
+            pb::workloads_client::WorkloadsClient<Channel>,
+            hold
+        )
+    }
+
+    async fn release(
+        &self,
+        req: Request<pb::ControlRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        forward!(
+            self,
+            req,
+            pb::workloads_client::WorkloadsClient<Channel>,
+            release
+        )
+    }
+
+    async fn requeue(
+        &self,
+        req: Request<pb::ControlRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        forward!(
+            self,
+            req,
+            pb::workloads_client::WorkloadsClient<Channel>,
+            requeue
+        )
+    }
+
+    async fn update(
+        &self,
+        req: Request<pb::UpdateRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        forward!(
+            self,
+            req,
+            pb::workloads_client::WorkloadsClient<Channel>,
+            update
+        )
+    }
 }
 
 #[tonic::async_trait]

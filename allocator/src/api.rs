@@ -5,13 +5,16 @@
 
 use crate::limits::MAX_HOST_GPUS;
 use crate::serve::{now, Server};
-use crate::state::{lease_from_wire, lease_wire, Ask, Denied, Input, Out, TimeWarning, Who};
+use crate::state::{
+    lease_from_wire, lease_wire, ArraySpec, Ask, Denied, Dep, DepKind, Gates, HoldRec, Input, Out,
+    TimeWarning, Who,
+};
 use crate::wire::{
     command_pb, end_from_agent, end_from_agent_text, gpu_report, gpu_seen, host_drain, node_pb,
     state_pb, tree_pb, verdict_of, workload_pb,
 };
 use allot_common::drain::DrainAuthor;
-use allot_fairshare::{CoreError, NodeSpec, NodeState, SpecError, WorkloadSpec};
+use allot_fairshare::{CoreError, NodeSpec, NodeState, SpecError, WorkloadSpec, WorkloadState};
 use allot_proto::v1 as pb;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -150,10 +153,171 @@ impl Api {
         c.alloc
             .workloads()
             .get(&id)
-            .map(|w| workload_pb(w, c.alloc.explanation(now(), id)))
+            .map(|w| workload_pb(w, c.alloc.why(now(), id)))
             .ok_or_else(|| {
                 Status::not_found(format!("no workload {id}; `allot queue --all` lists them"))
             })
+    }
+}
+
+impl Api {
+    /// The workloads an id names: a workload; an array's id, every element of it
+    /// not ended (`pending_only`: not running either); `ARRAY_INDEX`, one element.
+    /// The first of the pair is the id as named (the array's own for a whole array).
+    fn targets(&self, text: &str, pending_only: bool) -> Result<(u64, Vec<u64>), Status> {
+        let c = self.0.core();
+        let work = c.alloc.workloads();
+        if let Some((a, i)) = text.trim().split_once('_') {
+            let array = parse_id(a)?;
+            let index: u32 = i.parse().map_err(|_| {
+                Status::invalid_argument(format!(
+                    "id: {i:?} is not an array index; write ARRAY_INDEX, as 12_3"
+                ))
+            })?;
+            let found = c
+                .alloc
+                .array_elements(array)
+                .into_iter()
+                .find(|e| {
+                    work.get(e)
+                        .and_then(|w| w.array)
+                        .is_some_and(|p| p.index == index)
+                })
+                .ok_or_else(|| {
+                    Status::not_found(format!(
+                        "no element {index} in array {array}; `allot queue` lists them"
+                    ))
+                })?;
+            return Ok((found, vec![found]));
+        }
+        let id = parse_id(text)?;
+        let is_array = work
+            .get(&id)
+            .and_then(|w| w.array)
+            .is_some_and(|p| p.id == id);
+        if !is_array {
+            return Ok((id, vec![id]));
+        }
+        let ids = c
+            .alloc
+            .array_elements(id)
+            .into_iter()
+            .filter(|e| {
+                work.get(e).is_some_and(|w| {
+                    w.state == WorkloadState::Pending
+                        || (!pending_only && w.state == WorkloadState::Running)
+                })
+            })
+            .collect();
+        Ok((id, ids))
+    }
+
+    /// Hold, release, requeue or update what `text` names, each with `who`'s right
+    /// checked first; one refusal refuses the whole request before anything changes.
+    fn control(
+        &self,
+        text: &str,
+        who: &Who,
+        verb: &'static str,
+        operator_only: bool,
+        input: impl Fn(u64) -> Input,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        let pending_only = verb != "requeue";
+        let (id, ids) = self.targets(text, pending_only)?;
+        if ids.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "array {id} has no element left to {verb}"
+            )));
+        }
+        for &one in &ids {
+            self.check(
+                who,
+                Ask::Control {
+                    id: one,
+                    verb,
+                    operator_only,
+                },
+            )?;
+        }
+        let mut out = Vec::with_capacity(ids.len());
+        for one in ids {
+            self.0.commit(input(one)).map_err(core_status)?;
+            out.push(self.workload_view(one)?);
+        }
+        Ok(Response::new(pb::ControlResponse { workloads: out }))
+    }
+
+    /// The gates and the array of a submission, checked: dependencies on workloads
+    /// allotd knows (an array's id stands for all its elements), a begin time, a
+    /// well-formed array.
+    fn gates_of(
+        &self,
+        s: &pb::WorkloadSpec,
+        who: &Who,
+    ) -> Result<(Gates, Option<ArraySpec>), Status> {
+        const MAX_DEPS: usize = allot_common::array::MAX_ELEMENTS;
+        if s.dependencies.len() > MAX_DEPS {
+            return Err(Status::invalid_argument(format!(
+                "dependencies: more than {MAX_DEPS}; depend on fewer"
+            )));
+        }
+        let mut deps = Vec::new();
+        {
+            let c = self.0.core();
+            for (i, d) in s.dependencies.iter().enumerate() {
+                let kind = DepKind::parse(&d.kind).ok_or_else(|| {
+                    Status::invalid_argument(format!(
+                        "dependencies[{i}].kind: {:?} is not a dependency; use after, afterany, afterok or afternotok",
+                        d.kind
+                    ))
+                })?;
+                let id = parse_id(&d.id)?;
+                let Some(w) = c.alloc.workloads().get(&id) else {
+                    return Err(Status::invalid_argument(format!(
+                        "dependencies[{i}].id: no workload {id} (or it ended longer ago than allotd keeps ended work); `allot queue --all` lists them"
+                    )));
+                };
+                let ids = match w.array {
+                    Some(p) if p.id == id => c.alloc.array_elements(id),
+                    _ => vec![id],
+                };
+                deps.extend(ids.into_iter().map(|id| Dep { kind, id }));
+                if deps.len() > MAX_DEPS {
+                    return Err(Status::invalid_argument(format!(
+                        "dependencies: more than {MAX_DEPS} workloads; depend on fewer"
+                    )));
+                }
+            }
+        }
+        if s.begin_unix < 0 {
+            return Err(Status::invalid_argument(
+                "begin_unix: a time before 1970; give a Unix time, or 0 for now",
+            ));
+        }
+        let array = if s.array.is_empty() {
+            None
+        } else {
+            allot_common::fields::check_len("array", &s.array, 1024)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let a = allot_common::array::parse(&s.array).map_err(Status::invalid_argument)?;
+            Some(ArraySpec {
+                indices: a.indices,
+                limit: a.limit,
+            })
+        };
+        let hold = s.hold.then(|| HoldRec {
+            by: who.name(),
+            operator: false,
+        });
+        Ok((
+            Gates {
+                hold,
+                deps,
+                singleton: s.singleton,
+                begin: s.begin_unix as u64,
+            },
+            array,
+        ))
     }
 }
 
@@ -317,6 +481,7 @@ impl pb::workloads_server::Workloads for Api {
             },
         )?;
         let spec = workload_spec(&s, &self.0.cfg.classes)?;
+        let (gates, array) = self.gates_of(&s, &who)?;
         let input = Input::Submit {
             spec,
             argv: s.argv.clone(),
@@ -337,6 +502,8 @@ impl pb::workloads_server::Workloads for Api {
                 before_s: s.warn_before_s,
             }),
             name: s.name.clone(),
+            gates,
+            array,
         };
         let a = self.0.commit(input).map_err(core_status)?;
         let workload = a.id.and_then(|id| self.workload_view(id).ok());
@@ -350,12 +517,132 @@ impl pb::workloads_server::Workloads for Api {
         &self,
         req: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::Workload>, Status> {
-        let id = parse_id(&req.get_ref().id)?;
-        let who = self.allow(&req, Ask::Cancel(id))?;
-        self.0
-            .commit(Input::Cancel { id, by: who.name() })
-            .map_err(core_status)?;
+        let (id, ids) = self.targets(&req.get_ref().id, false)?;
+        let who = self.who(&req)?;
+        for &one in &ids {
+            self.check(&who, Ask::Cancel(one))?;
+        }
+        for one in ids {
+            match self.0.commit(Input::Cancel {
+                id: one,
+                by: who.name(),
+            }) {
+                // An array's elements end by themselves meanwhile: the rest go on.
+                Err(CoreError::AlreadyEnded(_)) if one != id => {}
+                r => {
+                    r.map_err(core_status)?;
+                }
+            }
+        }
         Ok(Response::new(self.workload_view(id)?))
+    }
+
+    async fn hold(
+        &self,
+        req: Request<pb::ControlRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        let who = self.who(&req)?;
+        let operator = self.0.core().alloc.is_operator(&who);
+        self.control(&req.get_ref().id, &who, "hold", false, |id| Input::Hold {
+            id,
+            by: who.name(),
+            operator,
+        })
+    }
+
+    async fn release(
+        &self,
+        req: Request<pb::ControlRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        let who = self.who(&req)?;
+        // An operator's hold is an operator's to release.
+        let (_, ids) = self.targets(&req.get_ref().id, true)?;
+        let operators_hold = {
+            let c = self.0.core();
+            ids.iter().any(|i| {
+                c.alloc
+                    .workloads()
+                    .get(i)
+                    .and_then(|w| w.gates.hold.as_ref())
+                    .is_some_and(|h| h.operator)
+            })
+        };
+        self.control(
+            &req.get_ref().id,
+            &who,
+            "release an operator's hold on",
+            operators_hold,
+            |id| Input::Release { id, by: who.name() },
+        )
+    }
+
+    async fn requeue(
+        &self,
+        req: Request<pb::ControlRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        let who = self.who(&req)?;
+        let operator = self.0.core().alloc.is_operator(&who);
+        let hold = req.get_ref().hold;
+        self.control(&req.get_ref().id, &who, "requeue", false, |id| {
+            Input::Requeue {
+                id,
+                by: who.name(),
+                hold,
+                operator,
+            }
+        })
+    }
+
+    async fn update(
+        &self,
+        req: Request<pb::UpdateRequest>,
+    ) -> Result<Response<pb::ControlResponse>, Status> {
+        let who = self.who(&req)?;
+        let r = req.get_ref();
+        if r.time_limit_s.is_none() && r.priority.is_none() && r.begin_unix.is_none() {
+            return Err(Status::invalid_argument(
+                "update: nothing to change; give --time-limit, --priority or --begin",
+            ));
+        }
+        if r.time_limit_s
+            .is_some_and(|t| t == 0 || t > allot_fairshare::scheduler::MAX_CONTRACT)
+        {
+            return Err(Status::invalid_argument(
+                "time_limit_s: give 1 s to 365 days",
+            ));
+        }
+        let begin = match r.begin_unix {
+            Some(b) if b < 0 => {
+                return Err(Status::invalid_argument(
+                    "begin_unix: a time before 1970; give a Unix time, or 0 for now",
+                ))
+            }
+            b => b.map(|b| b as u64),
+        };
+        // A user may only shorten and lower; anything else is an operator's.
+        let (_, ids) = self.targets(&r.id, true)?;
+        let beyond = {
+            let c = self.0.core();
+            ids.iter().any(|i| {
+                c.alloc.workloads().get(i).is_some_and(|w| {
+                    r.time_limit_s
+                        .is_some_and(|t| w.spec.time_limit.is_none_or(|old| t > old))
+                        || r.priority.is_some_and(|p| p > w.spec.priority)
+                })
+            })
+        };
+        let verb = if beyond {
+            "lengthen the time limit or raise the priority of"
+        } else {
+            "update"
+        };
+        self.control(&r.id, &who, verb, beyond, |id| Input::Update {
+            id,
+            by: who.name(),
+            time_limit: r.time_limit_s,
+            priority: r.priority,
+            begin,
+        })
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::Workload>, Status> {
@@ -372,7 +659,7 @@ impl pb::workloads_server::Workloads for Api {
                 c.alloc
                     .authorize_on(&who, Ask::See(id), &rec)
                     .map_err(denied_status)?;
-                workload_pb(&rec, String::new())
+                workload_pb(&rec, (String::new(), ""))
             }
             r => r?,
         };
@@ -420,7 +707,7 @@ impl pb::workloads_server::Workloads for Api {
             .filter(|w| r.state == 0 || state_pb(w.state) as i32 == r.state)
             // Only what this caller may see: their own, their subtree's, or all.
             .filter(|w| c.alloc.sees(&who, w.id))
-            .map(|w| workload_pb(w, c.alloc.explanation(at, w.id)))
+            .map(|w| workload_pb(w, c.alloc.why(at, w.id)))
             .collect();
         Ok(Response::new(pb::ListResponse { workloads }))
     }

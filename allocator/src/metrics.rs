@@ -37,6 +37,7 @@ pub struct Numbers {
     stats: crate::serve::LoopStats,
     connected: usize,
     pending: usize,
+    gated: std::collections::BTreeMap<&'static str, u64>,
     connections: (usize, u64, u64, usize),
 }
 
@@ -62,6 +63,7 @@ impl Numbers {
             stats,
             connected,
             pending: core.alloc.core.pending_len(),
+            gated: core.alloc.gated_counts(now()),
             connections,
         }
     }
@@ -178,9 +180,16 @@ impl Numbers {
         );
         e.single(
             "allot_pending_workloads",
-            "Workloads waiting.",
+            "Workloads waiting in the queue.",
             Kind::Gauge,
             self.pending,
+        );
+        e.labelled(
+            "allot_gated_workloads",
+            "Pending workloads kept out of the queue, by gate (held, dependency, singleton, begin-time, array-limit).",
+            Kind::Gauge,
+            "gate",
+            self.gated.iter().map(|(k, v)| (*k, v)),
         );
         e.finish()
     }

@@ -446,6 +446,8 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
             error: String::new(),
             warn: None,
             name: String::new(),
+            gates: Default::default(),
+            array: None,
         }];
         if k.is_multiple_of(4) {
             step.push(Input::Schedule);

@@ -27,7 +27,10 @@ fn secs(t: u64) -> i64 {
 }
 
 /// The wire form of a workload, with why it waits (`Allocator::explanation`).
-pub fn workload_pb(w: &WorkRec, explanation: String) -> pb::Workload {
+/// A workload as the API shows it; `why` is why it waits, if it does (the
+/// explanation and the gate's kind, empty when the policy alone decides).
+pub fn workload_pb(w: &WorkRec, why: (String, &str)) -> pb::Workload {
+    let (explanation, gate) = why;
     pb::Workload {
         id: w.id.to_string(),
         spec: Some(pb::WorkloadSpec {
@@ -58,7 +61,23 @@ pub fn workload_pb(w: &WorkRec, explanation: String) -> pb::Workload {
                 .unwrap_or_default(),
             warn_before_s: w.warn.as_ref().map_or(0, |x| x.before_s),
             name: w.name.clone(),
+            dependencies: w
+                .gates
+                .deps
+                .iter()
+                .map(|d| pb::Dependency {
+                    kind: d.kind.as_str().into(),
+                    id: d.id.to_string(),
+                })
+                .collect(),
+            singleton: w.gates.singleton,
+            begin_unix: secs(w.gates.begin),
+            hold: w.gates.hold.is_some(),
+            array: String::new(),
         }),
+        array_id: w.array.map(|p| p.id.to_string()).unwrap_or_default(),
+        array_index: w.array.map_or(0, |p| p.index),
+        gate: gate.to_string(),
         state: state_pb(w.state) as i32,
         submit_unix: secs(w.submit),
         explanation,

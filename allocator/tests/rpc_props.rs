@@ -413,6 +413,7 @@ fn spec() -> BoxedStrategy<pb::WorkloadSpec> {
                     warn_signal,
                     warn_before_s,
                     name,
+                    ..Default::default()
                 },
             )
             .boxed()

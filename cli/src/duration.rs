@@ -32,6 +32,49 @@ pub fn parse_job(s: &str) -> Result<u64, String> {
     with_units(t).ok_or_else(|| format!("{s:?} is not a duration; {hint}"))
 }
 
+/// Clap value parser for `--begin`, as `sbatch --begin` reads it (UTC): `now`,
+/// `now+DURATION` (`now+1h`, `now+90min`), `YYYY-MM-DD`, `YYYY-MM-DDTHH:MM[:SS]`,
+/// or `HH:MM[:SS]` (today, or tomorrow once that time has passed). A Unix second.
+pub fn parse_begin(s: &str) -> Result<i64, String> {
+    parse_begin_at(s, now_ms() / 1000)
+}
+
+fn parse_begin_at(s: &str, now: i64) -> Result<i64, String> {
+    let hint = "use now, now+1h, 16:00, 2026-12-24 or 2026-12-24T16:00 (UTC)";
+    let t = s.trim();
+    if t == "now" {
+        return Ok(now);
+    }
+    if let Some(d) = t.strip_prefix("now+") {
+        let secs = parse_job(d).map_err(|e| format!("{s:?}: {e}"))?;
+        return Ok(now + i64::try_from(secs).unwrap_or(i64::MAX / 2));
+    }
+    let bad = || format!("{s:?} is not a time; {hint}");
+    let day = now - now.rem_euclid(86_400);
+    if !t.contains('-') {
+        let parts: Vec<&str> = t.split(':').collect();
+        if !(2..=3).contains(&parts.len()) {
+            return Err(bad());
+        }
+        let mut secs = 0i64;
+        for (p, (mul, max)) in parts.iter().zip([(3_600, 23), (60, 59), (1, 59)]) {
+            let v: i64 = p.parse().map_err(|_| bad())?;
+            if p.is_empty() || v > max || v < 0 {
+                return Err(bad());
+            }
+            secs += v * mul;
+        }
+        let today = day + secs;
+        return Ok(if today <= now { today + 86_400 } else { today });
+    }
+    let full = match t.len() {
+        10 => format!("{t} 00:00:00"),
+        16 => format!("{t}:00"),
+        _ => t.to_string(),
+    };
+    allot_common::utc::parse_time(&full).ok_or_else(bad)
+}
+
 /// Slurm's clock forms: `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`.
 fn slurm_clock(t: &str) -> Option<u64> {
     let num = |p: &str| -> Option<u64> {
@@ -126,6 +169,20 @@ pub use allot_common::utc::iso as iso_utc;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn begin_times_read_as_sbatch_reads_them() {
+        let now = 1_764_936_000; // 2025-12-05 12:00:00 UTC
+        assert_eq!(parse_begin_at("now", now), Ok(now));
+        assert_eq!(parse_begin_at("now+1h", now), Ok(now + 3_600));
+        assert_eq!(parse_begin_at("16:00", now), Ok(now + 4 * 3_600));
+        assert_eq!(parse_begin_at("11:00", now), Ok(now + 23 * 3_600));
+        assert_eq!(parse_begin_at("2025-12-24", now), Ok(1_766_534_400));
+        assert_eq!(parse_begin_at("2025-12-24T16:00", now), Ok(1_766_592_000));
+        for bad in ["tomorrowish", "25:00", "now+10", "2025-13-01", "1:2:3:4"] {
+            assert!(parse_begin_at(bad, now).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn parses_what_operators_type() {

@@ -1,5 +1,6 @@
 //! Commands against the allocator service allotd, over gRPC on TCP: the users'
-//! `submit`, `queue`, `status`, `logs`, `cancel` and `share`, the managers' `budget set`, and
+//! `submit`, `queue`, `status`, `logs`, `cancel`, `hold`, `release`, `requeue`,
+//! `update` and `share`, the managers' `budget set`, and
 //! the operators' cluster-wide `nodes [drain|undrain]`.
 //!
 //! What can be checked without allotd is checked here first and reported like clap's
@@ -17,11 +18,12 @@ use allot_proto::v1::nodes_client::NodesClient;
 use allot_proto::v1::org_client::OrgClient;
 use allot_proto::v1::workloads_client::WorkloadsClient;
 use allot_proto::v1::{
-    CancelRequest, GetRequest, GetTreeRequest, GetTreeResponse, ListNodesRequest, ListRequest,
-    LogStream, LogsRequest, NodeDrainRequest, SetWeightRequest, SubmitRequest, WatchRequest,
-    Workload, WorkloadSpec, WorkloadState,
+    CancelRequest, ControlRequest, ControlResponse, GetRequest, GetTreeRequest, GetTreeResponse,
+    ListNodesRequest, ListRequest, LogStream, LogsRequest, NodeDrainRequest, SetWeightRequest,
+    SubmitRequest, UpdateRequest, WatchRequest, Workload, WorkloadSpec, WorkloadState,
 };
 use serde_json::{json, Value};
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 use tonic::transport::Endpoint;
@@ -113,6 +115,33 @@ pub struct SubmitArgs {
     /// A name for the job (as sbatch's -J): shown by queue and status, `queue --name` finds it, %x in --output puts it in a file name; the job sees it as ALLOT_JOB_NAME.
     #[arg(long, short = 'J', value_name = "NAME")]
     name: Option<String>,
+    /// An array, as sbatch --array: one workload per index (0-99, 1,3,5-7, 0-15:4), %N to run at most N at once; each sees ALLOT_ARRAY_ID and ALLOT_ARRAY_INDEX, and %A/%a in --output.
+    #[arg(long, value_name = "INDICES[%N]", value_parser = parse_array)]
+    array: Option<String>,
+    /// Start once these have started (or ended): ID[,ID…]; an array's id stands for all its elements.
+    #[arg(long, value_name = "ID[,ID…]", value_delimiter = ',')]
+    after: Vec<String>,
+    /// Start once these have completed; ended with the reason if one fails.
+    #[arg(long, value_name = "ID[,ID…]", value_delimiter = ',')]
+    afterok: Vec<String>,
+    /// Start once these have failed (or been stopped); ended with the reason if one completes.
+    #[arg(long, value_name = "ID[,ID…]", value_delimiter = ',')]
+    afternotok: Vec<String>,
+    /// Start once these have ended, however.
+    #[arg(long, value_name = "ID[,ID…]", value_delimiter = ',')]
+    afterany: Vec<String>,
+    /// Dependencies as sbatch writes them: afterok:12:13,afterany:14, singleton.
+    #[arg(long, short = 'd', value_name = "KIND:ID[:ID…][,…]")]
+    dependency: Option<String>,
+    /// Start only once no earlier workload of yours with this --name is left.
+    #[arg(long)]
+    singleton: bool,
+    /// Not before this time (UTC): now+1h, 16:00, 2026-12-24, 2026-12-24T16:00.
+    #[arg(long, value_name = "TIME", value_parser = duration::parse_begin)]
+    begin: Option<i64>,
+    /// Submit it held: it waits until `allot release`.
+    #[arg(long, short = 'H')]
+    hold: bool,
     /// Print `{"id": ...}` (with --wait, then the ended workload as `status --json` prints it).
     #[arg(long)]
     json: bool,
@@ -204,6 +233,107 @@ pub struct CancelArgs {
     /// Print each cancelled workload as a JSON object, one a line.
     #[arg(long)]
     json: bool,
+}
+
+/// `allot hold`, `allot release`.
+#[derive(clap::Args, Debug)]
+pub struct ControlArgs {
+    #[command(flatten)]
+    conn: Server,
+    /// Workload ids; an array's id stands for all its elements, ARRAY_INDEX for one.
+    #[arg(required = true)]
+    ids: Vec<String>,
+    /// Print each workload as a JSON object, one a line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `allot requeue`.
+#[derive(clap::Args, Debug)]
+pub struct RequeueArgs {
+    #[command(flatten)]
+    control: ControlArgs,
+    /// Hold it once it is back in the queue (as scontrol requeuehold).
+    #[arg(long)]
+    hold: bool,
+}
+
+/// `allot update`.
+#[derive(clap::Args, Debug)]
+pub struct UpdateArgs {
+    #[command(flatten)]
+    control: ControlArgs,
+    /// A new time limit (a user may only shorten it).
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_job)]
+    time_limit: Option<u64>,
+    /// A new priority within the project (a user may only lower it).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    priority: Option<i32>,
+    /// A new begin time (UTC), as submit --begin; `now` lifts it.
+    #[arg(long, value_name = "TIME", value_parser = duration::parse_begin)]
+    begin: Option<i64>,
+}
+
+/// Clap value parser for `--array`: checked here, read again by allotd.
+fn parse_array(s: &str) -> Result<String, String> {
+    allot_common::array::parse(s)
+        .map(|_| s.trim().to_string())
+        .map_err(|e| e.trim_start_matches("array: ").to_string())
+}
+
+/// The dependencies of a submission: `--after*` flags and sbatch's `--dependency`
+/// (`afterok:12:13,afterany:14`, `singleton`); the second of the pair says whether
+/// `singleton` was among them.
+fn dependencies(a: &SubmitArgs) -> Result<(Vec<allot_proto::v1::Dependency>, bool), String> {
+    let mut out = Vec::new();
+    let mut add = |kind: &str, id: &str| -> Result<(), String> {
+        let id = id.trim();
+        let ok = id.split_once('_').map_or(id, |(a, _)| a);
+        if ok.is_empty() || !ok.chars().all(|c| c.is_ascii_digit()) {
+            return Err(format!(
+                "--{kind}: {id:?} is not a workload id (a number, as `allot queue` shows)"
+            ));
+        }
+        out.push(allot_proto::v1::Dependency {
+            kind: kind.into(),
+            id: id.into(),
+        });
+        Ok(())
+    };
+    for (kind, ids) in [
+        ("after", &a.after),
+        ("afterok", &a.afterok),
+        ("afternotok", &a.afternotok),
+        ("afterany", &a.afterany),
+    ] {
+        for id in ids {
+            add(kind, id)?;
+        }
+    }
+    let mut singleton = false;
+    for part in a.dependency.iter().flat_map(|d| d.split(',')) {
+        let mut words = part.split(':');
+        match words.next().unwrap_or_default().trim() {
+            "singleton" => singleton = true,
+            kind @ ("after" | "afterok" | "afternotok" | "afterany") => {
+                let mut any = false;
+                for id in words {
+                    // Slurm's +time on `after` is not kept: started is enough.
+                    add(kind, id.split('+').next().unwrap_or(id))?;
+                    any = true;
+                }
+                if !any {
+                    return Err(format!("--dependency: {part:?} names no workload; write {kind}:ID[:ID]"));
+                }
+            }
+            other => {
+                return Err(format!(
+                    "--dependency: {other:?} is not a dependency allot knows; use after, afterok, afternotok, afterany (each :ID[:ID]) or singleton"
+                ))
+            }
+        }
+    }
+    Ok((out, singleton))
 }
 
 /// A live state, for `cancel --state`.
@@ -337,6 +467,14 @@ pub enum Remote {
     Cancel(CancelArgs),
     /// Follow a workload to its end: a line each time it starts, is requeued or ends; exits with its exit status.
     Watch(IdArgs),
+    /// Keep pending workloads out of the queue until `allot release` (the owner or an operator).
+    Hold(ControlArgs),
+    /// Let held workloads back into the queue, at their old place.
+    Release(ControlArgs),
+    /// Send running workloads back to the queue now: asked to checkpoint, they wait again at their old place.
+    Requeue(RequeueArgs),
+    /// Change pending workloads: --time-limit, --priority, --begin (a user may only shorten and lower).
+    Update(UpdateArgs),
     /// A workload's output, from the node that ran it: the latest run's unless --run; -f follows it.
     Logs(LogsArgs),
     /// The fair-share tree: each group's share, budget, usage and served ratio.
@@ -463,6 +601,9 @@ impl Remote {
             Remote::Queue(a) => &a.conn,
             Remote::Status(a) | Remote::Watch(a) => &a.conn,
             Remote::Cancel(a) => &a.conn,
+            Remote::Hold(a) | Remote::Release(a) => &a.conn,
+            Remote::Requeue(a) => &a.control.conn,
+            Remote::Update(a) => &a.control.conn,
             Remote::Logs(a) => &a.conn,
             Remote::Share(a) => &a.conn,
             Remote::Budget(BudgetCommand::Set(a)) => &a.conn,
@@ -633,6 +774,45 @@ fn cancel_line(w: &Workload) -> String {
 
 /// The workload's bytes, as they came, on stdout at once (a follower reads them
 /// live); a reader that went away ends `allot` as it would `cat`.
+type Control<'a> = Pin<
+    Box<
+        dyn std::future::Future<Output = Result<tonic::Response<ControlResponse>, tonic::Status>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// Hold, release, requeue or update each id on its own: one refusal does not stop
+/// the others; a line (or a JSON object) for each workload changed.
+async fn control<F>(server: &str, a: &ControlArgs, done: &str, call: F) -> Result<(), Failure>
+where
+    F: for<'c> Fn(&'c mut WorkloadsClient<Conn>, String) -> Control<'c>,
+{
+    let mut c = WorkloadsClient::new(channel(server).await?);
+    let mut refused = 0;
+    for id in &a.ids {
+        match call(&mut c, id.clone()).await {
+            Ok(r) => {
+                for w in &r.get_ref().workloads {
+                    if a.json {
+                        println!("{}", view::workload_json(w));
+                    } else {
+                        println!("workload {} {done}: {}", w.id, view::state_name(w.state()));
+                    }
+                }
+            }
+            Err(e) => {
+                refused += 1;
+                eprintln!("error: workload {id}: {}", e.message());
+            }
+        }
+    }
+    if refused > 0 {
+        return Err(Failure::Quiet);
+    }
+    Ok(())
+}
+
 fn write_out(data: &[u8]) -> Result<(), Failure> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
@@ -706,6 +886,7 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 ))
             })?;
             let cwd = crate::jobenv::workdir(a.chdir.as_deref(), &here);
+            let (dependencies, singleton) = dependencies(&a).map_err(Failure::Refused)?;
             let project = match a.project {
                 Some(p) => p,
                 None => crate::connect::default_project()
@@ -738,6 +919,11 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 warn_signal: a.signal.as_ref().map(|s| s.0.clone()).unwrap_or_default(),
                 warn_before_s: a.signal.as_ref().map_or(0, |s| s.1),
                 name: a.name.unwrap_or_default(),
+                dependencies,
+                singleton: singleton || a.singleton,
+                begin_unix: a.begin.unwrap_or(0),
+                hold: a.hold,
+                array: a.array.clone().unwrap_or_default(),
             };
             let (project, gpus, nodes) = (spec.project.clone(), spec.gpus_per_node, spec.nodes);
             let ch = channel(&server).await?;
@@ -760,10 +946,22 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                     .as_ref()
                     .and_then(|w| w.spec.as_ref())
                     .map_or(project, |s| s.project.clone());
-                println!(
-                    "submitted workload {id} (project {project}, {})",
-                    view::gpu_count(gpus, nodes)
-                );
+                match a.array.as_deref().map(allot_common::array::parse) {
+                    Some(Ok(arr)) => println!(
+                        "submitted array {id}: {} workloads (project {project}, {} each{})",
+                        arr.indices.len(),
+                        view::gpu_count(gpus, nodes),
+                        if arr.limit > 0 {
+                            format!(", at most {} at once", arr.limit)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                    _ => println!(
+                        "submitted workload {id} (project {project}, {})",
+                        view::gpu_count(gpus, nodes)
+                    ),
+                }
                 // Said aloud: a job with no flags is free occupancy, and people
                 // should know before it is preempted.
                 if let Some(w) = &r.workload {
@@ -872,6 +1070,45 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
             if refused > 0 {
                 return Err(Failure::Quiet);
             }
+        }
+        Remote::Hold(a) => {
+            control(&server, &a, "held", |c, id| {
+                Box::pin(async move { c.hold(ControlRequest { id, hold: false }).await })
+            })
+            .await?
+        }
+        Remote::Release(a) => {
+            control(&server, &a, "released", |c, id| {
+                Box::pin(async move { c.release(ControlRequest { id, hold: false }).await })
+            })
+            .await?
+        }
+        Remote::Requeue(r) => {
+            let hold = r.hold;
+            control(&server, &r.control, "requeued", move |c, id| {
+                Box::pin(async move { c.requeue(ControlRequest { id, hold }).await })
+            })
+            .await?
+        }
+        Remote::Update(u) => {
+            let (time_limit_s, priority, begin_unix) = (u.time_limit, u.priority, u.begin);
+            if time_limit_s.is_none() && priority.is_none() && begin_unix.is_none() {
+                return Err(Failure::Refused(
+                    "nothing to change: give --time-limit, --priority or --begin".into(),
+                ));
+            }
+            control(&server, &u.control, "updated", move |c, id| {
+                Box::pin(async move {
+                    c.update(UpdateRequest {
+                        id,
+                        time_limit_s,
+                        priority,
+                        begin_unix,
+                    })
+                    .await
+                })
+            })
+            .await?
         }
         Remote::Logs(a) => {
             let mut s = WorkloadsClient::new(channel(&server).await?)

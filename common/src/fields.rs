@@ -325,7 +325,8 @@ pub fn expand_pattern(pattern: &str, fill: impl Fn(char) -> Option<String>) -> S
 /// opens it as the user); or a relative name of at most [`MAX_PATTERN`] bytes on one
 /// line, with no `..` component (it names a file under the agent's log directory,
 /// never elsewhere); `%` only in `%j` (workload), `%r` (run), `%n` (node rank), `%u` (user), `%x`
-/// (job name; allotd puts it in before the agent sees the pattern) and `%%`.
+/// (job name), `%A`/`%a` (array id and index; allotd puts these three in before the
+/// agent sees the pattern) and `%%`.
 pub fn check_pattern(field: &str, value: &str) -> Result<(), FieldError> {
     if value.is_empty() {
         return Ok(());
@@ -344,11 +345,16 @@ pub fn check_pattern(field: &str, value: &str) -> Result<(), FieldError> {
     }
     let mut chars = value.char_indices();
     while let Some((i, c)) = chars.next() {
-        if c == '%' && !matches!(chars.next(), Some((_, 'j' | 'r' | 'n' | 'u' | 'x' | '%'))) {
+        if c == '%'
+            && !matches!(
+                chars.next(),
+                Some((_, 'j' | 'r' | 'n' | 'u' | 'x' | 'A' | 'a' | '%'))
+            )
+        {
             return refuse(
                 field,
                 format!(
-                    "{} has an unknown % at byte {i}; use %j (workload), %r (run), %n (node rank), %u (user), %x (job name) or %% (a %)",
+                    "{} has an unknown % at byte {i}; use %j (workload), %r (run), %n (node rank), %u (user), %x (job name), %A (array id), %a (array index) or %% (a %)",
                     shown(value)
                 ),
             );
@@ -499,6 +505,7 @@ mod tests {
             "100%%.txt",
             "%u-%j.log",
             "%x-%j.out",
+            "%A_%a.out",
             "/home/ana/logs/%x-%j.out",
             "./out/%j.log",
             "/shared/ana/../ana/x",

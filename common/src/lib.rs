@@ -1,6 +1,6 @@
 //! What allot's daemons and CLI share, one helper per job.
 //!
-//! Map: [`config_error`] (a config error that names file, line and field, with the
+//! Map: [`array`] (`--array` specifications) · [`config_error`] (a config error that names file, line and field, with the
 //! line from the TOML parser's own spans) · [`stats`] (percentiles) · [`systemd`]
 //! (`sd_notify(3)` and the watchdog period) · [`fields`] (caps on request fields, safe
 //! names) · [`net`] (loopback hosts) · `files` (atomic writes with a mode, feature `files`) · `rlimit` (the descriptor limit, feature `rlimit`) · `sqlite` (opening a state database,
@@ -9,6 +9,7 @@
 //! Nothing here decides policy; the fair-share core and the health policy stay in
 //! their own crates.
 
+pub mod array;
 #[cfg(feature = "clidocs")]
 pub mod clidocs;
 pub mod config_error;

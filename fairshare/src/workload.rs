@@ -185,6 +185,9 @@ pub struct Workload {
     pub last_preempted: Option<Time>,
     /// What stopped it in the last pass that examined it.
     pub blocked: Option<Blocked>,
+    /// Kept out of its queue by the shell (a hold, a dependency, an array's limit, a
+    /// begin time): pending, but neither considered nor counted as demand.
+    pub held: bool,
 }
 
 /// Why a pending workload is not running.
@@ -279,6 +282,9 @@ pub enum RevokeWhy {
     },
     /// A user cancelled the workload.
     Cancelled,
+    /// Its owner or an operator asked for it to run again from the queue
+    /// (`allot requeue`): it waits again even when it asked for no requeue.
+    Requeued,
 }
 
 /// A revocation in progress.

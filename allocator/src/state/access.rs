@@ -73,6 +73,17 @@ pub enum Ask<'a> {
     See(u64),
     /// Cancel one workload.
     Cancel(u64),
+    /// Hold, release, requeue or change one workload (`verb` names it in a
+    /// refusal): its owner and operators; with `operator_only` (lengthen its time
+    /// limit, raise its priority, release an operator's hold) operators only.
+    Control {
+        /// The workload.
+        id: u64,
+        /// What is asked, in a word (`hold`, `requeue`, ...).
+        verb: &'static str,
+        /// Beyond what an owner may do.
+        operator_only: bool,
+    },
     /// Read one workload's output (`allot logs`): its owner and operators.
     Logs(u64),
     /// Read the org tree and its shares, or the node list.
@@ -269,6 +280,26 @@ impl Allocator {
                 )))
             };
         }
+        if let Ask::Control {
+            verb,
+            operator_only,
+            ..
+        } = ask
+        {
+            let operator = self.access.operator(who);
+            return if operator || (w.spec.user == u && !operator_only) {
+                Ok(())
+            } else if w.spec.user == u {
+                Err(denied(format!(
+                    "id: {me} may not {verb} workload {id}: only an operator ([roles] operators in allotd.toml) or an admin may; its owner may shorten its time limit, lower its priority and release their own hold"
+                )))
+            } else {
+                Err(denied(format!(
+                    "id: {me} may not {verb} workload {id} of {}: only its owner, an operator ([roles] operators in allotd.toml) or an admin may",
+                    w.spec.user
+                )))
+            };
+        }
         let owner_or_manager = w.spec.user == u || self.manages(who, &w.spec.project, true);
         let see = matches!(ask, Ask::See(_));
         if owner_or_manager || (see && self.access.operator(who)) {
@@ -282,6 +313,11 @@ impl Allocator {
                 if see { ", an operator" } else { "" }
             )))
         }
+    }
+
+    /// Whether `who` is an operator (or an admin), whose holds only operators release.
+    pub fn is_operator(&self, who: &Who) -> bool {
+        self.access.operator(who)
     }
 
     /// Whether `who` may see workload `id`'s details (owner, a manager above its
@@ -354,7 +390,7 @@ impl Allocator {
                     )))
                 }
             }
-            Ask::See(id) | Ask::Cancel(id) | Ask::Logs(id) => match self.work.get(&id) {
+            Ask::See(id) | Ask::Cancel(id) | Ask::Logs(id) | Ask::Control { id, .. } => match self.work.get(&id) {
                 Some(w) => self.authorize_on(who, ask, w),
                 // Unknown ids are the handler's NOT_FOUND (or a retired workload's
                 // record, which it checks with `authorize_on`).

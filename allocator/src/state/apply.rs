@@ -4,7 +4,7 @@ use super::audit::{revoke_text, revoke_when, start_text};
 use super::input::Input;
 use super::out::Level;
 use super::out::{lease_wire, Applied, Command};
-use super::{Allocator, RunRec, WorkRec};
+use super::{Allocator, ArrayPos, HoldRec, RunRec, WorkRec};
 use allot_fairshare::LeaseEnd;
 use allot_fairshare::{Action, CoreError, LeaseId, Time, WorkloadId, WorkloadState};
 
@@ -27,36 +27,63 @@ impl Allocator {
                 error,
                 warn,
                 name,
+                gates,
+                array,
             } => {
-                let id = self.core.submit(at, spec.clone())?;
-                self.work.insert(
-                    id.0,
-                    WorkRec {
-                        id: id.0,
-                        spec: spec.clone(),
-                        argv: argv.clone(),
-                        hook: hook.clone(),
-                        submit: at,
-                        state: WorkloadState::Pending,
-                        start: 0,
-                        end: 0,
-                        end_reason: String::new(),
-                        leases: Vec::new(),
-                        nodes: Vec::new(),
-                        preemptions: 0,
-                        funded: false,
-                        cwd: cwd.clone(),
-                        env: env.clone(),
-                        output: output.clone(),
-                        error: error.clone(),
-                        runs: Vec::new(),
-                        warn: warn.clone(),
-                        name: name.clone(),
-                        exit_code: None,
-                        signal: None,
-                    },
-                );
-                a.id = Some(id.0);
+                let indices: Vec<Option<u32>> = match array {
+                    Some(arr) => arr.indices.iter().map(|i| Some(*i)).collect(),
+                    None => vec![None],
+                };
+                // Gated work waits held from the start; settling lets it go.
+                let held = !gates.is_open() || array.is_some();
+                let mut ids = Vec::with_capacity(indices.len());
+                for index in indices {
+                    let id = if held {
+                        self.core.submit_held(at, spec.clone())?
+                    } else {
+                        self.core.submit(at, spec.clone())?
+                    };
+                    let first = *ids.first().unwrap_or(&id.0);
+                    ids.push(id.0);
+                    self.work.insert(
+                        id.0,
+                        WorkRec {
+                            id: id.0,
+                            spec: spec.clone(),
+                            argv: argv.clone(),
+                            hook: hook.clone(),
+                            submit: at,
+                            state: WorkloadState::Pending,
+                            start: 0,
+                            end: 0,
+                            end_reason: String::new(),
+                            leases: Vec::new(),
+                            nodes: Vec::new(),
+                            preemptions: 0,
+                            funded: false,
+                            cwd: cwd.clone(),
+                            env: env.clone(),
+                            output: output.clone(),
+                            error: error.clone(),
+                            runs: Vec::new(),
+                            warn: warn.clone(),
+                            name: name.clone(),
+                            exit_code: None,
+                            signal: None,
+                            gates: gates.clone(),
+                            array: index.map(|index| ArrayPos {
+                                id: first,
+                                index,
+                                limit: array.as_ref().map_or(0, |a| a.limit),
+                            }),
+                        },
+                    );
+                    self.index_gate(id.0);
+                }
+                a.id = ids.first().copied();
+                if held {
+                    self.settle(at, ids, &mut a);
+                }
             }
             Input::Cancel { id, by } => {
                 self.core.cancel(at, WorkloadId(*id))?;
@@ -64,6 +91,97 @@ impl Allocator {
                 if !by.is_empty() {
                     a.audit(*id, 0, format!("cancelled by {by}"));
                 }
+                self.changed(at, *id, &mut a);
+            }
+            Input::Hold { id, by, operator } => {
+                let w = self
+                    .work
+                    .get_mut(id)
+                    .ok_or(CoreError::UnknownWorkload(*id))?;
+                if w.state != WorkloadState::Pending {
+                    return Err(if w.state == WorkloadState::Running {
+                        CoreError::Running(*id)
+                    } else {
+                        CoreError::AlreadyEnded(*id)
+                    });
+                }
+                w.gates.hold = Some(HoldRec {
+                    by: by.clone(),
+                    operator: *operator,
+                });
+                a.audit(*id, 0, format!("held by {by}"));
+                self.settle(at, vec![*id], &mut a);
+            }
+            Input::Release { id, by } => {
+                let w = self
+                    .work
+                    .get_mut(id)
+                    .ok_or(CoreError::UnknownWorkload(*id))?;
+                if w.gates.hold.take().is_none() {
+                    a.changed = false;
+                    return Ok(a);
+                }
+                a.audit(*id, 0, format!("released by {by}"));
+                self.settle(at, vec![*id], &mut a);
+            }
+            Input::Requeue {
+                id,
+                by,
+                hold,
+                operator,
+            } => {
+                self.core.requeue(at, WorkloadId(*id))?;
+                let w = self
+                    .work
+                    .get_mut(id)
+                    .ok_or(CoreError::UnknownWorkload(*id))?;
+                if *hold {
+                    w.gates.hold = Some(HoldRec {
+                        by: by.clone(),
+                        operator: *operator,
+                    });
+                }
+                let held = if *hold { ", held once back" } else { "" };
+                a.audit(*id, 0, format!("requeue asked by {by}{held}"));
+            }
+            Input::Update {
+                id,
+                by,
+                time_limit,
+                priority,
+                begin,
+            } => {
+                self.core
+                    .update(at, WorkloadId(*id), *time_limit, *priority)?;
+                let cw = self.core.workload(WorkloadId(*id)).map(|c| c.spec.clone());
+                let w = self
+                    .work
+                    .get_mut(id)
+                    .ok_or(CoreError::UnknownWorkload(*id))?;
+                if let Some(spec) = cw {
+                    w.spec = spec;
+                }
+                let mut what = Vec::new();
+                if let Some(t) = time_limit {
+                    what.push(format!(
+                        "time limit {}",
+                        allot_fairshare::time::format_duration(*t)
+                    ));
+                }
+                if let Some(p) = priority {
+                    what.push(format!("priority {p}"));
+                }
+                if let Some(b) = begin {
+                    w.gates.begin = *b;
+                    what.push(if *b == 0 {
+                        "begin now".to_string()
+                    } else {
+                        format!("begin {} UTC", allot_common::utc::format_time(*b as i64))
+                    });
+                    self.index_gate(*id);
+                }
+                a.audit(*id, 0, format!("updated by {by}: {}", what.join(", ")));
+                self.settle(at, vec![*id], &mut a);
             }
             Input::LeaseEnded {
                 lease,
@@ -173,11 +291,15 @@ impl Allocator {
             Input::Schedule => {
                 // Only journals of 0.4 and earlier hold passes as `Schedule`: re-run
                 // by their rules, they decide again what was decided then.
+                let settled = self.settle(at, Vec::new(), &mut a);
                 let d = self.core.schedule_by_0_4_rules(at);
                 // Claims and reservations are plans the next pass makes again: only
                 // decisions are facts to keep.
-                a.changed = !d.actions.is_empty();
-                a.next_wakeup = d.next_wakeup;
+                a.changed = settled || !d.actions.is_empty();
+                a.next_wakeup = match (d.next_wakeup, self.next_begin(at)) {
+                    (Some(x), Some(y)) => Some(x.min(y)),
+                    (x, y) => x.or(y),
+                };
                 if a.changed {
                     a.record = Some(Input::Decided {
                         actions: d.actions.clone(),
@@ -188,6 +310,7 @@ impl Allocator {
                 }
             }
             Input::Decided { actions } => {
+                self.settle(at, Vec::new(), &mut a);
                 self.core.replay(at, actions)?;
                 for act in actions {
                     self.act(at, act.clone(), &mut a);
@@ -198,12 +321,18 @@ impl Allocator {
     }
 
     /// Why workload `id` waits, if it does, as of `at` (the core renders the text
-    /// of one workload on read: no pass explains the whole queue).
-    pub fn explanation(&self, at: Time, id: u64) -> String {
-        self.core
+    /// of one workload on read: no pass explains the whole queue), with the gate that keeps it out of the
+    /// queue (`held`, `dependency`, ...; empty when the policy alone decides).
+    pub fn why(&self, at: Time, id: u64) -> (String, &'static str) {
+        if let Some(g) = self.gated(at, id) {
+            return (g.text(), g.kind());
+        }
+        let text = self
+            .core
             .explain_workload(at, WorkloadId(id))
             .map(|e| e.text)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        (text, "")
     }
 
     fn act(&mut self, at: Time, act: Action, a: &mut Applied) {
@@ -280,6 +409,7 @@ impl Allocator {
                 });
                 let w = w.clone();
                 self.lease_hosts.insert(lease.0, hosts.clone());
+                self.changed(at, wid, a);
                 // Every part in one go: a gang's start is one action with all its
                 // hosts, so no part starts before every part is placed.
                 for (node, gpus) in &hosts {
@@ -462,6 +592,7 @@ impl Allocator {
             lease,
             format!("lease {} ended: {how}{exit} ({reason})", lease_wire(lease)),
         );
+        self.changed(at, wid, a);
         let others: Vec<String> = self
             .lease_hosts
             .remove(&lease)
@@ -557,7 +688,7 @@ impl Allocator {
     }
 
     /// Copies the core's view of a workload after a change.
-    fn sync(&mut self, at: Time, id: u64, how: &str) {
+    pub(super) fn sync(&mut self, at: Time, id: u64, how: &str) {
         let Some(cw) = self.core.workload(WorkloadId(id)) else {
             return;
         };

@@ -36,6 +36,10 @@ pub(super) fn revoke_text(why: &RevokeWhy, names: &[String]) -> (String, String)
             format!("node {} must be emptied now", node(n)),
         ),
         RevokeWhy::Cancelled => ("cancelled".into(), "cancelled by its user".into()),
+        RevokeWhy::Requeued => (
+            "requeued".into(),
+            "requeued by its owner or an operator: it waits again in the queue".into(),
+        ),
     }
 }
 

@@ -50,6 +50,14 @@ pub enum Input {
         /// The job's name (`--name`); empty: none given.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         name: String,
+        /// What keeps it out of the queue at first (hold, dependencies, singleton,
+        /// begin time).
+        #[serde(default, skip_serializing_if = "super::Gates::is_open")]
+        gates: super::Gates,
+        /// An array: one workload per index, each with `ALLOT_ARRAY_ID` and
+        /// `ALLOT_ARRAY_INDEX`, at most `limit` running at once.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        array: Option<ArraySpec>,
     },
     /// A user cancelled work.
     Cancel {
@@ -58,6 +66,53 @@ pub enum Input {
         /// Who (empty in journals before 0.4).
         #[serde(default, skip_serializing_if = "String::is_empty")]
         by: String,
+    },
+    /// The owner or an operator held pending work (`allot hold`).
+    Hold {
+        /// Workload.
+        id: u64,
+        /// Who.
+        by: String,
+        /// An operator's hold, which only an operator releases.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        operator: bool,
+    },
+    /// The owner or an operator released a hold (`allot release`).
+    Release {
+        /// Workload.
+        id: u64,
+        /// Who.
+        by: String,
+    },
+    /// The owner or an operator sent running work back to the queue
+    /// (`allot requeue`), held there with `hold`.
+    Requeue {
+        /// Workload.
+        id: u64,
+        /// Who.
+        by: String,
+        /// Held once back in the queue.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        hold: bool,
+        /// An operator asked.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        operator: bool,
+    },
+    /// The owner or an operator changed pending work (`allot update`).
+    Update {
+        /// Workload.
+        id: u64,
+        /// Who.
+        by: String,
+        /// A new time limit, seconds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        time_limit: Option<u64>,
+        /// A new priority within its project.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        priority: Option<i32>,
+        /// A new begin time (0: now).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        begin: Option<u64>,
     },
     /// An agent reported a lease over.
     LeaseEnded {
@@ -278,6 +333,16 @@ pub enum Input {
         /// Node name.
         node: String,
     },
+}
+
+/// An array submission: its indices and its limit on running elements.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArraySpec {
+    /// The indices, in order, each once.
+    pub indices: Vec<u32>,
+    /// At most this many run (or wait in the queue) at once; 0: no limit.
+    #[serde(default)]
+    pub limit: u32,
 }
 
 /// A host's health verdict.

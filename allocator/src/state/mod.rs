@@ -20,6 +20,9 @@ mod access;
 mod apply;
 mod audit;
 mod creds;
+mod gates;
+#[cfg(test)]
+mod gates_tests;
 mod hosts;
 mod input;
 mod out;
@@ -30,7 +33,8 @@ mod tests;
 pub use access::{Access, Ask, Denied, Who};
 pub use audit::state_name;
 pub use creds::{Creds, NodeCred, TokenRec};
-pub use input::{GpuCondition, GpuSeen, HostDrain, Input, Verdict};
+pub use gates::{ArrayPos, Dep, DepKind, Gates, HoldRec};
+pub use input::{ArraySpec, GpuCondition, GpuSeen, HostDrain, Input, Verdict};
 pub use out::{lease_from_wire, lease_wire, Applied, Command, Level, Out, StartLease};
 pub use snapshot::{Snapshot, SNAPSHOT_VERSION};
 
@@ -261,6 +265,13 @@ pub struct WorkRec {
     /// The signal that ended the last run's process, when one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
+    /// What keeps it out of the queue besides the policy (hold, dependencies,
+    /// singleton, begin time).
+    #[serde(default, skip_serializing_if = "Gates::is_open")]
+    pub gates: Gates,
+    /// Its array and its index there, for an element of one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<ArrayPos>,
 }
 
 /// One run of a workload: a lease, where its parts ran and what they were told.
@@ -297,10 +308,18 @@ pub struct RunRec {
 }
 
 /// An output pattern with `%x` replaced by the job's name (`allot` when it has
-/// none), here rather than on the agent: the name is allotd's. `%%x` stays.
-fn with_name(pattern: &str, name: &str) -> String {
-    let name = if name.is_empty() { "allot" } else { name };
-    allot_common::fields::expand_pattern(pattern, |e| (e == 'x').then(|| name.to_string()))
+/// none), and `%A`/`%a` by its array's id and its index there (Slurm's; the
+/// workload id and 0 outside an array), here rather than on the agent: names and
+/// arrays are allotd's. `%%x` stays.
+fn with_name(pattern: &str, w: &WorkRec) -> String {
+    let name = if w.name.is_empty() { "allot" } else { &w.name };
+    let (array, index) = w.array.map_or((w.id, 0), |p| (p.id, p.index));
+    allot_common::fields::expand_pattern(pattern, |e| match e {
+        'x' => Some(name.to_string()),
+        'A' => Some(array.to_string()),
+        'a' => Some(index.to_string()),
+        _ => None,
+    })
 }
 
 /// Counters for `/metrics` (kept in snapshots, rebuilt by replay like everything else).
@@ -370,6 +389,9 @@ pub struct Allocator {
     /// Rendezvous ports held by live leases: rank 0's node → port → lease. Derived
     /// (from `lease_hosts` and the runs), never journaled.
     ports: BTreeMap<String, BTreeMap<u16, u64>>,
+    /// Whom a workload's change concerns (dependents, arrays, names, begin times).
+    /// Derived, never journaled.
+    gate_ix: gates::GateIndex,
 }
 
 impl Allocator {
@@ -389,6 +411,7 @@ impl Allocator {
             access: Access::new(cfg.roles.clone(), cfg.auth.clone(), cfg.access.clone()),
             master_ports: (cfg.server.master_ports.low, cfg.server.master_ports.high),
             ports: BTreeMap::new(),
+            gate_ix: gates::GateIndex::default(),
         })
     }
 
@@ -439,7 +462,7 @@ impl Allocator {
         }
     }
 
-    /// Workloads by id.
+    /// Workloads by id (ended ones until they retire).
     pub fn workloads(&self) -> &BTreeMap<u64, WorkRec> {
         &self.work
     }
@@ -530,8 +553,8 @@ impl Allocator {
             argv: w.argv.clone(),
             cwd: w.cwd.clone(),
             env: w.env.clone(),
-            output: with_name(&w.output, &w.name),
-            error: with_name(&w.error, &w.name),
+            output: with_name(&w.output, w),
+            error: with_name(&w.error, w),
             name: w.name.clone(),
             run: u32::try_from(run).unwrap_or(u32::MAX),
             rank: u32::try_from(rank).unwrap_or(u32::MAX),
@@ -541,6 +564,7 @@ impl Allocator {
             master_port,
             cpu_per_node: w.spec.cpu_per_node,
             mem_per_node_gb: w.spec.mem_per_node_gb,
+            array: w.array.map(|p| (p.id, p.index)),
         }))
     }
 

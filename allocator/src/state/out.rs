@@ -136,6 +136,8 @@ pub struct StartLease {
     pub cpu_per_node: u32,
     /// Memory asked for on each host, GiB (the lease cgroup's limit); 0: none.
     pub mem_per_node_gb: u32,
+    /// Its array's id and its index there, for an element of one.
+    pub array: Option<(u64, u32)>,
 }
 
 /// What [`Allocator::apply`](super::Allocator::apply) produced.
@@ -223,6 +225,10 @@ impl StartLease {
         if self.master_port != 0 {
             v.push(("MASTER_PORT", self.master_port.to_string()));
             v.push(("PET_MASTER_PORT", self.master_port.to_string()));
+        }
+        if let Some((array, index)) = self.array {
+            v.push(("ALLOT_ARRAY_ID", array.to_string()));
+            v.push(("ALLOT_ARRAY_INDEX", index.to_string()));
         }
         v.push(("PET_SIGNALS_TO_HANDLE", self.torchrun_signals()));
         v.into_iter().map(|(k, val)| (k.to_string(), val)).collect()

@@ -196,6 +196,7 @@ impl Allocator {
         a.auto_drains = s.auto_drains.iter().cloned().collect::<VecDeque<_>>();
         a.creds = s.creds.clone();
         a.index_ports();
+        a.index_gates();
         Ok(a)
     }
 }

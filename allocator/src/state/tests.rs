@@ -4,7 +4,7 @@ use super::*;
 use crate::config::{BreakerSection, ServerConfig, EXAMPLE};
 use allot_fairshare::{LeaseEnd, NodeSpec, NodeState, Time, WorkloadSpec, WorkloadState};
 
-fn node(i: u32) -> Input {
+pub(super) fn node(i: u32) -> Input {
     Input::AddNode {
         spec: NodeSpec {
             name: format!("n{i}"),
@@ -17,7 +17,7 @@ fn node(i: u32) -> Input {
     }
 }
 
-fn allocator(nodes: u32) -> Allocator {
+pub(super) fn allocator(nodes: u32) -> Allocator {
     let mut cfg = ServerConfig::parse(EXAMPLE, "example").expect("example");
     cfg.breaker = BreakerSection {
         max_share: 0.5,
@@ -122,6 +122,8 @@ fn replaying_the_inputs_rebuilds_the_same_state() {
                 error: String::new(),
                 warn: None,
                 name: String::new(),
+                gates: Default::default(),
+                array: None,
             },
         ));
         inputs.push((k, Input::Schedule));
@@ -452,6 +454,8 @@ fn batch(project: &str) -> Input {
         error: String::new(),
         warn: None,
         name: String::new(),
+        gates: Default::default(),
+        array: None,
     }
 }
 
@@ -758,6 +762,8 @@ fn busy_day() -> Vec<(Time, Input)> {
         error: String::new(),
         warn: None,
         name: String::new(),
+        gates: Default::default(),
+        array: None,
     };
     for k in 0..8u64 {
         let t = 1 + k * 600;
@@ -950,7 +956,7 @@ fn why_work_waits_is_rendered_on_read_for_pending_work_only() {
         .collect();
     assert!(!pending.is_empty());
     for id in pending {
-        assert!(!a.explanation(9_000, id).is_empty(), "workload {id}");
+        assert!(!a.why(9_000, id).0.is_empty(), "workload {id}");
     }
     let running = a
         .workloads()
@@ -958,7 +964,7 @@ fn why_work_waits_is_rendered_on_read_for_pending_work_only() {
         .find(|w| w.state == WorkloadState::Running)
         .map(|w| w.id)
         .expect("running work");
-    assert_eq!(a.explanation(9_000, running), "");
+    assert_eq!(a.why(9_000, running).0, "");
 }
 
 #[test]
@@ -1044,6 +1050,8 @@ fn work(nodes: u32, gpus: u32) -> Input {
         error: String::new(),
         warn: None,
         name: String::new(),
+        gates: Default::default(),
+        array: None,
     }
 }
 

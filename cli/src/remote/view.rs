@@ -232,7 +232,7 @@ fn warning(s: &WorkloadSpec) -> String {
 /// A workload as JSON.
 pub fn workload_json(w: &Workload) -> Value {
     let s = spec(w);
-    json!({
+    let mut v = json!({
         "id": w.id,
         "name": s.name,
         "project": s.project,
@@ -269,7 +269,21 @@ pub fn workload_json(w: &Workload) -> Value {
         "exit_signal": w.signal,
         "exit_status": is_final(w.state()).then(|| exit_status(w)),
         "runs": w.runs.iter().map(run_json).collect::<Vec<_>>(),
-    })
+    });
+    // Past json!'s recursion limit in one literal: the gates and the array apart.
+    let gates = json!({
+        "array_id": (!w.array_id.is_empty()).then_some(&w.array_id),
+        "array_index": (!w.array_id.is_empty()).then_some(w.array_index),
+        "gate": w.gate,
+        "dependencies": s.dependencies.iter().map(|d| format!("{}:{}", d.kind, d.id)).collect::<Vec<_>>(),
+        "singleton": s.singleton,
+        "begin_unix": s.begin_unix,
+        "held": s.hold,
+    });
+    if let (Some(m), Value::Object(g)) = (v.as_object_mut(), gates) {
+        m.extend(g);
+    }
+    v
 }
 
 /// How far ahead of this host's clock allotd's may run before an age is unknown.
@@ -293,40 +307,38 @@ fn one_line(s: &str) -> String {
 
 /// The `allot queue` table.
 pub fn queue_table(workloads: &[Workload], now: i64) -> String {
-    let rows: Vec<Vec<String>> = workloads
-        .iter()
-        .map(|w| {
-            let s = spec(w);
-            let state = w.state();
-            let (waited_ran, why) = match state {
-                WorkloadState::Pending => (since(w.submit_unix, now), one_line(&w.explanation)),
-                WorkloadState::Running => (since(w.start_unix, now), String::new()),
-                // Finished: how long the last run took, and how it ended, in the
-                // words of whoever ended it.
-                _ => (
-                    since(w.start_unix, w.end_unix),
-                    w.runs
-                        .last()
-                        .filter(|r| !r.detail.is_empty())
-                        .map_or_else(|| w.end_reason.clone(), |r| r.detail.clone()),
-                ),
-            };
-            vec![
-                w.id.clone(),
-                or_dash(&s.name),
-                or_dash(&s.project),
-                or_dash(&s.user),
-                or_dash(&s.class),
-                shape(s.gpus_per_node, s.nodes),
-                state_name(state).into(),
-                w.runs.len().to_string(),
-                waited_ran,
-                w.preemptions.to_string(),
-                list(&w.nodes, ","),
-                or_dash(&why),
-            ]
-        })
-        .collect();
+    // An array's pending elements fold into one line (`12_[3-99]`), as squeue
+    // folds them; its running and ended elements keep a line each.
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut folded: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    let mut counts: Vec<(u32, u32, u32)> = Vec::new();
+    for w in workloads {
+        let pending = w.state() == WorkloadState::Pending;
+        if pending && !w.array_id.is_empty() {
+            if let Some(&row) = folded.get(w.array_id.as_str()) {
+                let (lo, hi, n) = &mut counts[row];
+                *lo = (*lo).min(w.array_index);
+                *hi = (*hi).max(w.array_index);
+                *n += 1;
+                continue;
+            }
+            folded.insert(&w.array_id, rows.len());
+        }
+        counts.push((w.array_index, w.array_index, 1));
+        rows.push(queue_row(w, now));
+    }
+    for (array, row) in folded {
+        let (lo, hi, n) = counts[row];
+        let r = &mut rows[row];
+        r[0] = if lo == hi {
+            format!("{array}_{lo}")
+        } else {
+            format!("{array}_[{lo}-{hi}]")
+        };
+        if n > 1 {
+            r[11] = format!("{n} pending: {}", r[11]);
+        }
+    }
     table::render(
         &[
             "ID",
@@ -344,6 +356,44 @@ pub fn queue_table(workloads: &[Workload], now: i64) -> String {
         ],
         &rows,
     )
+}
+
+/// One line of `allot queue`.
+fn queue_row(w: &Workload, now: i64) -> Vec<String> {
+    let s = spec(w);
+    let state = w.state();
+    let (waited_ran, why) = match state {
+        WorkloadState::Pending => (since(w.submit_unix, now), one_line(&w.explanation)),
+        WorkloadState::Running => (since(w.start_unix, now), String::new()),
+        // Finished: how long the last run took, and how it ended, in the
+        // words of whoever ended it.
+        _ => (
+            since(w.start_unix, w.end_unix),
+            w.runs
+                .last()
+                .filter(|r| !r.detail.is_empty())
+                .map_or_else(|| w.end_reason.clone(), |r| r.detail.clone()),
+        ),
+    };
+    let id = if w.array_id.is_empty() {
+        w.id.clone()
+    } else {
+        format!("{}_{}", w.array_id, w.array_index)
+    };
+    vec![
+        id,
+        or_dash(&s.name),
+        or_dash(&s.project),
+        or_dash(&s.user),
+        or_dash(&s.class),
+        shape(s.gpus_per_node, s.nodes),
+        state_name(state).into(),
+        w.runs.len().to_string(),
+        waited_ran,
+        w.preemptions.to_string(),
+        list(&w.nodes, ","),
+        or_dash(&why),
+    ]
 }
 
 /// An instant and how long ago: `2026-11-29T19:20:00Z (3m12s ago)`, `-` if unset.
@@ -393,6 +443,32 @@ pub fn status_text(w: &Workload, now: i64) -> String {
     }
     if s.mem_per_node_gb > 0 {
         lines.push(("memory", format!("{}G per node", s.mem_per_node_gb)));
+    }
+    if !w.array_id.is_empty() {
+        lines.push((
+            "array",
+            format!(
+                "{}_{} (array {}, index {})",
+                w.array_id, w.array_index, w.array_id, w.array_index
+            ),
+        ));
+    }
+    if !s.dependencies.is_empty() || s.singleton {
+        let mut deps: Vec<String> = s
+            .dependencies
+            .iter()
+            .map(|d| format!("{}:{}", d.kind, d.id))
+            .collect();
+        if s.singleton {
+            deps.push("singleton".into());
+        }
+        lines.push(("dependencies", deps.join(",")));
+    }
+    if s.begin_unix > 0 {
+        lines.push(("begin", when(s.begin_unix, now)));
+    }
+    if s.hold {
+        lines.push(("held", "yes (allot release lets it go)".into()));
     }
     lines.extend([
         ("min runtime", min_runtime),

@@ -64,8 +64,10 @@ impl State {
             w.state = state;
             w.lease = None;
             self.finished.push(id);
-            let g = u64::from(w.spec.total_gpus());
-            self.demand[w.project.idx()] -= g.min(self.demand[w.project.idx()]);
+            if !std::mem::take(&mut w.held) {
+                let g = u64::from(w.spec.total_gpus());
+                self.demand[w.project.idx()] -= g.min(self.demand[w.project.idx()]);
+            }
         }
     }
 

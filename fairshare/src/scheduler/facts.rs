@@ -99,6 +99,9 @@ pub struct WorkloadFacts {
     /// Last preempted (or last displaced others).
     #[serde(default)]
     pub last_preempted: Option<Time>,
+    /// Kept out of its queue by the shell (absent from older snapshots: none was).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 /// One live lease.
@@ -172,6 +175,7 @@ impl Scheduler {
                     first_start: w.first_start,
                     preemptions: w.preemptions,
                     last_preempted: w.last_preempted,
+                    held: w.held,
                 })
                 .collect(),
             leases: self
@@ -291,13 +295,14 @@ impl Scheduler {
                 preemptions: w.preemptions,
                 last_preempted: w.last_preempted,
                 blocked: None,
+                held: w.held && w.state == WorkloadState::Pending,
             };
             if w.state.is_final() {
                 s.st.finished.push(w.id);
-            } else {
+            } else if !work.held {
                 s.st.demand[project.idx()] += u64::from(w.spec.total_gpus());
             }
-            if w.state == WorkloadState::Pending {
+            if w.state == WorkloadState::Pending && !work.held {
                 s.enqueue(QueueKey::of(&work));
             }
             s.st.workloads.insert(w.id, Box::new(work));

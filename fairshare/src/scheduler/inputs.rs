@@ -6,6 +6,21 @@ use crate::workload::SpecError;
 impl Scheduler {
     /// Accepts a workload; it is pending from `now`.
     pub fn submit(&mut self, now: Time, spec: WorkloadSpec) -> Result<WorkloadId, CoreError> {
+        self.submit_as(now, spec, false)
+    }
+
+    /// Accepts a workload that waits held ([`Scheduler::release`] queues it): one
+    /// element of an array past its limit, work behind a dependency or a begin time.
+    pub fn submit_held(&mut self, now: Time, spec: WorkloadSpec) -> Result<WorkloadId, CoreError> {
+        self.submit_as(now, spec, true)
+    }
+
+    fn submit_as(
+        &mut self,
+        now: Time,
+        spec: WorkloadSpec,
+        held: bool,
+    ) -> Result<WorkloadId, CoreError> {
         let now = self.clock(now);
         let project = self
             .tree
@@ -15,7 +30,9 @@ impl Scheduler {
         self.check_fits(&spec)?;
         let id = WorkloadId(self.st.next_workload);
         self.st.next_workload += 1;
-        self.st.demand[project.idx()] += u64::from(spec.total_gpus());
+        if !held {
+            self.st.demand[project.idx()] += u64::from(spec.total_gpus());
+        }
         let w = Workload {
             id,
             spec,
@@ -27,8 +44,11 @@ impl Scheduler {
             preemptions: 0,
             last_preempted: None,
             blocked: None,
+            held,
         };
-        self.enqueue(QueueKey::of(&w));
+        if !held {
+            self.enqueue(QueueKey::of(&w));
+        }
         self.st.workloads.insert(id, Box::new(w));
         Ok(id)
     }
@@ -195,11 +215,19 @@ impl Scheduler {
             .release(now, lease)
             .ok_or(CoreError::UnknownLease(lease.0))?;
         let wid = l.workload;
-        let requeue = self
-            .st
-            .workloads
-            .get(&wid)
-            .is_some_and(|w| !w.spec.no_requeue);
+        let asked = matches!(
+            l.revoke,
+            Some(Revocation {
+                why: RevokeWhy::Requeued,
+                ..
+            })
+        );
+        let requeue = asked
+            || self
+                .st
+                .workloads
+                .get(&wid)
+                .is_some_and(|w| !w.spec.no_requeue);
         let cancelled = matches!(
             l.revoke,
             Some(Revocation {
@@ -258,7 +286,10 @@ impl Scheduler {
                 w.last_preempted = Some(now);
             }
             let key = QueueKey::of(w);
-            if self.st.held_back(wid) {
+            if w.held {
+                // Held while it ran its last stretch (`allot requeue --hold`): it
+                // waits out of its queue until released.
+            } else if self.st.held_back(wid) {
                 // An earlier run of it still ends somewhere (a lost node's lease that
                 // came back): it waits for that, out of its queue.
                 self.hold_back(wid);

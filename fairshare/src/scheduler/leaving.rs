@@ -228,7 +228,7 @@ impl Scheduler {
             .st
             .workloads
             .get_mut(&id)
-            .filter(|w| w.state == WorkloadState::Pending)
+            .filter(|w| w.state == WorkloadState::Pending && !w.held)
         else {
             return;
         };

@@ -16,6 +16,7 @@ mod baseline;
 mod bookkeeping;
 mod easy;
 mod facts;
+mod gates;
 mod inputs;
 mod leaving;
 mod pass;
@@ -111,6 +112,15 @@ pub enum CoreError {
     /// The workload is already finished.
     #[error("workload {0} has already ended")]
     AlreadyEnded(u64),
+    /// Only running work can be asked to run again.
+    #[error("workload {0} is not running; only running work is requeued")]
+    NotRunning(u64),
+    /// Only pending work can be held or changed.
+    #[error("workload {0} is running; only pending work is held or changed (`allot requeue` sends it back to the queue first)")]
+    Running(u64),
+    /// A changed request allot could never run.
+    #[error(transparent)]
+    Spec(#[from] crate::workload::SpecError),
     /// Bad node list.
     #[error(transparent)]
     Cluster(#[from] ClusterError),

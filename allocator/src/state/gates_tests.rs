@@ -1,0 +1,291 @@
+//! Gates: holds, dependencies, begin times and arrays, through `Allocator::apply`.
+
+use super::tests::allocator;
+use super::*;
+use allot_fairshare::{LeaseEnd, Time, WorkloadSpec, WorkloadState};
+
+fn spec() -> WorkloadSpec {
+    WorkloadSpec {
+        project: "demo-a".into(),
+        user: "u".into(),
+        class: "batch".into(),
+        gpus_per_node: 1,
+        nodes: 1,
+        cpu_per_node: 0,
+        mem_per_node_gb: 0,
+        min_runtime: 0,
+        time_limit: None,
+        resumable: true,
+        priority: 0,
+        no_requeue: false,
+    }
+}
+
+fn submit(gates: Gates, array: Option<ArraySpec>, name: &str) -> Input {
+    Input::Submit {
+        spec: spec(),
+        argv: vec!["x".into()],
+        hook: String::new(),
+        cwd: String::new(),
+        env: Vec::new(),
+        output: "%A_%a.out".into(),
+        error: String::new(),
+        warn: None,
+        name: name.into(),
+        gates,
+        array,
+    }
+}
+
+fn end(a: &mut Allocator, at: Time, id: u64, how: LeaseEnd) {
+    let lease = *a.workloads()[&id].leases.last().expect("ran");
+    a.apply(
+        at,
+        &Input::LeaseEnded {
+            lease,
+            end: how,
+            reason: "exited".into(),
+            node: String::new(),
+            exit_code: Some(i32::from(how != LeaseEnd::Completed)),
+            signal: None,
+            part: false,
+            leaving: false,
+        },
+    )
+    .expect("ended");
+}
+
+fn running(a: &Allocator) -> Vec<u64> {
+    a.workloads()
+        .values()
+        .filter(|w| w.state == WorkloadState::Running)
+        .map(|w| w.id)
+        .collect()
+}
+
+fn state(a: &Allocator, id: u64) -> WorkloadState {
+    a.workloads()[&id].state
+}
+
+#[test]
+fn an_array_never_runs_more_than_its_limit_and_every_element_completes() {
+    // 4 nodes of 2 GPUs: room for 8, the array may run 3.
+    let mut a = allocator(4);
+    let arr = ArraySpec {
+        indices: (0..20).collect(),
+        limit: 3,
+    };
+    let first = a
+        .apply(0, &submit(Gates::default(), Some(arr), "sweep"))
+        .expect("submit")
+        .id
+        .expect("id");
+    let mut most = 0;
+    let mut sent = Vec::new();
+    for t in 1..100 {
+        let ap = a.apply(t, &Input::Schedule).expect("pass");
+        sent.extend(ap.outs);
+        let now = running(&a);
+        most = most.max(now.len());
+        assert!(now.len() <= 3, "at {t}: {now:?} run");
+        for id in now {
+            end(&mut a, t, id, LeaseEnd::Completed);
+        }
+        if a.workloads()
+            .values()
+            .all(|w| w.state == WorkloadState::Completed)
+        {
+            break;
+        }
+    }
+    assert_eq!(most, 3, "the limit is used, not just kept");
+    let done: Vec<u32> = a
+        .workloads()
+        .values()
+        .filter(|w| w.state == WorkloadState::Completed)
+        .map(|w| w.array.expect("element").index)
+        .collect();
+    assert_eq!(done, (0..20).collect::<Vec<_>>());
+    // Each element knows its array and index, in its environment and file names.
+    let starts: Vec<&StartLease> = sent
+        .iter()
+        .filter_map(|o| match o {
+            Out::Send {
+                cmd: Command::Start(s),
+                ..
+            } => Some(&**s),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts.len(), 20);
+    let last = starts.last().expect("a start");
+    let env = last.allot_env();
+    let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    assert_eq!(get("ALLOT_ARRAY_ID"), Some(first.to_string()));
+    assert_eq!(get("ALLOT_ARRAY_INDEX"), Some("19".into()));
+    assert_eq!(last.output, format!("{first}_19.out"));
+}
+
+#[test]
+fn afterok_runs_after_success_and_ends_with_the_reason_after_a_failure() {
+    let mut a = allocator(2);
+    let first = a
+        .apply(0, &submit(Gates::default(), None, ""))
+        .unwrap()
+        .id
+        .unwrap();
+    let after = |id| Gates {
+        deps: vec![Dep {
+            kind: DepKind::Afterok,
+            id,
+        }],
+        ..Gates::default()
+    };
+    let second = a
+        .apply(0, &submit(after(first), None, ""))
+        .unwrap()
+        .id
+        .unwrap();
+    let third = a
+        .apply(0, &submit(after(second), None, ""))
+        .unwrap()
+        .id
+        .unwrap();
+    a.apply(1, &Input::Schedule).unwrap();
+    assert_eq!(running(&a), vec![first], "the dependents wait");
+    assert!(a.why(1, second).0.contains("to complete (afterok)"));
+    assert_eq!(a.why(1, second).1, "dependency");
+    end(&mut a, 2, first, LeaseEnd::Completed);
+    a.apply(3, &Input::Schedule).unwrap();
+    assert_eq!(running(&a), vec![second]);
+    // The second fails: the third can never run, and says why.
+    end(&mut a, 4, second, LeaseEnd::Failed);
+    assert_eq!(state(&a, third), WorkloadState::Cancelled);
+    let w = &a.workloads()[&third];
+    assert_eq!(w.end_reason, "dependency-never-satisfied");
+    // An afternotok on a completed workload is never met either.
+    let notok = Gates {
+        deps: vec![Dep {
+            kind: DepKind::Afternotok,
+            id: first,
+        }],
+        ..Gates::default()
+    };
+    let fourth = a.apply(5, &submit(notok, None, "")).unwrap().id.unwrap();
+    assert_eq!(state(&a, fourth), WorkloadState::Cancelled);
+}
+
+#[test]
+fn holds_keep_work_out_until_released_and_requeue_sends_it_back() {
+    let mut a = allocator(1);
+    let held = Gates {
+        hold: Some(HoldRec {
+            by: "u".into(),
+            operator: false,
+        }),
+        ..Gates::default()
+    };
+    let id = a.apply(0, &submit(held, None, "")).unwrap().id.unwrap();
+    a.apply(1, &Input::Schedule).unwrap();
+    assert!(running(&a).is_empty(), "held work does not start");
+    assert_eq!(a.why(1, id).1, "held");
+    assert!(
+        a.core
+            .workload(allot_fairshare::WorkloadId(id))
+            .unwrap()
+            .held
+    );
+    a.apply(2, &Input::Release { id, by: "u".into() }).unwrap();
+    a.apply(3, &Input::Schedule).unwrap();
+    assert_eq!(running(&a), vec![id]);
+    // Holding running work is refused: requeue it first.
+    let e = a
+        .apply(
+            4,
+            &Input::Hold {
+                id,
+                by: "u".into(),
+                operator: false,
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("is running"), "{e}");
+    // Requeue with a hold: revoked now, back in the queue held.
+    let ap = a
+        .apply(
+            4,
+            &Input::Requeue {
+                id,
+                by: "u".into(),
+                hold: true,
+                operator: false,
+            },
+        )
+        .unwrap();
+    assert!(ap
+        .outs
+        .iter()
+        .any(|o| matches!(o, Out::Audit { text, .. } if text.contains("requeue asked by u"))));
+    let ap = a.apply(5, &Input::Schedule).unwrap();
+    assert!(
+        ap.outs.iter().any(|o| matches!(o, Out::Send { cmd: Command::Revoke { why, .. }, .. } if why.contains("requeued"))),
+        "the host is told to stop it"
+    );
+    end(&mut a, 6, id, LeaseEnd::Revoked);
+    assert_eq!(state(&a, id), WorkloadState::Pending);
+    a.apply(7, &Input::Schedule).unwrap();
+    assert!(running(&a).is_empty(), "back in the queue, held");
+    assert_eq!(a.why(7, id).1, "held");
+    // Updating a pending workload: a shorter limit.
+    a.apply(
+        8,
+        &Input::Update {
+            id,
+            by: "u".into(),
+            time_limit: Some(600),
+            priority: Some(-1),
+            begin: None,
+        },
+    )
+    .unwrap();
+    let w = &a.workloads()[&id];
+    assert_eq!((w.spec.time_limit, w.spec.priority), (Some(600), -1));
+}
+
+#[test]
+fn begin_times_and_singletons_wait_their_turn_and_survive_a_snapshot() {
+    let mut a = allocator(2);
+    let later = Gates {
+        begin: 1_000,
+        ..Gates::default()
+    };
+    let b = a.apply(0, &submit(later, None, "")).unwrap().id.unwrap();
+    let s1 = a
+        .apply(0, &submit(Gates::default(), None, "nightly"))
+        .unwrap()
+        .id
+        .unwrap();
+    let single = Gates {
+        singleton: true,
+        ..Gates::default()
+    };
+    let s2 = a
+        .apply(0, &submit(single, None, "nightly"))
+        .unwrap()
+        .id
+        .unwrap();
+    let ap = a.apply(1, &Input::Schedule).unwrap();
+    assert_eq!(running(&a), vec![s1]);
+    assert_eq!(ap.next_wakeup.map(|t| t.min(1_000)), Some(1_000));
+    assert_eq!(a.why(1, b).1, "begin-time");
+    assert_eq!(a.why(1, s2).1, "singleton");
+    // Through a snapshot: the gates and what they wait for come back.
+    let cfg = ServerConfig::parse(crate::config::EXAMPLE, "example").unwrap();
+    let mut a = Allocator::restore(&cfg, &a.snapshot(), 2).expect("restore");
+    assert_eq!(a.why(2, s2).1, "singleton");
+    end(&mut a, 3, s1, LeaseEnd::Completed);
+    a.apply(4, &Input::Schedule).unwrap();
+    assert_eq!(running(&a), vec![s2]);
+    a.apply(1_000, &Input::Schedule).unwrap();
+    assert!(running(&a).contains(&b), "its begin time came");
+}
