@@ -29,7 +29,9 @@ fn core_status(e: CoreError) -> Status {
         CoreError::UnknownWorkload(_) | CoreError::UnknownLease(_) | CoreError::UnknownNode(_) => {
             Status::not_found(e.to_string())
         }
-        CoreError::AlreadyEnded(_) => Status::failed_precondition(e.to_string()),
+        CoreError::AlreadyEnded(_) | CoreError::NotRunning(_) | CoreError::Running(_) => {
+            Status::failed_precondition(e.to_string())
+        }
         _ => Status::invalid_argument(e.to_string()),
     }
 }
@@ -210,6 +212,16 @@ impl Api {
             })
             .collect();
         Ok((id, ids))
+    }
+
+    /// The one workload `text` names: an id, or `ARRAY_INDEX` (an array's id alone
+    /// names its first element, as a workload).
+    fn one(&self, text: &str) -> Result<u64, Status> {
+        if text.contains('_') {
+            Ok(self.targets(text, false)?.0)
+        } else {
+            parse_id(text)
+        }
     }
 
     /// Hold, release, requeue or update what `text` names, each with `who`'s right
@@ -646,7 +658,7 @@ impl pb::workloads_server::Workloads for Api {
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::Workload>, Status> {
-        let id = parse_id(&req.get_ref().id)?;
+        let id = self.one(&req.get_ref().id)?;
         let who = self.allow(&req, Ask::See(id))?;
         let mut w = match self.workload_view(id) {
             Err(e) if e.code() == tonic::Code::NotFound => {
@@ -718,7 +730,7 @@ impl pb::workloads_server::Workloads for Api {
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let id = parse_id(&req.get_ref().id)?;
+        let id = self.one(&req.get_ref().id)?;
         let who = self.allow(&req, Ask::See(id))?;
         let first = self.workload_view(id)?;
         let slot = self.0.conns.watch_slot(&who.owner()).map_err(|why| {
@@ -764,7 +776,7 @@ impl pb::workloads_server::Workloads for Api {
         &self,
         req: Request<pb::LogsRequest>,
     ) -> Result<Response<Self::LogsStream>, Status> {
-        let id = parse_id(&req.get_ref().id)?;
+        let id = self.one(&req.get_ref().id)?;
         let who = self.allow(&req, Ask::Logs(id))?;
         let r = req.into_inner();
         let stream = match pb::LogStream::try_from(r.stream) {

@@ -89,7 +89,8 @@ fn vouched(rpc: &str) -> [Want; 4] {
     let pd = Code::PermissionDenied;
     match rpc {
         "Workloads.Submit" => [Yes, No(pd, "may not charge \"p-a\""), ROOT, STRANGER],
-        "Workloads.Cancel" | "Workloads.Get" | "Workloads.Watch" => {
+        "Workloads.Cancel" | "Workloads.Get" | "Workloads.Watch" | "Workloads.Hold"
+        | "Workloads.Release" | "Workloads.Requeue" | "Workloads.Update" => {
             [Yes, No(pd, "only its owner"), ROOT, STRANGER]
         }
         "Workloads.Logs" => [Yes, No(pd, "only its owner, an operator"), ROOT, STRANGER],
@@ -129,6 +130,18 @@ fn table_9() -> Vec<(&'static str, [Want; 9])> {
         NODE_ONLY,
         REVOKED,
     ];
+    // Hold, release, requeue, update: the owner and operators, not managers.
+    let control = [
+        ANON,
+        Yes,
+        No(Code::PermissionDenied, "only its owner, an operator"),
+        No(Code::PermissionDenied, "only its owner, an operator"),
+        Yes,
+        Yes,
+        NODE_ONLY,
+        NODE_ONLY,
+        REVOKED,
+    ];
     let admin_only = [
         ANON, NOT_ADMIN, NOT_ADMIN, NOT_ADMIN, NOT_ADMIN, Yes, NODE_ONLY, NODE_ONLY, REVOKED,
     ];
@@ -162,6 +175,10 @@ fn table_9() -> Vec<(&'static str, [Want; 9])> {
             ],
         ),
         ("Workloads.Get", see_alices),
+        ("Workloads.Hold", control),
+        ("Workloads.Release", control),
+        ("Workloads.Requeue", control),
+        ("Workloads.Update", control),
         ("Workloads.List", user_read),
         ("Workloads.Watch", see_alices),
         (
@@ -353,6 +370,39 @@ impl World {
                 w.get(pb::GetRequest { id }).await.map(drop)
             }
             "Workloads.List" => w.list(pb::ListRequest::default()).await.map(drop),
+            "Workloads.Hold" | "Workloads.Release" => {
+                let id = self.alices_workload().await;
+                let req = pb::ControlRequest { id, hold: false };
+                if rpc == "Workloads.Hold" {
+                    w.hold(req).await.map(drop)
+                } else {
+                    w.release(req).await.map(drop)
+                }
+            }
+            "Workloads.Requeue" => {
+                let id = self.alices_workload().await;
+                // Alice's work waits: a caller with the right is past its check
+                // when told that only running work is requeued.
+                match w.requeue(pb::ControlRequest { id, hold: false }).await {
+                    Err(s)
+                        if s.code() == Code::FailedPrecondition
+                            && s.message().contains("is not running") =>
+                    {
+                        Ok(())
+                    }
+                    r => r.map(drop),
+                }
+            }
+            "Workloads.Update" => {
+                let id = self.alices_workload().await;
+                w.update(pb::UpdateRequest {
+                    id,
+                    priority: Some(-1),
+                    ..Default::default()
+                })
+                .await
+                .map(drop)
+            }
             "Workloads.Watch" => {
                 let id = self.alices_workload().await;
                 let mut s = w.watch(pb::WatchRequest { id }).await?.into_inner();

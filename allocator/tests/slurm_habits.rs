@@ -1,0 +1,198 @@
+//! What Slurm users reach for every week, through the `allot` CLI against allotd
+//! and real agents running real processes: an array under its limit (the jobs
+//! themselves count how many run at once), `--afterok` after a success and after a
+//! failure, hold / release / requeue / update with the owner's limits, and the
+//! gates surviving an allotd restart.
+
+mod support;
+
+use std::time::Duration;
+use support::{wait_for, Cluster};
+
+const LONG: Duration = Duration::from_secs(120);
+
+const ORG: &str = "[[group]]\nname = \"demo-a\"\nweight = 1\nmembers = [\"allot-test-a\"]\n[[group]]\nname = \"demo-b\"\nweight = 1\n";
+
+fn queue_all(c: &Cluster) -> Vec<serde_json::Value> {
+    c.json(&["queue", "--all", "--json"])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn ok(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+#[test]
+fn an_array_of_20_runs_at_most_4_at_once_and_all_complete() {
+    // Two hosts of 4 GPUs: room for 8, the array may run 4.
+    let c = Cluster::start("habits-array", ORG, 2, 4);
+    let dir = c.dir.join("array");
+    std::fs::create_dir_all(dir.join("live")).expect("dir");
+    // Each element marks itself live, counts the live ones, and leaves.
+    let script = format!(
+        "cd {d}; touch live/$ALLOT_ARRAY_INDEX; ls live | wc -l > count.$ALLOT_ARRAY_INDEX; echo $ALLOT_ARRAY_ID > array.$ALLOT_ARRAY_INDEX; sleep 0.4; rm live/$ALLOT_ARRAY_INDEX",
+        d = dir.display()
+    );
+    let v = c.json(&[
+        "submit",
+        "--json",
+        "--project",
+        "demo-a",
+        "--array",
+        "0-19%4",
+        "--name",
+        "sweep",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let array = v["id"].as_str().expect("id").to_string();
+    // The queue folds the pending elements into one line.
+    let text = ok(&c.allot(&["queue"]));
+    assert!(
+        text.contains(&format!("{array}_[")) || text.contains("pending:"),
+        "{text}"
+    );
+    wait_for("all 20 elements to complete", LONG, || {
+        let q = queue_all(&c);
+        let done = q
+            .iter()
+            .filter(|w| w["array_id"] == array.as_str() && w["state"] == "completed")
+            .count();
+        (done == 20).then_some(())
+    });
+    let counts: Vec<u32> = (0..20)
+        .map(|i| {
+            let p = dir.join(format!("count.{i}"));
+            let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            text.trim().parse().expect("a count")
+        })
+        .collect();
+    assert!(
+        counts.iter().all(|n| *n <= 4),
+        "never more than 4 live at once: {counts:?}"
+    );
+    assert!(
+        counts.iter().any(|n| *n > 1),
+        "elements ran side by side: {counts:?}"
+    );
+    let ids = std::fs::read_to_string(dir.join("array.19")).expect("array id");
+    assert_eq!(ids.trim(), array);
+    // Every element is a workload of its own, with its index.
+    let w = c.json(&["status", &format!("{array}_7"), "--json"]);
+    assert_eq!(w["array_index"], 7);
+}
+
+#[test]
+fn afterok_runs_after_a_success_and_ends_with_the_reason_after_a_failure() {
+    let c = Cluster::start("habits-deps", ORG, 1, 2);
+    let first = c.submit(&["--project", "demo-a"], "sleep 0.5; exit 0");
+    let second = c.submit(&["--project", "demo-a", "--afterok", &first], "exit 0");
+    let failing = c.submit(&["--project", "demo-a"], "exit 3");
+    let never = c.submit(
+        &[
+            "--project",
+            "demo-a",
+            "--dependency",
+            &format!("afterok:{failing}"),
+        ],
+        "exit 0",
+    );
+    let w = c.status(&second);
+    if w["state"] == "pending" {
+        assert_eq!(w["gate"], "dependency", "{w}");
+    }
+    let done = c.wait_state(&second, "completed", LONG);
+    let first_w = c.wait_state(&first, "completed", LONG);
+    assert!(
+        done["start_unix"].as_i64() >= first_w["end_unix"].as_i64(),
+        "{done} started before {first_w} ended"
+    );
+    let w = c.wait_state(&never, "cancelled", LONG);
+    assert_eq!(w["end_reason"], "dependency-never-satisfied", "{w}");
+    let history = w["history"].to_string();
+    assert!(
+        history.contains(&format!(
+            "afterok:{failing}: workload {failing} ended failed"
+        )),
+        "{history}"
+    );
+}
+
+#[test]
+fn hold_release_requeue_and_update_with_the_owners_limits_across_a_restart() {
+    let mut c = Cluster::start("habits-hold", ORG, 1, 1);
+    let alice = ok(&c.allotd(&["tokens", "create", "--user", "allot-test-a"]))
+        .trim()
+        .to_string();
+    let as_alice = |c: &Cluster, args: &[&str]| {
+        c.allot_command(args)
+            .env("ALLOT_TOKEN", &alice)
+            .output()
+            .expect("allot runs")
+    };
+    let v: serde_json::Value = serde_json::from_str(&ok(&as_alice(
+        &c,
+        &[
+            "submit",
+            "--json",
+            "--hold",
+            "--time-limit",
+            "1h",
+            "--",
+            "sleep",
+            "300",
+        ],
+    )))
+    .expect("json");
+    let id = v["id"].as_str().expect("id").to_string();
+    assert_eq!(c.status(&id)["gate"], "held");
+    // The owner may shorten, not lengthen; the refusal names the right.
+    ok(&as_alice(&c, &["update", &id, "--time-limit", "30m"]));
+    assert_eq!(c.status(&id)["time_limit_s"], 1800);
+    let out = as_alice(&c, &["update", &id, "--time-limit", "2h"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("only an operator"), "{err}");
+    // Held through a restart.
+    c.kill9_server();
+    c.start_server();
+    c.wait_connected(1);
+    assert_eq!(c.status(&id)["gate"], "held");
+    ok(&as_alice(&c, &["release", &id]));
+    wait_for("the released workload to run", LONG, || {
+        let w = c.status(&id);
+        (w["state"] == "running").then_some(())
+    });
+    // Requeue with a hold: back in the queue, held, its run ended by the requeue.
+    ok(&as_alice(&c, &["requeue", "--hold", &id]));
+    let w = wait_for("the requeued workload to wait held", LONG, || {
+        let w = c.status(&id);
+        (w["state"] == "pending" && w["gate"] == "held").then_some(w)
+    });
+    assert_eq!(w["runs"].as_array().map(Vec::len), Some(1), "{w}");
+    assert!(w["history"]
+        .to_string()
+        .contains("requeue asked by allot-test-a"));
+    let out = c.allot(&["cancel", &id]);
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        String::from_utf8_lossy(&out.stderr),
+        c.status(&id)
+    );
+    // Someone else's work is not theirs to hold.
+    let other = c.submit(&["--project", "demo-b", "--hold"], "exit 0");
+    let out = as_alice(&c, &["release", &other]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("only its owner, an operator"), "{err}");
+}
