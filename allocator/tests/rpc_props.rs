@@ -973,6 +973,7 @@ fn pick() -> BoxedStrategy<Pick> {
 }
 
 /// One call of one RPC.
+#[allow(clippy::large_enum_variant)] // a test's cases, one at a time
 #[derive(Debug, Clone)]
 enum Case {
     Submit(Caller, pb::SubmitRequest),

@@ -63,6 +63,8 @@ struct Connection {
     socket: PathBuf,
 }
 
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Print the version.

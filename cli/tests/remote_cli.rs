@@ -6,10 +6,11 @@ use allot_proto::v1::nodes_server::{Nodes, NodesServer};
 use allot_proto::v1::org_server::{Org, OrgServer};
 use allot_proto::v1::workloads_server::{Workloads, WorkloadsServer};
 use allot_proto::v1::{
-    CancelRequest, DrainInfo, GetRequest, GetTreeRequest, GetTreeResponse, Gpu, GpuState, Group,
-    HostVerdict, ListNodesRequest, ListNodesResponse, ListRequest, ListResponse, LogStream,
-    LogsChunk, LogsRequest, Node, NodeDrainRequest, SetWeightRequest, SubmitRequest,
-    SubmitResponse, WatchRequest, Workload, WorkloadSpec, WorkloadState,
+    CancelRequest, ControlRequest, ControlResponse, DrainInfo, GetRequest, GetTreeRequest,
+    GetTreeResponse, Gpu, GpuState, Group, HostVerdict, ListNodesRequest, ListNodesResponse,
+    ListRequest, ListResponse, LogStream, LogsChunk, LogsRequest, Node, NodeDrainRequest,
+    SetWeightRequest, SubmitRequest, SubmitResponse, UpdateRequest, WatchRequest, Workload,
+    WorkloadSpec, WorkloadState,
 };
 use std::sync::{Arc, Mutex};
 use tonic::{Request, Response, Status};
@@ -276,6 +277,7 @@ struct Seen {
     lists: Vec<ListRequest>,
     gets: Vec<String>,
     cancels: Vec<String>,
+    controls: Vec<String>,
     weights: Vec<SetWeightRequest>,
     drains: Vec<NodeDrainRequest>,
     logs: Vec<LogsRequest>,
@@ -337,6 +339,23 @@ fn workload(id: &str, state: WorkloadState) -> Workload {
     w
 }
 
+impl Fake {
+    /// Hold, release, requeue, update: remembered; `99` is someone else's.
+    fn control(&self, what: &str, r: ControlRequest) -> Result<Response<ControlResponse>, Status> {
+        if r.id == "99" {
+            return Err(Status::permission_denied(
+                "id: ana may not hold workload 99 of bo: only its owner, an operator ([roles] operators in allotd.toml) or an admin may",
+            ));
+        }
+        self.seen()
+            .controls
+            .push(format!("{what} {} hold={}", r.id, r.hold));
+        Ok(Response::new(ControlResponse {
+            workloads: vec![workload(&r.id, WorkloadState::Pending)],
+        }))
+    }
+}
+
 #[tonic::async_trait]
 impl Workloads for Fake {
     async fn submit(&self, r: Request<SubmitRequest>) -> Result<Response<SubmitResponse>, Status> {
@@ -379,6 +398,38 @@ impl Workloads for Fake {
             WorkloadState::Cancelled
         };
         Ok(Response::new(workload(&id, state)))
+    }
+
+    async fn hold(&self, r: Request<ControlRequest>) -> Result<Response<ControlResponse>, Status> {
+        self.control("hold", r.into_inner())
+    }
+
+    async fn release(
+        &self,
+        r: Request<ControlRequest>,
+    ) -> Result<Response<ControlResponse>, Status> {
+        self.control("release", r.into_inner())
+    }
+
+    async fn requeue(
+        &self,
+        r: Request<ControlRequest>,
+    ) -> Result<Response<ControlResponse>, Status> {
+        self.control("requeue", r.into_inner())
+    }
+
+    async fn update(&self, r: Request<UpdateRequest>) -> Result<Response<ControlResponse>, Status> {
+        let r = r.into_inner();
+        self.control(
+            &format!(
+                "update {:?} {:?} {:?}",
+                r.time_limit_s, r.priority, r.begin_unix
+            ),
+            ControlRequest {
+                id: r.id,
+                hold: false,
+            },
+        )
     }
 
     async fn get(&self, r: Request<GetRequest>) -> Result<Response<Workload>, Status> {
@@ -613,6 +664,93 @@ fn serve(fake: Fake) -> String {
             .add_service(NodesServer::new(fake)),
     )
 }
+#[test]
+fn arrays_dependencies_and_holds_are_sent_as_given() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let (code, out, err) = allot(&[
+        "submit",
+        "--server",
+        &addr,
+        "--project",
+        "vision",
+        "--array",
+        "0-9%2",
+        "--afterok",
+        "3,4",
+        "-d",
+        "afterany:5,singleton",
+        "--begin",
+        "2026-12-24T16:00",
+        "--hold",
+        "-J",
+        "sweep",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("submitted array 17: 10 workloads"), "{out}");
+    assert!(out.contains("at most 2 at once"), "{out}");
+    {
+        let seen = fake.seen();
+        let s = &seen.submits[0];
+        assert_eq!(s.array, "0-9%2");
+        let deps: Vec<String> = s
+            .dependencies
+            .iter()
+            .map(|d| format!("{}:{}", d.kind, d.id))
+            .collect();
+        assert_eq!(deps, ["afterok:3", "afterok:4", "afterany:5"]);
+        assert!(s.singleton && s.hold);
+        assert_eq!(s.begin_unix, 1_798_128_000);
+    }
+    // Bad shapes are refused before allotd is asked, naming the flag.
+    for (flag, value, words) in [
+        ("--array", "5-1", "runs backwards"),
+        ("--dependency", "before:3", "not a dependency allot knows"),
+        ("--begin", "someday", "is not a time"),
+        ("--afterok", "x", "is not a workload id"),
+    ] {
+        let (code, _, err) = allot(&["submit", "--server", &addr, flag, value, "--", "true"]);
+        assert_ne!(code, 0, "{flag} {value}");
+        assert!(err.contains(words), "{flag} {value}: {err}");
+    }
+    // Hold, release, requeue --hold, update: each id on its own; a refusal is named
+    // and the others go on.
+    let (code, out, err) = allot(&["hold", "--server", &addr, "5", "99", "6"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("workload 99: id: ana may not hold"), "{err}");
+    assert!(
+        out.contains("workload 5 held: pending") && out.contains("workload 6 held"),
+        "{out}"
+    );
+    let (code, _, err) = allot(&["requeue", "--server", &addr, "--hold", "7"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = allot(&[
+        "update",
+        "--server",
+        &addr,
+        "8",
+        "--time-limit",
+        "30m",
+        "--priority",
+        "-1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = allot(&["update", "--server", &addr, "8"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("nothing to change"), "{err}");
+    assert_eq!(
+        fake.seen().controls,
+        [
+            "hold 5 hold=false",
+            "hold 6 hold=false",
+            "requeue 7 hold=true",
+            "update Some(1800) Some(-1) None 8 hold=false"
+        ]
+    );
+}
+
 #[test]
 fn submit_sends_the_whole_spec() {
     let fake = Fake::default();

@@ -63,6 +63,16 @@ impl Scheduler {
             .ok_or(CoreError::UnknownWorkload(id.0))?;
         match (w.state, w.lease) {
             (WorkloadState::Running, Some(lease)) => {
+                let cancelled = self
+                    .st
+                    .leases
+                    .get(&lease)
+                    .and_then(|l| l.revoke.as_ref())
+                    .is_some_and(|r| r.why == RevokeWhy::Cancelled);
+                if cancelled {
+                    // Cancelled already: it ends, whatever is asked after.
+                    return Err(CoreError::AlreadyEnded(id.0));
+                }
                 self.st.revoke_at(lease, now, RevokeWhy::Requeued);
                 Ok(())
             }

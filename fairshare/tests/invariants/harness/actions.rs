@@ -20,6 +20,9 @@ impl Shell {
         why: &StartWhy,
     ) {
         let now = self.now;
+        if self.held.contains(&wid) {
+            self.fail(Prop::Books, format!("{wid:?} starts while held"));
+        }
         match why {
             StartWhy::Free { .. } => self.stats.starts_free += 1,
             StartWhy::AfterPreemption => self.stats.starts_after_preemption += 1,
@@ -193,7 +196,8 @@ impl Shell {
             self.fail(Prop::Books, format!("revoke of {lid:?} names {wid:?}"));
         }
         let prior = self.revoked_at.get(&lid).copied();
-        let news = prior.is_none_or(|p| not_before < p) || *why == RevokeWhy::Cancelled;
+        let news = prior.is_none_or(|p| not_before < p)
+            || matches!(why, RevokeWhy::Cancelled | RevokeWhy::Requeued);
         if !news {
             self.fail(
                 Prop::Revokes,
@@ -287,7 +291,7 @@ impl Shell {
                 }
             }
             RevokeWhy::DrainNow { .. } => self.stats.drain_now_revokes += 1,
-            RevokeWhy::Cancelled => self.stats.cancel_revokes += 1,
+            RevokeWhy::Cancelled | RevokeWhy::Requeued => self.stats.cancel_revokes += 1,
         }
         if self.live.contains_key(&lid) {
             self.last_revoke.insert(lid, why.clone());

@@ -184,9 +184,12 @@ impl Shell {
             };
             match w.state {
                 WorkloadState::Pending => {
-                    // One that waits for its earlier run's parts to leave is out of
-                    // its queue until then.
-                    if self.leaving.values().any(|l| l.workload == id) {
+                    // One that waits for its earlier run's parts to leave, or is
+                    // held, is out of its queue until then.
+                    if w.held != self.held.contains(&id) {
+                        bad.push(format!("{id:?} held {} in the core", w.held));
+                    }
+                    if w.held || self.leaving.values().any(|l| l.workload == id) {
                         held_back += 1;
                     } else {
                         pending += 1;
@@ -207,7 +210,7 @@ impl Shell {
                 }
                 _ => ended += 1,
             }
-            if !w.state.is_final() {
+            if !w.state.is_final() && !w.held {
                 demand[w.project.idx()] += u64::from(w.spec.total_gpus());
             }
             match self.finals.get(&id) {

@@ -68,6 +68,11 @@ pub(crate) enum Op {
     Advance(Secs),
     /// Index into the workloads submitted so far (modulo their number).
     Cancel(usize),
+    /// Hold (true) or release (false) one of them, as a hold, a dependency or an
+    /// array's limit would.
+    Hold(usize, bool),
+    /// Send one of them back to the queue (`allot requeue`).
+    Requeue(usize),
     Node(usize, NodeState),
     /// A GPU changes health; `kill` ends the lease on it as the agent would see it die.
     Gpu {
@@ -204,6 +209,8 @@ fn op() -> impl Strategy<Value = Op> {
         8 => prop_oneof![3 => 1..10 * MINUTE, 4 => 10 * MINUTE..2 * HOUR, 2 => 2 * HOUR..12 * HOUR]
             .prop_map(Op::Advance),
         2 => (0usize..64).prop_map(Op::Cancel),
+        2 => (0usize..64, any::<bool>()).prop_map(|(i, h)| Op::Hold(i, h)),
+        1 => (0usize..64).prop_map(Op::Requeue),
         2 => (
             0usize..6,
             prop_oneof![

@@ -148,6 +148,8 @@ pub(crate) struct Shell {
     jobs: BTreeMap<WorkloadId, Job>,
     ids: Vec<WorkloadId>,
     finals: BTreeMap<WorkloadId, WorkloadState>,
+    /// Workloads held and not released: none of them may start.
+    held: BTreeSet<WorkloadId>,
     last_revoke: BTreeMap<LeaseId, RevokeWhy>,
     /// Earliest `not_before` each revoked lease was given.
     revoked_at: BTreeMap<LeaseId, Time>,

@@ -33,6 +33,7 @@ impl Shell {
             jobs: BTreeMap::new(),
             ids: Vec::new(),
             finals: BTreeMap::new(),
+            held: BTreeSet::new(),
             last_revoke: BTreeMap::new(),
             revoked_at: BTreeMap::new(),
             log: Vec::new(),
@@ -87,6 +88,8 @@ impl Shell {
             }
             Op::Advance(dt) => self.advance(*dt),
             Op::Cancel(i) => self.cancel(*i),
+            Op::Hold(i, hold) => self.hold(*i, *hold),
+            Op::Requeue(i) => self.requeue(*i),
             Op::Node(n, state) => self.node(*n, *state),
             Op::Gpu {
                 node,
@@ -176,6 +179,47 @@ impl Shell {
             }
             Err(CoreError::AlreadyEnded(_)) if ended => {}
             Err(e) => self.fail(Prop::Books, format!("cancel {id:?}: {e}")),
+        }
+        self.pass();
+    }
+
+    /// Holds or releases one workload: only pending work can be either, and held
+    /// work must never start (checked at each start).
+    fn hold(&mut self, i: usize, hold: bool) {
+        self.news();
+        if self.ids.is_empty() {
+            return;
+        }
+        let id = self.ids[i % self.ids.len()];
+        let r = if hold {
+            self.sch.hold(self.now, id)
+        } else {
+            self.sch.release(self.now, id)
+        };
+        match r {
+            Ok(_) => {
+                if hold {
+                    self.held.insert(id);
+                } else {
+                    self.held.remove(&id);
+                }
+            }
+            Err(CoreError::Running(_) | CoreError::AlreadyEnded(_)) => {}
+            Err(e) => self.fail(Prop::Books, format!("hold {id:?} ({hold}): {e}")),
+        }
+        self.pass();
+    }
+
+    /// Requeues one workload if it runs: its lease is revoked now and it waits again.
+    fn requeue(&mut self, i: usize) {
+        self.news();
+        if self.ids.is_empty() {
+            return;
+        }
+        let id = self.ids[i % self.ids.len()];
+        match self.sch.requeue(self.now, id) {
+            Ok(()) | Err(CoreError::NotRunning(_) | CoreError::AlreadyEnded(_)) => {}
+            Err(e) => self.fail(Prop::Books, format!("requeue {id:?}: {e}")),
         }
         self.pass();
     }
@@ -347,7 +391,8 @@ impl Shell {
         let requeue = self
             .sch
             .workload(l.workload)
-            .is_some_and(|w| !w.spec.no_requeue);
+            .is_some_and(|w| !w.spec.no_requeue)
+            || matches!(self.last_revoke.get(&lid), Some(RevokeWhy::Requeued));
         let cancelled = matches!(self.last_revoke.get(&lid), Some(RevokeWhy::Cancelled));
         // A gang's parts end one by one: the first (or the lost ones) now, the others
         // on their hosts' next report; the core holds them meanwhile.
