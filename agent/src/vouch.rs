@@ -198,6 +198,18 @@ impl pb::workloads_server::Workloads for Vouch {
         Ok(Response::new(Box::pin(r.into_inner())))
     }
 
+    async fn history(
+        &self,
+        req: Request<pb::HistoryRequest>,
+    ) -> Result<Response<pb::HistoryResponse>, Status> {
+        forward!(
+            self,
+            req,
+            pb::workloads_client::WorkloadsClient<Channel>,
+            history
+        )
+    }
+
     async fn hold(
         &self,
         req: Request<pb::ControlRequest>,
@@ -249,6 +261,13 @@ impl pb::workloads_server::Workloads for Vouch {
 
 #[tonic::async_trait]
 impl pb::org_server::Org for Vouch {
+    async fn usage(
+        &self,
+        req: Request<pb::UsageRequest>,
+    ) -> Result<Response<pb::UsageResponse>, Status> {
+        forward!(self, req, pb::org_client::OrgClient<Channel>, usage)
+    }
+
     async fn get_tree(
         &self,
         req: Request<pb::GetTreeRequest>,

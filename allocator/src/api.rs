@@ -549,6 +549,21 @@ impl pb::workloads_server::Workloads for Api {
         Ok(Response::new(self.workload_view(id)?))
     }
 
+    async fn history(
+        &self,
+        req: Request<pb::HistoryRequest>,
+    ) -> Result<Response<pb::HistoryResponse>, Status> {
+        let who = self.allow(&req, Ask::Read)?;
+        crate::limits::history(req.get_ref())?;
+        let server = self.0.clone();
+        let r = req.into_inner();
+        // The store is read under the state's lock: off the async workers.
+        tokio::task::spawn_blocking(move || crate::reports::history(&server, &who, &r))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map(Response::new)
+    }
+
     async fn hold(
         &self,
         req: Request<pb::ControlRequest>,
@@ -830,6 +845,19 @@ impl pb::workloads_server::Workloads for Api {
 
 #[tonic::async_trait]
 impl pb::org_server::Org for Api {
+    async fn usage(
+        &self,
+        req: Request<pb::UsageRequest>,
+    ) -> Result<Response<pb::UsageResponse>, Status> {
+        let who = self.allow(&req, Ask::Read)?;
+        let server = self.0.clone();
+        let r = req.into_inner();
+        tokio::task::spawn_blocking(move || crate::reports::usage(&server, &who, &r))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map(Response::new)
+    }
+
     async fn get_tree(
         &self,
         req: Request<pb::GetTreeRequest>,

@@ -69,6 +69,10 @@ pub struct ServerSection {
     /// records, where `allot status ID` still finds them.
     #[serde(deserialize_with = "de_duration")]
     pub keep_finished: u64,
+    /// Ended runs stay in the state file's history (`allot history`, `allot usage`)
+    /// this long after their end; snapshots forget older ones.
+    #[serde(deserialize_with = "de_duration")]
+    pub history_retention: u64,
     /// Where a lease's rendezvous port (`MASTER_PORT`) is chosen: `"LOW-HIGH"`,
     /// inclusive, unprivileged ports. Each lease gets one no other live lease with
     /// rank 0 on the same host holds.
@@ -136,6 +140,7 @@ impl Default for ServerSection {
             max_watch_streams_per_user: None,
             snapshot_every: 10_000,
             keep_finished: 86_400,
+            history_retention: 400 * 86_400,
             master_ports: PortRange::default(),
         }
     }

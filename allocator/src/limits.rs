@@ -74,6 +74,12 @@ pub fn list(r: &pb::ListRequest) -> Result<(), Status> {
     check_optional_name("name", &r.name, MAX_NAME).map_err(status)
 }
 
+/// The filters of a history request.
+pub fn history(r: &pb::HistoryRequest) -> Result<(), Status> {
+    check_optional_name("project", &r.project, MAX_NAME).map_err(status)?;
+    check_optional_name("user", &r.user, MAX_NAME).map_err(status)
+}
+
 /// A group of the org tree, as SetWeight names it.
 pub fn group(field: &str, name: &str) -> Result<(), Status> {
     check_name(field, name, MAX_NAME).map_err(status)

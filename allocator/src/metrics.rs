@@ -38,6 +38,7 @@ pub struct Numbers {
     connected: usize,
     pending: usize,
     gated: std::collections::BTreeMap<&'static str, u64>,
+    gpu_seconds: std::collections::BTreeMap<String, [u64; 2]>,
     connections: (usize, u64, u64, usize),
 }
 
@@ -64,6 +65,7 @@ impl Numbers {
             connected,
             pending: core.alloc.core.pending_len(),
             gated: core.alloc.gated_counts(now()),
+            gpu_seconds: core.alloc.gpu_seconds(now()),
             connections,
         }
     }
@@ -184,6 +186,23 @@ impl Numbers {
             Kind::Gauge,
             self.pending,
         );
+        e.family(
+            "allot_gpu_seconds_total",
+            "GPU-seconds received per project, funded or not (ended runs and the running ones so far): increase() over a window is usage, as allot usage reports it.",
+            Kind::Counter,
+        );
+        for (project, [funded, unfunded]) in &self.gpu_seconds {
+            e.sample(
+                "allot_gpu_seconds_total",
+                &[("project", project), ("funded", "true")],
+                funded,
+            );
+            e.sample(
+                "allot_gpu_seconds_total",
+                &[("project", project), ("funded", "false")],
+                unfunded,
+            );
+        }
         e.labelled(
             "allot_gated_workloads",
             "Pending workloads kept out of the queue, by gate (held, dependency, singleton, begin-time, array-limit).",

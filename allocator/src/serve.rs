@@ -47,11 +47,20 @@ impl Core {
 
     /// Writes a snapshot of the state as of the last journal entry, retiring the
     /// workloads that ended more than `keep_finished` ago.
-    fn snapshot(&mut self, at: Time, keep_finished: u64) -> anyhow::Result<()> {
+    fn snapshot(&mut self, at: Time, keep: &crate::config::ServerSection) -> anyhow::Result<()> {
         let t = Instant::now();
         let (seq, bytes, retired) =
-            write_snapshot(&mut self.alloc, self.store.as_mut(), at, keep_finished)?;
+            write_snapshot(&mut self.alloc, self.store.as_mut(), at, keep.keep_finished)?;
         self.since_snapshot = 0;
+        match self
+            .store
+            .prune_runs(at.saturating_sub(keep.history_retention))
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(runs = n, "history past history_retention forgotten"),
+            // History is kept longer than asked, never lost: the next snapshot tries again.
+            Err(e) => tracing::warn!(error = %e, "history not pruned"),
+        }
         tracing::info!(
             seq,
             bytes,
@@ -60,6 +69,14 @@ impl Core {
             "snapshot taken; the journal below it compacted"
         );
         Ok(())
+    }
+
+    /// Runs kept for history that match `q` (see [`Store::runs`]).
+    pub fn runs(
+        &self,
+        q: &crate::history::Query,
+    ) -> Result<(Vec<crate::history::RunRow>, bool), crate::store::StoreError> {
+        self.store.runs(q)
     }
 
     /// The audit log's lines about a workload.
@@ -169,7 +186,7 @@ impl Server {
     /// Writes a snapshot of the state now, compacting the journal below it.
     pub fn snapshot(&self) -> anyhow::Result<()> {
         let mut c = self.core();
-        c.snapshot(now(), self.cfg.server.keep_finished)
+        c.snapshot(now(), &self.cfg.server)
     }
 
     /// Locks the state (a panic elsewhere must not wedge the service).
@@ -220,11 +237,19 @@ impl Server {
                         tracing::error!(node = %node, "{text}");
                         None
                     }
-                    Out::Send { .. } => None,
+                    Out::Send { .. } | Out::Run(_) => None,
+                })
+                .collect();
+            let runs: Vec<&crate::history::RunRow> = a
+                .outs
+                .iter()
+                .filter_map(|o| match o {
+                    Out::Run(r) => Some(&**r),
+                    _ => None,
                 })
                 .collect();
             let entry = a.changed.then(|| a.record.as_ref().unwrap_or(&input));
-            let journaled = match c.store.commit(at, entry, &audit) {
+            let journaled = match c.store.commit(at, entry, &audit, &runs) {
                 Ok(seq) => seq,
                 Err(e) => {
                     // Memory now holds what the disk does not: stop, the journal wins.
@@ -252,7 +277,7 @@ impl Server {
             if entry.is_some() {
                 c.since_snapshot += 1;
                 if c.since_snapshot >= self.cfg.server.snapshot_every.max(1) {
-                    if let Err(e) = c.snapshot(at, self.cfg.server.keep_finished) {
+                    if let Err(e) = c.snapshot(at, &self.cfg.server) {
                         // The journal still holds everything: a snapshot is an
                         // optimisation of start-up, never the only copy.
                         tracing::error!(error = %e, "snapshot not taken; the journal keeps growing");
@@ -509,6 +534,7 @@ pub fn acknowledged(
                         next_lease: a.next_lease,
                         why: "a new state file replaced one that had given ids".into(),
                     }),
+                    &[],
                     &[],
                 )?
                 .unwrap_or(seq);

@@ -238,6 +238,7 @@ fn continue_ids(cfg: &ServerConfig, store: &mut Sqlite, why: &str) -> anyhow::Re
                 why: why.to_string(),
             }),
             &[],
+            &[],
         )?;
     }
     marker.record(Acked {
@@ -510,7 +511,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
     let (mut commit_s, mut ack_s) = (Vec::new(), Vec::new());
     for i in 0..500u64 {
         let t = Instant::now();
-        let seq = store.commit(t0.elapsed().as_secs() + i, Some(&input), &[])?;
+        let seq = store.commit(t0.elapsed().as_secs() + i, Some(&input), &[], &[])?;
         commit_s.push(t.elapsed().as_secs_f64());
         let t = Instant::now();
         marker.record(Acked {

@@ -7,6 +7,7 @@
 //! below it in the same transaction. The audit log (every decision with its reason)
 //! sits beside them for people.
 
+use crate::history::{Query, RunRow};
 use crate::state::Input;
 use allot_fairshare::Time;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -24,7 +25,14 @@ pub trait Store: Send {
         at: Time,
         input: Option<&Input>,
         audit: &[(u64, u64, &str)],
+        runs: &[&RunRow],
     ) -> Result<Option<u64>, StoreError>;
+    /// Runs kept for history that match `q`, newest end first (running ones are in
+    /// memory, not here); true when more matched than `q.limit`.
+    fn runs(&self, q: &Query) -> Result<(Vec<RunRow>, bool), StoreError>;
+    /// Forgets the runs that ended before `before` (`history_retention`); returns
+    /// how many.
+    fn prune_runs(&mut self, before: Time) -> Result<usize, StoreError>;
     /// The journal's last position (also once compaction emptied it; 0: none yet).
     fn last_seq(&self) -> Result<u64, StoreError>;
     /// The database's own id (`allot_meta`), made with it.
@@ -77,7 +85,12 @@ impl Sqlite {
               "CREATE TABLE IF NOT EXISTS snapshot (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL,
                  version INTEGER NOT NULL, body TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS retired (id INTEGER PRIMARY KEY, at INTEGER NOT NULL, body TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS dropped (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL, input TEXT NOT NULL);"],
+             CREATE TABLE IF NOT EXISTS dropped (seq INTEGER PRIMARY KEY, at INTEGER NOT NULL, input TEXT NOT NULL);",
+              // 3 (0.7): every ended run, for `allot history` and `allot usage`.
+              "CREATE TABLE IF NOT EXISTS runs (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                 workload INTEGER NOT NULL, start INTEGER NOT NULL, end INTEGER NOT NULL,
+                 user TEXT NOT NULL, project TEXT NOT NULL, state TEXT NOT NULL, body TEXT NOT NULL);
+             CREATE INDEX IF NOT EXISTS runs_end ON runs(end);"],
             Some("run `allotd state import FILE` with an export"),
         )?;
         Ok(Sqlite { conn, path })
@@ -216,8 +229,9 @@ impl Store for Sqlite {
         at: Time,
         input: Option<&Input>,
         audit: &[(u64, u64, &str)],
+        runs: &[&RunRow],
     ) -> Result<Option<u64>, StoreError> {
-        if input.is_none() && audit.is_empty() {
+        if input.is_none() && audit.is_empty() && runs.is_empty() {
             return Ok(None);
         }
         let body = input
@@ -253,8 +267,80 @@ impl Store for Sqlite {
             )
             .map_err(fail("writing the audit log"))?;
         }
+        for r in runs {
+            let body = serde_json::to_string(r).map_err(|e| StoreError {
+                path: path.clone(),
+                what: "encoding a run",
+                source: Box::new(e),
+            })?;
+            tx.execute(
+                "INSERT INTO runs (workload, start, end, user, project, state, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    secs(r.workload),
+                    secs(r.start),
+                    secs(r.end),
+                    r.user,
+                    r.project,
+                    r.state,
+                    body
+                ],
+            )
+            .map_err(fail("writing a run for history"))?;
+        }
         tx.commit().map_err(fail("committing"))?;
         Ok(seq)
+    }
+
+    fn runs(&self, q: &Query) -> Result<(Vec<RunRow>, bool), StoreError> {
+        let fail = |e| StoreError::new(&self.path, "reading history", e);
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT body FROM runs WHERE end >= ?1 AND (start < ?2 OR start = 0 AND end < ?2)
+                 AND (?3 = '' OR user = ?3) AND (?4 = '' OR project = ?4) AND (?5 = '' OR state = ?5)
+                 ORDER BY end DESC, seq DESC LIMIT ?6",
+            )
+            .map_err(fail)?;
+        let until = if q.until == 0 {
+            i64::MAX
+        } else {
+            secs(q.until)
+        };
+        let rows = st
+            .query_map(
+                params![
+                    secs(q.since),
+                    until,
+                    q.user,
+                    q.project,
+                    q.state,
+                    i64::try_from(q.limit).unwrap_or(i64::MAX).saturating_add(1)
+                ],
+                |r| r.get::<_, String>(0),
+            )
+            .map_err(fail)?;
+        let mut out = Vec::new();
+        for body in rows {
+            let body = body.map_err(fail)?;
+            match serde_json::from_str::<RunRow>(&body) {
+                Ok(r) => out.push(r),
+                // A row this release cannot read is left out, not fatal to the query.
+                Err(e) => tracing::warn!(error = %e, "a history row does not read; left out"),
+            }
+        }
+        let more = out.len() > q.limit;
+        out.truncate(q.limit);
+        Ok((out, more))
+    }
+
+    fn prune_runs(&mut self, before: Time) -> Result<usize, StoreError> {
+        self.conn
+            .execute(
+                "DELETE FROM runs WHERE end > 0 AND end < ?1",
+                [secs(before)],
+            )
+            .map_err(|e| StoreError::new(&self.path, "pruning history", e))
     }
 
     fn db_id(&self) -> Result<String, StoreError> {

@@ -94,7 +94,9 @@ fn vouched(rpc: &str) -> [Want; 4] {
             [Yes, No(pd, "only its owner"), ROOT, STRANGER]
         }
         "Workloads.Logs" => [Yes, No(pd, "only its owner, an operator"), ROOT, STRANGER],
-        "Workloads.List" | "Org.GetTree" | "Nodes.List" => [Yes, Yes, ROOT, STRANGER],
+        "Workloads.List" | "Workloads.History" | "Org.GetTree" | "Org.Usage" | "Nodes.List" => {
+            [Yes, Yes, ROOT, STRANGER]
+        }
         "AgentStream.Session" => [NOT_NODE, NOT_NODE, ROOT, STRANGER],
         // Only a node's own certificate renews, whatever is vouched.
         "Enrollment.Renew" => [No(pd, "is not a node"); 4],
@@ -180,6 +182,10 @@ fn table_9() -> Vec<(&'static str, [Want; 9])> {
         ("Workloads.Requeue", control),
         ("Workloads.Update", control),
         ("Workloads.List", user_read),
+        // Each caller gets the runs they may see (their own, a manager's subtree,
+        // everything for operators): reports/tests check the filtering.
+        ("Workloads.History", user_read),
+        ("Org.Usage", user_read),
         ("Workloads.Watch", see_alices),
         (
             "Workloads.Logs",
@@ -370,6 +376,8 @@ impl World {
                 w.get(pb::GetRequest { id }).await.map(drop)
             }
             "Workloads.List" => w.list(pb::ListRequest::default()).await.map(drop),
+            "Workloads.History" => w.history(pb::HistoryRequest::default()).await.map(drop),
+            "Org.Usage" => org.usage(pb::UsageRequest::default()).await.map(drop),
             "Workloads.Hold" | "Workloads.Release" => {
                 let id = self.alices_workload().await;
                 let req = pb::ControlRequest { id, hold: false };

@@ -1,8 +1,9 @@
 //! What Slurm users reach for every week, through the `allot` CLI against allotd
 //! and real agents running real processes: an array under its limit (the jobs
 //! themselves count how many run at once), `--afterok` after a success and after a
-//! failure, hold / release / requeue / update with the owner's limits, and the
-//! gates surviving an allotd restart.
+//! failure, hold / release / requeue / update with the owner's limits, the
+//! gates surviving an allotd restart, and history and usage equal to what the runs
+//! did, past keep_finished and across a restart.
 
 mod support;
 
@@ -195,4 +196,117 @@ fn hold_release_requeue_and_update_with_the_owners_limits_across_a_restart() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("only its owner, an operator"), "{err}");
+}
+
+/// GPU-seconds of a workload's runs as `allot status` has them (its lease records).
+fn run_gpu_secs(w: &serde_json::Value) -> i64 {
+    w["runs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            r["gpus"].as_i64().unwrap_or(0)
+                * (r["end_unix"].as_i64().unwrap_or(0) - r["start_unix"].as_i64().unwrap_or(0))
+        })
+        .sum()
+}
+
+#[test]
+fn history_and_usage_equal_what_the_runs_did_across_a_restart_and_past_keep_finished() {
+    let mut c = Cluster::start_with("habits-history", "keep_finished = \"1s\"", ORG, 1, 4);
+    let ok_id = c.submit(
+        &["--project", "demo-a", "--gpus", "2", "-J", "good"],
+        "sleep 2",
+    );
+    let bad = c.submit(&["--project", "demo-a", "--gpus", "1"], "sleep 1; exit 3");
+    let never = c.submit(&["--project", "demo-b", "--hold"], "true");
+    ok(&c.allot(&["cancel", &never]));
+    let done = c.wait_state(&ok_id, "completed", LONG);
+    let failed = c.wait_state(&bad, "failed", LONG);
+    let want = run_gpu_secs(&done) + run_gpu_secs(&failed);
+    assert!(want >= 5, "{want}");
+    // Past keep_finished: the stop's snapshot retires them from memory.
+    std::thread::sleep(Duration::from_millis(2_100));
+    let (_, status) = c.term_server();
+    assert!(status.success());
+    c.start_server();
+    assert!(queue_all(&c).is_empty(), "nothing ended is in memory");
+    let runs = c.json(&["history", "--since", "1h", "--json"]);
+    let runs = runs.as_array().expect("runs");
+    let find = |id: &str| {
+        runs.iter()
+            .find(|r| r["workload_id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {runs:?}"))
+            .clone()
+    };
+    let good = find(&ok_id);
+    assert_eq!(
+        (good["state"].as_str(), good["gpus"].as_i64()),
+        (Some("completed"), Some(2))
+    );
+    assert_eq!(good["name"], "good");
+    let f = find(&bad);
+    assert_eq!(
+        (f["state"].as_str(), f["exit_code"].as_i64()),
+        (Some("failed"), Some(3))
+    );
+    let n = find(&never);
+    assert_eq!(
+        (n["state"].as_str(), n["run"].as_i64()),
+        (Some("cancelled"), Some(0))
+    );
+    let history_secs: f64 = runs
+        .iter()
+        .map(|r| r["gpu_hours"].as_f64().unwrap_or(0.0) * 3600.0)
+        .sum();
+    assert!(
+        (history_secs - want as f64).abs() < 0.5,
+        "{history_secs} vs {want}"
+    );
+    // Usage sums the same, by project; demo-b received nothing.
+    let usage = c.json(&["usage", "--since", "1h", "--json"]);
+    let rows = usage.as_array().expect("rows");
+    let a: f64 = rows
+        .iter()
+        .filter(|r| r["key"] == "demo-a")
+        .map(|r| r["gpu_hours"].as_f64().unwrap_or(0.0) * 3600.0)
+        .sum();
+    assert!((a - want as f64).abs() < 0.5, "{a} vs {want}: {rows:?}");
+    assert!(rows.iter().all(|r| r["key"] != "demo-b"), "{rows:?}");
+    let by_user = ok(&c.allot(&[
+        "usage", "--since", "1h", "--by", "user", "--per", "day", "--csv",
+    ]));
+    assert!(by_user.starts_with("period,user,gpu_hours,"), "{by_user}");
+    // The counter Prometheus scrapes says the same, and survived the restart.
+    let metrics = c.metrics_text();
+    let counted: i64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("allot_gpu_seconds_total{project=\"demo-a\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+        .sum();
+    assert_eq!(counted, want, "{metrics}");
+    // The state filter and the CSV.
+    let only = c.json(&["history", "--since", "1h", "--state", "failed", "--json"]);
+    assert_eq!(only.as_array().map(Vec::len), Some(1), "{only}");
+    let csv = ok(&c.allot(&["history", "--since", "1h", "--csv"]));
+    assert!(csv.starts_with("id,run,name,user,project,gpus,"), "{csv}");
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    // A user sees their own runs only, and is told so when asking for another's.
+    let token = ok(&c.allotd(&["tokens", "create", "--user", "allot-test-a"]));
+    let as_user = |args: &[&str]| {
+        c.allot_command(args)
+            .env("ALLOT_TOKEN", token.trim())
+            .output()
+            .expect("allot runs")
+    };
+    let mine: serde_json::Value =
+        serde_json::from_str(&ok(&as_user(&["history", "--since", "1h", "--json"]))).expect("json");
+    assert_eq!(mine.as_array().map(Vec::len), Some(0), "{mine}");
+    let out = as_user(&["history", "--user", "root"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("may not see the runs of root"), "{err}");
+    let theirs: serde_json::Value =
+        serde_json::from_str(&ok(&as_user(&["usage", "--since", "1h", "--json"]))).expect("json");
+    assert_eq!(theirs.as_array().map(Vec::len), Some(0), "{theirs}");
 }

@@ -39,6 +39,21 @@ pub fn parse_begin(s: &str) -> Result<i64, String> {
     parse_begin_at(s, now_ms() / 1000)
 }
 
+/// Clap value parser for `--since`/`--until` of history and usage: a duration back
+/// from now (`7d`, `36h`, as `sacct -S now-7days`) or a time as `--begin` takes it
+/// (`2026-12-01`, `2026-12-01T08:00`, `now`). A Unix second.
+pub fn parse_since(s: &str) -> Result<i64, String> {
+    let now = now_ms() / 1000;
+    match allot_units::parse_duration(s.trim()) {
+        Ok(d) if !s.trim().chars().all(|c| c.is_ascii_digit()) => {
+            Ok(now - i64::try_from(d).unwrap_or(i64::MAX / 2))
+        }
+        _ => parse_begin_at(s, now).map_err(|_| {
+            format!("{s:?} is neither a duration back from now (7d, 36h) nor a time (2026-12-01, 2026-12-01T08:00, now)")
+        }),
+    }
+}
+
 fn parse_begin_at(s: &str, now: i64) -> Result<i64, String> {
     let hint = "use now, now+1h, 16:00, 2026-12-24 or 2026-12-24T16:00 (UTC)";
     let t = s.trim();

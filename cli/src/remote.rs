@@ -7,6 +7,7 @@
 //! own usage errors, each naming the flag and the fix; allotd still checks everything
 //! (other clients exist) and answers in the same `field: fix` form.
 
+mod reports;
 mod view;
 
 use crate::connect::Conn;
@@ -19,8 +20,9 @@ use allot_proto::v1::org_client::OrgClient;
 use allot_proto::v1::workloads_client::WorkloadsClient;
 use allot_proto::v1::{
     CancelRequest, ControlRequest, ControlResponse, GetRequest, GetTreeRequest, GetTreeResponse,
-    ListNodesRequest, ListRequest, LogStream, LogsRequest, NodeDrainRequest, SetWeightRequest,
-    SubmitRequest, UpdateRequest, WatchRequest, Workload, WorkloadSpec, WorkloadState,
+    HistoryRequest, ListNodesRequest, ListRequest, LogStream, LogsRequest, NodeDrainRequest,
+    SetWeightRequest, SubmitRequest, UpdateRequest, UsageRequest, WatchRequest, Workload,
+    WorkloadSpec, WorkloadState,
 };
 use serde_json::{json, Value};
 use std::pin::Pin;
@@ -246,6 +248,62 @@ pub struct ControlArgs {
     /// Print each workload as a JSON object, one a line.
     #[arg(long)]
     json: bool,
+}
+
+/// `allot history`.
+#[derive(clap::Args, Debug)]
+pub struct HistoryArgs {
+    #[command(flatten)]
+    conn: Server,
+    /// Only this user's runs [default: yours, unless you manage or operate].
+    #[arg(long, value_name = "U")]
+    user: Option<String>,
+    /// Only this project's runs.
+    #[arg(long, value_name = "P")]
+    project: Option<String>,
+    /// Runs that ended since: a duration back (7d, 36h) or a time (2026-12-01, UTC).
+    #[arg(long, value_name = "WHEN", default_value = "7d", value_parser = duration::parse_since)]
+    since: i64,
+    /// Runs that started before this time [default: now].
+    #[arg(long, value_name = "WHEN", value_parser = duration::parse_since)]
+    until: Option<i64>,
+    /// Only runs that ended so: completed, failed, timed-out, cancelled, preempted, requeued, running.
+    #[arg(long, value_name = "S")]
+    state: Option<String>,
+    /// At most this many runs, newest first.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    limit: u32,
+    /// One JSON array of runs.
+    #[arg(long, conflicts_with = "csv")]
+    json: bool,
+    /// CSV with a header line.
+    #[arg(long)]
+    csv: bool,
+}
+
+/// `allot usage`.
+#[derive(clap::Args, Debug)]
+pub struct UsageArgs {
+    #[command(flatten)]
+    conn: Server,
+    /// Group by user, project or team (a project's parent group).
+    #[arg(long, value_name = "BY", default_value = "project", value_parser = ["user", "project", "team"])]
+    by: String,
+    /// From: a duration back (30d) or a time (2026-11-01, UTC).
+    #[arg(long, value_name = "WHEN", default_value = "30d", value_parser = duration::parse_since)]
+    since: i64,
+    /// To [default: now].
+    #[arg(long, value_name = "WHEN", value_parser = duration::parse_since)]
+    until: Option<i64>,
+    /// One line per day or week [default: the whole window].
+    #[arg(long, value_name = "PERIOD", value_parser = ["day", "week"])]
+    per: Option<String>,
+    /// One JSON array of rows.
+    #[arg(long, conflicts_with = "csv")]
+    json: bool,
+    /// CSV with a header line.
+    #[arg(long)]
+    csv: bool,
 }
 
 /// `allot requeue`.
@@ -475,6 +533,10 @@ pub enum Remote {
     Requeue(RequeueArgs),
     /// Change pending workloads: --time-limit, --priority, --begin (a user may only shorten and lower).
     Update(UpdateArgs),
+    /// Every run that ended in a window, and those running (as sacct): nodes, GPUs, exit code, end reason, GPU-hours.
+    History(HistoryArgs),
+    /// GPU-hours received by user, project or team, per day or week (as sreport), beside what each was entitled to.
+    Usage(UsageArgs),
     /// A workload's output, from the node that ran it: the latest run's unless --run; -f follows it.
     Logs(LogsArgs),
     /// The fair-share tree: each group's share, budget, usage and served ratio.
@@ -604,6 +666,8 @@ impl Remote {
             Remote::Hold(a) | Remote::Release(a) => &a.conn,
             Remote::Requeue(a) => &a.control.conn,
             Remote::Update(a) => &a.control.conn,
+            Remote::History(a) => &a.conn,
+            Remote::Usage(a) => &a.conn,
             Remote::Logs(a) => &a.conn,
             Remote::Share(a) => &a.conn,
             Remote::Budget(BudgetCommand::Set(a)) => &a.conn,
@@ -1144,6 +1208,49 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 if view::is_final(w.state()) {
                     return ended(&w);
                 }
+            }
+        }
+        Remote::History(a) => {
+            let r = WorkloadsClient::new(channel(&server).await?)
+                .history(HistoryRequest {
+                    user: a.user.unwrap_or_default(),
+                    project: a.project.unwrap_or_default(),
+                    since_unix: a.since,
+                    until_unix: a.until.unwrap_or(0),
+                    state: a.state.unwrap_or_default(),
+                    limit: a.limit,
+                })
+                .await?
+                .into_inner();
+            if a.json {
+                let v: Vec<Value> = r.runs.iter().map(reports::run_json).collect();
+                println!("{}", serde_json::to_string(&v)?);
+            } else if a.csv {
+                print!("{}", reports::runs_csv(&r.runs));
+            } else {
+                print!("{}", reports::runs_table(&r.runs));
+            }
+            if r.truncated {
+                eprintln!("more runs matched: narrow the window or raise --limit");
+            }
+        }
+        Remote::Usage(a) => {
+            let r = OrgClient::new(channel(&server).await?)
+                .usage(UsageRequest {
+                    by: a.by.clone(),
+                    since_unix: a.since,
+                    until_unix: a.until.unwrap_or(0),
+                    per: a.per.unwrap_or_default(),
+                })
+                .await?
+                .into_inner();
+            if a.json {
+                let v: Vec<Value> = r.rows.iter().map(reports::usage_json).collect();
+                println!("{}", serde_json::to_string(&v)?);
+            } else if a.csv {
+                print!("{}", reports::usage_csv(&r.rows, &a.by));
+            } else {
+                print!("{}", reports::usage_table(&r, &a.by));
             }
         }
         Remote::Share(a) => {

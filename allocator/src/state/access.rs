@@ -315,6 +315,24 @@ impl Allocator {
         }
     }
 
+    /// Whether `who` may see the runs of `user`'s work in `project` (history, usage):
+    /// their own; a manager's subtree; everything for operators.
+    pub fn sees_run(&self, who: &Who, user: &str, project: &str) -> bool {
+        self.access.operator(who)
+            || who.user().is_some_and(|u| u == user)
+            || self.manages(who, project, true)
+    }
+
+    /// Whether `who` manages some group (and so may see more than their own work).
+    pub fn manages_any(&self, who: &Who) -> bool {
+        role_user(who).is_some_and(|u| {
+            self.access
+                .groups
+                .values()
+                .any(|a| a.managers.iter().any(|m| m == u))
+        })
+    }
+
     /// Whether `who` is an operator (or an admin), whose holds only operators release.
     pub fn is_operator(&self, who: &Who) -> bool {
         self.access.operator(who)

@@ -3,7 +3,7 @@
 use super::audit::{revoke_text, revoke_when, start_text};
 use super::input::Input;
 use super::out::Level;
-use super::out::{lease_wire, Applied, Command};
+use super::out::{lease_wire, Applied, Command, Out};
 use super::{Allocator, ArrayPos, HoldRec, RunRec, WorkRec};
 use allot_fairshare::LeaseEnd;
 use allot_fairshare::{Action, CoreError, LeaseId, Time, WorkloadId, WorkloadState};
@@ -88,6 +88,7 @@ impl Allocator {
             Input::Cancel { id, by } => {
                 self.core.cancel(at, WorkloadId(*id))?;
                 self.sync(at, *id, "cancelled");
+                self.ended_unrun(*id, &mut a);
                 if !by.is_empty() {
                     a.audit(*id, 0, format!("cancelled by {by}"));
                 }
@@ -405,6 +406,7 @@ impl Allocator {
                     start: at,
                     gpus: u32::try_from(hosts.iter().map(|(_, g)| g.len()).sum::<usize>())
                         .unwrap_or(u32::MAX),
+                    funded,
                     ..RunRec::default()
                 });
                 let w = w.clone();
@@ -434,6 +436,13 @@ impl Allocator {
                 why,
             } => {
                 let (kind, text) = revoke_text(&why, &self.names);
+                if let Some(r) = self
+                    .work
+                    .get_mut(&workload.0)
+                    .and_then(|w| w.runs.iter_mut().rev().find(|r| r.lease == lease.0))
+                {
+                    r.revoked = kind.clone();
+                }
                 *self.counters.revocations.entry(kind).or_default() += 1;
                 for (node, _) in self.lease_hosts.get(&lease.0).cloned().unwrap_or_default() {
                     a.send(
@@ -587,6 +596,7 @@ impl Allocator {
             )
         };
         self.sync(at, wid, how);
+        self.run_ended(wid, lease, a);
         a.audit(
             wid,
             lease,
@@ -685,6 +695,54 @@ impl Allocator {
         );
         a.notice(Level::Warn, node, text.clone());
         a.audit(0, 0, text);
+    }
+
+    /// Keeps run `lease` of workload `wid` for history and counts its GPU-seconds.
+    fn run_ended(&mut self, wid: u64, lease: u64, a: &mut Applied) {
+        let Some(w) = self.work.get(&wid) else {
+            return;
+        };
+        let Some(i) = w.runs.iter().rposition(|r| r.lease == lease) else {
+            return;
+        };
+        let row = crate::history::row_of(w, i);
+        let secs = row.gpu_secs_within(0, row.end);
+        let slot = self
+            .counters
+            .gpu_seconds
+            .entry(row.project.clone())
+            .or_default();
+        slot[usize::from(!row.funded)] += secs;
+        a.outs.push(Out::Run(Box::new(row)));
+    }
+
+    /// GPU-seconds per project, [funded, unfunded]: ended runs (counted as they end)
+    /// and running ones up to `at`, so the sum only grows.
+    pub fn gpu_seconds(&self, at: Time) -> std::collections::BTreeMap<String, [u64; 2]> {
+        let mut out = self.counters.gpu_seconds.clone();
+        for w in self
+            .work
+            .values()
+            .filter(|w| w.state == WorkloadState::Running)
+        {
+            if let Some(r) = w.runs.last().filter(|r| r.end == 0) {
+                let slot = out.entry(w.spec.project.clone()).or_default();
+                slot[usize::from(!r.funded)] += u64::from(r.gpus) * at.saturating_sub(r.start);
+            }
+        }
+        out
+    }
+
+    /// Keeps a workload that ended without a run for history.
+    pub(super) fn ended_unrun(&mut self, id: u64, a: &mut Applied) {
+        if let Some(w) = self
+            .work
+            .get(&id)
+            .filter(|w| w.runs.is_empty() && w.state.is_final())
+        {
+            a.outs
+                .push(Out::Run(Box::new(crate::history::unrun_row(w))));
+        }
     }
 
     /// Copies the core's view of a workload after a change.

@@ -441,6 +441,7 @@ impl Allocator {
                 if self.core.cancel(at, WorkloadId(id)).is_ok() {
                     any = true;
                     self.sync(at, id, "dependency-never-satisfied");
+                    self.ended_unrun(id, a);
                     a.audit(
                         id,
                         0,

@@ -305,6 +305,12 @@ pub struct RunRec {
     /// or allotd's (`node n0 lost`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
+    /// Charged to the project's budget (false in records before it was kept).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub funded: bool,
+    /// Why allotd revoked it, when it did (`preempted`, `drain`, `requeued`, ...).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub revoked: String,
 }
 
 /// An output pattern with `%x` replaced by the job's name (`allot` when it has
@@ -334,6 +340,9 @@ pub struct Counters {
     pub waits: BTreeMap<String, WaitHistogram>,
     /// Automatic drains the breaker held.
     pub breaker_held: u64,
+    /// GPU-seconds of ended runs per project: [funded, unfunded] (`/metrics` adds
+    /// the running ones' so far).
+    pub gpu_seconds: BTreeMap<String, [u64; 2]>,
 }
 
 /// Queue-wait histogram buckets, seconds: a minute to a week.

@@ -23,6 +23,9 @@ pub enum Out {
         /// Why.
         text: String,
     },
+    /// A run ended (or a workload ended without one): kept for `allot history`,
+    /// in the same transaction as the journal entry.
+    Run(Box<crate::history::RunRow>),
     /// Tell the operator's log (neither journaled nor audited).
     Notice {
         /// How loud.
