@@ -48,6 +48,11 @@ pub struct AgentSection {
     pub host: String,
     /// The cluster it belongs to.
     pub cluster: String,
+    /// Its GPUs' type for `--gpu-type` (`h100`); empty: read from the first GPU's
+    /// model (`NVIDIA H100 80GB HBM3` is `h100`) (restart to change).
+    pub gpu_type: String,
+    /// Its features for `--constraint` (`["nvlink", "ib"]`) (restart to change).
+    pub features: Vec<String>,
     /// No work (a local lease, one from allotd, or an `exec:` hook) runs as a uid
     /// below this: system accounts own the host (reloadable).
     pub min_uid: u32,
@@ -104,6 +109,8 @@ impl Default for AgentSection {
             allocator: String::new(),
             host: String::new(),
             cluster: "default".into(),
+            gpu_type: String::new(),
+            features: Vec::new(),
             min_uid: 1000,
             allow_root: false,
             hook_hosts: Vec::new(),

@@ -358,12 +358,17 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     let (cfg_tx, mut cfg_rx) = mpsc::unbounded_channel();
     let _watcher = o.config_path().and_then(|p| watch_config(&p, cfg_tx));
     if !cfg.agent.allocator.is_empty() && !login {
+        let facts = crate::uplink::HostFacts {
+            cluster: cfg.agent.cluster.clone(),
+            gpu_type: cfg.agent.gpu_type.clone(),
+            features: cfg.agent.features.clone(),
+            advertise: cfg.agent.advertise_addr.clone(),
+        };
         tokio::spawn(crate::uplink::run(
             shared.clone(),
             cfg.agent.allocator.clone(),
-            cfg.agent.cluster.clone(),
+            facts,
             cfg.agent.state_dir.clone(),
-            cfg.agent.advertise_addr.clone(),
         ));
     }
     tracing::info!(socket = %cfg.agent.socket.display(), state_dir = %cfg.agent.state_dir.display(), source = %cfg.health.source, "allot-agent ready");

@@ -43,7 +43,20 @@ pub fn health(sh: &Shared) -> pb::AgentMessage {
     }
 }
 
-fn register(sh: &Shared, cluster: &str, advertise_addr: &str) -> pb::AgentMessage {
+/// What the host says of itself when it registers, from `[agent]`.
+#[derive(Debug, Clone, Default)]
+pub struct HostFacts {
+    /// `cluster`.
+    pub cluster: String,
+    /// `gpu_type` (empty: allotd reads it from the GPUs' model).
+    pub gpu_type: String,
+    /// `features`.
+    pub features: Vec<String>,
+    /// `advertise_addr` (empty: found per session, see `local_ip_towards`).
+    pub advertise: String,
+}
+
+fn register(sh: &Shared, facts: &HostFacts, advertise_addr: &str) -> pb::AgentMessage {
     let (cpu, mem) = (sh.host_size.0, sh.host_size.1 / (1 << 30));
     let h = sh.host();
     let highest = h.highest_allotd_ids().unwrap_or_else(|e| {
@@ -53,7 +66,9 @@ fn register(sh: &Shared, cluster: &str, advertise_addr: &str) -> pb::AgentMessag
     pb::AgentMessage {
         body: Some(pb::agent_message::Body::Register(pb::Register {
             host: sh.host_name.clone(),
-            cluster: cluster.to_string(),
+            cluster: facts.cluster.clone(),
+            gpu_type: facts.gpu_type.clone(),
+            features: facts.features.clone(),
             labels: Default::default(),
             cpu,
             memory_gb: mem,
@@ -320,14 +335,13 @@ async fn local_ip_towards(uri: &str) -> Option<String> {
 async fn session(
     sh: &Arc<Shared>,
     addr: &str,
-    cluster: &str,
+    facts: &HostFacts,
     state_dir: &Path,
-    advertise: &str,
 ) -> Result<(), String> {
-    let advertise = if advertise.is_empty() {
+    let advertise = if facts.advertise.is_empty() {
         local_ip_towards(addr).await.unwrap_or_default()
     } else {
-        advertise.to_string()
+        facts.advertise.clone()
     };
     let mut client =
         pb::agent_stream_client::AgentStreamClient::new(channel(sh, addr, state_dir).await?);
@@ -337,7 +351,7 @@ async fn session(
     *sh.uplink.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx.clone());
     // Older changes are in the snapshot that follows.
     sh.host().take_changes();
-    let _ = tx.send(register(sh, cluster, &advertise));
+    let _ = tx.send(register(sh, facts, &advertise));
     let _ = tx.send(health(sh));
     // Ended leases the allocator may not have heard of while the stream was down.
     let ended: Vec<LeaseRecord> = sh
@@ -374,20 +388,13 @@ async fn session(
     r
 }
 
-/// Keeps a session to the allocator up for as long as the agent runs; `advertise`
-/// is `[agent] advertise_addr` (empty: found per session, see `local_ip_towards`).
-pub async fn run(
-    sh: Arc<Shared>,
-    addr: String,
-    cluster: String,
-    state_dir: PathBuf,
-    advertise: String,
-) {
+/// Keeps a session to the allocator up for as long as the agent runs.
+pub async fn run(sh: Arc<Shared>, addr: String, facts: HostFacts, state_dir: PathBuf) {
     let addr = crate::credentials::with_scheme(&addr);
     let mut wait = BACKOFF.0;
     loop {
         let t0 = std::time::Instant::now();
-        match session(&sh, &addr, &cluster, &state_dir, &advertise).await {
+        match session(&sh, &addr, &facts, &state_dir).await {
             Ok(()) => {
                 tracing::warn!(allocator = %addr, "allocator closed the stream; reconnecting")
             }

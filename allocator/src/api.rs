@@ -368,6 +368,15 @@ fn workload_spec(
         resumable: s.resumable,
         priority: s.priority,
         no_requeue: s.no_requeue,
+        select: allot_fairshare::select::Select {
+            gpu_types: s
+                .gpu_types
+                .iter()
+                .map(|t| t.trim().to_lowercase())
+                .collect(),
+            features: s.constraint.clone(),
+            cluster: s.cluster.clone(),
+        },
     };
     if !s.warn_signal.is_empty() && spec.time_limit.is_none() {
         return Err(Status::invalid_argument(format!(
@@ -1035,6 +1044,16 @@ fn check_register(r: &pb::Register) -> Result<(NodeSpec, Vec<String>), Status> {
             gpus: gpus.len() as u32,
             cpu: r.cpu,
             memory_gb: u32::try_from(r.memory_gb).unwrap_or(u32::MAX),
+            // An agent that names no type (or predates it) has it read from its
+            // GPUs' model.
+            gpu_type: if r.gpu_type.trim().is_empty() {
+                gpus.first()
+                    .map(|g| allot_fairshare::select::gpu_type_of(&g.model))
+                    .unwrap_or_default()
+            } else {
+                r.gpu_type.trim().to_lowercase()
+            },
+            features: r.features.clone(),
         },
         gpus.iter().map(|g| g.uuid.clone()).collect(),
     ))

@@ -31,6 +31,9 @@ fn status(e: FieldError) -> Status {
     Status::invalid_argument(e.to_string())
 }
 
+/// Most dependencies one submission names (an array's id counts once).
+pub const MAX_DEPENDENCIES: usize = 1_000;
+
 /// A submission's names, command line and hook (the other numbers are checked
 /// against the cluster in `api.rs`).
 pub fn spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
@@ -49,6 +52,21 @@ pub fn spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
     .map_err(status)?;
     check_pattern("output", &s.output).map_err(status)?;
     check_pattern("error", &s.error).map_err(status)?;
+    check_optional_name("cluster", &s.cluster, MAX_NAME).map_err(status)?;
+    let select = [("gpu_types", &s.gpu_types), ("constraint", &s.constraint)];
+    for (field, names) in select {
+        check_count(field, names.len(), MAX_LABELS, "names").map_err(status)?;
+        for (i, n) in names.iter().enumerate() {
+            check_name(&format!("{field}[{i}]"), n, MAX_NAME).map_err(status)?;
+        }
+    }
+    check_count(
+        "dependencies",
+        s.dependencies.len(),
+        MAX_DEPENDENCIES,
+        "dependencies",
+    )
+    .map_err(status)?;
     // Sizes beyond any host or cluster; the core names what this cluster can hold,
     // in the same "field = value: fix" form.
     if s.gpus_per_node as usize > MAX_HOST_GPUS {
@@ -143,6 +161,16 @@ pub fn register(r: &pb::Register) -> Result<(), Status> {
         // An IP address (v4 or v6) or a host name: what MASTER_ADDR is set to.
         if !r.advertise_addr.is_empty() {
             check_name_with("register.advertise_addr", &r.advertise_addr, MAX_NAME, ":")?;
+        }
+        check_optional_name("register.gpu_type", &r.gpu_type, MAX_NAME)?;
+        check_count(
+            "register.features",
+            r.features.len(),
+            MAX_LABELS,
+            "features",
+        )?;
+        for (i, f) in r.features.iter().enumerate() {
+            check_name(&format!("register.features[{i}]"), f, MAX_NAME)?;
         }
         check_count("register.labels", r.labels.len(), MAX_LABELS, "labels")?;
         for (k, v) in &r.labels {

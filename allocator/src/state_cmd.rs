@@ -411,6 +411,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
                 gpus: 8,
                 cpu: 112,
                 memory_gb: 2048,
+                ..Default::default()
             },
             gpu_uuids: (0..8).map(|g| format!("GPU-{n}-{g}")).collect(),
         };
@@ -436,6 +437,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
             resumable: true,
             priority: 0,
             no_requeue: false,
+            ..Default::default()
         };
         let mut step = vec![Input::Submit {
             spec,

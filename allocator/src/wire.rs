@@ -74,6 +74,9 @@ pub fn workload_pb(w: &WorkRec, why: (String, &str)) -> pb::Workload {
             begin_unix: secs(w.gates.begin),
             hold: w.gates.hold.is_some(),
             array: String::new(),
+            gpu_types: w.spec.select.gpu_types.clone(),
+            constraint: w.spec.select.features.clone(),
+            cluster: w.spec.select.cluster.clone(),
         }),
         array_id: w.array.map(|p| p.id.to_string()).unwrap_or_default(),
         array_index: w.array.map_or(0, |p| p.index),
@@ -389,6 +392,8 @@ pub fn node_pb(n: &NodeRec, leases: &[(u64, Vec<String>)], free: u32, now_: u64)
         drains,
         leaving_lease_ids: Vec::new(),
         refused_gpus: 0,
+        gpu_type: n.spec.gpu_type.clone(),
+        features: n.spec.features.clone(),
     }
 }
 

@@ -793,8 +793,8 @@ fn register() -> BoxedStrategy<pb::Register> {
                 |(host, cluster, labels, cpu, memory_gb, gpus, running, drains, protocol)| {
                     pb::Register {
                         host,
-                        cluster,
-                        labels,
+                        cluster: cluster.clone(),
+                        labels: labels.clone(),
                         cpu,
                         memory_gb,
                         gpus,
@@ -805,6 +805,9 @@ fn register() -> BoxedStrategy<pb::Register> {
                         // Ids a host holds: anything, from one not yet given to absurd.
                         highest_workload: u64::from(protocol) * 1000,
                         highest_lease: u64::from(cpu),
+                        // A type and features from the cluster's name: fuzzed text too.
+                        gpu_type: cluster.chars().take(8).collect(),
+                        features: labels.keys().take(3).cloned().collect(),
                     }
                 },
             )

@@ -310,3 +310,95 @@ fn history_and_usage_equal_what_the_runs_did_across_a_restart_and_past_keep_fini
         serde_json::from_str(&ok(&as_user(&["usage", "--since", "1h", "--json"]))).expect("json");
     assert_eq!(theirs.as_array().map(Vec::len), Some(0), "{theirs}");
 }
+
+#[test]
+fn a_gpu_type_lands_only_on_such_nodes_and_a_type_nobody_has_is_refused() {
+    let mut c = Cluster::start("habits-types", ORG, 0, 2);
+    // node-0 says it is a B200 host; node-1's type comes from its GPUs' model (the
+    // fake GPUs are "Fake H100 80GB HBM3") and it has NVLink.
+    for (i, extra) in [
+        (0, "gpu_type = \"b200\"\n"),
+        (1, "features = [\"nvlink\"]\n"),
+    ] {
+        c.agents.push(None);
+        c.agent_extra = extra.to_string();
+        c.start_agent(i, 2);
+    }
+    c.wait_connected(2);
+    let nodes = c.json(&["nodes", "--json"]);
+    let type_of = |name: &str| {
+        nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| n["name"] == name)
+            .map(|n| (n["gpu_type"].clone(), n["features"].clone()))
+    };
+    assert_eq!(
+        type_of("node-0"),
+        Some((serde_json::json!("b200"), serde_json::json!([])))
+    );
+    assert_eq!(
+        type_of("node-1"),
+        Some((serde_json::json!("h100"), serde_json::json!(["nvlink"])))
+    );
+    // Four one-GPU jobs that ask for an H100: node-1 holds two at a time, and
+    // node-0's free B200s are never used.
+    let ids: Vec<String> = (0..4)
+        .map(|_| c.submit(&["--project", "demo-a", "--gpu-type", "h100"], "sleep 1"))
+        .collect();
+    for id in &ids {
+        let w = c.wait_state(id, "completed", LONG);
+        let nodes: Vec<&str> = w["runs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|r| r["nodes"].as_array().into_iter().flatten())
+            .filter_map(|n| n.as_str())
+            .collect();
+        assert_eq!(nodes, ["node-1"], "{w}");
+    }
+    let any = c.submit(
+        &[
+            "--project",
+            "demo-a",
+            "--gpu-type",
+            "b200,h100",
+            "-C",
+            "nvlink",
+        ],
+        "true",
+    );
+    c.wait_state(&any, "completed", LONG);
+    // Shapes no node could ever hold are refused at submit, with the reason.
+    for (flags, words) in [
+        (
+            vec!["--gpu-type", "b300"],
+            "gpu_types: no node has GPU type \"b300\"; this cluster has b200, h100",
+        ),
+        (
+            vec!["--gpu-type", "b200", "--constraint", "nvlink"],
+            "no node has GPU type b200, features nvlink together",
+        ),
+        (
+            vec!["-C", "ib"],
+            "no node has feature \"ib\"; nodes have nvlink",
+        ),
+        (
+            vec!["--cluster", "nope"],
+            "no cluster \"nope\"; there are test",
+        ),
+        (
+            vec!["--gpu-type", "h100", "--gpus", "3"],
+            "the largest node has 2",
+        ),
+    ] {
+        let mut args = vec!["submit", "--project", "demo-a"];
+        args.extend(flags.iter().copied());
+        args.extend(["--", "true"]);
+        let out = c.allot(&args);
+        assert!(!out.status.success(), "{flags:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(words), "{flags:?}: {err}");
+    }
+}

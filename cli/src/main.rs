@@ -86,9 +86,15 @@ enum Command {
 const GROUPS: &[(&str, &[&str])] = &[
     (
         "Workloads (allotd, --server)",
-        &["submit", "queue", "status", "watch", "logs", "cancel"],
+        &[
+            "submit", "queue", "status", "watch", "logs", "cancel", "hold", "release", "requeue",
+            "update", "history",
+        ],
     ),
-    ("Fair share (allotd, --server)", &["share", "budget"]),
+    (
+        "Fair share (allotd, --server)",
+        &["share", "usage", "budget"],
+    ),
     ("Cluster operators (allotd, --server)", &["nodes"]),
     (
         "This host (the local allot-agent, --socket)",

@@ -118,22 +118,22 @@ pub struct SubmitArgs {
     #[arg(long, short = 'J', value_name = "NAME")]
     name: Option<String>,
     /// An array, as sbatch --array: one workload per index (0-99, 1,3,5-7, 0-15:4), %N to run at most N at once; each sees ALLOT_ARRAY_ID and ALLOT_ARRAY_INDEX, and %A/%a in --output.
-    #[arg(long, value_name = "INDICES[%N]", value_parser = parse_array)]
+    #[arg(long, value_name = "SPEC", value_parser = parse_array)]
     array: Option<String>,
     /// Start once these have started (or ended): ID[,ID…]; an array's id stands for all its elements.
-    #[arg(long, value_name = "ID[,ID…]", value_delimiter = ',')]
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
     after: Vec<String>,
     /// Start once these have completed; ended with the reason if one fails.
-    #[arg(long, value_name = "ID[,ID…]", value_delimiter = ',')]
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
     afterok: Vec<String>,
     /// Start once these have failed (or been stopped); ended with the reason if one completes.
-    #[arg(long, value_name = "ID[,ID…]", value_delimiter = ',')]
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
     afternotok: Vec<String>,
     /// Start once these have ended, however.
-    #[arg(long, value_name = "ID[,ID…]", value_delimiter = ',')]
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
     afterany: Vec<String>,
     /// Dependencies as sbatch writes them: afterok:12:13,afterany:14, singleton.
-    #[arg(long, short = 'd', value_name = "KIND:ID[:ID…][,…]")]
+    #[arg(long, short = 'd', value_name = "DEPS")]
     dependency: Option<String>,
     /// Start only once no earlier workload of yours with this --name is left.
     #[arg(long)]
@@ -141,6 +141,15 @@ pub struct SubmitArgs {
     /// Not before this time (UTC): now+1h, 16:00, 2026-12-24, 2026-12-24T16:00.
     #[arg(long, value_name = "TIME", value_parser = duration::parse_begin)]
     begin: Option<i64>,
+    /// Only nodes with one of these GPU types: h100, b200, ... (`allot nodes` shows each node's) [default: any].
+    #[arg(long, value_name = "TYPES", value_delimiter = ',')]
+    gpu_type: Vec<String>,
+    /// Only nodes with every one of these features (the agents' features = [...]): nvlink,ib or nvlink&ib.
+    #[arg(long, short = 'C', value_name = "FEATURES", value_parser = check_constraint)]
+    constraint: Option<String>,
+    /// Only this cluster's nodes.
+    #[arg(long, short = 'M', value_name = "NAME")]
+    cluster: Option<String>,
     /// Submit it held: it waits until `allot release`.
     #[arg(long, short = 'H')]
     hold: bool,
@@ -330,6 +339,26 @@ pub struct UpdateArgs {
     /// A new begin time (UTC), as submit --begin; `now` lifts it.
     #[arg(long, value_name = "TIME", value_parser = duration::parse_begin)]
     begin: Option<i64>,
+}
+
+/// Clap value parser for `--constraint`: features joined by `,` or `&` (Slurm's AND);
+/// `|` (OR) is refused rather than read as AND.
+fn check_constraint(s: &str) -> Result<String, String> {
+    if s.contains('|') || s.contains('[') {
+        return Err(format!(
+            "{s:?}: only features that must all be there (a,b or a&b); OR and brackets are not supported"
+        ));
+    }
+    Ok(s.to_string())
+}
+
+/// The features of a checked `--constraint`.
+fn features(s: &str) -> Vec<String> {
+    s.split([',', '&'])
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// Clap value parser for `--array`: checked here, read again by allotd.
@@ -988,6 +1017,15 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 begin_unix: a.begin.unwrap_or(0),
                 hold: a.hold,
                 array: a.array.clone().unwrap_or_default(),
+                // `any` (or nothing) asks for no type.
+                gpu_types: a
+                    .gpu_type
+                    .iter()
+                    .filter(|t| !t.trim().is_empty() && t.trim() != "any")
+                    .map(|t| t.trim().to_lowercase())
+                    .collect(),
+                constraint: a.constraint.as_deref().map(features).unwrap_or_default(),
+                cluster: a.cluster.clone().unwrap_or_default(),
             };
             let (project, gpus, nodes) = (spec.project.clone(), spec.gpus_per_node, spec.nodes);
             let ch = channel(&server).await?;

@@ -7,9 +7,10 @@ use allot_proto::v1::org_server::{Org, OrgServer};
 use allot_proto::v1::workloads_server::{Workloads, WorkloadsServer};
 use allot_proto::v1::{
     CancelRequest, ControlRequest, ControlResponse, DrainInfo, GetRequest, GetTreeRequest,
-    GetTreeResponse, Gpu, GpuState, Group, HostVerdict, ListNodesRequest, ListNodesResponse,
-    ListRequest, ListResponse, LogStream, LogsChunk, LogsRequest, Node, NodeDrainRequest,
-    SetWeightRequest, SubmitRequest, SubmitResponse, UpdateRequest, WatchRequest, Workload,
+    GetTreeResponse, Gpu, GpuState, Group, HistoryRequest, HistoryResponse, HistoryRun,
+    HostVerdict, ListNodesRequest, ListNodesResponse, ListRequest, ListResponse, LogStream,
+    LogsChunk, LogsRequest, Node, NodeDrainRequest, SetWeightRequest, SubmitRequest,
+    SubmitResponse, UpdateRequest, UsageRequest, UsageResponse, UsageRow, WatchRequest, Workload,
     WorkloadSpec, WorkloadState,
 };
 use std::sync::{Arc, Mutex};
@@ -432,6 +433,40 @@ impl Workloads for Fake {
         )
     }
 
+    async fn history(
+        &self,
+        r: Request<HistoryRequest>,
+    ) -> Result<Response<HistoryResponse>, Status> {
+        let r = r.into_inner();
+        self.seen().controls.push(format!(
+            "history user={} since>0={} state={} limit={}",
+            r.user,
+            r.since_unix > 0,
+            r.state,
+            r.limit
+        ));
+        Ok(Response::new(HistoryResponse {
+            runs: vec![HistoryRun {
+                workload_id: "12".into(),
+                run: 1,
+                user: "ana".into(),
+                project: "vision".into(),
+                name: "sweep, big".into(),
+                array_id: "10".into(),
+                array_index: 2,
+                nodes: vec!["gpu-07".into()],
+                gpus: 8,
+                start_unix: 1_764_936_000,
+                end_unix: 1_764_939_600,
+                state: "failed".into(),
+                exit_code: Some(3),
+                gpu_hours: 8.0,
+                ..Default::default()
+            }],
+            truncated: true,
+        }))
+    }
+
     async fn get(&self, r: Request<GetRequest>) -> Result<Response<Workload>, Status> {
         let id = r.into_inner().id;
         self.seen().gets.push(id.clone());
@@ -540,6 +575,27 @@ fn group(name: &str, parent: &str, depth: u32, weight: f64, share: f64) -> Group
 
 #[tonic::async_trait]
 impl Org for Fake {
+    async fn usage(&self, r: Request<UsageRequest>) -> Result<Response<UsageResponse>, Status> {
+        let r = r.into_inner();
+        self.seen()
+            .controls
+            .push(format!("usage by={} per={}", r.by, r.per));
+        Ok(Response::new(UsageResponse {
+            rows: vec![UsageRow {
+                period_unix: 1_764_892_800,
+                key: "vision".into(),
+                gpu_hours: 12.5,
+                funded_gpu_hours: 10.0,
+                unfunded_gpu_hours: 2.5,
+                entitled_gpu_hours: 20.0,
+                runs: 3,
+                ..Default::default()
+            }],
+            since_unix: 1_764_892_800,
+            until_unix: 1_764_979_200,
+        }))
+    }
+
     async fn get_tree(
         &self,
         _: Request<GetTreeRequest>,
@@ -614,6 +670,9 @@ impl Nodes for Fake {
         &self,
         _: Request<ListNodesRequest>,
     ) -> Result<Response<ListNodesResponse>, Status> {
+        let mut up = node("gpu-01");
+        up.gpu_type = "h100".into();
+        up.features = vec!["nvlink".into(), "ib".into()];
         let mut down = node("gpu-02");
         down.state = "down".into();
         down.connected = false;
@@ -639,7 +698,7 @@ impl Nodes for Fake {
             },
         ];
         Ok(Response::new(ListNodesResponse {
-            nodes: vec![node("gpu-01"), down],
+            nodes: vec![up, down],
         }))
     }
 
@@ -747,6 +806,72 @@ fn arrays_dependencies_and_holds_are_sent_as_given() {
             "hold 6 hold=false",
             "requeue 7 hold=true",
             "update Some(1800) Some(-1) None 8 hold=false"
+        ]
+    );
+}
+
+#[test]
+fn history_and_usage_read_as_tables_csv_and_json() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    let (code, out, err) = allot(&["history", "--server", &addr, "--state", "failed"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("10_2") && out.contains("gpu-07") && out.contains("1h00m"),
+        "{out}"
+    );
+    assert!(err.contains("more runs matched"), "{err}");
+    let (code, out, _) = allot(&[
+        "history",
+        "--server",
+        &addr,
+        "--csv",
+        "--since",
+        "2025-12-01",
+    ]);
+    assert_eq!(code, 0);
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next(),
+        Some("id,run,name,user,project,gpus,nodes,start,end,elapsed,state,exit,gpu_hours")
+    );
+    assert!(
+        lines
+            .next()
+            .is_some_and(|l| l.starts_with("10_2,1,\"sweep, big\",ana,")),
+        "{out}"
+    );
+    let (code, out, _) = allot(&["history", "--server", &addr, "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v[0]["exit_code"], 3);
+    let (code, _, err) = allot(&["history", "--server", &addr, "--since", "last tuesday"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("neither a duration back from now"), "{err}");
+    let (code, out, err) = allot(&["usage", "--server", &addr, "--by", "team", "--per", "week"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("GPU-hours from 2025-12-05T00:00:00Z"),
+        "{out}"
+    );
+    assert!(
+        out.contains("TEAM") && out.contains("12.5") && out.contains("20.0"),
+        "{out}"
+    );
+    let (code, out, _) = allot(&["usage", "--server", &addr, "--csv"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("period,project,gpu_hours,funded,"), "{out}");
+    let (code, _, err) = allot(&["usage", "--server", &addr, "--by", "lab"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--by"), "{err}");
+    assert_eq!(
+        fake.seen().controls,
+        [
+            "history user= since>0=true state=failed limit=1000",
+            "history user= since>0=true state= limit=1000",
+            "history user= since>0=true state= limit=1000",
+            "usage by=team per=week",
+            "usage by=project per="
         ]
     );
 }
@@ -1215,6 +1340,8 @@ fn nodes_list_drain_and_undrain() {
         [
             "NAME",
             "CLUSTER",
+            "TYPE",
+            "FEATURES",
             "STATE",
             "CONNECTED",
             "FREE/GPUS",
@@ -1225,11 +1352,32 @@ fn nodes_list_drain_and_undrain() {
     );
     assert_eq!(
         lines[1],
-        ["gpu-01", "a", "ready", "yes", "3/8", "ok", "2", "-"]
+        [
+            "gpu-01",
+            "a",
+            "h100",
+            "nvlink,ib",
+            "ready",
+            "yes",
+            "3/8",
+            "ok",
+            "2",
+            "-"
+        ]
     );
     assert_eq!(
-        lines[2][..7],
-        ["gpu-02", "a", "down", "no", "0/8", "drain-now", "2"]
+        lines[2][..9],
+        [
+            "gpu-02",
+            "a",
+            "-",
+            "-",
+            "down",
+            "no",
+            "0/8",
+            "drain-now",
+            "2"
+        ]
     );
     // The first drain's kind and reason, and how many more.
     assert!(
@@ -1245,6 +1393,8 @@ fn nodes_list_drain_and_undrain() {
     let v = json(&out);
     assert_eq!(v[0]["name"], "gpu-01");
     assert_eq!(v[0]["verdict"], "ok");
+    assert_eq!(v[0]["gpu_type"], "h100");
+    assert_eq!(v[0]["features"][1], "ib");
     assert_eq!(v[0]["memory_gb"], 2_048);
     assert_eq!(v[0]["lease_ids"][1], "L-3");
     assert_eq!(v[0]["last_seen_unix"], 1_795_980_000_i64);

@@ -5,6 +5,7 @@
 //! (best fit is the first node of the smallest bucket that fits) and, per cluster,
 //! nodes that are wholly free (what gangs need).
 
+use crate::select::{Registry, Select, Selector};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -26,7 +27,7 @@ pub type GpuMask = u64;
 pub const MAX_GPUS_PER_NODE: u32 = 64;
 
 /// A node as configured or registered.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeSpec {
     /// Host name, unique.
     pub name: String,
@@ -41,6 +42,13 @@ pub struct NodeSpec {
     /// Memory in GB.
     #[serde(default)]
     pub memory_gb: u32,
+    /// Its GPUs' type (`h100`; [`crate::select::gpu_type_of`] of the model); empty:
+    /// not said.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gpu_type: String,
+    /// Its features (`nvlink`, `ib`), as its agent's config lists them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
 
 /// Whether a node takes new work.
@@ -89,6 +97,10 @@ pub struct Node {
     /// Taken out of the cluster by an operator: down for good, counted nowhere, its
     /// name free for a node that joins later. Its id stays so that ids never move.
     pub removed: bool,
+    /// Its GPU type's bit in the cluster's registry (0: none said).
+    pub type_bit: u64,
+    /// Its features' bits.
+    pub feature_bits: u64,
 }
 
 impl Node {
@@ -143,6 +155,11 @@ impl Node {
         self.fits_host(cpu, mem) && self.offers(gpus)
     }
 
+    /// Whether work that asks `sel` may run here (type, features, cluster).
+    pub fn matches(&self, sel: &Selector) -> bool {
+        sel.admits(self.cluster, self.type_bit, self.feature_bits)
+    }
+
     /// Something about the node changed: every size is offered again.
     pub fn forget_refusals(&mut self) {
         self.refused_from = u32::MAX;
@@ -173,7 +190,15 @@ pub fn lowest_bits(from: GpuMask, n: u32) -> GpuMask {
     out
 }
 
-/// What a node is, as far as fitting goes: its cluster and size.
+fn list(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// What a node is, as far as fitting goes: its cluster, size, GPU type and features.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeKind {
     /// Index into `Cluster::cluster_names`.
@@ -184,6 +209,10 @@ pub struct NodeKind {
     pub cpu: u32,
     /// Memory in GB.
     pub memory_gb: u32,
+    /// Its GPU type's bit.
+    pub type_bit: u64,
+    /// Its features' bits.
+    pub feature_bits: u64,
 }
 
 /// Why a node list was refused.
@@ -200,6 +229,18 @@ pub enum ClusterError {
     /// Two nodes with one name.
     #[error("node {0:?} is defined twice; host names must be unique")]
     Duplicate(String),
+    /// More distinct GPU types or features than a cluster tells apart.
+    #[error(
+        "node {name:?}: {what} {value:?} would be the 65th distinct one; allot tells 64 apart"
+    )]
+    TooManyNames {
+        /// Node.
+        name: String,
+        /// `GPU type` or `feature`.
+        what: &'static str,
+        /// The name.
+        value: String,
+    },
     /// A node still holding or promised GPUs cannot leave the cluster.
     #[error("node {0:?} still holds leases or claims; drain it and wait for its work to end (or for it to be declared lost) before removing it")]
     Busy(String),
@@ -211,6 +252,8 @@ pub struct Cluster {
     nodes: Vec<Node>,
     by_name: std::collections::BTreeMap<String, u32>,
     cluster_names: Vec<String>,
+    gpu_types: Registry,
+    features: Registry,
     by_free: Vec<BTreeSet<u32>>,
     whole_free: Vec<BTreeSet<u32>>,
     by_clearable: Vec<BTreeSet<u32>>,
@@ -235,6 +278,8 @@ impl Cluster {
             nodes: Vec::with_capacity(specs.len()),
             by_name: std::collections::BTreeMap::new(),
             cluster_names: Vec::new(),
+            gpu_types: Registry::default(),
+            features: Registry::default(),
             by_free: vec![BTreeSet::new()],
             whole_free: Vec::new(),
             by_clearable: vec![BTreeSet::new()],
@@ -265,6 +310,25 @@ impl Cluster {
         if self.find(&spec.name).is_some() {
             return Err(ClusterError::Duplicate(spec.name));
         }
+        let too_many = |what, value: &str| ClusterError::TooManyNames {
+            name: spec.name.clone(),
+            what,
+            value: value.to_string(),
+        };
+        let type_bit = if spec.gpu_type.is_empty() {
+            0
+        } else {
+            self.gpu_types
+                .learn(&spec.gpu_type)
+                .ok_or_else(|| too_many("GPU type", &spec.gpu_type))?
+        };
+        let mut feature_bits = 0;
+        for f in &spec.features {
+            feature_bits |= self
+                .features
+                .learn(f)
+                .ok_or_else(|| too_many("feature", f))?;
+        }
         let cluster = match self.cluster_names.iter().position(|c| *c == spec.cluster) {
             Some(i) => i,
             None => {
@@ -290,6 +354,8 @@ impl Cluster {
                 gpus: spec.gpus,
                 cpu: spec.cpu,
                 memory_gb: spec.memory_gb,
+                type_bit,
+                feature_bits,
             })
             .or_default() += 1;
         self.by_name
@@ -308,6 +374,8 @@ impl Cluster {
             mem_used: 0,
             refused_from: u32::MAX,
             removed: false,
+            type_bit,
+            feature_bits,
         });
         let i = self.nodes.len() - 1;
         self.changes += 1;
@@ -332,6 +400,8 @@ impl Cluster {
             gpus: n.spec.gpus,
             cpu: n.spec.cpu,
             memory_gb: n.spec.memory_gb,
+            type_bit: n.type_bit,
+            feature_bits: n.feature_bits,
         };
         let (gpus, cpu, mem) = (n.spec.gpus, n.spec.cpu, n.spec.memory_gb);
         let name = n.spec.name.clone();
@@ -473,11 +543,12 @@ impl Cluster {
 
     /// Best fit for single-node work: the node with the fewest free GPUs that still
     /// holds `gpus` GPUs and the CPU and memory (lowest id on ties).
-    pub fn best_fit(&self, gpus: u32, cpu: u32, mem: u32) -> Option<NodeId> {
+    pub fn best_fit(&self, gpus: u32, cpu: u32, mem: u32, sel: &Selector) -> Option<NodeId> {
         let lo = gpus.max(1) as usize;
         for bucket in self.by_free.iter().skip(lo) {
             for &i in bucket {
-                if self.nodes[i as usize].takes(gpus, cpu, mem) {
+                let n = &self.nodes[i as usize];
+                if n.takes(gpus, cpu, mem) && n.matches(sel) {
                     return Some(NodeId(i));
                 }
             }
@@ -487,7 +558,14 @@ impl Cluster {
 
     /// `count` wholly free nodes of one cluster, each with at least `gpus` GPUs and
     /// room for the CPU and memory; the first cluster (by name order) that has them.
-    pub fn whole_nodes(&self, count: u32, gpus: u32, cpu: u32, mem: u32) -> Option<Vec<NodeId>> {
+    pub fn whole_nodes(
+        &self,
+        count: u32,
+        gpus: u32,
+        cpu: u32,
+        mem: u32,
+        sel: &Selector,
+    ) -> Option<Vec<NodeId>> {
         for set in &self.whole_free {
             if (set.len() as u32) < count {
                 continue;
@@ -497,7 +575,7 @@ impl Cluster {
                 .map(|&i| NodeId(i))
                 .filter(|&id| {
                     let n = &self.nodes[id.idx()];
-                    n.spec.gpus >= gpus && n.takes(gpus, cpu, mem)
+                    n.spec.gpus >= gpus && n.takes(gpus, cpu, mem) && n.matches(sel)
                 })
                 .take(count as usize)
                 .collect();
@@ -506,6 +584,54 @@ impl Cluster {
             }
         }
         None
+    }
+
+    /// The bits of what `s` names; the error names what no node has and what the
+    /// cluster has instead.
+    pub fn selector(&self, s: &Select) -> Result<Selector, (&'static str, String)> {
+        let mut sel = Selector::default();
+        for t in &s.gpu_types {
+            let bit = self.gpu_types.bit(t).ok_or_else(|| {
+                (
+                    "gpu_types",
+                    format!(
+                        "no node has GPU type {t:?}; this cluster has {}",
+                        list(self.gpu_types.names())
+                    ),
+                )
+            })?;
+            sel.types |= bit;
+        }
+        for f in &s.features {
+            let bit = self.features.bit(f).ok_or_else(|| {
+                (
+                    "constraint",
+                    format!(
+                        "no node has feature {f:?}; nodes have {}",
+                        list(self.features.names())
+                    ),
+                )
+            })?;
+            sel.features |= bit;
+        }
+        if !s.cluster.is_empty() {
+            let i = self
+                .cluster_names
+                .iter()
+                .position(|c| *c == s.cluster)
+                .ok_or_else(|| {
+                    (
+                        "cluster",
+                        format!(
+                            "no cluster {:?}; there are {}",
+                            s.cluster,
+                            list(&self.cluster_names)
+                        ),
+                    )
+                })?;
+            sel.cluster = u16::try_from(i + 1).unwrap_or(u16::MAX);
+        }
+        Ok(sel)
     }
 
     /// The largest number of GPUs on one node that are free or preemptible now.
@@ -556,32 +682,35 @@ mod tests {
                 gpus,
                 cpu: 64,
                 memory_gb: 512,
+                ..Default::default()
             })
             .collect()
     }
 
     #[test]
     fn best_fit_prefers_the_fullest_node_that_fits() {
+        let any = Selector::default();
         let mut c = Cluster::new(nodes(3, 8)).expect("valid");
         c.update(NodeId(0), |n| n.used = mask_of(6)); // 2 free
         c.update(NodeId(1), |n| n.used = mask_of(3)); // 5 free
-        assert_eq!(c.best_fit(2, 1, 1), Some(NodeId(0)));
-        assert_eq!(c.best_fit(3, 1, 1), Some(NodeId(1)));
-        assert_eq!(c.best_fit(8, 1, 1), Some(NodeId(2)));
+        assert_eq!(c.best_fit(2, 1, 1, &any), Some(NodeId(0)));
+        assert_eq!(c.best_fit(3, 1, 1, &any), Some(NodeId(1)));
+        assert_eq!(c.best_fit(8, 1, 1, &any), Some(NodeId(2)));
         assert_eq!(c.free_total(), 2 + 5 + 8);
         assert_eq!(c.largest_free_block(), 8);
-        assert_eq!(c.whole_nodes(1, 8, 0, 0), Some(vec![NodeId(2)]));
-        assert_eq!(c.whole_nodes(2, 8, 0, 0), None);
+        assert_eq!(c.whole_nodes(1, 8, 0, 0, &any), Some(vec![NodeId(2)]));
+        assert_eq!(c.whole_nodes(2, 8, 0, 0, &any), None);
         c.update(NodeId(2), |n| n.state = NodeState::Draining);
-        assert_eq!(c.best_fit(8, 1, 1), None);
+        assert_eq!(c.best_fit(8, 1, 1, &any), None);
         assert_eq!(c.free_total(), 7);
     }
 
     #[test]
     fn host_resources_limit_fit() {
+        let any = Selector::default();
         let c = Cluster::new(nodes(1, 8)).expect("valid");
-        assert_eq!(c.best_fit(1, 65, 1), None);
-        assert_eq!(c.best_fit(1, 64, 512), Some(NodeId(0)));
+        assert_eq!(c.best_fit(1, 65, 1, &any), None);
+        assert_eq!(c.best_fit(1, 64, 512, &any), Some(NodeId(0)));
     }
 
     #[test]

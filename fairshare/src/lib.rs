@@ -8,7 +8,8 @@
 //! Map: [`tree`] (org tree and shares) · [`ledger`] (usage over the lookback) ·
 //! [`ratios`] (served ratios) · [`entitlement`] (the ideal allocation) · [`cluster`]
 //! (nodes, GPUs, fit indexes) · [`queue`] (per-project order) · [`scheduler`] (the
-//! pass, and the static-priority baseline it replaces) · `preempt` (victims,
+//! pass, and the static-priority baseline it replaces) · [`select`] (GPU types,
+//! features and clusters work asks for) · `preempt` (victims,
 //! reservations) · [`decision`] (actions and reasons).
 
 pub mod cluster;
@@ -20,6 +21,7 @@ mod preempt;
 pub mod queue;
 pub mod ratios;
 pub mod scheduler;
+pub mod select;
 pub mod time;
 pub mod tree;
 pub mod workload;

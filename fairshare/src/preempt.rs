@@ -290,6 +290,7 @@ impl<V: View> Planner<'_, V> {
         if n.state != NodeState::Ready
             || (n.healthy & n.all()).count_ones() < s.gpus
             || !n.offers(s.gpus)
+            || !n.matches(&s.sel)
             || !self.could_clear(node, whole)
         {
             return None;
@@ -376,6 +377,7 @@ impl<V: View> Planner<'_, V> {
         let (s, c) = (self.s, self.st.cluster());
         let b = c
             .clearable_nodes(s.gpus)
+            .filter(|&node| c.node(node).matches(&s.sel))
             .take(PLAN_SCAN_NODES)
             .filter_map(|node| self.node(node, false))
             // No victims means free placement failed there for host reasons.
@@ -414,6 +416,7 @@ impl<V: View> Planner<'_, V> {
                     n.state == NodeState::Ready
                         && (n.healthy & n.all()).count_ones() >= s.gpus
                         && n.offers(s.gpus)
+                        && n.matches(&s.sel)
                         && n.spec.gpus >= s.gpus
                 })
                 .filter_map(|id| {
@@ -582,6 +585,7 @@ pub(crate) fn reserve<V: View>(
             || n.spec.cpu < s.cpu
             || n.spec.memory_gb < s.mem
             || !n.offers(s.gpus)
+            || !n.matches(&s.sel)
         {
             continue;
         }

@@ -29,11 +29,13 @@ pub struct Shape {
     pub min_runtime: u64,
     /// Time limit, if any.
     pub time_limit: Option<u64>,
+    /// The nodes it may run on besides size (GPU types, features, cluster).
+    pub sel: crate::select::Selector,
 }
 
 impl Shape {
     /// The shape of a spec.
-    pub fn of(spec: &WorkloadSpec) -> Shape {
+    pub fn of(spec: &WorkloadSpec, sel: crate::select::Selector) -> Shape {
         Shape {
             nodes: spec.nodes,
             gpus: spec.gpus_per_node,
@@ -42,6 +44,7 @@ impl Shape {
             protected: spec.min_runtime > 0,
             min_runtime: spec.min_runtime,
             time_limit: spec.time_limit,
+            sel,
         }
     }
 }
@@ -329,6 +332,7 @@ mod tests {
             protected: true,
             min_runtime: 3_600,
             time_limit: None,
+            sel: Default::default(),
         }
     }
 

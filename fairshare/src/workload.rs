@@ -14,7 +14,7 @@ pub struct WorkloadId(pub u64);
 pub struct LeaseId(pub u64);
 
 /// What a user asks for.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WorkloadSpec {
     /// Project (a leaf of the org tree) the work is charged to.
     pub project: String,
@@ -50,6 +50,9 @@ pub struct WorkloadSpec {
     /// (the user asked for no requeue; Slurm's `--no-requeue`).
     #[serde(default)]
     pub no_requeue: bool,
+    /// GPU types, node features and a cluster it asks for (none: any node of its size).
+    #[serde(default, skip_serializing_if = "crate::select::Select::is_any")]
+    pub select: crate::select::Select,
 }
 
 /// The workload classes (`--class`, `[classes.NAME]`): what a workload is, for its
@@ -188,6 +191,8 @@ pub struct Workload {
     /// Kept out of its queue by the shell (a hold, a dependency, an array's limit, a
     /// begin time): pending, but neither considered nor counted as demand.
     pub held: bool,
+    /// `spec.select` as the cluster's bits.
+    pub sel: crate::select::Selector,
 }
 
 /// Why a pending workload is not running.
@@ -401,6 +406,7 @@ mod tests {
             resumable: false,
             priority: 0,
             no_requeue: false,
+            ..Default::default()
         }
     }
 

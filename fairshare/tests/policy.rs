@@ -709,6 +709,7 @@ fn a_node_that_joins_later_takes_work_and_gangs() {
                 gpus: 8,
                 cpu: 128,
                 memory_gb: 2048,
+                ..Default::default()
             },
         )
         .unwrap();

@@ -41,6 +41,8 @@ fn agent_registration_round_trips() {
             advertise_addr: "10.0.0.17".into(),
             highest_workload: 41,
             highest_lease: 77,
+            gpu_type: "h100".into(),
+            features: vec!["nvlink".into()],
         })),
     };
     let bytes = msg.encode_to_vec();

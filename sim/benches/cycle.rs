@@ -56,6 +56,7 @@ fn big_state() -> (Scheduler, u64) {
             gpus: 8,
             cpu: 112,
             memory_gb: 2048,
+            ..Default::default()
         })
         .collect();
     let mut s = Scheduler::new(sc.policy.clone(), tree, nodes).expect("scheduler");
@@ -73,6 +74,7 @@ fn big_state() -> (Scheduler, u64) {
         resumable: true,
         priority: [0, 5, 10][rng.pick(&[0.6, 0.3, 0.1])],
         no_requeue: false,
+        ..Default::default()
     };
     // 8,000 one-GPU leases, 100 per hour over 80 hours.
     for k in 0..80u64 {
@@ -139,6 +141,7 @@ fn mixed_spec(rng: &mut Rng, projects: &[String]) -> WorkloadSpec {
         resumable: true,
         priority: [0, 5, 10][rng.pick(&[0.6, 0.3, 0.1])],
         no_requeue: false,
+        ..Default::default()
     }
 }
 
@@ -159,6 +162,7 @@ fn deep_state(nodes: usize, pending: usize) -> (Scheduler, Time, Rng, Vec<String
             gpus: 8,
             cpu: 112,
             memory_gb: 2048,
+            ..Default::default()
         })
         .collect();
     let mut s = Scheduler::new(sc.policy.clone(), tree, specs).expect("scheduler");

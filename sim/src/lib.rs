@@ -588,6 +588,7 @@ mod tests {
             gpus: 8,
             cpu: 128,
             memory_gb: 2048,
+            ..Default::default()
         };
         let mut core = Scheduler::new(PolicyConfig::default(), tree, vec![node]).expect("core");
         let job = WorkloadSpec {
@@ -603,6 +604,7 @@ mod tests {
             resumable: false,
             priority: 0,
             no_requeue: false,
+            ..Default::default()
         };
         for _ in 0..2 {
             core.submit(0, job.clone()).expect("submit");

@@ -717,6 +717,7 @@ impl Scenario {
                     gpus: c.gpus_per_node,
                     cpu: c.cpu_per_node,
                     memory_gb: c.memory_gb_per_node,
+                    ..Default::default()
                 });
             }
         }
@@ -866,6 +867,7 @@ impl Scenario {
                             resumable,
                             priority,
                             no_requeue: false,
+                            ..Default::default()
                         },
                         line: 0,
                     },

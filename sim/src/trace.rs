@@ -154,6 +154,7 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
                 resumable,
                 priority,
                 no_requeue: false,
+                ..Default::default()
             },
             line: ln,
         });

@@ -18,6 +18,7 @@ fn spec() -> WorkloadSpec {
         resumable: true,
         priority: 0,
         no_requeue: false,
+        ..Default::default()
     }
 }
 

@@ -12,6 +12,7 @@ pub(super) fn node(i: u32) -> Input {
             gpus: 2,
             cpu: 8,
             memory_gb: 64,
+            ..Default::default()
         },
         gpu_uuids: vec![format!("GPU-{i}-0"), format!("GPU-{i}-1")],
     }
@@ -107,6 +108,7 @@ fn replaying_the_inputs_rebuilds_the_same_state() {
         resumable: true,
         priority: 0,
         no_requeue: false,
+        ..Default::default()
     };
     let mut inputs: Vec<(Time, Input)> = (0..2).map(|i| (0, node(i))).collect();
     for k in 0..6u64 {
@@ -445,6 +447,7 @@ fn batch(project: &str) -> Input {
             resumable: true,
             priority: 0,
             no_requeue: false,
+            ..Default::default()
         },
         argv: vec!["x".into()],
         hook: String::new(),
@@ -753,6 +756,7 @@ fn busy_day() -> Vec<(Time, Input)> {
             resumable: false,
             priority: 0,
             no_requeue: false,
+            ..Default::default()
         },
         argv: vec!["x".into()],
         hook: String::new(),

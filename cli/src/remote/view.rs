@@ -677,6 +677,8 @@ pub fn node_json(n: &Node) -> Value {
     json!({
         "name": n.name,
         "cluster": n.cluster,
+        "gpu_type": n.gpu_type,
+        "features": n.features,
         "state": n.state,
         "connected": n.connected,
         "gpus": n.gpus,
@@ -702,6 +704,8 @@ pub fn nodes_table(nodes: &[Node]) -> String {
             vec![
                 n.name.clone(),
                 or_dash(&n.cluster),
+                or_dash(&n.gpu_type),
+                or_dash(&n.features.join(",")),
                 or_dash(&n.state),
                 yes_no(n.connected).into(),
                 format!("{}/{}", n.free_gpus, n.gpus),
@@ -715,6 +719,8 @@ pub fn nodes_table(nodes: &[Node]) -> String {
         &[
             "NAME",
             "CLUSTER",
+            "TYPE",
+            "FEATURES",
             "STATE",
             "CONNECTED",
             "FREE/GPUS",
@@ -1055,6 +1061,8 @@ mod tests {
             [
                 "gpu-07",
                 "a",
+                "-",
+                "-",
                 "draining",
                 "yes",
                 "3/8",

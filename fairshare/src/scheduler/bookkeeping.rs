@@ -49,7 +49,7 @@ impl State {
     /// Whether workload `w`, whose project's budget is spent, may run funded on its
     /// user's allowance (`claimed`: it already holds an allowance claim).
     pub(super) fn allowance_fits(&self, cfg: &PolicyConfig, w: &Workload, claimed: bool) -> bool {
-        let s = Shape::of(&w.spec);
+        let s = Shape::of(&w.spec, w.sel);
         if !cfg.allowance_shape(&s) {
             return false;
         }

@@ -90,7 +90,7 @@ impl Scheduler {
             let Some(w) = st.workloads.get(&id) else {
                 continue;
             };
-            let shape = Shape::of(&w.spec);
+            let shape = Shape::of(&w.spec, w.sel);
             let limit = w.spec.time_limit;
             let outlasts = shadow.as_ref().is_some_and(|s| end_by(now, limit) > s.at);
             let key = (shape.nodes, shape.gpus, shape.cpu, shape.mem, outlasts);

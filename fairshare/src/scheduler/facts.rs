@@ -296,6 +296,9 @@ impl Scheduler {
                 last_preempted: w.last_preempted,
                 blocked: None,
                 held: w.held && w.state == WorkloadState::Pending,
+                // The registry is rebuilt from the same nodes in the same order (removed
+                // ones keep their place), so the bits mean what they meant.
+                sel: s.st.cluster.selector(&w.spec.select).unwrap_or_default(),
             };
             if w.state.is_final() {
                 s.st.finished.push(w.id);
@@ -517,6 +520,7 @@ mod tests {
                 gpus: 8,
                 cpu: 64,
                 memory_gb: 512,
+                ..Default::default()
             })
             .collect();
         Scheduler::new(
@@ -541,6 +545,7 @@ mod tests {
             resumable: true,
             priority: 0,
             no_requeue: false,
+            ..Default::default()
         }
     }
 

@@ -1,6 +1,7 @@
 //! What the shell reports: submissions, cancels, lease ends, node and GPU changes.
 
 use super::*;
+use crate::select::Selector;
 use crate::workload::SpecError;
 
 impl Scheduler {
@@ -27,7 +28,7 @@ impl Scheduler {
             .find(&spec.project)
             .filter(|&g| self.tree.is_project(g))
             .ok_or_else(|| CoreError::UnknownProject(spec.project.clone()))?;
-        self.check_fits(&spec)?;
+        let sel = self.check_fits(&spec)?;
         let id = WorkloadId(self.st.next_workload);
         self.st.next_workload += 1;
         if !held {
@@ -45,6 +46,7 @@ impl Scheduler {
             last_preempted: None,
             blocked: None,
             held,
+            sel,
         };
         if !held {
             self.enqueue(QueueKey::of(&w));
@@ -53,7 +55,8 @@ impl Scheduler {
         Ok(id)
     }
 
-    fn check_fits(&self, spec: &WorkloadSpec) -> Result<(), CoreError> {
+    /// Whether some nodes of this cluster could ever hold `spec`; its selector.
+    fn check_fits(&self, spec: &WorkloadSpec) -> Result<Selector, CoreError> {
         if let Err(SpecError::TooLong { field, value }) = spec.check_contract_length() {
             return Err(CoreError::Impossible {
                 field,
@@ -64,10 +67,38 @@ impl Scheduler {
                 ),
             });
         }
-        // Over node kinds (cluster and size, with counts), not nodes: the same answer
-        // as a scan of every node, at a cost that does not grow with the cluster.
+        // Over node kinds (cluster, size, type and features, with counts), not nodes:
+        // the same answer as a scan of every node, at a cost that does not grow with
+        // the cluster.
         let c = &self.st.cluster;
-        let max_gpus = c.kinds().map(|(k, _)| k.gpus).max().unwrap_or(0);
+        let sel = c
+            .selector(&spec.select)
+            .map_err(|(field, why)| CoreError::Unplaceable { field, why })?;
+        let kinds = || {
+            c.kinds()
+                .filter(move |(k, _)| sel.admits(k.cluster, k.type_bit, k.feature_bits))
+        };
+        if kinds().next().is_none() {
+            let s = &spec.select;
+            let mut what = Vec::new();
+            if !s.gpu_types.is_empty() {
+                what.push(format!("GPU type {}", s.gpu_types.join(" or ")));
+            }
+            if !s.features.is_empty() {
+                what.push(format!("features {}", s.features.join(" and ")));
+            }
+            if !s.cluster.is_empty() {
+                what.push(format!("cluster {}", s.cluster));
+            }
+            return Err(CoreError::Unplaceable {
+                field: "gpu_types",
+                why: format!(
+                    "no node has {} together; `allot nodes` shows each node's type and features",
+                    what.join(", ")
+                ),
+            });
+        }
+        let max_gpus = kinds().map(|(k, _)| k.gpus).max().unwrap_or(0);
         if spec.gpus_per_node == 0 || spec.gpus_per_node > max_gpus {
             return Err(CoreError::Impossible {
                 field: "gpus_per_node",
@@ -79,7 +110,7 @@ impl Scheduler {
         }
         // Name the resource no single node can hold, with the largest that has it.
         let with_gpus = || {
-            c.kinds()
+            kinds()
                 .map(|(k, _)| k)
                 .filter(|k| k.gpus >= spec.gpus_per_node)
         };
@@ -109,7 +140,7 @@ impl Scheduler {
             });
         }
         let mut per_cluster = vec![0u64; c.cluster_names().len()];
-        for (k, count) in c.kinds() {
+        for (k, count) in kinds() {
             if k.gpus >= spec.gpus_per_node
                 && k.cpu >= spec.cpu_per_node
                 && k.memory_gb >= spec.mem_per_node_gb
@@ -128,7 +159,7 @@ impl Scheduler {
                 ),
             });
         }
-        Ok(())
+        Ok(sel)
     }
 
     /// Queues work at its place (taken by key, so a requeue need not copy the workload).
@@ -463,7 +494,7 @@ impl QueueKey {
     pub(super) fn of(w: &Workload) -> Self {
         QueueKey {
             project: w.project,
-            shape: Shape::of(&w.spec),
+            shape: Shape::of(&w.spec, w.sel),
             priority: w.spec.priority,
             submit: w.submit,
             id: w.id,

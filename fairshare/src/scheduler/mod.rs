@@ -118,6 +118,14 @@ pub enum CoreError {
     /// Only pending work can be held or changed.
     #[error("workload {0} is running; only pending work is held or changed (`allot requeue` sends it back to the queue first)")]
     Running(u64),
+    /// What it asks of its nodes (GPU type, features, cluster) no node has.
+    #[error("{field}: {why}")]
+    Unplaceable {
+        /// The field.
+        field: &'static str,
+        /// What no node has, and what nodes have.
+        why: String,
+    },
     /// A changed request allot could never run.
     #[error(transparent)]
     Spec(#[from] crate::workload::SpecError),

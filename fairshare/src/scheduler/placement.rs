@@ -8,13 +8,13 @@ pub(super) fn free_placement(c: &Cluster, s: &Shape) -> Option<Vec<NodeGpus>> {
         if s.gpus > c.largest_free_block() {
             return None;
         }
-        let n = c.best_fit(s.gpus, s.cpu, s.mem)?;
+        let n = c.best_fit(s.gpus, s.cpu, s.mem, &s.sel)?;
         Some(vec![NodeGpus {
             node: n,
             gpus: lowest_bits(c.node(n).free(), s.gpus),
         }])
     } else {
-        let nodes = c.whole_nodes(s.nodes, s.gpus, s.cpu, s.mem)?;
+        let nodes = c.whole_nodes(s.nodes, s.gpus, s.cpu, s.mem, &s.sel)?;
         Some(
             nodes
                 .into_iter()
@@ -80,7 +80,10 @@ pub(super) fn backfill_placement(
             } else {
                 0
             };
-            if avail >= s.gpus && n.takes(s.gpus, s.cpu, s.mem) && best.is_none_or(|b| avail < b.0)
+            if avail >= s.gpus
+                && n.takes(s.gpus, s.cpu, s.mem)
+                && n.matches(&s.sel)
+                && best.is_none_or(|b| avail < b.0)
             {
                 best = Some((avail, *holder, start, p.node));
             }

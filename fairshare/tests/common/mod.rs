@@ -28,6 +28,7 @@ pub fn nodes(cluster: &str, n: u32, gpus: u32) -> Vec<NodeSpec> {
             gpus,
             cpu: 128,
             memory_gb: 2048,
+            ..Default::default()
         })
         .collect()
 }
@@ -52,6 +53,7 @@ pub fn job(project: &str, gpus: u32, min_runtime: u64) -> WorkloadSpec {
         resumable: true,
         priority: 0,
         no_requeue: false,
+        ..Default::default()
     }
 }
 

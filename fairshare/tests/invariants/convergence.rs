@@ -39,6 +39,7 @@ fn long_run_shares(
             gpus: 8,
             cpu: 64,
             memory_gb: 512,
+            ..Default::default()
         })
         .collect();
     let mut sh = Shell::new(PolicyConfig::default(), tree.clone(), nodes, 30);
@@ -65,6 +66,7 @@ fn long_run_shares(
                     resumable: true,
                     priority: 0,
                     no_requeue: false,
+                    ..Default::default()
                 };
                 let job = Job {
                     run,

@@ -16,6 +16,7 @@ fn nodes_of(gpus: &[u32]) -> Vec<NodeSpec> {
             gpus,
             cpu: 64,
             memory_gb: 512,
+            ..Default::default()
         })
         .collect()
 }
@@ -34,6 +35,7 @@ fn job_spec(project: &str, nodes: u32, gpus: u32, min_runtime: Secs) -> Workload
         resumable: true,
         priority: 0,
         no_requeue: false,
+        ..Default::default()
     }
 }
 
@@ -124,6 +126,7 @@ fn a_victim_does_not_take_back_within_the_cooldown() {
         time_limit: None,
         fails: false,
         no_requeue: false,
+        gpu_type: None,
     };
     let ops = [
         Op::Burst(job(3, 1, 0, true, 33_133), 7),
@@ -189,6 +192,7 @@ fn a_reservation_is_not_its_groups_allocation() {
         time_limit: None,
         fails: false,
         no_requeue: false,
+        gpu_type: None,
     };
     let ops = [
         Op::Node(0, NodeState::Draining),
@@ -248,6 +252,7 @@ fn equal_ratios_do_not_preempt_both_ways() {
         time_limit: None,
         fails: false,
         no_requeue: false,
+        gpu_type: None,
     };
     let ops = [
         Op::Burst(job(3, 1, 30_482), 3),
@@ -303,6 +308,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             2,
         ),
@@ -320,6 +326,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             time_limit: None,
             fails: false,
             no_requeue: false,
+            gpu_type: None,
         }),
         Op::Submit(Sub {
             project: 0,
@@ -333,6 +340,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             time_limit: None,
             fails: false,
             no_requeue: false,
+            gpu_type: None,
         }),
         Op::Submit(Sub {
             project: 2,
@@ -346,6 +354,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             time_limit: None,
             fails: false,
             no_requeue: false,
+            gpu_type: None,
         }),
         Op::Gpu {
             node: 1,
@@ -366,6 +375,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             time_limit: None,
             fails: false,
             no_requeue: false,
+            gpu_type: None,
         }),
         Op::Gpu {
             node: 3,
@@ -385,6 +395,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             time_limit: None,
             fails: false,
             no_requeue: false,
+            gpu_type: None,
         }),
         Op::Submit(Sub {
             project: 1,
@@ -398,6 +409,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             time_limit: None,
             fails: false,
             no_requeue: false,
+            gpu_type: None,
         }),
         Op::Submit(Sub {
             project: 0,
@@ -411,6 +423,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             time_limit: None,
             fails: false,
             no_requeue: false,
+            gpu_type: None,
         }),
         Op::Submit(Sub {
             project: 0,
@@ -424,6 +437,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             time_limit: None,
             fails: false,
             no_requeue: false,
+            gpu_type: None,
         }),
         Op::Burst(
             Sub {
@@ -438,6 +452,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             2,
         ),
@@ -454,6 +469,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             3,
         ),
@@ -469,6 +485,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             time_limit: None,
             fails: false,
             no_requeue: false,
+            gpu_type: None,
         }),
         Op::Burst(
             Sub {
@@ -483,6 +500,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             4,
         ),
@@ -498,6 +516,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             time_limit: None,
             fails: false,
             no_requeue: false,
+            gpu_type: None,
         }),
         Op::Gpu {
             node: 0,
@@ -553,6 +572,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             3,
         ),
@@ -570,6 +590,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             4,
         ),
@@ -588,6 +609,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             3,
         ),
@@ -604,6 +626,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             5,
         ),
@@ -621,6 +644,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             2,
         ),
@@ -637,6 +661,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             8,
         ),
@@ -653,6 +678,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             3,
         ),
@@ -669,6 +695,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             4,
         ),
@@ -685,6 +712,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             2,
         ),
@@ -700,6 +728,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
             time_limit: None,
             fails: false,
             no_requeue: false,
+            gpu_type: None,
         }),
         Op::Advance(1),
         Op::Advance(54616),
@@ -723,6 +752,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             2,
         ),
@@ -740,6 +770,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             3,
         ),
@@ -757,6 +788,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 time_limit: None,
                 fails: false,
                 no_requeue: false,
+                gpu_type: None,
             },
             2,
         ),

@@ -47,6 +47,21 @@ impl Shell {
         if spec.nodes > 1 {
             self.stats.gang_starts += 1;
         }
+        // Only on nodes of a GPU type it asked for.
+        let wrong = placement.iter().find_map(|p| {
+            let t = &self.sch.cluster().node(p.node).spec.gpu_type;
+            (!spec.select.gpu_types.is_empty() && !spec.select.gpu_types.contains(t))
+                .then(|| (p.node, t.clone()))
+        });
+        if let Some((node, t)) = wrong {
+            self.fail(
+                Prop::Exclusive,
+                format!(
+                    "{lid:?} of {wid:?} asks for {:?} but starts on {node:?}, a {t}",
+                    spec.select.gpu_types
+                ),
+            );
+        }
         let c = self.sch.cluster();
         let nodes: BTreeSet<NodeId> = placement.iter().map(|p| p.node).collect();
         let clusters: BTreeSet<u16> = placement.iter().map(|p| c.node(p.node).cluster).collect();
@@ -339,7 +354,7 @@ impl Shell {
         let Some(budget) = self
             .sch
             .workload(by)
-            .map(|w| cfg.plan_loss_budget(&Shape::of(&w.spec)))
+            .map(|w| cfg.plan_loss_budget(&Shape::of(&w.spec, w.sel)))
         else {
             self.fail(Prop::Loss, format!("preempted by unknown {by:?}"));
             return;

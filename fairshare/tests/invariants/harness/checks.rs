@@ -285,7 +285,7 @@ impl Shell {
             return;
         };
         self.stats.allowance_starts += 1;
-        let shape = allot_fairshare::queue::Shape::of(&w.spec);
+        let shape = allot_fairshare::queue::Shape::of(&w.spec, w.sel);
         let mut bad = Vec::new();
         if !funded || !cfg.allowance_shape(&shape) || user != &w.spec.user {
             bad.push(format!(

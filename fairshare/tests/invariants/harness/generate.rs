@@ -58,6 +58,8 @@ pub(crate) struct Sub {
     pub(crate) fails: bool,
     /// Ends as preempted rather than waiting again.
     pub(crate) no_requeue: bool,
+    /// Asks for this GPU type (nodes are h100 but every third, b200).
+    pub(crate) gpu_type: Option<&'static str>,
 }
 
 #[derive(Debug, Clone)]
@@ -154,6 +156,14 @@ fn setup() -> impl Strategy<Value = Setup> {
 
 fn sub() -> impl Strategy<Value = Sub> {
     (
+        sub_untyped(),
+        prop_oneof![6 => Just(None), 2 => Just(Some("h100")), 1 => Just(Some("b200"))],
+    )
+        .prop_map(|(s, gpu_type)| Sub { gpu_type, ..s })
+}
+
+fn sub_untyped() -> impl Strategy<Value = Sub> {
+    (
         0usize..5,
         prop_oneof![4 => 1u32..=2, 2 => 3u32..=4, 1 => 5u32..=8],
         prop_oneof![6 => Just(1u32), 2 => Just(2u32), 1 => Just(3u32)],
@@ -198,6 +208,7 @@ fn sub() -> impl Strategy<Value = Sub> {
                 time_limit: time_limit.map(|t: Secs| t.max(min_runtime)),
                 fails,
                 no_requeue,
+                gpu_type: None,
             },
         )
 }
@@ -273,6 +284,7 @@ fn contended() -> impl Strategy<Value = (Setup, Vec<Op>)> {
             time_limit: None,
             fails: false,
             no_requeue: false,
+            gpu_type: None,
         });
     let op = prop_oneof![
         4 => (job.clone(), 2u32..=8).prop_map(|(s, n)| Op::Burst(s, n)),
@@ -371,6 +383,8 @@ pub(super) fn node_specs(s: &Setup) -> Vec<NodeSpec> {
             gpus,
             cpu: 8 * gpus,
             memory_gb: 64 * gpus,
+            gpu_type: if i % 3 == 2 { "b200" } else { "h100" }.into(),
+            ..Default::default()
         })
         .collect()
 }

@@ -117,6 +117,10 @@ impl Shell {
             resumable: s.resumable,
             priority: s.priority,
             no_requeue: s.no_requeue,
+            select: allot_fairshare::select::Select {
+                gpu_types: s.gpu_type.into_iter().map(String::from).collect(),
+                ..Default::default()
+            },
         };
         self.submit_spec(
             spec,
@@ -141,6 +145,8 @@ impl Shell {
                         && n.spec.gpus >= spec.gpus_per_node
                         && n.spec.cpu >= spec.cpu_per_node
                         && n.spec.memory_gb >= spec.mem_per_node_gb
+                        && (spec.select.gpu_types.is_empty()
+                            || spec.select.gpu_types.contains(&n.spec.gpu_type))
                 })
                 .count();
             holders >= spec.nodes as usize
@@ -154,7 +160,7 @@ impl Shell {
                 self.jobs.insert(id, job);
                 Some(id)
             }
-            Err(CoreError::Impossible { .. }) if !fits => None,
+            Err(CoreError::Impossible { .. } | CoreError::Unplaceable { .. }) if !fits => None,
             Err(e) => {
                 self.fail(Prop::Books, format!("refused {spec:?}: {e}"));
                 None
