@@ -249,6 +249,16 @@ mod tests {
     #[test]
     fn usage_clips_each_run_to_the_window_and_its_periods() {
         let day = 86_400;
+        // A start of 0 means "never started": the test's days start later.
+        let run = |start: u64, end: u64, gpus, funded| {
+            run(
+                start + 10 * day,
+                if end == 0 { 0 } else { end + 10 * day },
+                gpus,
+                funded,
+            )
+        };
+        let at = |t: u64| t + 10 * day;
         let rows = vec![
             // Half before the window: only the half inside counts.
             run(0, day, 2, true),
@@ -257,22 +267,22 @@ mod tests {
             // Still running at the window's end.
             run(2 * day, 0, 1, true),
         ];
-        let all = usage(&rows, day / 2, 3 * day, 0, |r| r.project.clone());
+        let all = usage(&rows, at(day / 2), at(3 * day), 0, |r| r.project.clone());
         assert_eq!(all.len(), 1);
         assert_eq!(all[0].funded, 2 * day / 2 + day);
         assert_eq!(all[0].unfunded, 4 * day);
-        let daily = usage(&rows, day, 3 * day, day, |r| r.user.clone());
+        let daily = usage(&rows, at(day), at(3 * day), day, |r| r.user.clone());
         let by_day: Vec<(u64, u64)> = daily
             .iter()
             .map(|u| (u.period, u.funded + u.unfunded))
             .collect();
         assert_eq!(
             by_day,
-            vec![(day, 4 * day / 2), (2 * day, 4 * day / 2 + day)]
+            vec![(at(day), 4 * day / 2), (at(2 * day), 4 * day / 2 + day)]
         );
         // Summed over periods, the same as over the whole window.
         let total: u64 = daily.iter().map(|u| u.funded + u.unfunded).sum();
-        let whole = usage(&rows, day, 3 * day, 0, |_| String::new());
+        let whole = usage(&rows, at(day), at(3 * day), 0, |_| String::new());
         assert_eq!(total, whole[0].funded + whole[0].unfunded);
     }
 }

@@ -41,6 +41,12 @@ pub struct Args {
     /// with more than the fleet can run, the rest stays pending.
     #[arg(long, default_value_t = 0)]
     pub prefill: u64,
+    /// Prefill as arrays of this many elements (`0-N%L`), `prefill / N` of them.
+    #[arg(long, default_value_t = 1)]
+    pub array_size: u64,
+    /// Each prefilled array's limit on elements running or queued at once.
+    #[arg(long, default_value_t = 8)]
+    pub array_limit: u64,
 }
 
 /// The `n`th workload of the load: 1–8 GPUs, two projects, a third of it unfunded.
@@ -316,15 +322,16 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         let workers: Vec<_> = (0..64u64)
             .map(|k| {
                 let ch = submit_ch.clone();
-                let n = a.prefill;
+                let size = a.array_size.max(1);
+                let n = a.prefill / size;
+                let array = (size > 1).then(|| format!("0-{}%{}", size - 1, a.array_limit));
                 tokio::spawn(async move {
                     let mut c = pb::workloads_client::WorkloadsClient::new(ch);
                     let mut i = k;
                     while i < n {
-                        c.submit(pb::SubmitRequest {
-                            spec: Some(load_spec(i)),
-                        })
-                        .await?;
+                        let mut spec = load_spec(i);
+                        spec.array = array.clone().unwrap_or_default();
+                        c.submit(pb::SubmitRequest { spec: Some(spec) }).await?;
                         i += 64;
                     }
                     Ok::<_, tonic::Status>(())
@@ -335,9 +342,14 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             w.await?.context("a prefill submission was refused")?;
         }
         println!(
-            "{} workloads prefilled in {:.1}s",
-            a.prefill,
-            t.elapsed().as_secs_f64()
+            "{} workloads prefilled in {:.1}s{}",
+            a.prefill / a.array_size.max(1) * a.array_size.max(1),
+            t.elapsed().as_secs_f64(),
+            if a.array_size > 1 {
+                format!(" (arrays of {} %{})", a.array_size, a.array_limit)
+            } else {
+                String::new()
+            }
         );
     }
     // The submissions.
