@@ -35,6 +35,7 @@ fn spec(dir: &Path, n: usize, script: &str, cap: u64, cgroup: Option<PathBuf>) -
         run_as: RunAs::Agent,
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         cwd: None,
+        script: String::new(),
     }
 }
 

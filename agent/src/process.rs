@@ -20,8 +20,11 @@ use std::path::{Path, PathBuf};
 pub struct Launch {
     /// Lease id.
     pub lease: String,
-    /// Command and arguments.
+    /// Command and arguments; with a script, its arguments.
     pub argv: Vec<String>,
+    /// A batch script: written to `lease_dir/job/script`, the user's alone, and run
+    /// by its `#!` line (empty: `argv` is the command).
+    pub script: String,
     /// GPU UUIDs the lease holds.
     pub gpus: Vec<String>,
     /// Where it checkpoints.
@@ -75,6 +78,25 @@ pub fn create_private_dir(path: &Path, owner: Option<(u32, u32)>) -> std::io::Re
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
 }
 
+/// A batch script at `path`, mode 0700, owned by `owner` (written fresh: a rerun
+/// writes the script it was given again).
+fn write_script(path: &Path, text: &str, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o700)
+        .open(path)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+    }
+    Ok(())
+}
+
 /// `path` could not be made for lease `l`.
 fn io_error(l: &Launch, path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError {
     let (lease, path) = (l.lease.clone(), path.display().to_string());
@@ -91,7 +113,7 @@ fn make_dir(l: &Launch, p: &Path, owner: Option<(u32, u32)>) -> Result<(), Launc
 
 /// Starts the workload under its supervisor; returns once it runs.
 pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
-    if l.argv.is_empty() {
+    if l.argv.is_empty() && l.script.is_empty() {
         return Err(LaunchError::EmptyCommand(l.lease.clone()));
     }
     let user = match &l.run_as {
@@ -100,7 +122,7 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
         RunAs::Nobody(why) => {
             return Err(LaunchError::Spawn {
                 lease: l.lease.clone(),
-                program: l.argv[0].clone(),
+                program: l.argv.first().cloned().unwrap_or_else(|| "script".into()),
                 source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, why.clone()),
             })
         }
@@ -117,6 +139,19 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
             make_dir(l, dir, None)?;
         }
     }
+    let argv = if l.script.is_empty() {
+        l.argv.clone()
+    } else {
+        // As slurmd keeps a job's script in its spool: in the lease's directory, in a
+        // directory only the user reads, executable by its owner.
+        let dir = l.lease_dir.join("job");
+        create_private_dir(&dir, owner).map_err(io_error(l, &dir))?;
+        let path = dir.join("script");
+        write_script(&path, &l.script, owner).map_err(io_error(l, &path))?;
+        std::iter::once(path.display().to_string())
+            .chain(l.argv.iter().cloned())
+            .collect()
+    };
     let mut notes = Vec::new();
     match &l.cgroup {
         Some(dir) => {
@@ -143,7 +178,7 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
     // Later entries win: the supervisor hands them to `Command::envs`.
     let spec = Spec {
         lease: l.lease.clone(),
-        argv: l.argv.clone(),
+        argv,
         env,
         cwd: l.cwd.clone(),
         user,

@@ -180,6 +180,7 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
                 hook: l.checkpoint_hook.clone(),
                 grace_s: l.grace_s,
                 argv: c.argv,
+                script: c.script,
                 adopt_pid: None,
                 user: c.user,
                 workload_id: l.workload_id.clone(),

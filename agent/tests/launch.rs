@@ -36,6 +36,7 @@ fn launch_spec(tag: &str, script: &str) -> Launch {
             ("PATH".into(), "/usr/bin:/bin".into()),
         ],
         cwd: None,
+        script: String::new(),
     }
 }
 
@@ -248,6 +249,45 @@ fn empty_commands_and_bad_programs_are_named() {
         e.to_string()
             .contains("cannot start \"/nonexistent/train\""),
         "{e}"
+    );
+}
+
+#[test]
+fn a_batch_script_is_written_for_its_user_alone_and_run_with_its_arguments() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI runs the tests as root: running as another user needs it"
+        );
+        eprintln!("skipped: switching user needs root");
+        return;
+    }
+    let Some((uid, _)) = allot_test_support::test_user("allot-test-a") else {
+        return;
+    };
+    let u = RealOs.user_by_name("allot-test-a").expect("known");
+    let mut l = launch_spec("script", "unused");
+    let _ = std::fs::remove_dir_all(l.lease_dir.parent().expect("dir"));
+    l.argv = vec!["first".into(), "two words".into()];
+    l.script = "#!/bin/sh\necho \"me=$(id -u) args=$# $1|$2 at=$0\"\n".into();
+    l.run_as = RunAs::User(u.identity());
+    l.env = u.env();
+    let s = launch(&l).expect("starts");
+    let exit = finish(&l, s);
+    assert_eq!(exit.code, Some(0), "{exit:?}");
+    let out = std::fs::read_to_string(&l.out_log).expect("output");
+    let path = l.lease_dir.join("job/script");
+    assert_eq!(
+        out.trim(),
+        format!("me={uid} args=2 first|two words at={}", path.display())
+    );
+    let meta = std::fs::metadata(&path).expect("kept");
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (uid, 0o700));
+    let dir = std::fs::metadata(path.parent().expect("dir")).expect("dir");
+    assert_eq!(
+        (dir.uid(), dir.mode() & 0o777),
+        (uid, 0o700),
+        "no one else reads it"
     );
 }
 

@@ -416,8 +416,17 @@ fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
         );
     }
     crate::limits::spec(s)?;
-    if s.argv.is_empty() || s.argv[0].is_empty() {
-        return bad("argv", "the command to run is missing (after `--`)".into());
+    if s.script.is_empty() && (s.argv.is_empty() || s.argv[0].is_empty()) {
+        return bad(
+            "argv",
+            "the command to run is missing (after `--`, or a batch script)".into(),
+        );
+    }
+    if !s.script.is_empty() && !s.script.starts_with("#!") {
+        return bad(
+            "script",
+            "a batch script starts with a #! line naming its interpreter (#!/bin/bash), as sbatch asks".into(),
+        );
     }
     if !s.checkpoint_hook.is_empty() {
         s.checkpoint_hook
@@ -525,6 +534,7 @@ impl pb::workloads_server::Workloads for Api {
             name: s.name.clone(),
             gates,
             array,
+            script: s.script.clone(),
         };
         let a = self.0.commit(input).map_err(core_status)?;
         let workload = a.id.and_then(|id| self.workload_view(id).ok());

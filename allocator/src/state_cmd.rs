@@ -451,6 +451,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
             name: String::new(),
             gates: Default::default(),
             array: None,
+            script: String::new(),
         }];
         if k.is_multiple_of(4) {
             step.push(Input::Schedule);

@@ -77,6 +77,8 @@ pub fn workload_pb(w: &WorkRec, why: (String, &str)) -> pb::Workload {
             gpu_types: w.spec.select.gpu_types.clone(),
             constraint: w.spec.select.features.clone(),
             cluster: w.spec.select.cluster.clone(),
+            script: String::new(),
+            has_script: !w.script.is_empty(),
         }),
         array_id: w.array.map(|p| p.id.to_string()).unwrap_or_default(),
         array_index: w.array.map_or(0, |p| p.index),
@@ -170,6 +172,7 @@ pub fn command_pb(cmd: &Command) -> pb::AllocatorMessage {
             error: s.error.clone(),
             cpu_per_node: s.cpu_per_node,
             mem_per_node_gb: s.mem_per_node_gb,
+            script: s.script.clone(),
         }),
         Command::Revoke {
             lease,

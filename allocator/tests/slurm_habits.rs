@@ -402,3 +402,59 @@ fn a_gpu_type_lands_only_on_such_nodes_and_a_type_nobody_has_is_refused() {
         assert!(err.contains(words), "{flags:?}: {err}");
     }
 }
+
+#[test]
+fn a_batch_script_runs_with_its_allot_and_sbatch_lines_and_the_command_line_wins() {
+    let c = Cluster::start("habits-script", ORG, 1, 2);
+    let dir = c.dir.join("scripted");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let script = dir.join("job.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n#ALLOT --gpus 2 --project demo-a\n#SBATCH -J scripted\n#SBATCH --time=10\n\n# the work\necho \"name=$ALLOT_JOB_NAME gpus=$CUDA_VISIBLE_DEVICES args=$*\" > result.txt\n#SBATCH --partition=ignored-after-the-first-command\n",
+    )
+    .expect("script");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["submit", "--json", "--chdir", dir.to_str().expect("utf-8")];
+        args.push(script.to_str().expect("utf-8"));
+        args.extend_from_slice(extra);
+        let v = c.json(&args);
+        v["id"].as_str().expect("id").to_string()
+    };
+    let id = run(&["--", "a", "b c"]);
+    let w = c.wait_state(&id, "completed", LONG);
+    assert_eq!(w["name"], "scripted", "{w}");
+    assert_eq!(w["time_limit_s"], 600, "#SBATCH --time=10 is minutes");
+    assert_eq!(w["gpus_per_node"], 2);
+    let out = std::fs::read_to_string(dir.join("result.txt")).expect("the script ran");
+    assert!(out.starts_with("name=scripted gpus="), "{out}");
+    assert!(out.trim_end().ends_with("args=a b c"), "{out}");
+    assert_eq!(
+        out.split("gpus=")
+            .nth(1)
+            .map(|g| g.split(' ').next().unwrap_or("").split(',').count()),
+        Some(2),
+        "{out}"
+    );
+    // The command line wins over the directives.
+    let id = run(&["--gpus", "1", "-J", "mine"]);
+    let w = c.wait_state(&id, "completed", LONG);
+    assert_eq!(
+        (w["gpus_per_node"].as_i64(), w["name"].as_str()),
+        (Some(1), Some("mine"))
+    );
+    // A #SBATCH flag allot does not share is named, before anything is sent.
+    std::fs::write(&script, "#!/bin/sh\n#SBATCH --partition=gpu -J x\ntrue\n").expect("script");
+    let out = c.allot(&[
+        "submit",
+        "--project",
+        "demo-a",
+        script.to_str().expect("utf-8"),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("#SBATCH flags allot does not understand: --partition"),
+        "{err}"
+    );
+}

@@ -17,6 +17,7 @@ mod health_view;
 mod jobenv;
 mod local;
 mod remote;
+mod script;
 mod size;
 mod table;
 mod usage;

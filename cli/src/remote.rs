@@ -159,9 +159,45 @@ pub struct SubmitArgs {
     /// Wait for the workload to end, saying on stderr when it starts, is requeued and ends; exit with its exit status, as srun does (see `allot status`).
     #[arg(long)]
     wait: bool,
+    /// A batch script to run instead of a command (as sbatch): its #ALLOT and #SBATCH lines are read as flags (the command line wins); the words after `--` are its arguments.
+    #[arg(value_name = "SCRIPT")]
+    script: Option<std::path::PathBuf>,
     /// The command to run, after `--`.
     #[arg(last = true, value_name = "CMD")]
     argv: Vec<String>,
+}
+
+/// `allot submit` parsed again with a script's directives before the command line's
+/// flags: the later of two wins.
+#[derive(clap::Parser, Debug)]
+#[command(name = "allot submit", args_override_self = true)]
+struct SubmitAgain {
+    #[command(flatten)]
+    a: SubmitArgs,
+}
+
+/// The submission with its script's directives, and the script's text.
+fn with_script(a: SubmitArgs) -> Result<(SubmitArgs, String), Failure> {
+    let Some(path) = a.script.clone() else {
+        return Ok((a, String::new()));
+    };
+    let s = crate::script::read(&path).map_err(Failure::Refused)?;
+    // The command line as typed, after the subcommand: it comes last, so it wins.
+    let typed: Vec<String> = std::env::args()
+        .skip_while(|w| w != "submit")
+        .skip(1)
+        .collect();
+    let words = std::iter::once("allot submit".to_string())
+        .chain(s.flags.iter().cloned())
+        .chain(typed);
+    let again = <SubmitAgain as clap::Parser>::try_parse_from(words).map_err(|e| {
+        Failure::Refused(format!(
+            "script {}: its directives do not read as flags: {}",
+            path.display(),
+            e.to_string().trim()
+        ))
+    })?;
+    Ok((again.a, s.text))
 }
 
 /// A workload state as `--state` takes it.
@@ -663,8 +699,8 @@ fn validate_submit(a: &SubmitArgs) -> Result<(), Usage> {
     }
     check_contract(&["submit"], a.min_runtime.unwrap_or(0), a.time_limit)?;
     // `--signal` without `--time-limit` is allotd's to judge: the class may give one.
-    if a.argv.is_empty() {
-        return usage("say what the workload runs: a command after `--` (allot submit --project P --gpus 8 -- python train.py)".into());
+    if a.argv.is_empty() && a.script.is_none() {
+        return usage("say what the workload runs: a command after `--` (allot submit --project P --gpus 8 -- python train.py), or a batch script (allot submit job.sh)".into());
     }
     if let Err(m) = crate::jobenv::resolve(&a.export, &a.env, crate::jobenv::own_vars()) {
         return usage(m);
@@ -971,6 +1007,7 @@ fn ended(w: &Workload) -> Result<(), Failure> {
 async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
     match cmd {
         Remote::Submit(a) => {
+            let (a, script) = with_script(a)?;
             let env = crate::jobenv::resolve(&a.export, &a.env, crate::jobenv::own_vars())
                 .map_err(Failure::Refused)?;
             let here = std::env::current_dir().map_err(|e| {
@@ -1026,6 +1063,8 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                     .collect(),
                 constraint: a.constraint.as_deref().map(features).unwrap_or_default(),
                 cluster: a.cluster.clone().unwrap_or_default(),
+                script,
+                has_script: false,
             };
             let (project, gpus, nodes) = (spec.project.clone(), spec.gpus_per_node, spec.nodes);
             let ch = channel(&server).await?;

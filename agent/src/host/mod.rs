@@ -144,8 +144,10 @@ pub struct StartSpec {
     pub hook: String,
     /// Grace; 0: the default.
     pub grace_s: u64,
-    /// Command; empty when adopting.
+    /// Command; empty when adopting. With a script: its arguments.
     pub argv: Vec<String>,
+    /// A batch script from allotd (`allot submit job.sh`), run by its `#!` line.
+    pub script: String,
     /// Adopt this pid instead.
     pub adopt_pid: Option<i32>,
     /// User name to run as; empty: the caller.

@@ -234,7 +234,10 @@ impl Host {
                 });
             }
         }
-        match (spec.argv.is_empty(), spec.adopt_pid) {
+        match (
+            spec.argv.is_empty() && spec.script.is_empty(),
+            spec.adopt_pid,
+        ) {
             (true, None) => {
                 return Err(HostError::Invalid {
                     field: "argv",
@@ -466,6 +469,7 @@ impl Host {
                 let launched = self.os.launch(&Launch {
                     lease: id.clone(),
                     argv: spec.argv.clone(),
+                    script: spec.script.clone(),
                     gpus: l.gpus.clone(),
                     checkpoint_dir: super::checkpoint_dir(&self.settings, &l),
                     lease_dir: dir.clone(),

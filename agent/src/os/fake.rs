@@ -337,7 +337,7 @@ impl Os for FakeOs {
                 source,
             });
         }
-        if l.argv.is_empty() {
+        if l.argv.is_empty() && l.script.is_empty() {
             return Err(LaunchError::EmptyCommand(l.lease.clone()));
         }
         let pid = s.next_pid;

@@ -29,6 +29,7 @@ impl Allocator {
                 name,
                 gates,
                 array,
+                script,
             } => {
                 let indices: Vec<Option<u32>> = match array {
                     Some(arr) => arr.indices.iter().map(|i| Some(*i)).collect(),
@@ -76,6 +77,7 @@ impl Allocator {
                                 index,
                                 limit: array.as_ref().map_or(0, |a| a.limit),
                             }),
+                            script: script.clone(),
                         },
                     );
                     self.index_gate(id.0);

@@ -35,6 +35,7 @@ fn submit(gates: Gates, array: Option<ArraySpec>, name: &str) -> Input {
         name: name.into(),
         gates,
         array,
+        script: String::new(),
     }
 }
 

@@ -61,6 +61,9 @@ pub enum Input {
         /// `ALLOT_ARRAY_INDEX`, at most `limit` running at once.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         array: Option<ArraySpec>,
+        /// A batch script run by its `#!` line with `argv` as its arguments.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        script: String,
     },
     /// A user cancelled work.
     Cancel {

@@ -272,6 +272,9 @@ pub struct WorkRec {
     /// Its array and its index there, for an element of one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<ArrayPos>,
+    /// Its batch script (`allot submit job.sh`), run with `argv` as arguments.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub script: String,
 }
 
 /// One run of a workload: a lease, where its parts ran and what they were told.
@@ -574,6 +577,7 @@ impl Allocator {
             cpu_per_node: w.spec.cpu_per_node,
             mem_per_node_gb: w.spec.mem_per_node_gb,
             array: w.array.map(|p| (p.id, p.index)),
+            script: w.script.clone(),
         }))
     }
 

@@ -141,6 +141,8 @@ pub struct StartLease {
     pub mem_per_node_gb: u32,
     /// Its array's id and its index there, for an element of one.
     pub array: Option<(u64, u32)>,
+    /// Its batch script; empty: `argv` is the command.
+    pub script: String,
 }
 
 /// What [`Allocator::apply`](super::Allocator::apply) produced.

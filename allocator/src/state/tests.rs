@@ -126,6 +126,7 @@ fn replaying_the_inputs_rebuilds_the_same_state() {
                 name: String::new(),
                 gates: Default::default(),
                 array: None,
+                script: String::new(),
             },
         ));
         inputs.push((k, Input::Schedule));
@@ -459,6 +460,7 @@ fn batch(project: &str) -> Input {
         name: String::new(),
         gates: Default::default(),
         array: None,
+        script: String::new(),
     }
 }
 
@@ -768,6 +770,7 @@ fn busy_day() -> Vec<(Time, Input)> {
         name: String::new(),
         gates: Default::default(),
         array: None,
+        script: String::new(),
     };
     for k in 0..8u64 {
         let t = 1 + k * 600;
@@ -1056,6 +1059,7 @@ fn work(nodes: u32, gpus: u32) -> Input {
         name: String::new(),
         gates: Default::default(),
         array: None,
+        script: String::new(),
     }
 }
 
