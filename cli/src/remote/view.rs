@@ -279,6 +279,7 @@ pub fn workload_json(w: &Workload) -> Value {
         "singleton": s.singleton,
         "begin_unix": s.begin_unix,
         "held": s.hold,
+        "script": s.has_script,
     });
     if let (Some(m), Value::Object(g)) = (v.as_object_mut(), gates) {
         m.extend(g);
@@ -469,6 +470,12 @@ pub fn status_text(w: &Workload, now: i64) -> String {
     }
     if s.hold {
         lines.push(("held", "yes (allot release lets it go)".into()));
+    }
+    if s.has_script {
+        lines.push((
+            "script",
+            "a batch script, run by its #! line; its arguments are the command's".into(),
+        ));
     }
     lines.extend([
         ("min runtime", min_runtime),
