@@ -333,6 +333,28 @@ impl Api {
     }
 }
 
+/// The events a submission asks to hear of: `all`, or each of
+/// [`crate::notify::EVENTS`] (each once, in that order).
+fn notify_of(s: &pb::WorkloadSpec) -> Result<Vec<String>, Status> {
+    use crate::notify::EVENTS;
+    let mut out = Vec::new();
+    for (i, e) in s.notify.iter().enumerate() {
+        let e = e.trim().to_lowercase();
+        if e == "all" {
+            return Ok(EVENTS.iter().map(|e| e.to_string()).collect());
+        }
+        if !EVENTS.contains(&e.as_str()) {
+            return Err(Status::invalid_argument(format!(
+                "notify[{i}]: {e:?} is not an event; use end, fail, preempt, time-limit or all"
+            )));
+        }
+        out.push(e);
+    }
+    out.sort_by_key(|e| EVENTS.iter().position(|x| x == e));
+    out.dedup();
+    Ok(out)
+}
+
 fn parse_id(s: &str) -> Result<u64, Status> {
     crate::limits::id("id", s)?;
     s.trim().parse().map_err(|_| {
@@ -535,6 +557,7 @@ impl pb::workloads_server::Workloads for Api {
             gates,
             array,
             script: s.script.clone(),
+            notify: notify_of(&s)?,
         };
         let a = self.0.commit(input).map_err(core_status)?;
         let workload = a.id.and_then(|id| self.workload_view(id).ok());

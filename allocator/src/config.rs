@@ -158,6 +158,56 @@ pub struct BreakerSection {
     pub window: u64,
 }
 
+/// `[notify]`: where workloads that ask (`--notify end,fail,preempt,time-limit`)
+/// are told about their ends: a webhook per user or project, and mail through a
+/// command as Slurm's `MailProg`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NotifySection {
+    /// Webhooks: each `{ user = "ana", url = "http://…" }` or `{ project = "vision",
+    /// url = "…" }`; a workload's notices go to its user's and its project's.
+    pub webhooks: Vec<Webhook>,
+    /// A program that sends mail, the message (headers, a blank line, the text) on
+    /// its stdin, as `/usr/sbin/sendmail -t`; empty: no mail.
+    pub mail_command: String,
+    /// Mail goes to USER@mail_domain.
+    pub mail_domain: String,
+    /// Tries for each delivery, with backoff from 1 s doubling.
+    pub attempts: u32,
+    /// Each try's deadline.
+    #[serde(deserialize_with = "de_duration")]
+    pub timeout: u64,
+    /// Notices waiting at most; past it the oldest are dropped and counted.
+    pub queue: usize,
+}
+
+impl Default for NotifySection {
+    fn default() -> Self {
+        NotifySection {
+            webhooks: Vec::new(),
+            mail_command: String::new(),
+            mail_domain: String::new(),
+            attempts: 5,
+            timeout: 5,
+            queue: 10_000,
+        }
+    }
+}
+
+/// One webhook of `[notify]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Webhook {
+    /// For this user's work.
+    #[serde(default)]
+    pub user: String,
+    /// For this project's work.
+    #[serde(default)]
+    pub project: String,
+    /// Where to POST (`http://HOST:PORT/PATH`).
+    pub url: String,
+}
+
 impl Default for BreakerSection {
     fn default() -> Self {
         BreakerSection {
@@ -280,6 +330,8 @@ pub struct ServerConfig {
     pub policy: PolicyConfig,
     /// `[breaker]`.
     pub breaker: BreakerSection,
+    /// `[notify]`.
+    pub notify: NotifySection,
     /// `[roles]`.
     pub roles: RolesSection,
     /// `[auth]`.
@@ -332,6 +384,8 @@ impl ServerConfig {
             #[serde(default)]
             breaker: BreakerSection,
             #[serde(default)]
+            notify: NotifySection,
+            #[serde(default)]
             roles: RolesSection,
             #[serde(default)]
             auth: AuthSection,
@@ -374,6 +428,30 @@ impl ServerConfig {
                     "{}: use a share of nodes in (0, 1], e.g. 0.5",
                     r.breaker.max_share
                 ),
+            ));
+        }
+        for (i, w) in r.notify.webhooks.iter().enumerate() {
+            if !w.url.starts_with("http://") {
+                return Err(err(
+                    "notify.webhooks",
+                    format!(
+                        "[{i}] url {:?}: give http://HOST:PORT/PATH (allotd posts plain HTTP; put a relay on this host in front of an https receiver)",
+                        w.url
+                    ),
+                ));
+            }
+            if w.user.is_empty() == w.project.is_empty() {
+                return Err(err(
+                    "notify.webhooks",
+                    format!("[{i}]: give either user = \"NAME\" or project = \"NAME\""),
+                ));
+            }
+        }
+        if !r.notify.mail_command.is_empty() && r.notify.mail_domain.is_empty() {
+            return Err(err(
+                "notify.mail_domain",
+                "mail_command is set but not the domain users' mail goes to (USER@mail_domain)"
+                    .into(),
             ));
         }
         if r.server.min_pass_interval > r.server.schedule_interval.max(1) {
@@ -520,6 +598,7 @@ impl ServerConfig {
             groups,
             policy: r.policy,
             breaker: r.breaker,
+            notify: r.notify,
             roles: r.roles,
             auth: r.auth,
             tls: r.tls,
@@ -662,6 +741,7 @@ mod tests {
             ("server", format!("[server]\nzz_unknown = 1\n{group}")),
             ("policy", format!("[policy]\nzz_unknown = 1\n{group}")),
             ("breaker", format!("[breaker]\nzz_unknown = 1\n{group}")),
+            ("notify", format!("[notify]\nzz_unknown = 1\n{group}")),
             ("roles", format!("[roles]\nzz_unknown = 1\n{group}")),
             ("auth", format!("[auth]\nzz_unknown = 1\n{group}")),
             ("tls", format!("[tls]\nzz_unknown = 1\n{group}")),

@@ -82,6 +82,7 @@ pub fn spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
         "dependencies",
     )
     .map_err(status)?;
+    check_count("notify", s.notify.len(), 8, "events").map_err(status)?;
     // Sizes beyond any host or cluster; the core names what this cluster can hold,
     // in the same "field = value: fix" form.
     if s.gpus_per_node as usize > MAX_HOST_GPUS {

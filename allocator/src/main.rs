@@ -16,6 +16,7 @@ mod loadtest;
 mod log_relay;
 mod logs;
 mod metrics;
+mod notify;
 mod pki;
 mod reports;
 mod serve;

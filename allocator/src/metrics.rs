@@ -39,6 +39,7 @@ pub struct Numbers {
     pending: usize,
     gated: std::collections::BTreeMap<&'static str, u64>,
     gpu_seconds: std::collections::BTreeMap<String, [u64; 2]>,
+    notifications: [u64; 3],
     connections: (usize, u64, u64, usize),
 }
 
@@ -57,8 +58,15 @@ impl Numbers {
             .len();
         let c = &server.conns;
         let connections = (c.open(), c.refused(), c.idle_closed(), c.watch_streams());
+        let n = &server.notifier.counts;
+        let notifications = [
+            n.sent.load(std::sync::atomic::Ordering::Relaxed),
+            n.failed.load(std::sync::atomic::Ordering::Relaxed),
+            n.dropped.load(std::sync::atomic::Ordering::Relaxed),
+        ];
         let core = server.core();
         Numbers {
+            notifications,
             groups: core.alloc.tree(now()).groups,
             counters: core.alloc.counters.clone(),
             stats,
@@ -203,6 +211,15 @@ impl Numbers {
                 unfunded,
             );
         }
+        e.labelled(
+            "allot_notifications_total",
+            "Notices to users (--notify): delivered, given up after every attempt, dropped with the queue full.",
+            Kind::Counter,
+            "result",
+            ["sent", "failed", "dropped"]
+                .into_iter()
+                .zip(self.notifications),
+        );
         e.labelled(
             "allot_gated_workloads",
             "Pending workloads kept out of the queue, by gate (held, dependency, singleton, begin-time, array-limit).",

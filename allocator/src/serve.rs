@@ -140,6 +140,8 @@ pub struct Server {
     pub conns: Arc<crate::conns::Conns>,
     /// Log reads waiting for their agents' answers (`allot logs`).
     pub logs: crate::log_relay::LogRelay,
+    /// Notices to users (`--notify`), delivered off the commit.
+    pub notifier: crate::notify::Notifier,
 }
 
 impl Server {
@@ -154,6 +156,7 @@ impl Server {
         let (alloc, tail) = load(&cfg, &store)?;
         let loaded_ms = t0.elapsed().as_millis() as u64;
         let conns = Arc::new(crate::conns::Conns::new(&cfg.server));
+        let cfg_notify = cfg.notify.clone();
         let server = Arc::new(Server {
             core: Mutex::new(Core {
                 alloc,
@@ -171,6 +174,7 @@ impl Server {
             started: now(),
             conns,
             logs: Default::default(),
+            notifier: crate::notify::Notifier::start(&cfg_notify),
         });
         if tail > 0 {
             server.snapshot()?;
@@ -237,7 +241,7 @@ impl Server {
                         tracing::error!(node = %node, "{text}");
                         None
                     }
-                    Out::Send { .. } | Out::Run(_) => None,
+                    Out::Send { .. } | Out::Run(_) | Out::Notify(_) => None,
                 })
                 .collect();
             let runs: Vec<&crate::history::RunRow> = a
@@ -297,6 +301,11 @@ impl Server {
     /// Sends each message to its node's stream (a node without one gets it again
     /// when it reconnects and reconciles).
     pub fn dispatch(&self, outs: &[Out]) {
+        for o in outs {
+            if let Out::Notify(n) = o {
+                self.notifier.send((**n).clone());
+            }
+        }
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         for o in outs {
             if let Out::Send { node, cmd } = o {

@@ -452,6 +452,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
             gates: Default::default(),
             array: None,
             script: String::new(),
+            notify: Vec::new(),
         }];
         if k.is_multiple_of(4) {
             step.push(Input::Schedule);

@@ -79,6 +79,7 @@ pub fn workload_pb(w: &WorkRec, why: (String, &str)) -> pb::Workload {
             cluster: w.spec.select.cluster.clone(),
             script: String::new(),
             has_script: !w.script.is_empty(),
+            notify: w.notify.clone(),
         }),
         array_id: w.array.map(|p| p.id.to_string()).unwrap_or_default(),
         array_index: w.array.map_or(0, |p| p.index),

@@ -458,3 +458,98 @@ fn a_batch_script_runs_with_its_allot_and_sbatch_lines_and_the_command_line_wins
         "{err}"
     );
 }
+
+/// A webhook receiver on 127.0.0.1: each POST's JSON body, as it arrives.
+fn receiver() -> (String, std::sync::mpsc::Receiver<serde_json::Value>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/hook", l.local_addr().expect("addr"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in l.incoming().flatten() {
+            let mut r = BufReader::new(conn);
+            let mut len = 0usize;
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; len];
+            if r.read_exact(&mut body).is_err() {
+                continue;
+            }
+            let _ = r
+                .get_mut()
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            if let Ok(v) = serde_json::from_slice(&body) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    (url, rx)
+}
+
+#[test]
+fn a_webhook_gets_end_and_fail_notices_and_a_dead_receiver_delays_nothing() {
+    let (url, got) = receiver();
+    // A port nothing listens on: the project's receiver is dead.
+    let dead = format!("http://127.0.0.1:{}/hook", allot_test_support::free_port());
+    let me = allot_test_support::current_user();
+    let org = format!(
+        "{ORG}[notify]\nattempts = 3\ntimeout = \"2s\"\nwebhooks = [{{ user = {me:?}, url = {url:?} }}, {{ project = \"demo-b\", url = {dead:?} }}]\n"
+    );
+    let c = Cluster::start("habits-notify", &org, 1, 2);
+    let good = c.submit(&["--project", "demo-a", "--notify", "end,fail"], "exit 0");
+    let bad = c.submit(
+        &["--project", "demo-b", "--notify", "all", "-J", "oops"],
+        "exit 3",
+    );
+    let quiet = c.submit(&["--project", "demo-a"], "exit 0");
+    let mut notices = Vec::new();
+    while notices.len() < 2 {
+        let n = got
+            .recv_timeout(LONG)
+            .expect("a notice within the deadline");
+        notices.push(n);
+    }
+    let of = |id: &str| {
+        notices
+            .iter()
+            .find(|n| n["workload"].as_u64().map(|w| w.to_string()).as_deref() == Some(id))
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} in {notices:?}"))
+    };
+    let g = of(&good);
+    assert_eq!(
+        (g["events"].clone(), g["state"].clone()),
+        (serde_json::json!(["end"]), serde_json::json!("completed"))
+    );
+    let b = of(&bad);
+    assert_eq!(b["events"], serde_json::json!(["end", "fail"]), "{b}");
+    assert_eq!(
+        (b["exit_code"].as_i64(), b["name"].as_str()),
+        (Some(3), Some("oops"))
+    );
+    c.wait_state(&quiet, "completed", LONG);
+    // While the dead receiver is retried, work goes on at once.
+    let t0 = std::time::Instant::now();
+    let next = c.submit(&["--project", "demo-a"], "exit 0");
+    c.wait_state(&next, "completed", LONG);
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    // No notice for work that did not ask.
+    assert!(got.recv_timeout(Duration::from_millis(500)).is_err());
+    wait_for("the dead receiver's delivery to be given up", LONG, || {
+        c.metrics_text()
+            .contains("allot_notifications_total{result=\"failed\"} 1")
+            .then_some(())
+    });
+    let m = c.metrics_text();
+    assert!(
+        m.contains("allot_notifications_total{result=\"sent\"} 2"),
+        "{m}"
+    );
+}

@@ -150,6 +150,9 @@ pub struct SubmitArgs {
     /// Only this cluster's nodes.
     #[arg(long, short = 'M', value_name = "NAME")]
     cluster: Option<String>,
+    /// Tell you (the site's webhooks or mail, allotd.toml [notify]) when it: end, fail, preempt, time-limit, or all.
+    #[arg(long, value_name = "EVENTS", value_delimiter = ',')]
+    notify: Vec<String>,
     /// Submit it held: it waits until `allot release`.
     #[arg(long, short = 'H')]
     hold: bool,
@@ -1065,6 +1068,7 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 cluster: a.cluster.clone().unwrap_or_default(),
                 script,
                 has_script: false,
+                notify: a.notify.clone(),
             };
             let (project, gpus, nodes) = (spec.project.clone(), spec.gpus_per_node, spec.nodes);
             let ch = channel(&server).await?;

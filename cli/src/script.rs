@@ -131,6 +131,34 @@ fn sbatch(words: &[String], flags: &mut Vec<String>, unknown: &mut Vec<String>) 
             "-A" | "--account" => "--project",
             "-c" | "--cpus-per-task" => "--cpus",
             "--export" => "--export",
+            "--mail-type" => {
+                if let Some(v) = value() {
+                    // END, FAIL, REQUEUE, TIME_LIMIT, ALL; BEGIN and the rest have
+                    // no allot event and are named.
+                    for t in v.split(',') {
+                        let e = match t.trim().to_uppercase().as_str() {
+                            "END" => "end",
+                            "FAIL" => "fail",
+                            "REQUEUE" => "preempt",
+                            "TIME_LIMIT" => "time-limit",
+                            "ALL" => "all",
+                            "NONE" => continue,
+                            other => {
+                                unknown.push(format!("--mail-type={other}"));
+                                continue;
+                            }
+                        };
+                        flags.extend(["--notify".into(), e.to_string()]);
+                    }
+                }
+                continue;
+            }
+            "--mail-user" => {
+                // allotd mails the workload's user at the site's domain, no other.
+                let _ = value();
+                unknown.push("--mail-user (allot mails USER@the site's mail_domain)".into());
+                continue;
+            }
             "--signal" => "--signal",
             "-t" | "--time" => {
                 if let Some(v) = value() {

@@ -30,6 +30,7 @@ impl Allocator {
                 gates,
                 array,
                 script,
+                notify,
             } => {
                 let indices: Vec<Option<u32>> = match array {
                     Some(arr) => arr.indices.iter().map(|i| Some(*i)).collect(),
@@ -78,6 +79,7 @@ impl Allocator {
                                 limit: array.as_ref().map_or(0, |a| a.limit),
                             }),
                             script: script.clone(),
+                            notify: notify.clone(),
                         },
                     );
                     self.index_gate(id.0);
@@ -90,7 +92,7 @@ impl Allocator {
             Input::Cancel { id, by } => {
                 self.core.cancel(at, WorkloadId(*id))?;
                 self.sync(at, *id, "cancelled");
-                self.ended_unrun(*id, &mut a);
+                self.ended_unrun(at, *id, &mut a);
                 if !by.is_empty() {
                     a.audit(*id, 0, format!("cancelled by {by}"));
                 }
@@ -599,6 +601,7 @@ impl Allocator {
         };
         self.sync(at, wid, how);
         self.run_ended(wid, lease, a);
+        self.notify(at, wid, a);
         a.audit(
             wid,
             lease,
@@ -735,8 +738,9 @@ impl Allocator {
         out
     }
 
-    /// Keeps a workload that ended without a run for history.
-    pub(super) fn ended_unrun(&mut self, id: u64, a: &mut Applied) {
+    /// Keeps a workload that ended without a run for history (and tells its user,
+    /// if they asked).
+    pub(super) fn ended_unrun(&mut self, at: Time, id: u64, a: &mut Applied) {
         if let Some(w) = self
             .work
             .get(&id)
@@ -745,6 +749,50 @@ impl Allocator {
             a.outs
                 .push(Out::Run(Box::new(crate::history::unrun_row(w))));
         }
+        self.notify(at, id, a);
+    }
+
+    /// What workload `id`'s user asked to hear of its last change (`--notify`): its
+    /// end, a failure (failed, timed out), its time limit, a preemption of its run.
+    fn notify(&self, at: Time, id: u64, a: &mut Applied) {
+        let Some(w) = self.work.get(&id).filter(|w| !w.notify.is_empty()) else {
+            return;
+        };
+        let last = w.runs.last().filter(|r| r.end == at);
+        let mut events = Vec::new();
+        if w.state.is_final() {
+            events.push("end");
+        }
+        if matches!(w.state, WorkloadState::Failed | WorkloadState::TimedOut) {
+            events.push("fail");
+        }
+        if w.state == WorkloadState::TimedOut {
+            events.push("time-limit");
+        }
+        if last.is_some_and(|r| matches!(r.revoked.as_str(), "preempted" | "reservation")) {
+            events.push("preempt");
+        }
+        let events: Vec<String> = events
+            .into_iter()
+            .filter(|e| w.notify.iter().any(|n| n == e))
+            .map(String::from)
+            .collect();
+        if events.is_empty() {
+            return;
+        }
+        a.outs.push(Out::Notify(Box::new(crate::notify::Notice {
+            workload: id,
+            name: w.name.clone(),
+            user: w.spec.user.clone(),
+            project: w.spec.project.clone(),
+            events,
+            state: crate::history::state_word(w.state).to_string(),
+            reason: last
+                .filter(|r| !r.detail.is_empty())
+                .map_or_else(|| w.end_reason.clone(), |r| r.detail.clone()),
+            exit_code: w.exit_code,
+            at,
+        })));
     }
 
     /// Copies the core's view of a workload after a change.

@@ -441,7 +441,7 @@ impl Allocator {
                 if self.core.cancel(at, WorkloadId(id)).is_ok() {
                     any = true;
                     self.sync(at, id, "dependency-never-satisfied");
-                    self.ended_unrun(id, a);
+                    self.ended_unrun(at, id, a);
                     a.audit(
                         id,
                         0,

@@ -36,6 +36,7 @@ fn submit(gates: Gates, array: Option<ArraySpec>, name: &str) -> Input {
         gates,
         array,
         script: String::new(),
+        notify: Vec::new(),
     }
 }
 

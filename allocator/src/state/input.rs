@@ -64,6 +64,9 @@ pub enum Input {
         /// A batch script run by its `#!` line with `argv` as its arguments.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         script: String,
+        /// What its user is told about (`end`, `fail`, `preempt`, `time-limit`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        notify: Vec<String>,
     },
     /// A user cancelled work.
     Cancel {

@@ -275,6 +275,9 @@ pub struct WorkRec {
     /// Its batch script (`allot submit job.sh`), run with `argv` as arguments.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub script: String,
+    /// What its user is told about (`end`, `fail`, `preempt`, `time-limit`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<String>,
 }
 
 /// One run of a workload: a lease, where its parts ran and what they were told.

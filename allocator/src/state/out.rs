@@ -26,6 +26,8 @@ pub enum Out {
     /// A run ended (or a workload ended without one): kept for `allot history`,
     /// in the same transaction as the journal entry.
     Run(Box<crate::history::RunRow>),
+    /// Tell a workload's user what happened to it (`--notify`), off the commit.
+    Notify(Box<crate::notify::Notice>),
     /// Tell the operator's log (neither journaled nor audited).
     Notice {
         /// How loud.

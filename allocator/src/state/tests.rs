@@ -127,6 +127,7 @@ fn replaying_the_inputs_rebuilds_the_same_state() {
                 gates: Default::default(),
                 array: None,
                 script: String::new(),
+                notify: Vec::new(),
             },
         ));
         inputs.push((k, Input::Schedule));
@@ -461,6 +462,7 @@ fn batch(project: &str) -> Input {
         gates: Default::default(),
         array: None,
         script: String::new(),
+        notify: Vec::new(),
     }
 }
 
@@ -771,6 +773,7 @@ fn busy_day() -> Vec<(Time, Input)> {
         gates: Default::default(),
         array: None,
         script: String::new(),
+        notify: Vec::new(),
     };
     for k in 0..8u64 {
         let t = 1 + k * 600;
@@ -1060,6 +1063,7 @@ fn work(nodes: u32, gpus: u32) -> Input {
         gates: Default::default(),
         array: None,
         script: String::new(),
+        notify: Vec::new(),
     }
 }
 
