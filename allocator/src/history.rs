@@ -82,7 +82,7 @@ pub fn row_of(w: &WorkRec, i: usize) -> RunRow {
         WorkloadState::Pending if r.end != 0 => "requeued".to_string(),
         WorkloadState::Running if i + 1 == w.runs.len() => "running".to_string(),
         WorkloadState::Running | WorkloadState::Pending => "requeued".to_string(),
-        s => state_word(s).to_string(),
+        s => s.as_str().to_string(),
     };
     RunRow {
         run: u32::try_from(i + 1).unwrap_or(u32::MAX),
@@ -107,7 +107,7 @@ pub fn row_of(w: &WorkRec, i: usize) -> RunRow {
 pub fn unrun_row(w: &WorkRec) -> RunRow {
     RunRow {
         end: w.end,
-        state: state_word(w.state).to_string(),
+        state: w.state.as_str().to_string(),
         end_reason: w.end_reason.clone(),
         ..header(w)
     }
@@ -122,19 +122,6 @@ fn header(w: &WorkRec) -> RunRow {
         name: w.name.clone(),
         array: w.array.map_or((0, 0), |p| (p.id, p.index)),
         ..RunRow::default()
-    }
-}
-
-/// A workload state as history says it.
-pub fn state_word(s: WorkloadState) -> &'static str {
-    match s {
-        WorkloadState::Pending => "pending",
-        WorkloadState::Running => "running",
-        WorkloadState::Completed => "completed",
-        WorkloadState::Failed => "failed",
-        WorkloadState::Cancelled => "cancelled",
-        WorkloadState::Preempted => "preempted",
-        WorkloadState::TimedOut => "timed-out",
     }
 }
 

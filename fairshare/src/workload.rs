@@ -159,6 +159,19 @@ pub enum WorkloadState {
 }
 
 impl WorkloadState {
+    /// Its name as people read it (`timed-out`), in views, history and notices.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadState::Pending => "pending",
+            WorkloadState::Running => "running",
+            WorkloadState::Completed => "completed",
+            WorkloadState::Failed => "failed",
+            WorkloadState::Cancelled => "cancelled",
+            WorkloadState::Preempted => "preempted",
+            WorkloadState::TimedOut => "timed-out",
+        }
+    }
+
     /// True once nothing more will happen to it.
     pub fn is_final(self) -> bool {
         !matches!(self, WorkloadState::Pending | WorkloadState::Running)

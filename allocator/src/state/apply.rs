@@ -786,7 +786,7 @@ impl Allocator {
             user: w.spec.user.clone(),
             project: w.spec.project.clone(),
             events,
-            state: crate::history::state_word(w.state).to_string(),
+            state: w.state.as_str().to_string(),
             reason: last
                 .filter(|r| !r.detail.is_empty())
                 .map_or_else(|| w.end_reason.clone(), |r| r.detail.clone()),

@@ -256,7 +256,7 @@ fn verdict(d: Dep, other: Option<&WorkRec>) -> DepVerdict {
 }
 
 fn state_word(w: &WorkRec) -> String {
-    let s = format!("{:?}", w.state).to_lowercase();
+    let s = w.state.as_str();
     match (&w.end_reason, w.exit_code) {
         (r, Some(c)) if !r.is_empty() => format!("{s} ({r}, exit {c})"),
         (r, None) if !r.is_empty() => format!("{s} ({r})"),

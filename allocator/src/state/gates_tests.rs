@@ -1,43 +1,24 @@
 //! Gates: holds, dependencies, begin times and arrays, through `Allocator::apply`.
 
-use super::tests::allocator;
+use super::tests::{allocator, batch};
 use super::*;
-use allot_fairshare::{LeaseEnd, Time, WorkloadSpec, WorkloadState};
+use allot_fairshare::{LeaseEnd, Time, WorkloadState};
 
-fn spec() -> WorkloadSpec {
-    WorkloadSpec {
-        project: "demo-a".into(),
-        user: "u".into(),
-        class: "batch".into(),
-        gpus_per_node: 1,
-        nodes: 1,
-        cpu_per_node: 0,
-        mem_per_node_gb: 0,
-        min_runtime: 0,
-        time_limit: None,
-        resumable: true,
-        priority: 0,
-        no_requeue: false,
-        ..Default::default()
-    }
-}
-
+/// A one-GPU batch submission to demo-a with these gates, array and name.
 fn submit(gates: Gates, array: Option<ArraySpec>, name: &str) -> Input {
-    Input::Submit {
-        spec: spec(),
-        argv: vec!["x".into()],
-        hook: String::new(),
-        cwd: String::new(),
-        env: Vec::new(),
-        output: "%A_%a.out".into(),
-        error: String::new(),
-        warn: None,
-        name: name.into(),
-        gates,
-        array,
-        script: String::new(),
-        notify: Vec::new(),
+    let mut input = batch("demo-a");
+    if let Input::Submit {
+        gates: g,
+        array: a,
+        name: n,
+        output,
+        ..
+    } = &mut input
+    {
+        (*g, *a, *n) = (gates, array, name.into());
+        *output = "%A_%a.out".into();
     }
+    input
 }
 
 fn end(a: &mut Allocator, at: Time, id: u64, how: LeaseEnd) {

@@ -434,7 +434,7 @@ fn the_hosts_own_drain_is_recorded_and_lifted_from_its_reports() {
     assert_eq!(a.nodes()["n0"].state, NodeState::Ready);
 }
 
-fn batch(project: &str) -> Input {
+pub(super) fn batch(project: &str) -> Input {
     Input::Submit {
         spec: WorkloadSpec {
             project: project.into(),
