@@ -91,8 +91,10 @@ fn write_script(path: &Path, text: &str, owner: Option<(u32, u32)>) -> std::io::
         .open(path)?;
     f.write_all(text.as_bytes())?;
     f.sync_all()?;
+    // The open file, never the path: the directory is the user's, who could swap
+    // the name for a link meanwhile.
     if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+        std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
     }
     Ok(())
 }

@@ -283,14 +283,42 @@ impl Api {
                         d.kind
                     ))
                 })?;
-                let id = parse_id(&d.id)?;
+                let whole_array = !d.id.contains('_');
+                let id = match d.id.split_once('_') {
+                    // One element of an array: ARRAY_INDEX.
+                    Some((arr, index)) => {
+                        let arr = parse_id(arr)?;
+                        let index: u32 = index.parse().map_err(|_| {
+                            Status::invalid_argument(format!(
+                                "dependencies[{i}].id: {:?} is not ARRAY_INDEX (as 12_3)",
+                                d.id
+                            ))
+                        })?;
+                        c.alloc
+                            .array_elements(arr)
+                            .into_iter()
+                            .find(|e| {
+                                c.alloc
+                                    .workloads()
+                                    .get(e)
+                                    .and_then(|w| w.array)
+                                    .is_some_and(|p| p.index == index)
+                            })
+                            .ok_or_else(|| {
+                                Status::invalid_argument(format!(
+                                    "dependencies[{i}].id: no element {index} in array {arr}"
+                                ))
+                            })?
+                    }
+                    None => parse_id(&d.id)?,
+                };
                 let Some(w) = c.alloc.workloads().get(&id) else {
                     return Err(Status::invalid_argument(format!(
                         "dependencies[{i}].id: no workload {id} (or it ended longer ago than allotd keeps ended work); `allot queue --all` lists them"
                     )));
                 };
                 let ids = match w.array {
-                    Some(p) if p.id == id => c.alloc.array_elements(id),
+                    Some(p) if p.id == id && whole_array => c.alloc.array_elements(id),
                     _ => vec![id],
                 };
                 deps.extend(ids.into_iter().map(|id| Dep { kind, id }));
@@ -695,7 +723,7 @@ impl pb::workloads_server::Workloads for Api {
             ids.iter().any(|i| {
                 c.alloc.workloads().get(i).is_some_and(|w| {
                     r.time_limit_s
-                        .is_some_and(|t| w.spec.time_limit.is_none_or(|old| t > old))
+                        .is_some_and(|t| w.spec.time_limit.is_some_and(|old| t > old))
                         || r.priority.is_some_and(|p| p > w.spec.priority)
                 })
             })

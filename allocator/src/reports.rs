@@ -48,6 +48,52 @@ fn scope(alloc: &Allocator, who: &Who, user: &str) -> Result<String, Status> {
     Ok(me.to_string())
 }
 
+/// The stored runs matching `q` that `who` may see, newest first: a manager's are
+/// read project by project (their projects, and their own work elsewhere), so the
+/// limit counts what they see, not the cluster's.
+fn visible_runs(
+    c: &crate::serve::Core,
+    who: &Who,
+    q: &Query,
+) -> Result<(Vec<RunRow>, bool), Status> {
+    let read = |q: &Query| {
+        c.runs(q)
+            .map_err(|e| Status::internal(format!("reading history: {e}")))
+    };
+    if c.alloc.is_operator(who) || !q.user.is_empty() || !q.project.is_empty() {
+        return read(q);
+    }
+    let me = who.user().unwrap_or_default().to_string();
+    let mut queries = vec![Query {
+        user: me.clone(),
+        ..q.clone()
+    }];
+    let tree = c.alloc.core.tree();
+    for &p in tree.projects() {
+        let name = &tree.group(p).name;
+        if c.alloc.sees_run(who, "", name) {
+            queries.push(Query {
+                project: name.clone(),
+                ..q.clone()
+            });
+        }
+    }
+    let mut rows = Vec::new();
+    let mut truncated = false;
+    for q in &queries {
+        let (r, t) = read(q)?;
+        rows.extend(r);
+        truncated |= t;
+    }
+    rows.sort_by(|a, b| (b.end, b.workload, b.run).cmp(&(a.end, a.workload, a.run)));
+    rows.dedup_by(|a, b| (a.workload, a.run) == (b.workload, b.run));
+    if rows.len() > q.limit {
+        rows.truncate(q.limit);
+        truncated = true;
+    }
+    Ok((rows, truncated))
+}
+
 /// `allot history`.
 pub fn history(
     server: &Server,
@@ -93,9 +139,7 @@ pub fn history(
         .filter(|w| q.state.is_empty() || w.state == q.state)
         .filter(|w| q.until == 0 || w.start < q.until)
         .collect();
-    let (stored, mut truncated) = c
-        .runs(&q)
-        .map_err(|e| Status::internal(format!("reading history: {e}")))?;
+    let (stored, mut truncated) = visible_runs(&c, who, &q)?;
     rows.extend(stored);
     rows.retain(|w| c.alloc.sees_run(who, &w.user, &w.project));
     if rows.len() > limit {
@@ -151,9 +195,10 @@ pub fn usage(
     r: &pb::UsageRequest,
 ) -> Result<pb::UsageResponse, Status> {
     let at = now();
+    // Nothing is received after now: a window reaching past it ends now.
     let until = match time("until_unix", r.until_unix)? {
         0 => at,
-        t => t,
+        t => t.min(at),
     };
     let since = match time("since_unix", r.since_unix)? {
         0 => until.saturating_sub(30 * 86_400),
@@ -198,9 +243,7 @@ pub fn usage(
         limit: MAX_USAGE_RUNS,
         ..Query::default()
     };
-    let (mut rows, truncated) = c
-        .runs(&q)
-        .map_err(|e| Status::internal(format!("reading history: {e}")))?;
+    let (mut rows, truncated) = visible_runs(&c, who, &q)?;
     if truncated {
         return Err(Status::resource_exhausted(format!(
             "more than {MAX_USAGE_RUNS} runs in the window; ask for a shorter one"

@@ -297,7 +297,7 @@ impl Store for Sqlite {
         let mut st = self
             .conn
             .prepare(
-                "SELECT body FROM runs WHERE end >= ?1 AND (start < ?2 OR start = 0 AND end < ?2)
+                "SELECT body FROM runs WHERE end >= ?1 AND ((start > 0 AND start < ?2) OR (start = 0 AND end < ?2))
                  AND (?3 = '' OR user = ?3) AND (?4 = '' OR project = ?4) AND (?5 = '' OR state = ?5)
                  ORDER BY end DESC, seq DESC LIMIT ?6",
             )

@@ -186,7 +186,9 @@ fn with_script(a: SubmitArgs) -> Result<(SubmitArgs, String), Failure> {
     };
     let s = crate::script::read(&path).map_err(Failure::Refused)?;
     // The command line as typed, after the subcommand: it comes last, so it wins.
-    let typed: Vec<String> = std::env::args()
+    let typed: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|w| w.to_string_lossy().into_owned())
         .skip_while(|w| w != "submit")
         .skip(1)
         .collect();
@@ -200,7 +202,23 @@ fn with_script(a: SubmitArgs) -> Result<(SubmitArgs, String), Failure> {
             e.to_string().trim()
         ))
     })?;
-    Ok((again.a, s.text))
+    // Lists add up in clap; a list given on the command line replaces the script's.
+    let mut b = again.a;
+    let lists = [
+        (&mut b.gpu_type, &a.gpu_type),
+        (&mut b.notify, &a.notify),
+        (&mut b.env, &a.env),
+        (&mut b.after, &a.after),
+        (&mut b.afterok, &a.afterok),
+        (&mut b.afternotok, &a.afternotok),
+        (&mut b.afterany, &a.afterany),
+    ];
+    for (merged, typed) in lists {
+        if !typed.is_empty() {
+            merged.clone_from(typed);
+        }
+    }
+    Ok((b, s.text))
 }
 
 /// A workload state as `--state` takes it.

@@ -586,6 +586,72 @@ impl Cluster {
         None
     }
 
+    /// Sets node `id`'s GPU type and features (its agent registered new ones),
+    /// keeping the kinds and the registries true.
+    pub fn relabel(
+        &mut self,
+        id: NodeId,
+        gpu_type: &str,
+        features: &[String],
+    ) -> Result<(), ClusterError> {
+        let n = &self.nodes[id.idx()];
+        if n.spec.gpu_type == gpu_type && n.spec.features == features {
+            return Ok(());
+        }
+        let name = n.spec.name.clone();
+        let too_many = |what, value: &str| ClusterError::TooManyNames {
+            name: name.clone(),
+            what,
+            value: value.to_string(),
+        };
+        let type_bit = if gpu_type.is_empty() {
+            0
+        } else {
+            self.gpu_types
+                .learn(gpu_type)
+                .ok_or_else(|| too_many("GPU type", gpu_type))?
+        };
+        let mut feature_bits = 0;
+        for f in features {
+            feature_bits |= self
+                .features
+                .learn(f)
+                .ok_or_else(|| too_many("feature", f))?;
+        }
+        let n = &self.nodes[id.idx()];
+        if !n.removed {
+            let old = NodeKind {
+                cluster: n.cluster,
+                gpus: n.spec.gpus,
+                cpu: n.spec.cpu,
+                memory_gb: n.spec.memory_gb,
+                type_bit: n.type_bit,
+                feature_bits: n.feature_bits,
+            };
+            if let Some(c) = self.kinds.get_mut(&old) {
+                *c -= 1;
+                if *c == 0 {
+                    self.kinds.remove(&old);
+                }
+            }
+            *self
+                .kinds
+                .entry(NodeKind {
+                    type_bit,
+                    feature_bits,
+                    ..old
+                })
+                .or_default() += 1;
+        }
+        self.update(id, |n| {
+            n.spec.gpu_type = gpu_type.to_string();
+            n.spec.features = features.to_vec();
+            n.type_bit = type_bit;
+            n.feature_bits = feature_bits;
+        });
+        Ok(())
+    }
+
     /// The bits of what `s` names; the error names what no node has and what the
     /// cluster has instead.
     pub fn selector(&self, s: &Select) -> Result<Selector, (&'static str, String)> {

@@ -110,12 +110,23 @@ impl Allocator {
                         CoreError::AlreadyEnded(*id)
                     });
                 }
+                // An operator's hold stays an operator's: the owner's own hold on top
+                // of it must not let the owner release it.
+                if w.gates
+                    .hold
+                    .as_ref()
+                    .is_some_and(|h| h.operator && !*operator)
+                {
+                    a.changed = false;
+                    return Ok(a);
+                }
                 w.gates.hold = Some(HoldRec {
                     by: by.clone(),
                     operator: *operator,
                 });
                 a.audit(*id, 0, format!("held by {by}"));
-                self.settle(at, vec![*id], &mut a);
+                let concerned = self.concerned(at, *id);
+                self.settle(at, concerned, &mut a);
             }
             Input::Release { id, by } => {
                 let w = self
@@ -127,7 +138,8 @@ impl Allocator {
                     return Ok(a);
                 }
                 a.audit(*id, 0, format!("released by {by}"));
-                self.settle(at, vec![*id], &mut a);
+                let concerned = self.concerned(at, *id);
+                self.settle(at, concerned, &mut a);
             }
             Input::Requeue {
                 id,
@@ -140,7 +152,13 @@ impl Allocator {
                     .work
                     .get_mut(id)
                     .ok_or(CoreError::UnknownWorkload(*id))?;
-                if *hold {
+                if *hold
+                    && !w
+                        .gates
+                        .hold
+                        .as_ref()
+                        .is_some_and(|h| h.operator && !*operator)
+                {
                     w.gates.hold = Some(HoldRec {
                         by: by.clone(),
                         operator: *operator,
@@ -186,7 +204,8 @@ impl Allocator {
                     self.index_gate(*id);
                 }
                 a.audit(*id, 0, format!("updated by {by}: {}", what.join(", ")));
-                self.settle(at, vec![*id], &mut a);
+                let concerned = self.concerned(at, *id);
+                self.settle(at, concerned, &mut a);
             }
             Input::LeaseEnded {
                 lease,

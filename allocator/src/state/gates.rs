@@ -185,6 +185,8 @@ pub(super) struct GateIndex {
     pub(super) arrays: BTreeMap<u64, Vec<u64>>,
     /// (user, name) → its workloads not ended, for singletons.
     names: BTreeMap<(String, String), BTreeSet<u64>>,
+    /// (user, name) → its singletons not ended: whom an end of that name concerns.
+    singletons: BTreeMap<(String, String), BTreeSet<u64>>,
     /// Begin times of gated workloads.
     begins: BTreeSet<(Time, u64)>,
 }
@@ -204,10 +206,11 @@ impl GateIndex {
             self.dependents.entry(d.id).or_default().insert(w.id);
         }
         if !w.name.is_empty() {
-            self.names
-                .entry((w.spec.user.clone(), w.name.clone()))
-                .or_default()
-                .insert(w.id);
+            let key = (w.spec.user.clone(), w.name.clone());
+            if w.gates.singleton {
+                self.singletons.entry(key.clone()).or_default().insert(w.id);
+            }
+            self.names.entry(key).or_default().insert(w.id);
         }
         if w.gates.begin != 0 {
             self.begins.insert((w.gates.begin, w.id));
@@ -287,12 +290,29 @@ impl Allocator {
     }
 
     /// Why workload `id` is kept out of the queue at `at`, if it is: the first gate
-    /// in force (hold, dependency, singleton, begin time, array limit).
+    /// in force (hold, dependency, singleton, begin time, array limit). Cheap: a
+    /// pending element the core holds with no gate of its own is held by its array's
+    /// limit (settling keeps it so), so nothing counts the array here.
     pub fn gated(&self, at: Time, id: u64) -> Option<Gated> {
         let w = self.work.get(&id)?;
         if w.state != WorkloadState::Pending {
             return None;
         }
+        if let Some(g) = self.own_gate(at, w) {
+            return Some(g);
+        }
+        let held = self.core.workload(WorkloadId(id)).is_some_and(|c| c.held);
+        match w.array {
+            Some(p) if held && p.limit > 0 => Some(Gated::ArrayLimit {
+                array: p.id,
+                limit: p.limit,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The gate of `w`'s own in force at `at` (its array's limit aside).
+    fn own_gate(&self, at: Time, w: &WorkRec) -> Option<Gated> {
         if let Some(h) = &w.gates.hold {
             return Some(Gated::Held(h.clone()));
         }
@@ -307,7 +327,7 @@ impl Allocator {
                 .names
                 .get(&(w.spec.user.clone(), w.name.clone()))
                 .and_then(|ids| {
-                    ids.range(..id)
+                    ids.range(..w.id)
                         .find(|o| self.work.get(o).is_some_and(|o| !o.state.is_final()))
                 });
             if let Some(o) = earlier {
@@ -317,22 +337,17 @@ impl Allocator {
         if w.gates.begin > at {
             return Some(Gated::Begin(w.gates.begin));
         }
-        if let Some(p) = w.array.filter(|p| p.limit > 0) {
-            let active = self.gate_ix.arrays.get(&p.id).map_or(0, |els| {
-                els.iter()
-                    .filter(|e| **e != id)
-                    .filter_map(|e| self.work.get(e))
-                    .filter(|e| self.in_queue_or_running(e))
-                    .count()
-            });
-            if active >= p.limit as usize {
-                return Some(Gated::ArrayLimit {
-                    array: p.id,
-                    limit: p.limit,
-                });
-            }
-        }
         None
+    }
+
+    /// Elements of array `array` running or in the queue (not held by the core).
+    fn array_active(&self, array: u64) -> usize {
+        self.gate_ix.arrays.get(&array).map_or(0, |els| {
+            els.iter()
+                .filter_map(|e| self.work.get(e))
+                .filter(|e| self.in_queue_or_running(e))
+                .count()
+        })
     }
 
     /// Whether a workload counts against its array's limit: running, or pending and
@@ -360,9 +375,10 @@ impl Allocator {
             })
     }
 
-    /// Whom a change of workload `id`'s state concerns: itself, its dependents,
-    /// its array's elements and the workloads of its name.
-    pub(super) fn concerned(&self, id: u64) -> Vec<u64> {
+    /// Whom a change of workload `id`'s state concerns: itself, its dependents, the
+    /// first held elements of its array that could take room it leaves, and the
+    /// singletons of its name.
+    pub(super) fn concerned(&self, at: Time, id: u64) -> Vec<u64> {
         let mut out = vec![id];
         let Some(w) = self.work.get(&id) else {
             return out;
@@ -382,6 +398,11 @@ impl Allocator {
                     els.iter()
                         .copied()
                         .filter(|e| self.core.workload(WorkloadId(*e)).is_some_and(|c| c.held))
+                        .filter(|e| {
+                            self.work
+                                .get(e)
+                                .is_some_and(|w| self.own_gate(at, w).is_none())
+                        })
                         .take(room),
                 );
             }
@@ -389,7 +410,7 @@ impl Allocator {
         if !w.name.is_empty() {
             if let Some(ids) = self
                 .gate_ix
-                .names
+                .singletons
                 .get(&(w.spec.user.clone(), w.name.clone()))
             {
                 out.extend(ids.iter().copied());
@@ -430,6 +451,9 @@ impl Allocator {
         let mut any = false;
         let mut todo: BTreeSet<u64> = ids.into_iter().collect();
         todo.extend(self.begins_due(at));
+        // Elements running or queued per array, counted once per settling and kept
+        // as elements flip: an array of 10,000 settles in linear time.
+        let mut active: BTreeMap<u64, usize> = BTreeMap::new();
         while let Some(id) = todo.pop_first() {
             let Some(w) = self.work.get(&id) else {
                 continue;
@@ -447,26 +471,64 @@ impl Allocator {
                         0,
                         format!("ended: its dependency can never be met: {why}"),
                     );
-                    todo.extend(self.concerned(id));
+                    todo.extend(self.concerned(at, id));
                     self.unindex_ended(id);
                 }
                 continue;
             }
+            // A dependency met stays met (the other has started or ended for good):
+            // it is dropped, so the other's retiring from memory later changes nothing.
+            self.prune_met(id);
+            let Some(w) = self.work.get(&id) else {
+                continue;
+            };
+            let own = self.own_gate(at, w).is_some();
+            let queued = self.core.workload(WorkloadId(id)).is_some_and(|c| !c.held);
+            let array = w.array.filter(|p| p.limit > 0);
+            let over = match array {
+                Some(p) => {
+                    let n = *active
+                        .entry(p.id)
+                        .or_insert_with(|| self.array_active(p.id));
+                    // The others running or queued, this one aside.
+                    n.saturating_sub(usize::from(queued)) >= p.limit as usize
+                }
+                None => false,
+            };
             // Pending was checked above, so neither call can be refused.
-            let flipped = if self.gated(at, id).is_some() {
+            let flipped = if own || over {
                 self.core.hold(at, WorkloadId(id))
             } else {
                 self.core.release(at, WorkloadId(id))
-            };
-            any |= flipped.unwrap_or(false);
+            }
+            .unwrap_or(false);
+            if let (true, Some(p)) = (flipped, array) {
+                let n = active.entry(p.id).or_default();
+                *n = if queued { n.saturating_sub(1) } else { *n + 1 };
+            }
+            any |= flipped;
         }
         any
+    }
+
+    /// Drops the dependencies of `id` that are met for good.
+    fn prune_met(&mut self, id: u64) {
+        let Some(deps) = self.work.get(&id).map(|w| w.gates.deps.clone()) else {
+            return;
+        };
+        let keep: Vec<Dep> = deps
+            .into_iter()
+            .filter(|d| !matches!(verdict(*d, self.work.get(&d.id)), DepVerdict::Met))
+            .collect();
+        if let Some(w) = self.work.get_mut(&id) {
+            w.gates.deps = keep;
+        }
     }
 
     /// Workload `id` changed state (started, ended, went back to the queue): settles
     /// what that concerns.
     pub(super) fn changed(&mut self, at: Time, id: u64, a: &mut Applied) {
-        let concerned = self.concerned(id);
+        let concerned = self.concerned(at, id);
         self.unindex_ended(id);
         self.settle(at, concerned, a);
     }
@@ -480,10 +542,12 @@ impl Allocator {
             return;
         }
         let key = (w.spec.user.clone(), w.name.clone());
-        if let Some(ids) = self.gate_ix.names.get_mut(&key) {
-            ids.remove(&id);
-            if ids.is_empty() {
-                self.gate_ix.names.remove(&key);
+        for ix in [&mut self.gate_ix.names, &mut self.gate_ix.singletons] {
+            if let Some(ids) = ix.get_mut(&key) {
+                ids.remove(&id);
+                if ids.is_empty() {
+                    ix.remove(&key);
+                }
             }
         }
         self.gate_ix.dependents.remove(&id);

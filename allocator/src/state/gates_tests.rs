@@ -273,3 +273,96 @@ fn begin_times_and_singletons_wait_their_turn_and_survive_a_snapshot() {
     a.apply(1_000, &Input::Schedule).unwrap();
     assert!(running(&a).contains(&b), "its begin time came");
 }
+
+#[test]
+fn a_met_dependency_outlives_the_others_retiring_and_a_held_element_blocks_no_other() {
+    let mut a = allocator(2);
+    let first = a
+        .apply(0, &submit(Gates::default(), None, ""))
+        .unwrap()
+        .id
+        .unwrap();
+    let waits = Gates {
+        deps: vec![Dep {
+            kind: DepKind::Afterok,
+            id: first,
+        }],
+        hold: Some(HoldRec {
+            by: "u".into(),
+            operator: false,
+        }),
+        ..Gates::default()
+    };
+    let second = a.apply(0, &submit(waits, None, "")).unwrap().id.unwrap();
+    a.apply(1, &Input::Schedule).unwrap();
+    end(&mut a, 2, first, LeaseEnd::Completed);
+    // The first leaves memory long before the second is released.
+    assert_eq!(a.retire(10).len(), 1);
+    a.apply(
+        20,
+        &Input::Release {
+            id: second,
+            by: "u".into(),
+        },
+    )
+    .unwrap();
+    a.apply(21, &Input::Schedule).unwrap();
+    assert_eq!(
+        state(&a, second),
+        WorkloadState::Running,
+        "{:?}",
+        a.why(21, second)
+    );
+
+    // An array of 6 with %2 whose next two elements are held by their user: the
+    // elements after them take the room.
+    let mut a = allocator(4);
+    let arr = ArraySpec {
+        indices: (0..6).collect(),
+        limit: 2,
+    };
+    let first = a
+        .apply(0, &submit(Gates::default(), Some(arr), "sweep"))
+        .unwrap()
+        .id
+        .unwrap();
+    for id in [first + 2, first + 3] {
+        a.apply(
+            1,
+            &Input::Hold {
+                id,
+                by: "u".into(),
+                operator: false,
+            },
+        )
+        .unwrap();
+    }
+    a.apply(2, &Input::Schedule).unwrap();
+    assert_eq!(running(&a), vec![first, first + 1]);
+    for id in [first, first + 1] {
+        end(&mut a, 3, id, LeaseEnd::Completed);
+    }
+    a.apply(4, &Input::Schedule).unwrap();
+    assert_eq!(running(&a), vec![first + 4, first + 5]);
+    assert_eq!(a.why(4, first + 2).1, "held");
+}
+
+#[test]
+fn an_operators_hold_stays_an_operators() {
+    let mut a = allocator(1);
+    let id = a
+        .apply(0, &submit(Gates::default(), None, ""))
+        .unwrap()
+        .id
+        .unwrap();
+    let hold = |by: &str, operator| Input::Hold {
+        id,
+        by: by.into(),
+        operator,
+    };
+    a.apply(1, &hold("olga", true)).unwrap();
+    // The owner's own hold on top changes nothing: it stays olga's.
+    assert!(!a.apply(2, &hold("u", false)).unwrap().changed);
+    let h = a.workloads()[&id].gates.hold.clone().expect("held");
+    assert!(h.operator && h.by == "olga", "{h:?}");
+}

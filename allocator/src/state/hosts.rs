@@ -274,6 +274,15 @@ impl Allocator {
                         a,
                     )?;
                 }
+                // Its GPU type and features as it says them now (a node known from
+                // before types existed, or a changed agent config).
+                self.core
+                    .relabel(id, &spec.gpu_type, &spec.features)
+                    .map_err(CoreError::Cluster)?;
+                if let Some(n) = self.nodes.get_mut(name) {
+                    n.spec.gpu_type.clone_from(&spec.gpu_type);
+                    n.spec.features.clone_from(&spec.features);
+                }
                 // A host that comes back may take what it refused before.
                 self.core.node_changed(id);
             }

@@ -1428,3 +1428,36 @@ fn a_removed_node_counts_nowhere_survives_a_snapshot_and_joins_again_as_new() {
     assert_eq!(twice.nodes()[&idle].id, again);
     assert_eq!(twice.core.cluster().total_gpus(), 6);
 }
+
+#[test]
+fn a_node_known_from_before_types_takes_the_type_it_registers_now() {
+    let mut a = allocator(1);
+    let typed = |t: &str| {
+        let mut i = batch("demo-a");
+        if let Input::Submit { spec, .. } = &mut i {
+            spec.select.gpu_types = vec![t.into()];
+        }
+        i
+    };
+    let e = a
+        .apply(0, &typed("h100"))
+        .expect_err("no node has a type yet");
+    assert!(
+        e.to_string().contains("no node has GPU type \"h100\""),
+        "{e}"
+    );
+    let mut r = registration(0, Vec::new(), Vec::new());
+    if let Input::Register { spec, .. } = &mut r {
+        spec.gpu_type = "h100".into();
+        spec.features = vec!["nvlink".into()];
+    }
+    a.apply(1, &r).expect("registers");
+    assert_eq!(a.nodes()["n0"].spec.gpu_type, "h100");
+    let id = a
+        .apply(2, &typed("h100"))
+        .expect("accepted")
+        .id
+        .expect("id");
+    a.apply(3, &Input::Schedule).expect("pass");
+    assert_eq!(a.workloads()[&id].state, WorkloadState::Running);
+}

@@ -441,6 +441,19 @@ impl Scheduler {
         }
     }
 
+    /// A node's GPU type and features as its agent now says them.
+    pub fn relabel(
+        &mut self,
+        node: NodeId,
+        gpu_type: &str,
+        features: &[String],
+    ) -> Result<(), crate::cluster::ClusterError> {
+        if node.idx() < self.st.cluster.len() {
+            self.st.cluster.relabel(node, gpu_type, features)?;
+        }
+        Ok(())
+    }
+
     /// Something about a node changed that the core does not model (its agent's
     /// drains or health report): it is offered every size of work again.
     pub fn node_changed(&mut self, node: NodeId) {
