@@ -85,7 +85,7 @@ fn visible_runs(
         rows.extend(r);
         truncated |= t;
     }
-    rows.sort_by(|a, b| (b.end, b.workload, b.run).cmp(&(a.end, a.workload, a.run)));
+    rows.sort_by_key(|r| std::cmp::Reverse((r.end, r.workload, r.run)));
     rows.dedup_by(|a, b| (a.workload, a.run) == (b.workload, b.run));
     if rows.len() > q.limit {
         rows.truncate(q.limit);
