@@ -176,20 +176,11 @@ impl Api {
                     "id: {i:?} is not an array index; write ARRAY_INDEX, as 12_3"
                 ))
             })?;
-            let found = c
-                .alloc
-                .array_elements(array)
-                .into_iter()
-                .find(|e| {
-                    work.get(e)
-                        .and_then(|w| w.array)
-                        .is_some_and(|p| p.index == index)
-                })
-                .ok_or_else(|| {
-                    Status::not_found(format!(
-                        "no element {index} in array {array}; `allot queue` lists them"
-                    ))
-                })?;
+            let found = c.alloc.array_element(array, index).ok_or_else(|| {
+                Status::not_found(format!(
+                    "no element {index} in array {array}; `allot queue` lists them"
+                ))
+            })?;
             return Ok((found, vec![found]));
         }
         let id = parse_id(text)?;
@@ -294,21 +285,11 @@ impl Api {
                                 d.id
                             ))
                         })?;
-                        c.alloc
-                            .array_elements(arr)
-                            .into_iter()
-                            .find(|e| {
-                                c.alloc
-                                    .workloads()
-                                    .get(e)
-                                    .and_then(|w| w.array)
-                                    .is_some_and(|p| p.index == index)
-                            })
-                            .ok_or_else(|| {
-                                Status::invalid_argument(format!(
-                                    "dependencies[{i}].id: no element {index} in array {arr}"
-                                ))
-                            })?
+                        c.alloc.array_element(arr, index).ok_or_else(|| {
+                            Status::invalid_argument(format!(
+                                "dependencies[{i}].id: no element {index} in array {arr}"
+                            ))
+                        })?
                     }
                     None => parse_id(&d.id)?,
                 };
@@ -339,11 +320,7 @@ impl Api {
         } else {
             allot_common::fields::check_len("array", &s.array, 1024)
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
-            let a = allot_common::array::parse(&s.array).map_err(Status::invalid_argument)?;
-            Some(ArraySpec {
-                indices: a.indices,
-                limit: a.limit,
-            })
+            Some(allot_common::array::parse(&s.array).map_err(Status::invalid_argument)?)
         };
         let hold = s.hold.then(|| HoldRec {
             by: who.name(),

@@ -31,10 +31,6 @@ fn status(e: FieldError) -> Status {
     Status::invalid_argument(e.to_string())
 }
 
-/// Most bytes of a batch script (sbatch's own default is 4 MB; a script that large
-/// is data, not a script).
-pub const MAX_SCRIPT: usize = 256 * 1024;
-
 /// Most dependencies one submission names (an array's id counts once).
 pub const MAX_DEPENDENCIES: usize = 1_000;
 
@@ -57,6 +53,7 @@ pub fn spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
     check_pattern("output", &s.output).map_err(status)?;
     check_pattern("error", &s.error).map_err(status)?;
     check_optional_name("cluster", &s.cluster, MAX_NAME).map_err(status)?;
+    use allot_common::fields::MAX_SCRIPT;
     if s.script.len() > MAX_SCRIPT {
         return Err(Status::invalid_argument(format!(
             "script: {} bytes; a batch script is at most {MAX_SCRIPT} bytes (keep data in files it reads)",

@@ -4,8 +4,7 @@
 //! command line's, so the command line wins. `#SBATCH` flags allot shares with Slurm
 //! are translated; any other is named in the refusal rather than ignored.
 
-/// Most bytes of a script (allotd's cap too).
-pub const MAX_SCRIPT: usize = 256 * 1024;
+use allot_common::fields::MAX_SCRIPT;
 
 /// A script read from disk: its text and the flags its directives stand for.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,12 +8,14 @@ pub const MAX_ELEMENTS: usize = 10_000;
 /// The largest index an array may use.
 pub const MAX_INDEX: u32 = 9_999_999;
 
-/// An array: its indices, ascending and each once, and its limit (0: none).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An array: its indices, ascending and each once, and its limit (0: none); what
+/// allotd journals with the submission.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ArraySpec {
     /// Indices, ascending, each once.
     pub indices: Vec<u32>,
-    /// At most this many elements run at once; 0: no limit.
+    /// At most this many elements run (or wait in the queue) at once; 0: no limit.
+    #[serde(default)]
     pub limit: u32,
 }
 

@@ -217,6 +217,10 @@ pub const MAX_ENV_VARS: usize = 1024;
 pub const MAX_ENV: usize = 64 * 1024;
 /// Most bytes of a path (a working directory): Linux's `PATH_MAX`.
 pub const MAX_PATH: usize = 4096;
+/// Most bytes of a batch script (`allot submit job.sh`; sbatch's own default is 4 MB:
+/// a script that large is data, not a script).
+pub const MAX_SCRIPT: usize = 256 * 1024;
+
 /// Most bytes of an output file pattern (`--output`, `--error`).
 pub const MAX_PATTERN: usize = 1024;
 

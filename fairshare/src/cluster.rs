@@ -155,6 +155,18 @@ impl Node {
         self.fits_host(cpu, mem) && self.offers(gpus)
     }
 
+    /// What it is, as far as fitting goes.
+    pub fn kind(&self) -> NodeKind {
+        NodeKind {
+            cluster: self.cluster,
+            gpus: self.spec.gpus,
+            cpu: self.spec.cpu,
+            memory_gb: self.spec.memory_gb,
+            type_bit: self.type_bit,
+            feature_bits: self.feature_bits,
+        }
+    }
+
     /// Whether work that asks `sel` may run here (type, features, cluster).
     pub fn matches(&self, sel: &Selector) -> bool {
         sel.admits(self.cluster, self.type_bit, self.feature_bits)
@@ -310,25 +322,7 @@ impl Cluster {
         if self.find(&spec.name).is_some() {
             return Err(ClusterError::Duplicate(spec.name));
         }
-        let too_many = |what, value: &str| ClusterError::TooManyNames {
-            name: spec.name.clone(),
-            what,
-            value: value.to_string(),
-        };
-        let type_bit = if spec.gpu_type.is_empty() {
-            0
-        } else {
-            self.gpu_types
-                .learn(&spec.gpu_type)
-                .ok_or_else(|| too_many("GPU type", &spec.gpu_type))?
-        };
-        let mut feature_bits = 0;
-        for f in &spec.features {
-            feature_bits |= self
-                .features
-                .learn(f)
-                .ok_or_else(|| too_many("feature", f))?;
-        }
+        let (type_bit, feature_bits) = self.learn(&spec.name, &spec.gpu_type, &spec.features)?;
         let cluster = match self.cluster_names.iter().position(|c| *c == spec.cluster) {
             Some(i) => i,
             None => {
@@ -395,25 +389,13 @@ impl Cluster {
         if n.used != 0 || n.claimed != 0 || n.cpu_used != 0 || n.mem_used != 0 {
             return Err(ClusterError::Busy(n.spec.name.clone()));
         }
-        let kind = NodeKind {
-            cluster: n.cluster,
-            gpus: n.spec.gpus,
-            cpu: n.spec.cpu,
-            memory_gb: n.spec.memory_gb,
-            type_bit: n.type_bit,
-            feature_bits: n.feature_bits,
-        };
+        let kind = n.kind();
         let (gpus, cpu, mem) = (n.spec.gpus, n.spec.cpu, n.spec.memory_gb);
         let name = n.spec.name.clone();
         self.total_gpus -= u64::from(gpus);
         self.total_cpu -= u64::from(cpu);
         self.total_mem -= u64::from(mem);
-        if let Some(k) = self.kinds.get_mut(&kind) {
-            *k -= 1;
-            if *k == 0 {
-                self.kinds.remove(&kind);
-            }
-        }
+        self.uncount(kind);
         if self.by_name.get(&name) == Some(&id.0) {
             self.by_name.remove(&name);
         }
@@ -586,21 +568,25 @@ impl Cluster {
         None
     }
 
-    /// Sets node `id`'s GPU type and features (its agent registered new ones),
-    /// keeping the kinds and the registries true.
-    pub fn relabel(
+    /// One node of `kind` fewer.
+    fn uncount(&mut self, kind: NodeKind) {
+        if let Some(k) = self.kinds.get_mut(&kind) {
+            *k -= 1;
+            if *k == 0 {
+                self.kinds.remove(&kind);
+            }
+        }
+    }
+
+    /// The bits of a node's GPU type and features, registering names not seen yet.
+    fn learn(
         &mut self,
-        id: NodeId,
+        node: &str,
         gpu_type: &str,
         features: &[String],
-    ) -> Result<(), ClusterError> {
-        let n = &self.nodes[id.idx()];
-        if n.spec.gpu_type == gpu_type && n.spec.features == features {
-            return Ok(());
-        }
-        let name = n.spec.name.clone();
+    ) -> Result<(u64, u64), ClusterError> {
         let too_many = |what, value: &str| ClusterError::TooManyNames {
-            name: name.clone(),
+            name: node.to_string(),
             what,
             value: value.to_string(),
         };
@@ -618,22 +604,27 @@ impl Cluster {
                 .learn(f)
                 .ok_or_else(|| too_many("feature", f))?;
         }
+        Ok((type_bit, feature_bits))
+    }
+
+    /// Sets node `id`'s GPU type and features (its agent registered new ones),
+    /// keeping the kinds and the registries true.
+    pub fn relabel(
+        &mut self,
+        id: NodeId,
+        gpu_type: &str,
+        features: &[String],
+    ) -> Result<(), ClusterError> {
+        let n = &self.nodes[id.idx()];
+        if n.spec.gpu_type == gpu_type && n.spec.features == features {
+            return Ok(());
+        }
+        let name = n.spec.name.clone();
+        let (type_bit, feature_bits) = self.learn(&name, gpu_type, features)?;
         let n = &self.nodes[id.idx()];
         if !n.removed {
-            let old = NodeKind {
-                cluster: n.cluster,
-                gpus: n.spec.gpus,
-                cpu: n.spec.cpu,
-                memory_gb: n.spec.memory_gb,
-                type_bit: n.type_bit,
-                feature_bits: n.feature_bits,
-            };
-            if let Some(c) = self.kinds.get_mut(&old) {
-                *c -= 1;
-                if *c == 0 {
-                    self.kinds.remove(&old);
-                }
-            }
+            let old = n.kind();
+            self.uncount(old);
             *self
                 .kinds
                 .entry(NodeKind {

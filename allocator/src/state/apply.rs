@@ -125,8 +125,7 @@ impl Allocator {
                     operator: *operator,
                 });
                 a.audit(*id, 0, format!("held by {by}"));
-                let concerned = self.concerned(at, *id);
-                self.settle(at, concerned, &mut a);
+                self.changed(at, *id, &mut a);
             }
             Input::Release { id, by } => {
                 let w = self
@@ -138,8 +137,7 @@ impl Allocator {
                     return Ok(a);
                 }
                 a.audit(*id, 0, format!("released by {by}"));
-                let concerned = self.concerned(at, *id);
-                self.settle(at, concerned, &mut a);
+                self.changed(at, *id, &mut a);
             }
             Input::Requeue {
                 id,
@@ -204,8 +202,7 @@ impl Allocator {
                     self.index_gate(*id);
                 }
                 a.audit(*id, 0, format!("updated by {by}: {}", what.join(", ")));
-                let concerned = self.concerned(at, *id);
-                self.settle(at, concerned, &mut a);
+                self.changed(at, *id, &mut a);
             }
             Input::LeaseEnded {
                 lease,

@@ -289,6 +289,16 @@ impl Allocator {
         self.gate_ix.arrays.get(&id).cloned().unwrap_or_default()
     }
 
+    /// Element `index` of array `array`, if it is still in memory.
+    pub fn array_element(&self, array: u64, index: u32) -> Option<u64> {
+        self.gate_ix.arrays.get(&array)?.iter().copied().find(|e| {
+            self.work
+                .get(e)
+                .and_then(|w| w.array)
+                .is_some_and(|p| p.index == index)
+        })
+    }
+
     /// Why workload `id` is kept out of the queue at `at`, if it is: the first gate
     /// in force (hold, dependency, singleton, begin time, array limit). Cheap: a
     /// pending element the core holds with no gate of its own is held by its array's
@@ -525,8 +535,8 @@ impl Allocator {
         }
     }
 
-    /// Workload `id` changed state (started, ended, went back to the queue): settles
-    /// what that concerns.
+    /// Workload `id` changed (started, ended, went back to the queue, was held,
+    /// released or updated): settles what that concerns.
     pub(super) fn changed(&mut self, at: Time, id: u64, a: &mut Applied) {
         let concerned = self.concerned(at, id);
         self.unindex_ended(id);

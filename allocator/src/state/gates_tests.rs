@@ -21,6 +21,11 @@ fn submit(gates: Gates, array: Option<ArraySpec>, name: &str) -> Input {
     input
 }
 
+/// Applies a submission; its (first) workload id.
+fn submitted(a: &mut Allocator, at: Time, input: &Input) -> u64 {
+    a.apply(at, input).expect("submit").id.expect("an id")
+}
+
 fn end(a: &mut Allocator, at: Time, id: u64, how: LeaseEnd) {
     let lease = *a.workloads()[&id].leases.last().expect("ran");
     a.apply(
@@ -113,11 +118,7 @@ fn an_array_never_runs_more_than_its_limit_and_every_element_completes() {
 #[test]
 fn afterok_runs_after_success_and_ends_with_the_reason_after_a_failure() {
     let mut a = allocator(2);
-    let first = a
-        .apply(0, &submit(Gates::default(), None, ""))
-        .unwrap()
-        .id
-        .unwrap();
+    let first = submitted(&mut a, 0, &submit(Gates::default(), None, ""));
     let after = |id| Gates {
         deps: vec![Dep {
             kind: DepKind::Afterok,
@@ -125,16 +126,8 @@ fn afterok_runs_after_success_and_ends_with_the_reason_after_a_failure() {
         }],
         ..Gates::default()
     };
-    let second = a
-        .apply(0, &submit(after(first), None, ""))
-        .unwrap()
-        .id
-        .unwrap();
-    let third = a
-        .apply(0, &submit(after(second), None, ""))
-        .unwrap()
-        .id
-        .unwrap();
+    let second = submitted(&mut a, 0, &submit(after(first), None, ""));
+    let third = submitted(&mut a, 0, &submit(after(second), None, ""));
     a.apply(1, &Input::Schedule).unwrap();
     assert_eq!(running(&a), vec![first], "the dependents wait");
     assert!(a.why(1, second).0.contains("to complete (afterok)"));
@@ -155,7 +148,7 @@ fn afterok_runs_after_success_and_ends_with_the_reason_after_a_failure() {
         }],
         ..Gates::default()
     };
-    let fourth = a.apply(5, &submit(notok, None, "")).unwrap().id.unwrap();
+    let fourth = submitted(&mut a, 5, &submit(notok, None, ""));
     assert_eq!(state(&a, fourth), WorkloadState::Cancelled);
 }
 
@@ -169,7 +162,7 @@ fn holds_keep_work_out_until_released_and_requeue_sends_it_back() {
         }),
         ..Gates::default()
     };
-    let id = a.apply(0, &submit(held, None, "")).unwrap().id.unwrap();
+    let id = submitted(&mut a, 0, &submit(held, None, ""));
     a.apply(1, &Input::Schedule).unwrap();
     assert!(running(&a).is_empty(), "held work does not start");
     assert_eq!(a.why(1, id).1, "held");
@@ -243,21 +236,13 @@ fn begin_times_and_singletons_wait_their_turn_and_survive_a_snapshot() {
         begin: 1_000,
         ..Gates::default()
     };
-    let b = a.apply(0, &submit(later, None, "")).unwrap().id.unwrap();
-    let s1 = a
-        .apply(0, &submit(Gates::default(), None, "nightly"))
-        .unwrap()
-        .id
-        .unwrap();
+    let b = submitted(&mut a, 0, &submit(later, None, ""));
+    let s1 = submitted(&mut a, 0, &submit(Gates::default(), None, "nightly"));
     let single = Gates {
         singleton: true,
         ..Gates::default()
     };
-    let s2 = a
-        .apply(0, &submit(single, None, "nightly"))
-        .unwrap()
-        .id
-        .unwrap();
+    let s2 = submitted(&mut a, 0, &submit(single, None, "nightly"));
     let ap = a.apply(1, &Input::Schedule).unwrap();
     assert_eq!(running(&a), vec![s1]);
     assert_eq!(ap.next_wakeup.map(|t| t.min(1_000)), Some(1_000));
@@ -277,11 +262,7 @@ fn begin_times_and_singletons_wait_their_turn_and_survive_a_snapshot() {
 #[test]
 fn a_met_dependency_outlives_the_others_retiring_and_a_held_element_blocks_no_other() {
     let mut a = allocator(2);
-    let first = a
-        .apply(0, &submit(Gates::default(), None, ""))
-        .unwrap()
-        .id
-        .unwrap();
+    let first = submitted(&mut a, 0, &submit(Gates::default(), None, ""));
     let waits = Gates {
         deps: vec![Dep {
             kind: DepKind::Afterok,
@@ -293,7 +274,7 @@ fn a_met_dependency_outlives_the_others_retiring_and_a_held_element_blocks_no_ot
         }),
         ..Gates::default()
     };
-    let second = a.apply(0, &submit(waits, None, "")).unwrap().id.unwrap();
+    let second = submitted(&mut a, 0, &submit(waits, None, ""));
     a.apply(1, &Input::Schedule).unwrap();
     end(&mut a, 2, first, LeaseEnd::Completed);
     // The first leaves memory long before the second is released.
@@ -321,11 +302,7 @@ fn a_met_dependency_outlives_the_others_retiring_and_a_held_element_blocks_no_ot
         indices: (0..6).collect(),
         limit: 2,
     };
-    let first = a
-        .apply(0, &submit(Gates::default(), Some(arr), "sweep"))
-        .unwrap()
-        .id
-        .unwrap();
+    let first = submitted(&mut a, 0, &submit(Gates::default(), Some(arr), "sweep"));
     for id in [first + 2, first + 3] {
         a.apply(
             1,
@@ -350,11 +327,7 @@ fn a_met_dependency_outlives_the_others_retiring_and_a_held_element_blocks_no_ot
 #[test]
 fn an_operators_hold_stays_an_operators() {
     let mut a = allocator(1);
-    let id = a
-        .apply(0, &submit(Gates::default(), None, ""))
-        .unwrap()
-        .id
-        .unwrap();
+    let id = submitted(&mut a, 0, &submit(Gates::default(), None, ""));
     let hold = |by: &str, operator| Input::Hold {
         id,
         by: by.into(),

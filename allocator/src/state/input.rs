@@ -60,7 +60,7 @@ pub enum Input {
         /// An array: one workload per index, each with `ALLOT_ARRAY_ID` and
         /// `ALLOT_ARRAY_INDEX`, at most `limit` running at once.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        array: Option<ArraySpec>,
+        array: Option<allot_common::array::ArraySpec>,
         /// A batch script run by its `#!` line with `argv` as its arguments.
         #[serde(default, skip_serializing_if = "String::is_empty")]
         script: String,
@@ -342,16 +342,6 @@ pub enum Input {
         /// Node name.
         node: String,
     },
-}
-
-/// An array submission: its indices and its limit on running elements.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ArraySpec {
-    /// The indices, in order, each once.
-    pub indices: Vec<u32>,
-    /// At most this many run (or wait in the queue) at once; 0: no limit.
-    #[serde(default)]
-    pub limit: u32,
 }
 
 /// A host's health verdict.

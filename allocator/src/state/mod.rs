@@ -31,10 +31,11 @@ mod snapshot;
 mod tests;
 
 pub use access::{Access, Ask, Denied, Who};
+pub use allot_common::array::ArraySpec;
 pub use audit::state_name;
 pub use creds::{Creds, NodeCred, TokenRec};
 pub use gates::{ArrayPos, Dep, DepKind, Gates, HoldRec};
-pub use input::{ArraySpec, GpuCondition, GpuSeen, HostDrain, Input, Verdict};
+pub use input::{GpuCondition, GpuSeen, HostDrain, Input, Verdict};
 pub use out::{lease_from_wire, lease_wire, Applied, Command, Level, Out, StartLease};
 pub use snapshot::{Snapshot, SNAPSHOT_VERSION};
 
