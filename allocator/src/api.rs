@@ -403,6 +403,8 @@ fn workload_spec(
                 .collect(),
             features: s.constraint.clone(),
             cluster: s.cluster.clone(),
+            nodelist: s.nodelist.clone(),
+            exclude: s.exclude.clone(),
         },
     };
     if !s.warn_signal.is_empty() && spec.time_limit.is_none() {

@@ -574,6 +574,12 @@ impl ServerConfig {
                 ));
             }
         }
+        // The policy's ranges, checked here so `allotd check` names them too; the
+        // message begins with the key (`policy.hysteresis = ...`).
+        if let Err(m) = r.policy.validate() {
+            let key = m.split([' ', '.']).nth(1).unwrap_or_default();
+            return Err(err(&format!("policy.{key}"), m));
+        }
         if group.is_empty() {
             return Err(err(
                 "group",
@@ -787,6 +793,27 @@ mod tests {
         assert_eq!(e.field, "classes.debug.min_runtime", "{e}");
         let e = cfg("[classes.debug]\nmin_runtim = \"2h\"").unwrap_err();
         assert!(e.to_string().contains("min_runtim"), "{e}");
+    }
+
+    #[test]
+    fn gpu_hour_weights_are_read_and_a_bad_one_is_named() {
+        let cfg = |w: &str| {
+            ServerConfig::parse(
+                &format!(
+                    "[policy]\ngpu_hour_weight = {{ {w} }}\n[[group]]\nname = \"p\"\nweight = 1\n"
+                ),
+                "a.toml",
+            )
+        };
+        let c = cfg("b300 = 2.0, h100 = 1").expect("valid");
+        assert_eq!(c.policy.gpu_weights_milli()["b300"], 2000);
+        for bad in ["b300 = 0", "B300 = 1.5", "b300 = 500"] {
+            let e = cfg(bad).unwrap_err();
+            assert!(
+                e.to_string().contains("policy.gpu_hour_weight"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -65,9 +65,15 @@ pub fn spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
             "script: it holds a NUL byte; a batch script is text",
         ));
     }
-    let select = [("gpu_types", &s.gpu_types), ("constraint", &s.constraint)];
-    for (field, names) in select {
-        check_count(field, names.len(), MAX_LABELS, "names").map_err(status)?;
+    use allot_common::hostlist::MAX_HOSTS;
+    let select = [
+        ("gpu_types", &s.gpu_types, MAX_LABELS),
+        ("constraint", &s.constraint, MAX_LABELS),
+        ("nodelist", &s.nodelist, MAX_HOSTS),
+        ("exclude", &s.exclude, MAX_HOSTS),
+    ];
+    for (field, names, most) in select {
+        check_count(field, names.len(), most, "names").map_err(status)?;
         for (i, n) in names.iter().enumerate() {
             check_name(&format!("{field}[{i}]"), n, MAX_NAME).map_err(status)?;
         }

@@ -370,6 +370,26 @@ fn a_gpu_type_lands_only_on_such_nodes_and_a_type_nobody_has_is_refused() {
         "true",
     );
     c.wait_state(&any, "completed", LONG);
+    // Slurm's node lists: --exclude keeps a job off a node, --nodelist (a host list
+    // as Slurm writes it) keeps it on the ones named.
+    let nodes_of = |id: &str| {
+        let w = c.wait_state(id, "completed", LONG);
+        let nodes: Vec<String> = w["runs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|r| r["nodes"].as_array().into_iter().flatten())
+            .filter_map(|n| n.as_str().map(String::from))
+            .collect();
+        nodes
+    };
+    let off = c.submit(&["--project", "demo-a", "--exclude", "node-1"], "true");
+    assert_eq!(nodes_of(&off), ["node-0"]);
+    let on = c.submit(
+        &["--project", "demo-a", "-w", "node-[0-1]", "-x", "node-0"],
+        "true",
+    );
+    assert_eq!(nodes_of(&on), ["node-1"]);
     // Shapes no node could ever hold are refused at submit, with the reason.
     for (flags, words) in [
         (
@@ -391,6 +411,14 @@ fn a_gpu_type_lands_only_on_such_nodes_and_a_type_nobody_has_is_refused() {
         (
             vec!["--gpu-type", "h100", "--gpus", "3"],
             "the largest node has 2",
+        ),
+        (
+            vec!["--nodelist", "node-7"],
+            "nodelist: no node is named \"node-7\"",
+        ),
+        (
+            vec!["--gpu-type", "b200", "-w", "node-1"],
+            "no node has GPU type b200, a name in node-1 together",
         ),
     ] {
         let mut args = vec!["submit", "--project", "demo-a"];

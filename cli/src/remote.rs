@@ -150,6 +150,12 @@ pub struct SubmitArgs {
     /// Only this cluster's nodes.
     #[arg(long, short = 'M', value_name = "NAME")]
     cluster: Option<String>,
+    /// Only these nodes, as Slurm writes them: gpu[01-04],gpu07 (a job of fewer nodes runs on some of them).
+    #[arg(long, short = 'w', value_name = "HOSTS", value_parser = check_hostlist)]
+    nodelist: Option<String>,
+    /// Never these nodes: gpu[01-04],gpu07.
+    #[arg(long, short = 'x', value_name = "HOSTS", value_parser = check_hostlist)]
+    exclude: Option<String>,
     /// Tell you (the site's webhooks or mail, allotd.toml [notify]) when it: end, fail, preempt, time-limit, or all.
     #[arg(long, value_name = "EVENTS", value_delimiter = ',')]
     notify: Vec<String>,
@@ -416,6 +422,18 @@ fn features(s: &str) -> Vec<String> {
         .filter(|f| !f.is_empty())
         .map(String::from)
         .collect()
+}
+
+/// Clap value parser for `--nodelist` and `--exclude`: checked here, expanded when
+/// sent.
+fn check_hostlist(s: &str) -> Result<String, String> {
+    allot_common::hostlist::expand(s).map(|_| s.to_string())
+}
+
+/// The names a checked host list stands for.
+fn hosts(s: Option<&str>) -> Vec<String> {
+    s.map(|s| allot_common::hostlist::expand(s).unwrap_or_default())
+        .unwrap_or_default()
 }
 
 /// Clap value parser for `--array`: checked here, read again by allotd.
@@ -1084,6 +1102,8 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                     .collect(),
                 constraint: a.constraint.as_deref().map(features).unwrap_or_default(),
                 cluster: a.cluster.clone().unwrap_or_default(),
+                nodelist: hosts(a.nodelist.as_deref()),
+                exclude: hosts(a.exclude.as_deref()),
                 script,
                 has_script: false,
                 notify: a.notify.clone(),

@@ -127,6 +127,8 @@ fn sbatch(words: &[String], flags: &mut Vec<String>, unknown: &mut Vec<String>) 
             "-b" | "--begin" => "--begin",
             "-C" | "--constraint" => "--constraint",
             "-M" | "--clusters" => "--cluster",
+            "-w" | "--nodelist" => "--nodelist",
+            "-x" | "--exclude" => "--exclude",
             "-A" | "--account" => "--project",
             "-c" | "--cpus-per-task" => "--cpus",
             "--export" => "--export",
@@ -219,7 +221,7 @@ mod tests {
     #[test]
     fn directives_become_flags_until_the_first_command() {
         let s = parse(
-            "#!/bin/bash\n#ALLOT --gpus 2 --name \"my job\"\n\n#SBATCH -t 90 --mem=4096\n#SBATCH --gres=gpu:h100:8 -N 2 -o out-%j.txt\n# a comment\necho hi\n#ALLOT --nodes 9\n",
+            "#!/bin/bash\n#ALLOT --gpus 2 --name \"my job\"\n\n#SBATCH -t 90 --mem=4096\n#SBATCH --gres=gpu:h100:8 -N 2 -o out-%j.txt\n#SBATCH -w gpu[01-02] --exclude=gpu03\n# a comment\necho hi\n#ALLOT --nodes 9\n",
         )
         .expect("parses");
         assert_eq!(
@@ -240,7 +242,11 @@ mod tests {
                 "--nodes",
                 "2",
                 "--output",
-                "out-%j.txt"
+                "out-%j.txt",
+                "--nodelist",
+                "gpu[01-02]",
+                "--exclude",
+                "gpu03"
             ]
         );
     }

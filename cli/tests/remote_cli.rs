@@ -620,6 +620,7 @@ impl Org for Fake {
             ],
             window_hours: 168.0,
             capacity_gpus: 32,
+            weighted_capacity_gpus: 32.0,
             covered_hours: 24.0,
             horizon_hours: 1.0,
             ranking_window_hours: 0.0,

@@ -1,6 +1,6 @@
 //! What allot's daemons and CLI share, one helper per job.
 //!
-//! Map: [`array`] (`--array` specifications) · [`config_error`] (a config error that names file, line and field, with the
+//! Map: [`array`] (`--array` specifications) · [`hostlist`] (`--nodelist` host lists) · [`config_error`] (a config error that names file, line and field, with the
 //! line from the TOML parser's own spans) · [`stats`] (percentiles) · [`systemd`]
 //! (`sd_notify(3)` and the watchdog period) · [`fields`] (caps on request fields, safe
 //! names) · [`net`] (loopback hosts) · `files` (atomic writes with a mode, feature `files`) · `rlimit` (the descriptor limit, feature `rlimit`) · `sqlite` (opening a state database,
@@ -18,6 +18,7 @@ pub mod exposition;
 pub mod fields;
 #[cfg(feature = "files")]
 pub mod files;
+pub mod hostlist;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod net;

@@ -5,7 +5,8 @@
 //! (best fit is the first node of the smallest bucket that fits) and, per cluster,
 //! nodes that are wholly free (what gangs need).
 
-use crate::select::{Registry, Select, Selector};
+use crate::config::MILLI;
+use crate::select::{NodeList, Registry, Select, Selector, MAX_NODE_LISTS};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -101,6 +102,9 @@ pub struct Node {
     pub type_bit: u64,
     /// Its features' bits.
     pub feature_bits: u64,
+    /// What an hour of one of its GPUs counts for, in thousandths
+    /// (`gpu_hour_weight` of its type).
+    pub weight: u32,
 }
 
 impl Node {
@@ -281,6 +285,12 @@ pub struct Cluster {
     total_gpus: u64,
     total_cpu: u64,
     total_mem: u64,
+    /// `gpu_hour_weight` by type, in thousandths (empty: every type weighs 1).
+    weights: std::collections::BTreeMap<String, u32>,
+    /// GPUs across all nodes, each weighted, in thousandths.
+    total_weighted: u64,
+    /// The node lists work asked for (`Selector::nodes` indexes it, plus one).
+    node_lists: Vec<NodeList>,
 }
 
 impl Cluster {
@@ -303,6 +313,9 @@ impl Cluster {
             total_gpus: 0,
             total_cpu: 0,
             total_mem: 0,
+            weights: std::collections::BTreeMap::new(),
+            total_weighted: 0,
+            node_lists: Vec::new(),
         };
         for spec in specs {
             c.add(spec)?;
@@ -337,7 +350,9 @@ impl Cluster {
             self.by_free.resize(slots, BTreeSet::new());
             self.by_clearable.resize(slots, BTreeSet::new());
         }
+        let weight = self.weight_of_type(&spec.gpu_type);
         self.total_gpus += u64::from(spec.gpus);
+        self.total_weighted += u64::from(spec.gpus) * u64::from(weight);
         self.total_cpu += u64::from(spec.cpu);
         self.total_mem += u64::from(spec.memory_gb);
         let all = mask_of(spec.gpus);
@@ -370,6 +385,7 @@ impl Cluster {
             removed: false,
             type_bit,
             feature_bits,
+            weight,
         });
         let i = self.nodes.len() - 1;
         self.changes += 1;
@@ -392,6 +408,7 @@ impl Cluster {
         let kind = n.kind();
         let (gpus, cpu, mem) = (n.spec.gpus, n.spec.cpu, n.spec.memory_gb);
         let name = n.spec.name.clone();
+        self.total_weighted -= u64::from(gpus) * u64::from(n.weight);
         self.total_gpus -= u64::from(gpus);
         self.total_cpu -= u64::from(cpu);
         self.total_mem -= u64::from(mem);
@@ -530,7 +547,7 @@ impl Cluster {
         for bucket in self.by_free.iter().skip(lo) {
             for &i in bucket {
                 let n = &self.nodes[i as usize];
-                if n.takes(gpus, cpu, mem) && n.matches(sel) {
+                if n.takes(gpus, cpu, mem) && self.admits(NodeId(i), sel) {
                     return Some(NodeId(i));
                 }
             }
@@ -557,7 +574,7 @@ impl Cluster {
                 .map(|&i| NodeId(i))
                 .filter(|&id| {
                     let n = &self.nodes[id.idx()];
-                    n.spec.gpus >= gpus && n.takes(gpus, cpu, mem) && n.matches(sel)
+                    n.spec.gpus >= gpus && n.takes(gpus, cpu, mem) && self.admits(id, sel)
                 })
                 .take(count as usize)
                 .collect();
@@ -621,9 +638,13 @@ impl Cluster {
         }
         let name = n.spec.name.clone();
         let (type_bit, feature_bits) = self.learn(&name, gpu_type, features)?;
+        let weight = self.weight_of_type(gpu_type);
         let n = &self.nodes[id.idx()];
         if !n.removed {
             let old = n.kind();
+            let gpus = u64::from(n.spec.gpus);
+            self.total_weighted =
+                self.total_weighted - gpus * u64::from(n.weight) + gpus * u64::from(weight);
             self.uncount(old);
             *self
                 .kinds
@@ -639,14 +660,145 @@ impl Cluster {
             n.spec.features = features.to_vec();
             n.type_bit = type_bit;
             n.feature_bits = feature_bits;
+            n.weight = weight;
         });
         Ok(())
     }
 
+    /// Sets what an hour of each GPU type counts for, in thousandths (the policy's
+    /// `gpu_hour_weight`), and weighs every node again.
+    pub fn set_gpu_weights(&mut self, weights: std::collections::BTreeMap<String, u32>) {
+        self.weights = weights;
+        self.total_weighted = 0;
+        for i in 0..self.nodes.len() {
+            let w = self.weight_of_type(&self.nodes[i].spec.gpu_type);
+            let n = &mut self.nodes[i];
+            n.weight = w;
+            if !n.removed {
+                self.total_weighted += u64::from(n.spec.gpus) * u64::from(w);
+            }
+        }
+    }
+
+    /// What an hour of a GPU of type `t` counts for, in thousandths.
+    fn weight_of_type(&self, t: &str) -> u32 {
+        self.weights.get(t).copied().unwrap_or(MILLI as u32)
+    }
+
+    /// The weighted GPUs `placement` holds, in thousandths.
+    pub fn weighted(&self, placement: &[crate::workload::NodeGpus]) -> u64 {
+        placement
+            .iter()
+            .map(|p| u64::from(p.gpus.count_ones()) * u64::from(self.nodes[p.node.idx()].weight))
+            .sum()
+    }
+
+    /// GPUs across all nodes, each weighted, in thousandths.
+    pub fn total_weighted(&self) -> u64 {
+        self.total_weighted
+    }
+
+    /// What an hour of a GPU counts for to work that asks `sel` before it is
+    /// placed, in thousandths: the lightest type it may land on (1 with no weights
+    /// set), so a request is never charged ahead for a type it may not get.
+    pub fn request_weight(&self, sel: &Selector) -> u32 {
+        if self.weights.is_empty() {
+            return MILLI as u32;
+        }
+        self.kinds
+            .keys()
+            .filter(|k| sel.admits(k.cluster, k.type_bit, k.feature_bits))
+            .map(|k| {
+                let name = (k.type_bit != 0)
+                    .then(|| {
+                        self.gpu_types
+                            .names()
+                            .get(k.type_bit.trailing_zeros() as usize)
+                    })
+                    .flatten();
+                self.weight_of_type(name.map_or("", String::as_str))
+            })
+            .min()
+            .unwrap_or(MILLI as u32)
+    }
+
+    /// Whether work that asks `sel` may run on node `id`: its type, features and
+    /// cluster, and the node lists it gave.
+    pub fn admits(&self, id: NodeId, sel: &Selector) -> bool {
+        self.nodes[id.idx()].matches(sel)
+            && (sel.nodes == 0 || self.node_lists[sel.nodes as usize - 1].admits(id.0))
+    }
+
+    /// The node kinds work asking `sel` may run on, with how many nodes of each it
+    /// may use: from the kinds alone, unless it names nodes (then from those nodes).
+    pub fn kinds_admitted(&self, sel: &Selector) -> Vec<(NodeKind, u32)> {
+        if sel.nodes == 0 {
+            return self
+                .kinds
+                .iter()
+                .filter(|(k, _)| sel.admits(k.cluster, k.type_bit, k.feature_bits))
+                .map(|(k, n)| (*k, *n))
+                .collect();
+        }
+        let mut kinds = std::collections::BTreeMap::new();
+        for (id, n) in self.nodes() {
+            if !n.removed && self.admits(id, sel) {
+                *kinds.entry(n.kind()).or_insert(0) += 1;
+            }
+        }
+        kinds.into_iter().collect()
+    }
+
+    /// The index (plus one) of the node list `--nodelist` and `--exclude` make,
+    /// keeping it in the table if it is new; the error names a node that does not
+    /// exist.
+    fn node_list(&mut self, s: &Select) -> Result<u32, (&'static str, String)> {
+        if s.nodelist.is_empty() && s.exclude.is_empty() {
+            return Ok(0);
+        }
+        let ids = |field: &'static str, names: &[String]| {
+            let mut ids = names
+                .iter()
+                .map(|name| {
+                    self.find(name).map(|id| id.0).ok_or_else(|| {
+                        (
+                            field,
+                            format!("no node is named {name:?}; `allot nodes` lists them"),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<u32>, _>>()?;
+            ids.sort_unstable();
+            ids.dedup();
+            Ok::<_, (&'static str, String)>(ids)
+        };
+        let list = NodeList {
+            only: ids("nodelist", &s.nodelist)?,
+            exclude: ids("exclude", &s.exclude)?,
+        };
+        if let Some(i) = self.node_lists.iter().position(|l| *l == list) {
+            return Ok(i as u32 + 1);
+        }
+        if self.node_lists.len() >= MAX_NODE_LISTS {
+            return Err((
+                "nodelist",
+                format!(
+                    "{MAX_NODE_LISTS} different node lists are in use already; name nodes by \
+                     type, feature or cluster instead"
+                ),
+            ));
+        }
+        self.node_lists.push(list);
+        Ok(self.node_lists.len() as u32)
+    }
+
     /// The bits of what `s` names; the error names what no node has and what the
     /// cluster has instead.
-    pub fn selector(&self, s: &Select) -> Result<Selector, (&'static str, String)> {
-        let mut sel = Selector::default();
+    pub fn selector(&mut self, s: &Select) -> Result<Selector, (&'static str, String)> {
+        let mut sel = Selector {
+            nodes: self.node_list(s)?,
+            ..Selector::default()
+        };
         for t in &s.gpu_types {
             let bit = self.gpu_types.bit(t).ok_or_else(|| {
                 (

@@ -71,6 +71,14 @@ pub const DEFAULT_DRAIN_GRACE: Secs = DAY;
 /// cheap with tens of thousands pending.
 pub const DEFAULT_MAX_EXAMINED: u32 = 2_000;
 
+/// The ledger's unit for weighted GPUs: a thousandth, so weights such as 1.6 count
+/// exactly in integers.
+pub const MILLI: u64 = 1000;
+/// The lightest a GPU type may weigh …
+pub const MIN_GPU_WEIGHT: f64 = 0.01;
+/// … and the heaviest.
+pub const MAX_GPU_WEIGHT: f64 = 100.0;
+
 /// How the core ranks, funds, preempts and reserves.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -129,6 +137,11 @@ pub struct PolicyConfig {
     /// revoked (see the default).
     #[serde(deserialize_with = "de_duration")]
     pub drain_grace: Secs,
+    /// What an hour of each GPU type counts for, against an hour of a type not
+    /// listed (1.0): `{ h100 = 1.0, b200 = 1.6 }`. Usage and entitlement alike are
+    /// in these units, so a team entitled to 10% of a mixed cluster receives 10% of
+    /// its weighted capacity, whichever types it runs on.
+    pub gpu_hour_weight: std::collections::BTreeMap<String, f64>,
     /// Decide by the rules of 0.4 and earlier (no allowance, no unfunded
     /// reservations, no priority bands, no bound on the work a plan loses, victims and
     /// reserved nodes by GPU-time and lapse alone, backfill by lapse): only for
@@ -171,6 +184,7 @@ impl Default for PolicyConfig {
             unfunded_reservations: DEFAULT_UNFUNDED_RESERVATIONS,
             protected_headroom: DEFAULT_PROTECTED_HEADROOM,
             drain_grace: DEFAULT_DRAIN_GRACE,
+            gpu_hour_weight: std::collections::BTreeMap::new(),
             rules_of_0_4: false,
         }
     }
@@ -233,6 +247,15 @@ impl PolicyConfig {
                 .is_some_and(|tl| tl <= self.allowance_max_time)
     }
 
+    /// GPU-hour weights by type in thousandths (what the ledger counts in); a type
+    /// not listed weighs 1.
+    pub fn gpu_weights_milli(&self) -> std::collections::BTreeMap<String, u32> {
+        self.gpu_hour_weight
+            .iter()
+            .map(|(t, w)| (t.clone(), (w * MILLI as f64).round() as u32))
+            .collect()
+    }
+
     /// The ledger model these settings describe.
     pub fn usage(&self) -> UsageModel {
         self.model_over(self.lookback)
@@ -280,6 +303,20 @@ impl PolicyConfig {
                  such as 0.01 (1%)",
                 self.protected_headroom
             ));
+        }
+        for (t, w) in &self.gpu_hour_weight {
+            if t.is_empty() || t.chars().any(|c| c.is_uppercase() || c.is_whitespace()) {
+                return Err(format!(
+                    "policy.gpu_hour_weight has the type {t:?}; name types as nodes report \
+                     them, in lower case (h100, b200)"
+                ));
+            }
+            if !(w.is_finite() && (MIN_GPU_WEIGHT..=MAX_GPU_WEIGHT).contains(w)) {
+                return Err(format!(
+                    "policy.gpu_hour_weight.{t} = {w}; use a weight between {MIN_GPU_WEIGHT} \
+                     and {MAX_GPU_WEIGHT} (1.0: an hour counts as an hour)"
+                ));
+            }
         }
         if self.max_examined == 0 {
             return Err("policy.max_examined = 0 would never schedule; use at least 1".into());

@@ -21,12 +21,21 @@ pub enum Channel {
     Cpu = 1,
     /// Memory held, in GB.
     Mem = 2,
-    /// GPUs held by funded leases: what the budget is charged.
+    /// GPUs held by funded leases.
     FundedGpu = 3,
+    /// GPUs held, each weighted by its type's `gpu_hour_weight`, in thousandths:
+    /// what served ratios count.
+    WeightedGpu = 4,
+    /// Weighted GPUs held by funded leases, in thousandths: what the budget is
+    /// charged.
+    WeightedFundedGpu = 5,
 }
 
 /// Number of channels.
-pub const CHANNELS: usize = 4;
+pub const CHANNELS: usize = 6;
+
+/// Channels a record of an earlier release has (no weighted ones).
+const CHANNELS_BEFORE_WEIGHTS: usize = 4;
 
 /// Allocation rates per channel (units held at once).
 pub type Rates = [i64; CHANNELS];
@@ -61,8 +70,57 @@ impl UsageModel {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 struct Point {
     t: Time,
+    #[serde(deserialize_with = "channels::de")]
     cum: [u64; CHANNELS],
+    #[serde(deserialize_with = "channels::de")]
     rate: [u64; CHANNELS],
+}
+
+/// Records of releases before GPU weights have four channels: their weighted ones
+/// are the GPUs they count, at weight 1 (every type weighed 1 then).
+mod channels {
+    use super::{Channel, CHANNELS, CHANNELS_BEFORE_WEIGHTS};
+    use crate::config::MILLI;
+    use serde::{de::Error, Deserialize, Deserializer};
+
+    /// A count the ledger keeps, scaled to thousandths.
+    pub trait Milli: Copy + Default {
+        fn milli(self) -> Self;
+    }
+    impl Milli for u64 {
+        fn milli(self) -> Self {
+            self.saturating_mul(MILLI)
+        }
+    }
+    impl Milli for f64 {
+        fn milli(self) -> Self {
+            self * MILLI as f64
+        }
+    }
+
+    pub fn de<'de, D, T>(d: D) -> Result<[T; CHANNELS], D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Milli + Deserialize<'de>,
+    {
+        let v = Vec::<T>::deserialize(d)?;
+        let mut out = [T::default(); CHANNELS];
+        match v.len() {
+            CHANNELS => out.copy_from_slice(&v),
+            CHANNELS_BEFORE_WEIGHTS => {
+                out[..CHANNELS_BEFORE_WEIGHTS].copy_from_slice(&v);
+                out[Channel::WeightedGpu as usize] = v[Channel::Gpu as usize].milli();
+                out[Channel::WeightedFundedGpu as usize] = v[Channel::FundedGpu as usize].milli();
+            }
+            n => {
+                return Err(D::Error::invalid_length(
+                    n,
+                    &"4 or 6 usage channels (GPU, CPU, memory, funded GPU, weighted)",
+                ))
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// One project's usage record: what a snapshot keeps of the ledger (opaque
@@ -71,8 +129,10 @@ struct Point {
 #[serde(default)]
 pub struct ProjectLedger {
     points: VecDeque<Point>,
+    #[serde(deserialize_with = "channels::de")]
     decayed: [f64; CHANNELS],
     decayed_at: Time,
+    #[serde(deserialize_with = "channels::de")]
     rate: [u64; CHANNELS],
 }
 
@@ -231,7 +291,7 @@ mod tests {
     const G: GroupId = GroupId(1);
 
     fn gpus(n: i64) -> Rates {
-        [n, 0, 0, 0]
+        [n, 0, 0, 0, n * 1000, 0]
     }
 
     #[test]
@@ -305,5 +365,31 @@ mod tests {
         assert!(at_stop > 900.0 && at_stop < 1000.0, "{at_stop}");
         let later = l.usage(G, 1000 + 3600)[0];
         assert!((later - at_stop / 2.0).abs() < 1e-6, "{later} vs {at_stop}");
+    }
+
+    #[test]
+    fn a_record_of_an_earlier_release_counts_its_gpus_at_weight_one() {
+        let old = r#"{"points":[{"t":0,"cum":[0,0,0,0],"rate":[2,16,64,2]},
+            {"t":100,"cum":[200,1600,6400,200],"rate":[2,16,64,2]}],
+            "decayed":[0,0,0,0],"decayed_at":0,"rate":[2,16,64,2]}"#;
+        let rec: ProjectLedger = serde_json::from_str(old).expect("reads");
+        let mut l = Ledger::new(UsageModel::Window { secs: 1000 }, 2);
+        l.restore(G, rec.clone());
+        let u = l.usage(G, 100);
+        assert_eq!(u[Channel::Gpu as usize], 200.0);
+        assert_eq!(u[Channel::WeightedGpu as usize], 200_000.0);
+        assert_eq!(u[Channel::WeightedFundedGpu as usize], 200_000.0);
+        assert_eq!(l.rate(G)[Channel::WeightedGpu as usize], 2000);
+        let again: ProjectLedger =
+            serde_json::from_str(&serde_json::to_string(&rec).expect("writes")).expect("reads");
+        assert_eq!(
+            again, rec,
+            "a migrated record round-trips with six channels"
+        );
+        let bad = r#"{"rate":[1,2,3]}"#;
+        let e = serde_json::from_str::<ProjectLedger>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("usage channels"), "{e}");
     }
 }

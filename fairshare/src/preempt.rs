@@ -290,7 +290,7 @@ impl<V: View> Planner<'_, V> {
         if n.state != NodeState::Ready
             || (n.healthy & n.all()).count_ones() < s.gpus
             || !n.offers(s.gpus)
-            || !n.matches(&s.sel)
+            || !self.st.cluster().admits(node, &s.sel)
             || !self.could_clear(node, whole)
         {
             return None;
@@ -377,7 +377,7 @@ impl<V: View> Planner<'_, V> {
         let (s, c) = (self.s, self.st.cluster());
         let b = c
             .clearable_nodes(s.gpus)
-            .filter(|&node| c.node(node).matches(&s.sel))
+            .filter(|&node| c.admits(node, &s.sel))
             .take(PLAN_SCAN_NODES)
             .filter_map(|node| self.node(node, false))
             // No victims means free placement failed there for host reasons.
@@ -416,7 +416,7 @@ impl<V: View> Planner<'_, V> {
                     n.state == NodeState::Ready
                         && (n.healthy & n.all()).count_ones() >= s.gpus
                         && n.offers(s.gpus)
-                        && n.matches(&s.sel)
+                        && c.admits(id, &s.sel)
                         && n.spec.gpus >= s.gpus
                 })
                 .filter_map(|id| {
@@ -585,7 +585,7 @@ pub(crate) fn reserve<V: View>(
             || n.spec.cpu < s.cpu
             || n.spec.memory_gb < s.mem
             || !n.offers(s.gpus)
-            || !n.matches(&s.sel)
+            || !c.admits(id, &s.sel)
         {
             continue;
         }

@@ -10,11 +10,12 @@
 //! window of the design), while the allocation term makes a start or a stop move the
 //! ratio at once: one pass cannot hand a group everything before its usage catches
 //! up, and a preemption's "after" ratios mean something. With DRF the numerator is
-//! the dominant share across GPU, CPU and memory, in GPU units.
+//! the dominant share across GPU, CPU and memory, in GPU units. GPUs are weighted by
+//! type (`gpu_hour_weight`) on both sides: usage, allocation and capacity.
 
 use crate::cluster::Cluster;
-use crate::config::PolicyConfig;
-use crate::ledger::Ledger;
+use crate::config::{PolicyConfig, MILLI};
+use crate::ledger::{Channel, Ledger};
 use crate::time::Time;
 use crate::tree::{GroupId, OrgTree};
 
@@ -50,8 +51,9 @@ impl Ratios {
         for &p in tree.projects() {
             let u = ledger.usage(p, now);
             let a = ledger.rate(p);
-            usage[p.idx()] = [u[0], u[1], u[2]];
-            alloc[p.idx()] = [a[0] as f64, a[1] as f64, a[2] as f64];
+            let w = Channel::WeightedGpu as usize;
+            usage[p.idx()] = [u[w] / MILLI as f64, u[1], u[2]];
+            alloc[p.idx()] = [a[w] as f64 / MILLI as f64, a[1] as f64, a[2] as f64];
         }
         for (p, x) in extra {
             for (a, v) in alloc[p.idx()].iter_mut().zip(x) {
@@ -68,7 +70,7 @@ impl Ratios {
         }
         let horizon = cfg.allocation_horizon as f64;
         let cap = [
-            (cluster.total_gpus() as f64).max(1.0),
+            (cluster.total_weighted() as f64 / MILLI as f64).max(1.0),
             (cluster.total_cpu() as f64).max(1.0),
             (cluster.total_mem() as f64).max(1.0),
         ];

@@ -22,6 +22,12 @@ pub struct Select {
     /// Only this cluster's nodes; empty: any.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cluster: String,
+    /// Only these nodes, by host name (`--nodelist`); empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodelist: Vec<String>,
+    /// Never these nodes (`--exclude`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
 }
 
 impl Select {
@@ -40,6 +46,9 @@ pub struct Selector {
     pub features: u64,
     /// The cluster's index plus one (0: any cluster).
     pub cluster: u16,
+    /// The index plus one of its node list in the cluster's table of them (0: any
+    /// node); see `Cluster::admits`.
+    pub nodes: u32,
 }
 
 impl Selector {
@@ -48,6 +57,27 @@ impl Selector {
         (self.types == 0 || self.types & type_bit != 0)
             && feature_bits & self.features == self.features
             && (self.cluster == 0 || self.cluster == cluster + 1)
+    }
+}
+
+/// Most node lists (`--nodelist`, `--exclude`, as distinct pairs) one cluster keeps
+/// for the work it holds; the table starts afresh with each allotd start.
+pub const MAX_NODE_LISTS: usize = 4096;
+
+/// Which nodes a workload's `--nodelist` and `--exclude` leave it, by node index.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeList {
+    /// Sorted; empty: any node.
+    pub only: Vec<u32>,
+    /// Sorted.
+    pub exclude: Vec<u32>,
+}
+
+impl NodeList {
+    /// Whether node `i` is left.
+    pub fn admits(&self, i: u32) -> bool {
+        (self.only.is_empty() || self.only.binary_search(&i).is_ok())
+            && self.exclude.binary_search(&i).is_err()
     }
 }
 
@@ -125,6 +155,7 @@ mod tests {
             types: 0b011,
             features: 0b10,
             cluster: 0,
+            nodes: 0,
         };
         assert!(s.admits(3, 0b001, 0b110));
         assert!(!s.admits(3, 0b100, 0b110), "another type");

@@ -336,6 +336,9 @@ pub struct Lease {
     pub placement: Vec<NodeGpus>,
     /// GPUs in all.
     pub gpus: u32,
+    /// Its GPUs weighted by type (`gpu_hour_weight`) as they were at its start, in
+    /// thousandths: what it charges while it runs.
+    pub weighted: u64,
     /// CPU cores per node.
     pub cpu_per_node: u32,
     /// Memory per node, GB.
@@ -390,11 +393,12 @@ impl Lease {
         work_lost(self.gpus, self.start, self.resumable, now, checkpoint_loss)
     }
 
-    /// GPUs, CPU cores and GB of memory it holds across all nodes.
+    /// Weighted GPUs (see `weighted`), CPU cores and GB of memory it holds across
+    /// all nodes: what served ratios count.
     pub fn alloc(&self) -> [f64; 3] {
         let n = self.placement.len() as f64;
         [
-            f64::from(self.gpus),
+            self.weighted as f64 / crate::config::MILLI as f64,
             f64::from(self.cpu_per_node) * n,
             f64::from(self.mem_per_node) * n,
         ]

@@ -1322,3 +1322,187 @@ fn a_removed_node_counts_nowhere_and_its_name_may_join_again() {
     assert_eq!(twice.cluster().find(&name), Some(again));
     assert_eq!(twice.cluster().total_gpus(), 16);
 }
+
+/// One 8-GPU node of each of `types`, weighted by `weights`.
+fn typed(
+    types: &[&str],
+    weights: &[(&str, f64)],
+) -> (PolicyConfig, Vec<allot_fairshare::NodeSpec>) {
+    let cfg = PolicyConfig {
+        gpu_hour_weight: weights.iter().map(|(t, w)| (t.to_string(), *w)).collect(),
+        ..PolicyConfig::default()
+    };
+    let nodes = types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            allot_fairshare::NodeSpec {
+                gpu_type: t.to_string(),
+                ..nodes("c", 1, 8).remove(0)
+            }
+            .renamed(i)
+        })
+        .collect();
+    (cfg, nodes)
+}
+
+trait Renamed {
+    fn renamed(self, i: usize) -> Self;
+}
+
+impl Renamed for allot_fairshare::NodeSpec {
+    fn renamed(mut self, i: usize) -> Self {
+        self.name = format!("n{i}");
+        self
+    }
+}
+
+/// A job of `gpus` asking for GPU type `t`.
+fn on_type(project: &str, gpus: u32, t: &str) -> allot_fairshare::WorkloadSpec {
+    allot_fairshare::WorkloadSpec {
+        select: allot_fairshare::select::Select {
+            gpu_types: vec![t.into()],
+            ..Default::default()
+        },
+        ..job(project, gpus, HOUR)
+    }
+}
+
+#[test]
+fn an_hour_of_a_heavier_type_counts_for_more_in_usage_and_capacity() {
+    let (cfg, n) = typed(&["h100", "b300"], &[("b300", 2.0)]);
+    let mut s = Scheduler::new(cfg, two_teams(), n).unwrap();
+    let a = s.submit(0, on_type("x", 8, "b300")).unwrap();
+    let b = s.submit(0, on_type("y", 8, "h100")).unwrap();
+    s.schedule(0);
+    s.lease_ended(HOUR, lease_of(&s, a), LeaseEnd::Completed)
+        .unwrap();
+    s.lease_ended(HOUR, lease_of(&s, b), LeaseEnd::Completed)
+        .unwrap();
+    let (gx, gy) = (s.tree().find("x").unwrap(), s.tree().find("y").unwrap());
+    assert_eq!(s.usage_gpu_secs(gx, HOUR), 2.0 * 8.0 * 3600.0);
+    assert_eq!(s.usage_gpu_secs(gy, HOUR), 8.0 * 3600.0);
+    let r = s.group_ratios(HOUR);
+    assert!(
+        (r[gx.idx()] / r[gy.idx()] - 2.0).abs() < 1e-9,
+        "x served twice y: {} vs {}",
+        r[gx.idx()],
+        r[gy.idx()]
+    );
+    // Entitlement is in the same units: x's half of 24 weighted GPUs over the covered
+    // hour and the allocation horizon.
+    let (parts, covered) = s.group_ratio_parts(HOUR);
+    assert_eq!(covered, 3600.0);
+    let horizon = PolicyConfig::default().allocation_horizon as f64;
+    assert_eq!(
+        parts[gx.idx()],
+        (16.0 * 3600.0, 0.5 * 24.0 * (3600.0 + horizon))
+    );
+}
+
+#[test]
+fn a_budget_spends_faster_on_a_heavier_type() {
+    // x's budget is half of 24 weighted GPUs over 7 days: 12 × 7 days. 8 B300s
+    // at weight 2 spend it in 5.25 days; 8 H100s would take 10.5.
+    let (cfg, n) = typed(&["h100", "b300"], &[("b300", 2.0)]);
+    let mut s = Scheduler::new(cfg, two_teams(), n).unwrap();
+    let a = s.submit(0, on_type("x", 8, "b300")).unwrap();
+    s.schedule(0);
+    let t = 7 * DAY * 3 / 4;
+    s.lease_ended(t, lease_of(&s, a), LeaseEnd::Completed)
+        .unwrap();
+    let gx = s.tree().find("x").unwrap();
+    assert!(
+        s.budget_spent(gx, t),
+        "5.25 days of 8 B300s spends 12 × 7 days"
+    );
+    let (cfg, n) = typed(&["h100", "b300"], &[("b300", 2.0)]);
+    let mut s = Scheduler::new(cfg, two_teams(), n).unwrap();
+    let a = s.submit(0, on_type("x", 8, "h100")).unwrap();
+    s.schedule(0);
+    s.lease_ended(t, lease_of(&s, a), LeaseEnd::Completed)
+        .unwrap();
+    assert!(!s.budget_spent(gx, t), "the same time on H100s spends half");
+}
+
+#[test]
+fn a_lease_keeps_the_weight_it_started_with_through_a_snapshot() {
+    let (cfg, n) = typed(&["h100", "b300"], &[("b300", 1.5)]);
+    let mut s = Scheduler::new(cfg.clone(), two_teams(), n).unwrap();
+    let a = s.submit(0, on_type("x", 4, "b300")).unwrap();
+    s.schedule(0);
+    let f = s.facts();
+    // Weights change across the restart: the running lease ends charging what it
+    // started charging, so the ledger's rate returns to zero.
+    let later = PolicyConfig {
+        gpu_hour_weight: [("b300".to_string(), 3.0)].into(),
+        ..cfg
+    };
+    let mut s = Scheduler::from_facts(later, two_teams(), &f).unwrap();
+    s.lease_ended(HOUR, lease_of(&s, a), LeaseEnd::Completed)
+        .unwrap();
+    let gx = s.tree().find("x").unwrap();
+    assert_eq!(s.usage_gpu_secs(gx, HOUR), 1.5 * 4.0 * 3600.0);
+    assert_eq!(
+        s.usage_gpu_secs(gx, 2 * HOUR),
+        1.5 * 4.0 * 3600.0,
+        "nothing held after"
+    );
+}
+
+#[test]
+fn a_weight_out_of_range_is_refused_naming_the_field() {
+    for (t, w) in [("b300", 0.0), ("b300", f64::NAN), ("B300", 1.0)] {
+        let (cfg, n) = typed(&["b300"], &[(t, w)]);
+        let Err(e) = Scheduler::new(cfg, two_teams(), n) else {
+            panic!("{t} = {w} was accepted");
+        };
+        assert!(e.to_string().contains("policy.gpu_hour_weight"), "{e}");
+    }
+}
+
+#[test]
+fn a_node_list_places_only_on_its_nodes_and_an_excluded_node_never() {
+    let mut s = sched(two_teams(), nodes("c", 3, 8));
+    let listed = |only: &[&str], exclude: &[&str]| allot_fairshare::WorkloadSpec {
+        select: allot_fairshare::select::Select {
+            nodelist: only.iter().map(|n| n.to_string()).collect(),
+            exclude: exclude.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        },
+        ..job("x", 2, HOUR)
+    };
+    let a = s.submit(0, listed(&["c-2"], &[])).unwrap();
+    let b = s.submit(0, listed(&[], &["c-0", "c-1"])).unwrap();
+    let c = s.submit(0, listed(&["c-1", "c-2"], &["c-2"])).unwrap();
+    s.schedule(0);
+    let node_of = |w| {
+        let n = s.lease(lease_of(&s, w)).unwrap().placement[0].node;
+        s.cluster().node(n).spec.name.clone()
+    };
+    assert_eq!(node_of(a), "c-2");
+    assert_eq!(
+        node_of(b),
+        "c-2",
+        "best fit would pick c-0 or c-1 otherwise"
+    );
+    assert_eq!(node_of(c), "c-1");
+    // Nine GPUs only one listed node of 8 could hold: refused at submit, naming the
+    // field; so is a node nobody has.
+    let e = s.submit(1, listed(&["nope"], &[])).unwrap_err().to_string();
+    assert!(e.contains("nodelist") && e.contains("\"nope\""), "{e}");
+    let e = s
+        .submit(1, listed(&["c-0"], &["c-0"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("nodelist") && e.contains("a name outside c-0"),
+        "{e}"
+    );
+    let gang = allot_fairshare::WorkloadSpec {
+        nodes: 2,
+        ..listed(&["c-0"], &[])
+    };
+    let e = s.submit(1, gang).unwrap_err().to_string();
+    assert!(e.contains("nodes"), "{e}");
+}

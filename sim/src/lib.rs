@@ -102,6 +102,8 @@ struct Run {
     wid: WorkloadId,
     start: Time,
     gpus: u64,
+    /// Its GPUs weighted by type, in thousandths (what its team receives).
+    weighted: u64,
     team: usize,
     /// Its class, an index of the report's.
     class: usize,
@@ -456,6 +458,7 @@ pub fn run(
                         wid: workload,
                         start: t,
                         gpus: u64::from(job.spec.total_gpus()),
+                        weighted: core.lease(lease).map_or(0, |l| l.weighted),
                         team,
                         class,
                         funded,
@@ -463,7 +466,7 @@ pub fn run(
                         revokes: 0,
                     };
                     rep.wait_ends(team, class, r.gpus);
-                    recv[team] += r.gpus;
+                    recv[team] += r.weighted;
                     busy += r.gpus;
                     if !funded {
                         busy_unfunded += r.gpus;
@@ -504,8 +507,17 @@ pub fn run(
             }
         }
         if entitlement_dirty {
-            let capacity = total_gpus.saturating_sub(down_gpus) as f64;
-            let demand: Vec<f64> = core.demand().iter().map(|&x| x as f64).collect();
+            // In weighted GPUs (`gpu_hour_weight`), GPUs up and wanted counted at the
+            // cluster's mean weight: what a team waits for has no type until it runs.
+            let mean_weight = core.cluster().total_weighted() as f64
+                / allot_fairshare::config::MILLI as f64
+                / core.cluster().total_gpus().max(1) as f64;
+            let capacity = total_gpus.saturating_sub(down_gpus) as f64 * mean_weight;
+            let demand: Vec<f64> = core
+                .demand()
+                .iter()
+                .map(|&x| x as f64 * mean_weight)
+                .collect();
             let alloc = water_fill(&tree, capacity, &demand);
             for (i, team) in teams.iter().enumerate() {
                 ent[i] = alloc[team.idx()];
@@ -560,8 +572,13 @@ fn release(
     busy_unfunded: &mut u64,
     r: &Run,
 ) {
-    rep.ran(r.team, r.class, r.funded, r.gpus * (t - r.start));
-    recv[r.team] -= r.gpus;
+    rep.ran(
+        r.team,
+        r.class,
+        r.funded,
+        r.weighted * (t - r.start) / allot_fairshare::config::MILLI,
+    );
+    recv[r.team] -= r.weighted;
     *busy -= r.gpus;
     if !r.funded {
         *busy_unfunded -= r.gpus;

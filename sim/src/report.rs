@@ -1,5 +1,6 @@
 //! What a simulation run shows: fairness per team, occupancy, waits, preemptions.
 
+use allot_fairshare::config::MILLI;
 use allot_fairshare::time::{Secs, Time, HOUR};
 use allot_fairshare::tree::{GroupId, OrgTree};
 use serde::Serialize;
@@ -236,7 +237,9 @@ impl Builder {
         }
     }
 
-    /// Adds the interval [from, to) at constant allocation.
+    /// Adds the interval [from, to) at constant allocation: `recv`, each team's GPUs
+    /// weighted by type in thousandths (`gpu_hour_weight`), `ent` its entitlement in
+    /// weighted GPUs, `busy` GPUs.
     pub fn integrate(
         &mut self,
         from: Time,
@@ -250,10 +253,11 @@ impl Builder {
             return;
         }
         let dt = (to - from) as f64;
-        for i in 0..recv.len() {
-            self.received[i] += recv[i] as f64 * dt;
-            self.entitled[i] += ent[i] * dt;
-            let gap = ent[i] - recv[i] as f64;
+        let held = |i: usize| recv[i] as f64 / MILLI as f64;
+        for (i, &ent) in ent.iter().enumerate().take(recv.len()) {
+            self.received[i] += held(i) * dt;
+            self.entitled[i] += ent * dt;
+            let gap = ent - held(i);
             if gap <= 0.0 {
                 continue;
             }
@@ -277,7 +281,7 @@ impl Builder {
                         s.push(if busy == 0 {
                             0.0
                         } else {
-                            recv[i] as f64 / busy as f64
+                            held(i) / busy as f64
                         });
                     }
                 }
@@ -705,12 +709,12 @@ mod tests {
         b.wait_begins(0, batch, 6);
         b.wait_begins(0, debug, 2);
         // An hour 8 GPUs short of entitlement: 6 to batch, 2 to debug.
-        b.integrate(0, HOUR, &[4], &[12.0], 4, 0);
+        b.integrate(0, HOUR, &[4_000], &[12.0], 4, 0);
         b.wait_ends(0, debug, 2);
         // An hour 2 short: all of it to batch, which alone waits now.
-        b.integrate(HOUR, 2 * HOUR, &[10], &[12.0], 10, 0);
+        b.integrate(HOUR, 2 * HOUR, &[10_000], &[12.0], 10, 0);
         // An hour 8 above entitlement: nothing taken back.
-        b.integrate(2 * HOUR, 3 * HOUR, &[12], &[4.0], 12, 0);
+        b.integrate(2 * HOUR, 3 * HOUR, &[12_000], &[4.0], 12, 0);
         let r = b.finish("fairshare", "t", 1, 1, 3 * HOUR);
         let t = &r.teams[0];
         assert_eq!(t.shortfall_gpu_hours.get("batch"), Some(&8.0));
@@ -742,9 +746,9 @@ mod tests {
     fn no_shortfall_without_waiting_work_or_below_entitlement() {
         let mut b = one_team();
         let batch = b.class_index("batch");
-        b.integrate(0, HOUR, &[4], &[12.0], 4, 0);
+        b.integrate(0, HOUR, &[4_000], &[12.0], 4, 0);
         b.wait_begins(0, batch, 8);
-        b.integrate(HOUR, 2 * HOUR, &[12], &[12.0], 12, 0);
+        b.integrate(HOUR, 2 * HOUR, &[12_000], &[12.0], 12, 0);
         let r = b.finish("fairshare", "t", 1, 1, 2 * HOUR);
         assert!(r.teams[0].shortfall_gpu_hours.is_empty());
         assert!(r.table().contains("mostly waiting"));

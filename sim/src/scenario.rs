@@ -36,6 +36,9 @@ pub struct ClusterSpec {
     /// Memory per node, GB.
     #[serde(default = "default_mem")]
     pub memory_gb_per_node: u32,
+    /// Its GPUs' type (`h100`, `b300`), as agents report it; empty: not said.
+    #[serde(default)]
+    pub gpu_type: String,
 }
 
 fn default_cpu() -> u32 {
@@ -180,6 +183,10 @@ pub struct ClassSpec {
     /// GB of memory per GPU requested.
     #[serde(default = "default_mem_per_gpu")]
     pub mem_per_gpu_gb: u32,
+    /// GPU type asked (`--gpu-type`) → probability weight; `any` asks none
+    /// (default: always any).
+    #[serde(default)]
+    pub gpu_types: BTreeMap<String, f64>,
 }
 
 fn default_cpu_per_gpu() -> u32 {
@@ -590,6 +597,19 @@ impl Scenario {
                     }
                 }
             }
+            for (t, w) in &c.gpu_types {
+                let known = t == "any" || self.clusters.iter().any(|k| k.gpu_type == *t);
+                if !(known && w.is_finite() && *w >= 0.0) {
+                    return Err(err(
+                        &path("gpu_types"),
+                        at("gpu_types"),
+                        format!(
+                            "entry {t} = {w}: keys are GPU types a [[clusters]] table has \
+                             (gpu_type), or any, and weights non-negative numbers"
+                        ),
+                    ));
+                }
+            }
             if c.gpus.is_empty() {
                 return Err(err(
                     &path("gpus"),
@@ -717,6 +737,7 @@ impl Scenario {
                     gpus: c.gpus_per_node,
                     cpu: c.cpu_per_node,
                     memory_gb: c.memory_gb_per_node,
+                    gpu_type: c.gpu_type.clone(),
                     ..Default::default()
                 });
             }
@@ -814,6 +835,7 @@ impl Scenario {
             } else {
                 weighted_keys::<i32>(&c.priority)
             };
+            let (tk, tw): (Vec<&String>, Vec<f64>) = c.gpu_types.iter().unzip();
             let mean_gap = 3_600.0 / (c.arrivals_per_hour * self.load);
             let mut t = 0.0;
             let mut seq = 0u64;
@@ -846,6 +868,15 @@ impl Scenario {
                 } else {
                     format!("{}-user", team.name)
                 };
+                // After the user, and only where asked, for the same reason.
+                let gpu_types = if tk.is_empty() {
+                    Vec::new()
+                } else {
+                    match tk[rng.pick(&tw)].as_str() {
+                        "any" => Vec::new(),
+                        t => vec![t.to_string()],
+                    }
+                };
                 seq += 1;
                 jobs.push((
                     submit,
@@ -867,7 +898,10 @@ impl Scenario {
                             resumable,
                             priority,
                             no_requeue: false,
-                            ..Default::default()
+                            select: allot_fairshare::select::Select {
+                                gpu_types,
+                                ..Default::default()
+                            },
                         },
                         line: 0,
                     },

@@ -2,7 +2,8 @@
 //! seeds, against two baselines and the targets it must meet.
 //!
 //! Each scenario runs under allot's **default** policy (its own `[policy]` table is
-//! not read: the suite judges one policy for every workload; `--set key=value` tries
+//! not read, but for `gpu_hour_weight`, which describes its GPUs: the suite judges
+//! one policy for every workload; `--set key=value` tries
 //! another value of a key everywhere at once), under the static-priority baseline,
 //! and under FIFO with EASY backfill (what a Slurm site runs; work-conserving). Every
 //! measure is printed as min / median / max over the seeds; each target is checked
@@ -472,6 +473,17 @@ pub(crate) fn figures_of(
         .collect()
 }
 
+/// The policy a scenario runs under: `config`, with the scenario's own
+/// `gpu_hour_weight` unless `config` sets one, since weights describe a scenario's
+/// GPUs rather than the policy being judged.
+fn judged(scenario: &PolicyConfig, config: &PolicyConfig) -> PolicyConfig {
+    let mut p = config.clone();
+    if p.gpu_hour_weight.is_empty() {
+        p.gpu_hour_weight = scenario.gpu_hour_weight.clone();
+    }
+    p
+}
+
 /// Every run, on as many threads as the machine has cores, largest scenarios first.
 pub(crate) fn run_all(
     entries: &[Entry],
@@ -493,7 +505,7 @@ pub(crate) fn run_all(
         } = tasks[order[i]];
         let entry = &entries[e];
         let mut scenario = entry.scenario.clone();
-        scenario.policy = configs[config].clone();
+        scenario.policy = judged(&entry.scenario.policy, &configs[config]);
         let r = crate::pool::run_timed(&scenario, entry.trace.as_ref(), kind, seed)
             .map(|r| Figures::of(&r))
             .with_context(|| format!("{} {} seed {seed}", entry.name, kind.name()));

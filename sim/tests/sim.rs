@@ -259,6 +259,7 @@ fn every_shipped_scenario_parses() {
     let expected = [
         "ai2",
         "ai2-100k",
+        "ai2-mixed",
         "faults",
         "light-month",
         "llm-lab",
@@ -434,4 +435,19 @@ fn a_team_of_several_users_spreads_its_work_over_them() {
         .all(|j| j.spec.user.ends_with("-user")));
     let e = Scenario::parse(&text.replace("users = 3", "users = 0"), "users.toml").unwrap_err();
     assert!(e.to_string().contains("teams (juliet).users"), "{e}");
+}
+
+#[test]
+fn a_class_may_ask_only_for_a_gpu_type_some_cluster_has() {
+    let text = "extends = \"ai2\"\n[[clusters]]\nname = \"c\"\nnodes = 2\ngpus_per_node = 8\ngpu_type = \"b300\"\n[[classes]]\nname = \"x\"\narrivals_per_hour = 1\ngpus = { 8 = 1.0 }\nduration = { dist = \"uniform\", min = \"1h\", max = \"2h\" }\nmin_runtime = \"0s\"\ngpu_types = { TYPE = 1.0 }\n";
+    let ok = Scenario::parse(&text.replace("TYPE", "b300"), "x.toml").expect("b300 exists");
+    assert!(ok
+        .generate(1)
+        .iter()
+        .all(|j| j.spec.select.gpu_types == ["b300"]));
+    assert_eq!(ok.nodes()[0].gpu_type, "b300");
+    let e = Scenario::parse(&text.replace("TYPE", "a100"), "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gpu_types") && e.contains("a100"), "{e}");
 }

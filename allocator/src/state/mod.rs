@@ -123,6 +123,8 @@ pub struct TreeView {
     pub window_hours: f64,
     /// GPUs in the cluster.
     pub capacity_gpus: u32,
+    /// GPUs in the cluster, each weighted by its type (`gpu_hour_weight`).
+    pub weighted_capacity_gpus: f64,
     /// The part of the window the ledger has recorded, hours.
     pub covered_hours: f64,
     /// How far ahead the current allocation is counted, hours.
@@ -664,6 +666,8 @@ impl Allocator {
             None => 0.0,
         };
         let capacity = self.core.cluster().total_gpus();
+        let weighted =
+            self.core.cluster().total_weighted() as f64 / allot_fairshare::config::MILLI as f64;
         let window_h = self.core.config().lookback as f64 / 3600.0;
         let mut running = vec![0u32; tree.len()];
         let mut pending = vec![0u32; tree.len()];
@@ -692,7 +696,7 @@ impl Allocator {
                     .unwrap_or_default(),
                 weight: grp.weight,
                 share: grp.share,
-                entitled_gpu_hours: grp.share * capacity as f64 * window_h,
+                entitled_gpu_hours: grp.share * weighted * window_h,
                 served_gpu_hours: self.core.usage_gpu_secs(g, now) / 3600.0,
                 ratio: ratios.get(g.idx()).copied().unwrap_or(0.0),
                 running_gpus: running[g.idx()],
@@ -707,6 +711,7 @@ impl Allocator {
             groups,
             window_hours: window_h,
             capacity_gpus: u32::try_from(capacity).unwrap_or(u32::MAX),
+            weighted_capacity_gpus: weighted,
             covered_hours: covered / 3600.0,
             horizon_hours: cfg.allocation_horizon as f64 / 3600.0,
             ranking_window_hours: ranking_h,

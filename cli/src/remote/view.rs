@@ -590,6 +590,7 @@ pub fn tree_json(t: &GetTreeResponse) -> Value {
     json!({
         "window_hours": t.window_hours,
         "capacity_gpus": t.capacity_gpus,
+        "weighted_capacity_gpus": t.weighted_capacity_gpus,
         "covered_hours": t.covered_hours,
         "horizon_hours": t.horizon_hours,
         "ranking_window_hours": t.ranking_window_hours,
@@ -625,10 +626,27 @@ pub fn share_text(t: &GetTreeResponse) -> String {
         })
         .collect();
     let h = |x: f64| format!("{}h", num(x));
+    // Budgets and ratios count GPUs weighted by type; say so where that differs.
+    let weighted = t.weighted_capacity_gpus;
+    let (capacity, cap) = if weighted > 0.0 && (weighted - f64::from(t.capacity_gpus)).abs() > 1e-9
+    {
+        (
+            format!(
+                "{} GPUs ({} weighted by type)",
+                t.capacity_gpus,
+                num(weighted)
+            ),
+            format!("{} weighted GPUs", num(weighted)),
+        )
+    } else {
+        (
+            format!("{} GPUs", t.capacity_gpus),
+            format!("{} GPUs", t.capacity_gpus),
+        )
+    };
     let mut out = format!(
-        "window: {}, capacity: {} GPUs, history covered: {}, horizon: {}\n",
+        "window: {}, capacity: {capacity}, history covered: {}, horizon: {}\n",
         h(t.window_hours),
-        t.capacity_gpus,
         h(t.covered_hours),
         h(t.horizon_hours)
     );
@@ -654,11 +672,10 @@ pub fn share_text(t: &GetTreeResponse) -> String {
         ""
     };
     out.push_str(&format!(
-        "GPU-hours. BUDGET = SHARE × {cap} GPUs × {w}; RECEIVED = usage in the window.\n\
+        "GPU-hours. BUDGET = SHARE × {cap} × {w}; RECEIVED = usage in the window.\n\
          RATIO = COUNTED / FAIR, lowest served first at each level:\n  \
          COUNTED = {counted_from} + RUNNING × {hz}{drf}\n  \
-         FAIR = SHARE × {cap} GPUs × ({cov} covered + {hz})\n",
-        cap = t.capacity_gpus,
+         FAIR = SHARE × {cap} × ({cov} covered + {hz})\n",
         w = h(t.window_hours),
         hz = h(t.horizon_hours),
         cov = h(t.covered_hours),
@@ -973,6 +990,7 @@ mod tests {
             horizon_hours: 1.0,
             ranking_window_hours: 720.0,
             drf: true,
+            weighted_capacity_gpus: 40.0,
             groups: vec![Group {
                 name: "ml".into(),
                 weight: 3.0,
@@ -989,8 +1007,17 @@ mod tests {
             s.contains("COUNTED = usage over the ratio's own 720h memory (policy.ranking_lookback, not RECEIVED) + RUNNING × 1h (the dominant share of GPU, CPU and memory, in GPU-hours)"),
             "{s}"
         );
+        assert!(
+            s.starts_with("window: 168h, capacity: 32 GPUs (40 weighted by type),"),
+            "{s}"
+        );
+        assert!(
+            s.contains("BUDGET = SHARE × 40 weighted GPUs × 168h"),
+            "{s}"
+        );
         let v = tree_json(&t);
         assert_eq!(v["ranking_window_hours"], 720.0);
+        assert_eq!(v["weighted_capacity_gpus"], 40.0);
         assert_eq!(
             group_line(&t.groups[0]),
             "ml: weight 3, share 75.0%, budget 4032.0 gpu-h, received 3000.5 gpu-h, ratio 0.74"

@@ -32,7 +32,37 @@ fn add_usage_rate(
     }
 }
 
+/// What a lease of `gpus` (`weighted` in thousandths) with `cpu` and `mem` on each
+/// of `nodes` adds to its project's ledger rates; `charged`: funded by the budget.
+fn rates(
+    gpus: u32,
+    cpu: u32,
+    mem: u32,
+    nodes: i64,
+    weighted: u64,
+    charged: bool,
+) -> crate::ledger::Rates {
+    let (gpus, weighted) = (i64::from(gpus), i64::try_from(weighted).unwrap_or(i64::MAX));
+    let funded = |x: i64| if charged { x } else { 0 };
+    [
+        gpus,
+        i64::from(cpu) * nodes,
+        i64::from(mem) * nodes,
+        funded(gpus),
+        weighted,
+        funded(weighted),
+    ]
+}
+
 impl State {
+    /// What pending `w` would hold, for the ratios: its GPUs at the weight of the
+    /// lightest type it may land on, its CPU cores and memory.
+    pub(super) fn request_alloc(&self, w: &Workload) -> [f64; 3] {
+        let [gpus, cpu, mem] = w.spec.alloc();
+        let weight = f64::from(self.cluster.request_weight(&w.sel)) / crate::config::MILLI as f64;
+        [gpus * weight, cpu, mem]
+    }
+
     /// GPUs `user` holds or has claimed on the allowance.
     pub(super) fn allowance_held(&self, user: &str) -> u32 {
         let claimed: u32 = self
@@ -91,9 +121,10 @@ impl State {
 
     /// Whether `project` used its funded GPU budget over the lookback.
     pub(super) fn budget_spent(&self, tree: &OrgTree, project: GroupId, now: Time) -> bool {
-        let used = self.ledger.usage(project, now)[Channel::FundedGpu as usize];
+        // Both sides in weighted thousandths: an hour of a heavy type spends more.
+        let used = self.ledger.usage(project, now)[Channel::WeightedFundedGpu as usize];
         let budget = tree.group(project).share
-            * self.cluster.total_gpus() as f64
+            * self.cluster.total_weighted() as f64
             * self.ledger.model().effective_secs();
         used >= budget
     }
@@ -198,20 +229,13 @@ impl State {
             });
         }
         let nodes = placement.len() as i64;
+        let weighted = self.cluster.weighted(&placement);
+        let charged = funded && !allowance;
         add_usage_rate(
             (&mut self.ledger, &mut self.ranking),
             w.project,
             now,
-            [
-                i64::from(gpus),
-                i64::from(cpu) * nodes,
-                i64::from(mem) * nodes,
-                if funded && !allowance {
-                    i64::from(gpus)
-                } else {
-                    0
-                },
-            ],
+            rates(gpus, cpu, mem, nodes, weighted, charged),
         );
         let allowance = (funded && allowance).then(|| s.user.clone());
         if let Some(user) = &allowance {
@@ -231,6 +255,7 @@ impl State {
             project: w.project,
             placement: placement.clone(),
             gpus,
+            weighted,
             cpu_per_node: cpu,
             mem_per_node: mem,
             start: now,
@@ -269,20 +294,19 @@ impl State {
             });
             self.node_leases[p.node.idx()].retain(|x| x.id != lid);
         }
+        let held = rates(
+            l.gpus,
+            l.cpu_per_node,
+            l.mem_per_node,
+            i64::from(nodes),
+            l.weighted,
+            l.funded && l.allowance.is_none(),
+        );
         add_usage_rate(
             (&mut self.ledger, &mut self.ranking),
             l.project,
             now,
-            [
-                -i64::from(l.gpus),
-                -i64::from(l.cpu_per_node * nodes),
-                -i64::from(l.mem_per_node * nodes),
-                if l.funded && l.allowance.is_none() {
-                    -i64::from(l.gpus)
-                } else {
-                    0
-                },
-            ],
+            held.map(|r| -r),
         );
         if let Some(user) = &l.allowance {
             if let Some(held) = self.allowance.get_mut(user) {

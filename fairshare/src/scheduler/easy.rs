@@ -19,6 +19,7 @@ use super::{Scheduler, State};
 use crate::cluster::{NodeId, NodeState};
 use crate::decision::{Action, Decisions, StartWhy};
 use crate::queue::Shape;
+use crate::select::Selector;
 use crate::time::Time;
 use crate::workload::{LeaseId, WorkloadId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -76,7 +77,9 @@ impl Scheduler {
         // The head's nodes, set aside while work that would outlast the shadow is
         // placed: (node, its claimed bits before).
         let mut hidden: Vec<(NodeId, u64)> = Vec::new();
-        let mut dead: BTreeSet<(u32, u32, u32, u32, bool)> = BTreeSet::new();
+        // Shapes (with what they ask of nodes) found not to fit in this pass.
+        type Key = (u32, u32, u32, u32, Selector, bool);
+        let mut dead: BTreeSet<Key> = BTreeSet::new();
         let mut examined = 0u32;
         let mut after: Bound<(Time, WorkloadId)> = Bound::Unbounded;
         while let Some(&(submit, id)) = fifo.queue.range((after, Bound::Unbounded)).next() {
@@ -93,7 +96,14 @@ impl Scheduler {
             let shape = Shape::of(&w.spec, w.sel);
             let limit = w.spec.time_limit;
             let outlasts = shadow.as_ref().is_some_and(|s| end_by(now, limit) > s.at);
-            let key = (shape.nodes, shape.gpus, shape.cpu, shape.mem, outlasts);
+            let key = (
+                shape.nodes,
+                shape.gpus,
+                shape.cpu,
+                shape.mem,
+                shape.sel,
+                outlasts,
+            );
             if dead.contains(&key) {
                 continue;
             }
@@ -175,7 +185,9 @@ fn shadow_of(
     let c = &st.cluster;
     let usable = |n: NodeId| {
         let x = c.node(n);
-        (x.state == NodeState::Ready).then(|| (x.free().count_ones(), x.healthy.count_ones()))
+        // Only nodes of the types, features and cluster the head asks for.
+        (x.state == NodeState::Ready && c.admits(n, &shape.sel))
+            .then(|| (x.free().count_ones(), x.healthy.count_ones()))
     };
     // GPUs that leases ending so far give back, per node.
     let mut back: BTreeMap<NodeId, u32> = BTreeMap::new();

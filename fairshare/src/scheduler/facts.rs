@@ -130,6 +130,10 @@ pub struct LeaseFacts {
     /// Funded by its user's allowance rather than the project's budget.
     #[serde(default)]
     pub allowance: bool,
+    /// Its weighted GPUs in thousandths (absent from snapshots before GPU weights:
+    /// its GPUs at weight 1, as the ledger it charged counted them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weighted: Option<u64>,
 }
 
 /// Puts `records` back into `ledger`, dropping groups `tree` no longer has.
@@ -193,6 +197,7 @@ impl Scheduler {
                     revoke: l.revoke.as_ref().map(|r| (r.not_before, r.why.clone())),
                     backfill_for: l.backfill_for,
                     allowance: l.allowance.is_some(),
+                    weighted: Some(l.weighted),
                 })
                 .collect(),
             usage: self.usage_records(&self.st.ledger),
@@ -346,12 +351,14 @@ impl Scheduler {
             if l.revoke.is_some() {
                 s.st.revoking.insert(l.id);
             }
+            let gpus: u32 = l.placement.iter().map(|p| p.gpus.count_ones()).sum();
             let lease = Lease {
                 id: l.id,
                 workload: l.workload,
                 project,
                 placement: l.placement.clone(),
-                gpus: l.placement.iter().map(|p| p.gpus.count_ones()).sum(),
+                gpus,
+                weighted: l.weighted.unwrap_or(u64::from(gpus) * crate::config::MILLI),
                 cpu_per_node: cpu,
                 mem_per_node: mem,
                 start: l.start,

@@ -56,7 +56,7 @@ impl Scheduler {
     }
 
     /// Whether some nodes of this cluster could ever hold `spec`; its selector.
-    fn check_fits(&self, spec: &WorkloadSpec) -> Result<Selector, CoreError> {
+    fn check_fits(&mut self, spec: &WorkloadSpec) -> Result<Selector, CoreError> {
         if let Err(SpecError::TooLong { field, value }) = spec.check_contract_length() {
             return Err(CoreError::Impossible {
                 field,
@@ -70,28 +70,49 @@ impl Scheduler {
         // Over node kinds (cluster, size, type and features, with counts), not nodes:
         // the same answer as a scan of every node, at a cost that does not grow with
         // the cluster.
-        let c = &self.st.cluster;
-        let sel = c
+        let sel = self
+            .st
+            .cluster
             .selector(&spec.select)
             .map_err(|(field, why)| CoreError::Unplaceable { field, why })?;
-        let kinds = || {
-            c.kinds()
-                .filter(move |(k, _)| sel.admits(k.cluster, k.type_bit, k.feature_bits))
-        };
+        let c = &self.st.cluster;
+        let admitted = c.kinds_admitted(&sel);
+        let kinds = || admitted.iter().map(|(k, n)| (k, *n));
         if kinds().next().is_none() {
             let s = &spec.select;
-            let mut what = Vec::new();
-            if !s.gpu_types.is_empty() {
-                what.push(format!("GPU type {}", s.gpu_types.join(" or ")));
-            }
-            if !s.features.is_empty() {
-                what.push(format!("features {}", s.features.join(" and ")));
-            }
-            if !s.cluster.is_empty() {
-                what.push(format!("cluster {}", s.cluster));
-            }
+            // Each part asked, named by its field; the error names the first.
+            let asked = [
+                (
+                    "gpu_types",
+                    !s.gpu_types.is_empty(),
+                    format!("GPU type {}", s.gpu_types.join(" or ")),
+                ),
+                (
+                    "constraint",
+                    !s.features.is_empty(),
+                    format!("features {}", s.features.join(" and ")),
+                ),
+                (
+                    "cluster",
+                    !s.cluster.is_empty(),
+                    format!("cluster {}", s.cluster),
+                ),
+                (
+                    "nodelist",
+                    !s.nodelist.is_empty(),
+                    format!("a name in {}", s.nodelist.join(",")),
+                ),
+                (
+                    "exclude",
+                    !s.exclude.is_empty(),
+                    format!("a name outside {}", s.exclude.join(",")),
+                ),
+            ];
+            let mut what = asked.iter().filter(|a| a.1);
+            let field = what.clone().next().map_or("gpu_types", |a| a.0);
+            let what: Vec<&str> = what.by_ref().map(|a| a.2.as_str()).collect();
             return Err(CoreError::Unplaceable {
-                field: "gpu_types",
+                field,
                 why: format!(
                     "no node has {} together; `allot nodes` shows each node's type and features",
                     what.join(", ")

@@ -225,7 +225,8 @@ impl Scheduler {
     /// A scheduler for `tree` over `nodes`, all ready and healthy.
     pub fn new(cfg: PolicyConfig, tree: OrgTree, nodes: Vec<NodeSpec>) -> Result<Self, CoreError> {
         cfg.validate().map_err(CoreError::Config)?;
-        let cluster = Cluster::new(nodes)?;
+        let mut cluster = Cluster::new(nodes)?;
+        cluster.set_gpu_weights(cfg.gpu_weights_milli());
         let n = tree.len();
         Ok(Scheduler {
             st: State {
@@ -381,7 +382,7 @@ impl Scheduler {
     }
 
     /// GPU-seconds `group` consumed over the lookback as of `now` (decayed for the
-    /// half-life model): what `allot share` reports as received.
+    /// half-life model), weighted by type: what `allot share` reports as received.
     pub fn usage_gpu_secs(&self, group: GroupId, now: Time) -> f64 {
         // The ledger charges projects; a team's usage is its projects'.
         self.tree
@@ -390,7 +391,10 @@ impl Scheduler {
             .filter(|p| {
                 group == GroupId::ROOT || **p == group || self.tree.group(**p).path.contains(&group)
             })
-            .map(|p| self.st.ledger.usage(*p, now)[0])
+            .map(|p| {
+                self.st.ledger.usage(*p, now)[Channel::WeightedGpu as usize]
+                    / crate::config::MILLI as f64
+            })
             .sum()
     }
 
@@ -596,7 +600,7 @@ impl Scheduler {
             .iter()
             .filter(|(_, c)| c.kind == ClaimKind::Preemption)
             .filter_map(|(id, _)| self.st.workloads.get(id))
-            .map(|w| (w.project, w.spec.alloc()))
+            .map(|w| (w.project, self.st.request_alloc(w)))
             .collect();
         claimed_alloc.extend(
             self.st

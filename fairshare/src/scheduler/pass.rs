@@ -201,11 +201,6 @@ impl<'c> Pass<'c> {
         backfill_for: Option<WorkloadId>,
         why: StartWhy,
     ) {
-        let alloc = st
-            .workloads
-            .get(&id)
-            .map(|w| w.spec.alloc())
-            .unwrap_or_default();
         let lease = st.start_lease(
             self.now,
             self.cfg.cooldown,
@@ -215,16 +210,23 @@ impl<'c> Pass<'c> {
             backfill_for,
             why,
         );
+        // What it holds as placed: its GPUs weighted by the types it landed on.
+        let held = match &lease {
+            Action::Start { lease, .. } => st.leases.get(lease).map(|l| (l.alloc(), l.gpus)),
+            _ => None,
+        };
         d.actions.push(lease);
-        self.charge(r, p, funded, &alloc);
+        if let Some((alloc, gpus)) = held {
+            self.charge(r, p, funded, &alloc, gpus);
+        }
     }
 
-    /// Counts work placed (or claimed) in this pass: in the ratios at once, and
-    /// against the team's cap under the baseline.
-    fn charge(&mut self, r: &mut Ratios, p: GroupId, funded: bool, alloc: &[f64; 3]) {
+    /// Counts work placed (or claimed) in this pass: in the ratios at once, and its
+    /// `gpus` against the team's cap under the baseline.
+    fn charge(&mut self, r: &mut Ratios, p: GroupId, funded: bool, alloc: &[f64; 3], gpus: u32) {
         r.add(self.tree, p, *alloc);
         if funded {
-            self.team_protected[self.tree.team_of(p).idx()] += alloc[0] as u64;
+            self.team_protected[self.tree.team_of(p).idx()] += u64::from(gpus);
         }
     }
 
@@ -374,7 +376,7 @@ impl<'c> Pass<'c> {
         if w.state != WorkloadState::Pending {
             return;
         }
-        let (alloc, gpus) = (w.spec.alloc(), u64::from(w.spec.total_gpus()));
+        let (alloc, gpus) = (st.request_alloc(w), u64::from(w.spec.total_gpus()));
         let reserved = match st.claims.get(&id).map(|c| c.kind) {
             Some(ClaimKind::Preemption) => {
                 block(st, id, Blocked::WaitingForVictims);
@@ -584,7 +586,7 @@ impl<'c> Pass<'c> {
                 funded: c.funded,
             },
         );
-        self.charge(r, p, c.funded, &c.alloc);
+        self.charge(r, p, c.funded, &c.alloc, shape.gpus * shape.nodes);
         block(st, id, Blocked::WaitingForVictims);
         Preempt::Claimed
     }

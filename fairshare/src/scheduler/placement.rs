@@ -82,7 +82,7 @@ pub(super) fn backfill_placement(
             };
             if avail >= s.gpus
                 && n.takes(s.gpus, s.cpu, s.mem)
-                && n.matches(&s.sel)
+                && st.cluster.admits(p.node, &s.sel)
                 && best.is_none_or(|b| avail < b.0)
             {
                 best = Some((avail, *holder, start, p.node));

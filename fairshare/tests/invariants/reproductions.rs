@@ -111,6 +111,7 @@ fn a_victim_does_not_take_back_within_the_cooldown() {
             headroom: 0.0,
             drain_grace: 0,
             ranking_lookback: 0,
+            b200_weight: 1.0,
         },
     };
     // Projects of tree 1 by index: 0 c, 1 a1, 2 a2, 3 b1.
@@ -127,6 +128,7 @@ fn a_victim_does_not_take_back_within_the_cooldown() {
         fails: false,
         no_requeue: false,
         gpu_type: None,
+        exclude: None,
     };
     let ops = [
         Op::Burst(job(3, 1, 0, true, 33_133), 7),
@@ -177,6 +179,7 @@ fn a_reservation_is_not_its_groups_allocation() {
             headroom: 0.0,
             drain_grace: 0,
             ranking_lookback: 0,
+            b200_weight: 1.0,
         },
     };
     // Projects of tree 2 by index: 0 a, 1 b.
@@ -193,6 +196,7 @@ fn a_reservation_is_not_its_groups_allocation() {
         fails: false,
         no_requeue: false,
         gpu_type: None,
+        exclude: None,
     };
     let ops = [
         Op::Node(0, NodeState::Draining),
@@ -237,6 +241,7 @@ fn equal_ratios_do_not_preempt_both_ways() {
             headroom: 0.0,
             drain_grace: 0,
             ranking_lookback: 0,
+            b200_weight: 1.0,
         },
     };
     // Projects of tree 0 by index: 2 a2, 3 b, 4 a1.
@@ -253,6 +258,7 @@ fn equal_ratios_do_not_preempt_both_ways() {
         fails: false,
         no_requeue: false,
         gpu_type: None,
+        exclude: None,
     };
     let ops = [
         Op::Burst(job(3, 1, 30_482), 3),
@@ -292,6 +298,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             headroom: 0.0,
             drain_grace: 0,
             ranking_lookback: 0,
+            b200_weight: 1.0,
         },
     };
     let ops: Vec<Op> = vec![
@@ -309,6 +316,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             2,
         ),
@@ -327,6 +335,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             fails: false,
             no_requeue: false,
             gpu_type: None,
+            exclude: None,
         }),
         Op::Submit(Sub {
             project: 0,
@@ -341,6 +350,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             fails: false,
             no_requeue: false,
             gpu_type: None,
+            exclude: None,
         }),
         Op::Submit(Sub {
             project: 2,
@@ -355,6 +365,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             fails: false,
             no_requeue: false,
             gpu_type: None,
+            exclude: None,
         }),
         Op::Gpu {
             node: 1,
@@ -376,6 +387,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             fails: false,
             no_requeue: false,
             gpu_type: None,
+            exclude: None,
         }),
         Op::Gpu {
             node: 3,
@@ -396,6 +408,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             fails: false,
             no_requeue: false,
             gpu_type: None,
+            exclude: None,
         }),
         Op::Submit(Sub {
             project: 1,
@@ -410,6 +423,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             fails: false,
             no_requeue: false,
             gpu_type: None,
+            exclude: None,
         }),
         Op::Submit(Sub {
             project: 0,
@@ -424,6 +438,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             fails: false,
             no_requeue: false,
             gpu_type: None,
+            exclude: None,
         }),
         Op::Submit(Sub {
             project: 0,
@@ -438,6 +453,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             fails: false,
             no_requeue: false,
             gpu_type: None,
+            exclude: None,
         }),
         Op::Burst(
             Sub {
@@ -453,6 +469,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             2,
         ),
@@ -470,6 +487,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             3,
         ),
@@ -486,6 +504,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             fails: false,
             no_requeue: false,
             gpu_type: None,
+            exclude: None,
         }),
         Op::Burst(
             Sub {
@@ -501,6 +520,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             4,
         ),
@@ -517,6 +537,7 @@ fn ratios_see_the_leases_a_reservation_start_revokes() {
             fails: false,
             no_requeue: false,
             gpu_type: None,
+            exclude: None,
         }),
         Op::Gpu {
             node: 0,
@@ -556,6 +577,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
             headroom: 0.0,
             drain_grace: 0,
             ranking_lookback: 0,
+            b200_weight: 1.0,
         },
     };
     let ops: Vec<Op> = vec![
@@ -573,6 +595,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             3,
         ),
@@ -591,6 +614,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             4,
         ),
@@ -610,6 +634,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             3,
         ),
@@ -627,6 +652,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             5,
         ),
@@ -645,6 +671,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             2,
         ),
@@ -662,6 +689,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             8,
         ),
@@ -679,6 +707,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             3,
         ),
@@ -696,6 +725,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             4,
         ),
@@ -713,6 +743,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             2,
         ),
@@ -729,6 +760,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
             fails: false,
             no_requeue: false,
             gpu_type: None,
+            exclude: None,
         }),
         Op::Advance(1),
         Op::Advance(54616),
@@ -753,6 +785,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             2,
         ),
@@ -771,6 +804,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             3,
         ),
@@ -789,6 +823,7 @@ fn no_ping_pong_after_later_starts_in_a_pass() {
                 fails: false,
                 no_requeue: false,
                 gpu_type: None,
+                exclude: None,
             },
             2,
         ),

@@ -47,18 +47,20 @@ impl Shell {
         if spec.nodes > 1 {
             self.stats.gang_starts += 1;
         }
-        // Only on nodes of a GPU type it asked for.
+        // Only on nodes of a GPU type it asked for, and none it excluded.
         let wrong = placement.iter().find_map(|p| {
-            let t = &self.sch.cluster().node(p.node).spec.gpu_type;
-            (!spec.select.gpu_types.is_empty() && !spec.select.gpu_types.contains(t))
-                .then(|| (p.node, t.clone()))
+            let n = &self.sch.cluster().node(p.node).spec;
+            let t = &n.gpu_type;
+            ((!spec.select.gpu_types.is_empty() && !spec.select.gpu_types.contains(t))
+                || spec.select.exclude.contains(&n.name))
+            .then(|| (p.node, format!("{t} named {}", n.name)))
         });
         if let Some((node, t)) = wrong {
             self.fail(
                 Prop::Exclusive,
                 format!(
-                    "{lid:?} of {wid:?} asks for {:?} but starts on {node:?}, a {t}",
-                    spec.select.gpu_types
+                    "{lid:?} of {wid:?} asks for {:?} but not {:?}, and starts on {node:?}, a {t}",
+                    spec.select.gpu_types, spec.select.exclude
                 ),
             );
         }

@@ -252,6 +252,30 @@ impl Shell {
                 ));
             }
         }
+        // Each lease charges its GPUs at its nodes' weights, and capacity is every
+        // node's GPUs at its weight.
+        let c = self.sch.cluster();
+        for l in self.sch.leases() {
+            if c.weighted(&l.placement) != l.weighted {
+                bad.push(format!(
+                    "{:?} charges {} weighted, its GPUs weigh {}",
+                    l.id,
+                    l.weighted,
+                    c.weighted(&l.placement)
+                ));
+            }
+        }
+        let capacity: u64 = c
+            .nodes()
+            .filter(|(_, n)| !n.removed)
+            .map(|(_, n)| u64::from(n.spec.gpus) * u64::from(n.weight))
+            .sum();
+        if capacity != c.total_weighted() {
+            bad.push(format!(
+                "weighted capacity {} but the nodes weigh {capacity}",
+                c.total_weighted()
+            ));
+        }
         bad.extend(self.sch.index_errors());
         for b in bad {
             self.fail(Prop::Books, b);

@@ -38,6 +38,8 @@ pub(crate) struct Policy {
     pub(crate) drain_grace: Secs,
     /// The ranking's own memory (`ranking_lookback`; 0: the lookback).
     pub(crate) ranking_lookback: Secs,
+    /// What an hour of the b200 nodes counts for (`gpu_hour_weight`; h100 weighs 1).
+    pub(crate) b200_weight: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -60,6 +62,8 @@ pub(crate) struct Sub {
     pub(crate) no_requeue: bool,
     /// Asks for this GPU type (nodes are h100 but every third, b200).
     pub(crate) gpu_type: Option<&'static str>,
+    /// Excludes this node (`--exclude`; every setup has n0 and n1).
+    pub(crate) exclude: Option<&'static str>,
 }
 
 #[derive(Debug, Clone)]
@@ -98,7 +102,10 @@ fn policy() -> impl Strategy<Value = Policy> {
         prop_oneof![1 => Just(10 * MINUTE), 2 => Just(2 * HOUR), 1 => Just(30 * DAY)],
         prop_oneof![2 => Just(0.0), 1 => Just(0.1), 1 => Just(0.25)],
         prop_oneof![Just(0), Just(HOUR), Just(DAY)],
-        prop_oneof![2 => Just(0), 1 => Just(4 * DAY)],
+        (
+            prop_oneof![2 => Just(0), 1 => Just(4 * DAY)],
+            prop_oneof![2 => Just(1.0), 1 => Just(1.6), 1 => Just(2.5)],
+        ),
     )
         .prop_map(
             |(
@@ -113,7 +120,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                 max_loss_per_gpu,
                 headroom,
                 drain_grace,
-                ranking_lookback,
+                (ranking_lookback, b200_weight),
             )| {
                 Policy {
                     lookback,
@@ -128,6 +135,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                     headroom,
                     drain_grace,
                     ranking_lookback,
+                    b200_weight,
                 }
             },
         )
@@ -158,8 +166,13 @@ fn sub() -> impl Strategy<Value = Sub> {
     (
         sub_untyped(),
         prop_oneof![6 => Just(None), 2 => Just(Some("h100")), 1 => Just(Some("b200"))],
+        prop_oneof![8 => Just(None), 1 => Just(Some("n0")), 1 => Just(Some("n1"))],
     )
-        .prop_map(|(s, gpu_type)| Sub { gpu_type, ..s })
+        .prop_map(|(s, gpu_type, exclude)| Sub {
+            gpu_type,
+            exclude,
+            ..s
+        })
 }
 
 fn sub_untyped() -> impl Strategy<Value = Sub> {
@@ -209,6 +222,7 @@ fn sub_untyped() -> impl Strategy<Value = Sub> {
                 fails,
                 no_requeue,
                 gpu_type: None,
+                exclude: None,
             },
         )
 }
@@ -285,6 +299,7 @@ fn contended() -> impl Strategy<Value = (Setup, Vec<Op>)> {
             fails: false,
             no_requeue: false,
             gpu_type: None,
+            exclude: None,
         });
     let op = prop_oneof![
         4 => (job.clone(), 2u32..=8).prop_map(|(s, n)| Op::Burst(s, n)),
@@ -407,6 +422,7 @@ pub(super) fn policy_config(p: &Policy) -> PolicyConfig {
         protected_headroom: p.headroom,
         drain_grace: p.drain_grace,
         ranking_lookback: p.ranking_lookback,
+        gpu_hour_weight: [("b200".to_string(), p.b200_weight)].into(),
         ..PolicyConfig::default()
     }
 }

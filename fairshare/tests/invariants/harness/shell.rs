@@ -119,6 +119,7 @@ impl Shell {
             no_requeue: s.no_requeue,
             select: allot_fairshare::select::Select {
                 gpu_types: s.gpu_type.into_iter().map(String::from).collect(),
+                exclude: s.exclude.into_iter().map(String::from).collect(),
                 ..Default::default()
             },
         };
@@ -147,6 +148,7 @@ impl Shell {
                         && n.spec.memory_gb >= spec.mem_per_node_gb
                         && (spec.select.gpu_types.is_empty()
                             || spec.select.gpu_types.contains(&n.spec.gpu_type))
+                        && !spec.select.exclude.contains(&n.spec.name)
                 })
                 .count();
             holders >= spec.nodes as usize
