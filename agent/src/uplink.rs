@@ -89,8 +89,8 @@ fn register(sh: &Shared, facts: &HostFacts, advertise_addr: &str) -> pb::AgentMe
 }
 
 /// What this agent understands of allotd's messages (see `Register.protocol`): 3
-/// reads its leases' output for allotd.
-const PROTOCOL: u32 = 3;
+/// reads its leases' output for allotd, 4 runs a start's batch script.
+const PROTOCOL: u32 = 4;
 
 /// Sends to the allocator if the stream is up (otherwise the next register
 /// reconciles).

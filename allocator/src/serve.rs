@@ -109,6 +109,22 @@ const RESEND_LEAVING: Duration = Duration::from_secs(30);
 /// Agents that understand withdrawn revocations and health drains from allotd.
 pub const PROTOCOL_DRAINS: u32 = 2;
 
+/// Agents that run a start's batch script (older ones would run its arguments).
+pub const PROTOCOL_SCRIPTS: u32 = 4;
+
+/// Whether `cmd` starts a lease with a batch script.
+fn has_script(cmd: &Command) -> bool {
+    matches!(cmd, Command::Start(s) if !s.script.is_empty())
+}
+
+/// The lease `cmd` is about (a start's; 0 for others).
+fn cmd_lease(cmd: &Command) -> u64 {
+    match cmd {
+        Command::Start(s) => s.lease,
+        _ => 0,
+    }
+}
+
 /// Whether an agent of `protocol` understands `cmd`; an older agent would misread it
 /// (a withdrawal as a revocation now, a health drain or hold as its operator's drain).
 fn understood(protocol: u32, cmd: &Command) -> bool {
@@ -306,10 +322,14 @@ impl Server {
                 self.notifier.send((**n).clone());
             }
         }
+        let mut refused = Vec::new();
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         for o in outs {
             if let Out::Send { node, cmd } = o {
                 match sessions.get(node) {
+                    Some((_, _, protocol)) if *protocol < PROTOCOL_SCRIPTS && has_script(cmd) => {
+                        refused.push((node.clone(), cmd_lease(cmd), *protocol));
+                    }
                     Some((_, tx, protocol)) if understood(*protocol, cmd) => {
                         let _ = tx.send(Ok(crate::wire::command_pb(cmd)));
                     }
@@ -320,6 +340,29 @@ impl Server {
                         tracing::debug!(node = %node, "no stream; the message waits for reconciliation")
                     }
                 }
+            }
+        }
+        drop(sessions);
+        // An agent too old to run a batch script would run its arguments instead:
+        // its part is refused as the agent itself refuses a start, so the core
+        // offers that size elsewhere until the node changes (an upgraded agent
+        // registers again).
+        for (node, lease, protocol) in refused {
+            tracing::warn!(node = %node, lease, protocol, "a batch script's start refused: the agent is too old to run scripts");
+            let input = Input::LeaseEnded {
+                lease,
+                end: allot_fairshare::LeaseEnd::Refused,
+                reason: format!(
+                    "refused on {node}: its allot-agent is too old to run a batch script; upgrade it"
+                ),
+                node,
+                exit_code: None,
+                signal: None,
+                part: true,
+                leaving: true,
+            };
+            if let Err(e) = self.commit(input) {
+                tracing::warn!(lease, error = %e, "refusal not applied");
             }
         }
     }

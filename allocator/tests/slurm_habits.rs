@@ -582,3 +582,88 @@ fn a_webhook_gets_end_and_fail_notices_and_a_dead_receiver_delays_nothing() {
     );
     assert!(got.try_recv().is_err(), "no third notice");
 }
+
+#[test]
+fn a_batch_scripts_start_is_refused_on_an_agent_too_old_to_run_it_and_runs_once_upgraded() {
+    use allot_proto::v1 as pb;
+    // node-0 enrolled and known, its agent then gone.
+    let mut c = Cluster::start("habits-old-agent", ORG, 1, 1);
+    if let Some(mut a) = c.agents[0].take() {
+        a.kill().expect("kill the agent");
+        a.wait().expect("reap it");
+    }
+    let dir = c.dir.join("old-agent");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let script = dir.join("job.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n#ALLOT --project demo-a\necho ran > ran.txt\n",
+    )
+    .expect("script");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // An agent of protocol 3 (before scripts): a session of node-0's own.
+    let (tx, mut inbox) = rt.block_on(async {
+        let mut s = pb::agent_stream_client::AgentStreamClient::new(c.channel(Some(0)).await);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(pb::AgentMessage {
+            body: Some(pb::agent_message::Body::Register(pb::Register {
+                host: Cluster::node_name(0),
+                gpus: vec![pb::Gpu {
+                    index: 0,
+                    uuid: "GPU-old-0".into(),
+                    ..Default::default()
+                }],
+                protocol: 3,
+                ..Default::default()
+            })),
+        })
+        .expect("queue");
+        let inbox = s
+            .session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+            .await
+            .expect("session")
+            .into_inner();
+        (tx, inbox)
+    });
+    c.wait_connected(1);
+    let v = c.json(&[
+        "submit",
+        "--json",
+        "--chdir",
+        dir.to_str().expect("utf-8"),
+        script.to_str().expect("utf-8"),
+    ]);
+    let id = v["id"].as_str().expect("id").to_string();
+    let refused = wait_for("the refusal in its history", LONG, || {
+        let w = c.status(&id);
+        w["history"]
+            .to_string()
+            .contains("too old to run a batch script")
+            .then_some(w)
+    });
+    assert_eq!(refused["state"], "pending", "{refused}");
+    // The old agent was never told to start it.
+    rt.block_on(async {
+        while let Ok(Some(Ok(m))) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio_stream::StreamExt::next(&mut inbox),
+        )
+        .await
+        {
+            assert!(
+                !matches!(m.body, Some(pb::allocator_message::Body::Start(_))),
+                "a start reached the old agent: {m:?}"
+            );
+        }
+    });
+    drop(tx);
+    // The upgraded agent registers again: the script runs there.
+    c.start_agent(0, 1);
+    c.wait_state(&id, "completed", LONG);
+    let out = std::fs::read_to_string(dir.join("ran.txt")).expect("the script ran");
+    assert_eq!(out.trim(), "ran");
+}
