@@ -92,6 +92,11 @@ pub struct AgentSection {
     /// writable cgroup v2 mount), `off` (process groups only), or a cgroup v2
     /// directory (restart to change).
     pub cgroup: String,
+    /// Where `/metrics` is served in Prometheus text, plain HTTP (`127.0.0.1:9471`;
+    /// `0.0.0.0:9471` for a Prometheus on another host): every GPU under
+    /// dcgm-exporter's names, labelled with the lease and workload holding it.
+    /// Empty: not served (restart to change).
+    pub metrics_listen: String,
 }
 
 impl Default for AgentSection {
@@ -121,6 +126,7 @@ impl Default for AgentSection {
             checkpoint_root: PathBuf::new(),
             max_output_bytes: 1 << 30,
             cgroup: "auto".into(),
+            metrics_listen: String::new(),
         }
     }
 }
@@ -251,6 +257,14 @@ impl AgentConfig {
                 format!("{:?} is not an address or host name; give e.g. \"10.0.0.5\" or \"node-1.cluster.example\", without scheme or port, or leave it empty", a.advertise_addr),
             ));
         }
+        if !a.metrics_listen.is_empty()
+            && a.metrics_listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(err(
+                "agent.metrics_listen",
+                format!("{:?} is not an address and port; give e.g. \"127.0.0.1:9471\", or leave it empty to serve no metrics", a.metrics_listen),
+            ));
+        }
         if a.disk_check_interval == 0 {
             return Err(err(
                 "agent.disk_check_interval",
@@ -305,6 +319,9 @@ impl AgentConfig {
         }
         if a.cgroup != b.cgroup {
             v.push("agent.cgroup");
+        }
+        if a.metrics_listen != b.metrics_listen {
+            v.push("agent.metrics_listen");
         }
         if a.host != b.host || a.cluster != b.cluster || a.advertise_addr != b.advertise_addr {
             v.push("agent.host/cluster");

@@ -371,6 +371,13 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
             cfg.agent.state_dir.clone(),
         ));
     }
+    if !cfg.agent.metrics_listen.is_empty() {
+        let l = tokio::net::TcpListener::bind(&cfg.agent.metrics_listen)
+            .await
+            .with_context(|| format!("binding [agent] metrics_listen {}", cfg.agent.metrics_listen))?;
+        tracing::info!(addr = %cfg.agent.metrics_listen, "serving /metrics");
+        tokio::spawn(crate::metrics::serve(l, shared.clone()));
+    }
     tracing::info!(socket = %cfg.agent.socket.display(), state_dir = %cfg.agent.state_dir.display(), source = %cfg.health.source, "allot-agent ready");
     allot_common::systemd::notify("READY=1");
     let watchdog = allot_common::systemd::watchdog_interval();

@@ -15,6 +15,7 @@ pub mod disk;
 pub mod host;
 pub mod lease;
 pub mod logs;
+pub mod metrics;
 pub mod os;
 pub mod process;
 pub mod procid;

@@ -4,31 +4,13 @@
 //! connections and Watch streams.
 //!
 //! The numbers are copied out under the state's lock ([`Numbers::read`]) and
-//! written after it is released; the HTTP side is hyper behind axum's router, with
-//! a cap on connections and deadlines on each, so a silent scraper holds nothing.
+//! written after it is released; the HTTP side is `allot_common::http` (a cap on
+//! connections and deadlines on each, so a silent scraper holds nothing).
 
 use crate::serve::{now, Server};
 use crate::state::{Counters, GroupView, WAIT_BUCKETS};
 use allot_common::exposition::{Exposition, Kind, CONTENT_TYPE};
 use std::sync::Arc;
-use std::time::Duration;
-
-/// What one scraper may hold.
-#[derive(Debug, Clone, Copy)]
-struct Limits {
-    /// Most scrapes served at once; more wait in the listen backlog.
-    connections: usize,
-    /// Longest a scraper may take to send its request headers.
-    headers: Duration,
-    /// Longest one connection lives, request and answer together.
-    connection: Duration,
-}
-
-const LIMITS: Limits = Limits {
-    connections: 64,
-    headers: Duration::from_secs(5),
-    connection: Duration::from_secs(30),
-};
 
 /// What one scrape shows, copied from the server.
 pub struct Numbers {
@@ -41,6 +23,8 @@ pub struct Numbers {
     gpu_seconds: std::collections::BTreeMap<String, [u64; 2]>,
     notifications: [u64; 3],
     connections: (usize, u64, u64, usize),
+    /// Nodes by scheduling state, and how many of them have their agent connected.
+    nodes: std::collections::BTreeMap<&'static str, (u64, u64)>,
 }
 
 impl Numbers {
@@ -65,7 +49,18 @@ impl Numbers {
             n.dropped.load(std::sync::atomic::Ordering::Relaxed),
         ];
         let core = server.core();
+        let mut nodes: std::collections::BTreeMap<&'static str, (u64, u64)> =
+            ["ready", "draining", "drain-now", "down"]
+                .into_iter()
+                .map(|s| (s, (0, 0)))
+                .collect();
+        for n in core.alloc.nodes().values() {
+            let slot = nodes.entry(crate::state::state_name(n.state)).or_default();
+            slot.0 += 1;
+            slot.1 += u64::from(n.connected);
+        }
         Numbers {
+            nodes,
             notifications,
             groups: core.alloc.tree(now()).groups,
             counters: core.alloc.counters.clone(),
@@ -175,15 +170,15 @@ impl Numbers {
         );
         let (open, refused, idle, watches) = self.connections;
         e.single(
-            "allotd_connections",
+            "allot_connections",
             "Open gRPC connections (CLI, agents, anyone).",
             Kind::Gauge,
             open,
         );
-        e.single("allotd_connections_refused_total", "Connections closed at accept: over server.max_connections_per_peer, max_connections_per_prefix or max_connections.", Kind::Counter, refused);
-        e.single("allotd_connections_idle_closed_total", "Connections closed with no request open: none begun within server.handshake_timeout and first_request_timeout, or none for server.idle_timeout.", Kind::Counter, idle);
+        e.single("allot_connections_refused_total", "Connections closed at accept: over server.max_connections_per_peer, max_connections_per_prefix or max_connections.", Kind::Counter, refused);
+        e.single("allot_connections_idle_closed_total", "Connections closed with no request open: none begun within server.handshake_timeout and first_request_timeout, or none for server.idle_timeout.", Kind::Counter, idle);
         e.single(
-            "allotd_watch_streams",
+            "allot_watch_streams",
             "Open Watch and followed Logs streams.",
             Kind::Gauge,
             watches,
@@ -221,6 +216,33 @@ impl Numbers {
                 .zip(self.notifications),
         );
         e.labelled(
+            "allot_nodes",
+            "Nodes by scheduling state.",
+            Kind::Gauge,
+            "state",
+            self.nodes.iter().map(|(k, v)| (*k, v.0)),
+        );
+        e.labelled(
+            "allot_nodes_connected",
+            "Nodes whose agent has its stream open, by scheduling state.",
+            Kind::Gauge,
+            "state",
+            self.nodes.iter().map(|(k, v)| (*k, v.1)),
+        );
+        e.labelled(
+            "allot_workloads_finished_total",
+            "Workloads ended, by final state.",
+            Kind::Counter,
+            "state",
+            self.counters.finished.iter().map(|(k, v)| (k.as_str(), v)),
+        );
+        e.family(
+            "allot_build_info",
+            "allotd's version (always 1).",
+            Kind::Gauge,
+        )
+        .sample("allot_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1);
+        e.labelled(
             "allot_gated_workloads",
             "Pending workloads kept out of the queue, by gate (held, dependency, singleton, begin-time, array-limit).",
             Kind::Gauge,
@@ -231,9 +253,11 @@ impl Numbers {
     }
 }
 
-/// The routes: `GET /metrics`, anything else 404 naming it.
+/// The routes: `GET /metrics`, `/healthz` (the process answers), `/readyz` (its
+/// state does), anything else 404 naming them.
 fn router(server: Arc<Server>) -> axum::Router {
     use axum::http::{header, StatusCode};
+    let ready = server.clone();
     axum::Router::new()
         .route(
             "/metrics",
@@ -254,41 +278,28 @@ fn router(server: Arc<Server>) -> axum::Router {
                 }
             }),
         )
-        .fallback(|| async { (StatusCode::NOT_FOUND, "try /metrics\n") })
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let server = ready.clone();
+                async move {
+                    // Ready when the state answers: a wedged lock or a store that
+                    // stopped taking writes is not.
+                    match tokio::task::spawn_blocking(move || server.readiness()).await {
+                        Ok(Ok(())) => (StatusCode::OK, "ready\n".to_string()),
+                        Ok(Err(why)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
+                        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
+                    }
+                }
+            }),
+        )
+        .fallback(|| async { (StatusCode::NOT_FOUND, "try /metrics, /healthz or /readyz\n") })
 }
 
 /// Serves `/metrics` on `listener` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, server: Arc<Server>) {
-    serve_within(listener, server, LIMITS).await;
-}
-
-async fn serve_within(listener: tokio::net::TcpListener, server: Arc<Server>, limits: Limits) {
-    let router = router(server);
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections));
-    loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                // Out of descriptors and the like: wait rather than spin.
-                tracing::warn!(error = %e, "metrics: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
-        tokio::spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(limits.headers)
-                .keep_alive(false)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(limits.connection, conn).await;
-            drop(permit);
-        });
-    }
+    allot_common::http::serve(listener, router(server), allot_common::http::SCRAPE).await;
 }
 
 #[cfg(test)]
@@ -297,10 +308,10 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A `/metrics` server on a fresh state dir; the dir goes with the returned guard.
-    const SHORT: Limits = Limits {
+    const SHORT: allot_common::http::Limits = allot_common::http::Limits {
         connections: 4,
-        headers: Duration::from_millis(300),
-        connection: Duration::from_secs(20),
+        headers: std::time::Duration::from_millis(300),
+        connection: std::time::Duration::from_secs(20),
     };
 
     async fn metrics_server() -> (std::net::SocketAddr, std::path::PathBuf) {
@@ -317,7 +328,7 @@ mod tests {
             .await
             .expect("bind");
         let addr = l.local_addr().expect("addr");
-        tokio::spawn(serve_within(l, server, SHORT));
+        tokio::spawn(allot_common::http::serve(l, router(server), SHORT));
         (addr, dir)
     }
 
@@ -369,9 +380,22 @@ mod tests {
             body.contains("# TYPE allot_pending_workloads gauge\nallot_pending_workloads 0\n"),
             "{body}"
         );
+        for line in [
+            "allot_build_info{version=",
+            "allot_nodes{state=\"ready\"} 0",
+            "# TYPE allot_workloads_finished_total counter",
+            "# TYPE allot_connections gauge",
+        ] {
+            assert!(body.contains(line), "{line} missing: {body}");
+        }
+        assert!(!body.contains("allotd_"), "one prefix: {body}");
+        let health = get(addr, "/healthz").await;
+        assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"), "{health}");
+        let ready = get(addr, "/readyz").await;
+        assert!(ready.starts_with("HTTP/1.1 200") && ready.ends_with("ready\n"), "{ready}");
         let other = get(addr, "/other").await;
         assert!(
-            other.starts_with("HTTP/1.1 404") && other.ends_with("try /metrics\n"),
+            other.starts_with("HTTP/1.1 404") && other.ends_with("try /metrics, /healthz or /readyz\n"),
             "{other}"
         );
         let _ = std::fs::remove_dir_all(dir);

@@ -209,6 +209,23 @@ impl Server {
         c.snapshot(now(), &self.cfg.server)
     }
 
+    /// Whether allotd can serve (`/readyz`): its state's lock is taken within 2 s
+    /// (a pass holds it for milliseconds; a wedged one is not ready).
+    pub fn readiness(&self) -> Result<(), String> {
+        let until = Instant::now() + Duration::from_secs(2);
+        loop {
+            match self.core.try_lock() {
+                Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => return Ok(()),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    return Err("the state has been locked for over 2 s".into())
+                }
+            }
+        }
+    }
+
     /// Locks the state (a panic elsewhere must not wedge the service).
     pub fn core(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(|e| e.into_inner())

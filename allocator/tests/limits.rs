@@ -274,7 +274,7 @@ fn two_thousand_idle_connections_do_not_delay_a_new_client() {
     );
     let rt = runtime();
     let idle = rt.block_on(open_idle(&c.addr, 2000));
-    wait_metric(&c, "allotd_connections", 2000, LONG);
+    wait_metric(&c, "allot_connections", 2000, LONG);
     let mut worst = Duration::ZERO;
     for _ in 0..5 {
         worst = worst.max(rt.block_on(time_list(&c, None)));
@@ -286,7 +286,7 @@ fn two_thousand_idle_connections_do_not_delay_a_new_client() {
     );
     // The CLI too, and nothing was closed meanwhile.
     c.json(&["queue", "--json"]);
-    assert_eq!(metric(&c, "allotd_connections_refused_total"), Some(0));
+    assert_eq!(metric(&c, "allot_connections_refused_total"), Some(0));
     assert_eq!(idle.len(), 2000);
 }
 
@@ -335,8 +335,8 @@ fn a_peer_over_its_share_is_closed_at_once_and_other_peers_are_served() {
         (open, closed, idle)
     });
     assert_eq!((open, closed), (256, 1744));
-    wait_metric(&c, "allotd_connections", 256, LONG);
-    assert_eq!(metric(&c, "allotd_connections_refused_total"), Some(1744));
+    wait_metric(&c, "allot_connections", 256, LONG);
+    assert_eq!(metric(&c, "allot_connections_refused_total"), Some(1744));
     // While the 256 stay open, another address (127.0.0.2: another host, as far
     // as allotd can tell) is served at once.
     let other: IpAddr = [127, 0, 0, 2].into();
@@ -405,7 +405,7 @@ fn abandoned_watch_streams_are_freed() {
     let (rt, gone) = (runtime(), runtime());
     let (channels, streams) = watch_all(&rt);
     let (gone_channels, gone_streams) = watch_all(&gone);
-    wait_metric(&c, "allotd_watch_streams", 2000, LONG);
+    wait_metric(&c, "allot_watch_streams", 2000, LONG);
     let rss1 = rss_kib(pid);
     // One more is over the cap, refused by name.
     let e = rt
@@ -420,12 +420,12 @@ fn abandoned_watch_streams_are_freed() {
     // streams must be freed because their clients left. 1,000 are dropped by a
     // client that keeps its connections (each stream reset) ...
     drop(streams);
-    wait_metric(&c, "allotd_watch_streams", 1000, LONG);
+    wait_metric(&c, "allot_watch_streams", 1000, LONG);
     // ... and 1,000 vanish with their client: its runtime and sockets gone, not a
     // stream ended (the handles are kept past the check).
     let t0 = Instant::now();
     drop(gone);
-    wait_metric(&c, "allotd_watch_streams", 0, LONG);
+    wait_metric(&c, "allot_watch_streams", 0, LONG);
     let freed_in = t0.elapsed();
     let rss2 = rss_kib(pid);
     eprintln!(
@@ -496,7 +496,7 @@ async fn held(
 /// prefix cap of 8 holds 8 of `from`, closes the rest, and `other`'s prefix is
 /// its own.
 fn prefix_shares_one_cap(c: &Cluster, to: std::net::SocketAddr, from: &[IpAddr], other: IpAddr) {
-    wait_metric(c, "allotd_connections", 0, LONG);
+    wait_metric(c, "allot_connections", 0, LONG);
     let rt = runtime();
     let (open, closed, _kept) = rt.block_on(async {
         let mut v = Vec::new();
@@ -511,7 +511,7 @@ fn prefix_shares_one_cap(c: &Cluster, to: std::net::SocketAddr, from: &[IpAddr],
         "held {open:?}, closed {closed:?}"
     );
     assert_eq!(
-        metric(c, "allotd_connections_refused_total"),
+        metric(c, "allot_connections_refused_total"),
         Some(from.len() as u64 - 8)
     );
     // Each address was under its own share of 2: the prefix's cap closed them.
@@ -650,7 +650,7 @@ fn one_user_cannot_take_another_users_watch_share() {
         }
         assert!(watch(b.clone()).await.is_err(), "b has five too");
         drop(a_streams.pop());
-        wait_metric_async(&c, "allotd_watch_streams", 9).await;
+        wait_metric_async(&c, "allot_watch_streams", 9).await;
         watch(a).await.expect("a's slot came back");
     });
 }
@@ -677,7 +677,7 @@ fn a_trickled_tls_handshake_is_closed_at_its_deadline() {
         0,
         1,
     );
-    wait_metric(&c, "allotd_connections", 0, LONG);
+    wait_metric(&c, "allot_connections", 0, LONG);
     let rt = runtime();
     let (lasted, sent) = rt.block_on(async {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -707,7 +707,7 @@ fn a_trickled_tls_handshake_is_closed_at_its_deadline() {
         lasted >= Duration::from_millis(2500) && lasted < Duration::from_secs(6),
         "closed after {lasted:?} with handshake_timeout = 3s"
     );
-    wait_metric(&c, "allotd_connections", 0, LONG);
+    wait_metric(&c, "allot_connections", 0, LONG);
     // An honest client is served as before.
     rt.block_on(time_list(&c, None));
 }
@@ -723,8 +723,8 @@ fn pings_keep_no_connection_open_and_an_open_stream_does() {
     );
     let id = c.submit(&["--project", "demo-a", "--gpus", "1"], "sleep 600");
     c.wait_state(&id, "running", LONG);
-    wait_metric(&c, "allotd_connections", 1, LONG); // the agent's
-    let closed = |c: &Cluster| metric(c, "allotd_connections_idle_closed_total").unwrap_or(0);
+    wait_metric(&c, "allot_connections", 1, LONG); // the agent's
+    let closed = |c: &Cluster| metric(c, "allot_connections_idle_closed_total").unwrap_or(0);
     let before = closed(&c);
     let rt = runtime();
     // A client that pings every 300 ms whether or not it has a request open.
@@ -738,7 +738,7 @@ fn pings_keep_no_connection_open_and_an_open_stream_does() {
     // first-request deadlines (4 s after accept).
     let t0 = Instant::now();
     let _silent = rt.block_on(channel_as(&c.token, pinging()));
-    wait_metric(&c, "allotd_connections_idle_closed_total", before + 1, LONG);
+    wait_metric(&c, "allot_connections_idle_closed_total", before + 1, LONG);
     let first = t0.elapsed();
     eprintln!("a pinging connection without a request closed after {first:?}");
     assert!(first >= Duration::from_secs(3), "closed early: {first:?}");
@@ -776,7 +776,7 @@ fn pings_keep_no_connection_open_and_an_open_stream_does() {
     assert_eq!(last.state, pb::WorkloadState::Cancelled as i32, "{last:?}");
     // Once the stream is over, pings keep it no longer: closed idle_timeout later.
     let t1 = Instant::now();
-    wait_metric(&c, "allotd_connections_idle_closed_total", before + 2, LONG);
+    wait_metric(&c, "allot_connections_idle_closed_total", before + 2, LONG);
     let after = t1.elapsed();
     eprintln!(
         "after its stream ended, a pinging connection closed in {after:?} (idle_timeout 10 s)"

@@ -5,7 +5,8 @@
 //! (`sd_notify(3)` and the watchdog period) · [`fields`] (caps on request fields, safe
 //! names) · [`net`] (loopback hosts) · `files` (atomic writes with a mode, feature `files`) · `rlimit` (the descriptor limit, feature `rlimit`) · `sqlite` (opening a state database,
 //! feature `sqlite`) · `logging` (the daemons' tracing set-up, feature `logging`) · `clidocs` (man pages and
-//! completions from clap, feature `clidocs`).
+//! completions from clap, feature `clidocs`) · `http` (a small HTTP listener with
+//! caps and deadlines, feature `http`).
 //! Nothing here decides policy; the fair-share core and the health policy stay in
 //! their own crates.
 
@@ -19,6 +20,8 @@ pub mod fields;
 #[cfg(feature = "files")]
 pub mod files;
 pub mod hostlist;
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod net;

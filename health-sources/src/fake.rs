@@ -9,6 +9,7 @@
 //! at 5m  gpu 4 recovery 1
 //! at 6m  gpu 5 lost
 //! at 9m  gpu 3 reset
+//! at 0s  gpu 0 util 85    # utilisation %, and memory used in proportion
 //! ```
 //!
 //! Times are from the source's start; durations accept `90s`, `10m`, `8h`, `7d`.
@@ -31,6 +32,8 @@ pub enum Fault {
     Lost,
     /// The GPU is reset: back to healthy.
     Reset,
+    /// Utilisation in %, with memory used in proportion (a busy job's GPU).
+    Util(u32),
 }
 
 /// A script line that could not be read.
@@ -72,7 +75,7 @@ impl FakeSource {
             line,
             message,
         };
-        let form = "expected `at TIME gpu N WHAT [VALUE]`, WHAT one of xid N, remap-pending, temp C, recovery N, lost, reset";
+        let form = "expected `at TIME gpu N WHAT [VALUE]`, WHAT one of xid N, remap-pending, temp C, recovery N, util PCT, lost, reset";
         let mut faults = Vec::new();
         for (i, raw) in script.lines().enumerate() {
             let line = raw.split('#').next().unwrap_or("").trim();
@@ -107,6 +110,10 @@ impl FakeSource {
                 "xid" => Fault::Xid(num()?),
                 "temp" => Fault::Temp(num()?),
                 "recovery" => Fault::Recovery(num()?),
+                "util" => match num()? {
+                    p if p <= 100 => Fault::Util(p),
+                    p => return Err(err(i + 1, format!("util {p}: a percentage, 0 to 100"))),
+                },
                 "remap-pending" => Fault::RemapPending,
                 "lost" => Fault::Lost,
                 "reset" => Fault::Reset,
@@ -147,6 +154,11 @@ impl FakeSource {
                 }
                 Fault::Temp(c) => gpu.sample.temperature_c = Some(c),
                 Fault::Recovery(r) => gpu.sample.recovery_action = Some(r),
+                Fault::Util(p) => {
+                    gpu.sample.utilization_pct = Some(p);
+                    gpu.sample.memory_used =
+                        gpu.sample.memory_total.map(|t| t / 100 * u64::from(p));
+                }
                 Fault::Lost => gpu.lost = true,
                 Fault::Reset => {
                     gpu.sample = healthy(g);
@@ -252,6 +264,23 @@ mod tests {
     }
 
     #[test]
+    fn a_scripted_utilisation_shows_in_the_samples() {
+        let mut src = FakeSource::new(2, "at 10s gpu 1 util 85\n", "u").expect("parses");
+        src.advance(5);
+        let util = |src: &FakeSource| {
+            src.sample_all()
+                .into_iter()
+                .map(|s| s.ok().and_then(|s| s.utilization_pct))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(util(&src), [Some(0), Some(0)]);
+        src.advance(10);
+        assert_eq!(util(&src), [Some(0), Some(85)]);
+        let used = src.sample_all()[1].as_ref().ok().and_then(|s| s.memory_used);
+        assert_eq!(used, Some((80u64 << 30) / 100 * 85));
+    }
+
+    #[test]
     fn script_errors_name_the_line() {
         let e =
             FakeSource::new(8, "at 1m gpu 2 xid 79\nat soon gpu 1 lost\n", "f.txt").unwrap_err();
@@ -263,6 +292,8 @@ mod tests {
         assert!(e.message.contains("xid needs a number"), "{e}");
         let e = FakeSource::new(8, "at 5\u{b5} gpu 1 lost\n", "f.txt").unwrap_err();
         assert!(e.message.contains("time"), "{e}");
+        let e = FakeSource::new(8, "at 1m gpu 1 util 101\n", "f.txt").unwrap_err();
+        assert!(e.message.contains("0 to 100"), "{e}");
         let e = FakeSource::new(8, "boom\n", "f.txt").unwrap_err();
         assert!(e.message.starts_with("expected `at TIME"), "{e}");
     }

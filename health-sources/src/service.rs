@@ -198,10 +198,14 @@ impl HealthMonitor {
         g.0.inventory()
     }
 
-    /// Prometheus text for `/metrics`.
-    pub fn metrics(&self) -> String {
+    /// Prometheus text for `/metrics` (see [`allot_health::verdict::HealthPolicy::metrics`]).
+    pub fn metrics(
+        &self,
+        hostname: &str,
+        holder: &dyn Fn(&str) -> Vec<(&'static str, String)>,
+    ) -> String {
         let g = self.shared.policy.lock().unwrap_or_else(|e| e.into_inner());
-        g.0.metrics()
+        g.0.metrics(hostname, holder)
     }
 
     /// The GPU was reset (or the operator says it is fine): its conditions end, and

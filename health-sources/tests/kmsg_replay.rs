@@ -84,10 +84,10 @@ fn a_fall_named_only_by_the_announcement_is_timed_by_its_notice() {
     let p = replay(&log, &m);
     assert_eq!(p.verdict().host, HostVerdict::DrainNow);
     assert!(
-        p.metrics()
+        p.metrics("", &|_| Vec::new())
             .contains("allot_gpu_xid_total{pci_bus_id=\"0000:3b:00\",xid=\"79\"} 1"),
         "{}",
-        p.metrics()
+        p.metrics("", &|_| Vec::new())
     );
     // A reset read after the announcement but before the notice does not cure it.
     m.reset_through.insert("0000:3b:00".into(), 203);

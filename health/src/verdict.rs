@@ -535,42 +535,76 @@ impl HealthPolicy {
         }
     }
 
-    /// Prometheus text: dcgm-exporter's names where a metric means the same, and a
-    /// counter per GPU and XID so a repeated XID is never invisible.
-    pub fn metrics(&self) -> String {
+    /// Prometheus text, under dcgm-exporter's names where a metric means the same
+    /// (`DCGM_FI_DEV_GPU_UTIL`, `_FB_USED`, `_FB_FREE`, `_GPU_TEMP`, `_POWER_USAGE`,
+    /// `_XID_ERRORS`) and its labels (`gpu`, `UUID`, `pci_bus_id`, `Hostname`; the
+    /// model as `model`), so dashboards built for it read these; `holder` adds the labels of the work on a
+    /// GPU by its UUID (dcgm-exporter's pod mapping, for a lease), so utilisation
+    /// joins jobs. allot's own: health state and a counter per GPU and XID, so a
+    /// repeated XID is never invisible.
+    pub fn metrics(&self, hostname: &str, holder: &dyn Fn(&str) -> Vec<(&'static str, String)>) -> String {
         use allot_common::exposition::{Exposition, Kind};
         let mut e = Exposition::new();
-        let samples: Vec<(&String, &GpuSample)> = self
+        // Each GPU's labels, from its last sample (a lost GPU keeps its last one).
+        let labels: Vec<(&String, &Gpu, Vec<(&'static str, String)>)> = self
             .gpus
             .iter()
-            .filter_map(|(p, g)| g.last.as_ref().map(|(_, s)| (p, s)))
+            .map(|(pci, g)| {
+                let s = g.last.as_ref().map(|(_, s)| s);
+                let index = s.and_then(|s| s.index);
+                let uuid = s.map_or(String::new(), |s| s.uuid.clone());
+                let mut l = vec![
+                    ("gpu", index.map_or(String::new(), |i| i.to_string())),
+                    ("UUID", uuid.clone()),
+                    ("pci_bus_id", pci.clone()),
+                    ("Hostname", hostname.to_string()),
+                    // dcgm-exporter's `modelName`, in the snake case promtool asks for.
+                    ("model", s.and_then(|s| s.name.clone()).unwrap_or_default()),
+                ];
+                if !uuid.is_empty() {
+                    l.extend(holder(&uuid));
+                }
+                // What is not known is left out rather than written empty.
+                l.retain(|(_, v)| !v.is_empty());
+                (pci, g, l)
+            })
             .collect();
-        e.family(
-            "DCGM_FI_DEV_GPU_TEMP",
-            "GPU temperature (in C).",
-            Kind::Gauge,
-        );
-        for (p, s) in &samples {
-            if let Some(t) = s.temperature_c {
-                e.sample(
-                    "DCGM_FI_DEV_GPU_TEMP",
-                    &[("pci_bus_id", p), ("UUID", &s.uuid)],
-                    f64::from(t),
-                );
+        fn refs(l: &[(&'static str, String)]) -> Vec<(&'static str, &str)> {
+            l.iter().map(|(k, v)| (*k, v.as_str())).collect()
+        }
+        type Read = fn(&GpuSample) -> Option<f64>;
+        let gauges: [(&str, &str, Read); 5] = [
+            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", |s| s.utilization_pct.map(f64::from)),
+            ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", |s| {
+                s.memory_used.map(|b| (b >> 20) as f64)
+            }),
+            ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", |s| {
+                s.memory_total
+                    .zip(s.memory_used)
+                    .map(|(t, u)| (t.saturating_sub(u) >> 20) as f64)
+            }),
+            ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", |s| s.temperature_c.map(f64::from)),
+            ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", |s| {
+                s.power_mw.map(|mw| f64::from(mw) / 1000.0)
+            }),
+        ];
+        for (name, help, read) in gauges {
+            e.family(name, help, Kind::Gauge);
+            for (_, g, l) in &labels {
+                if let Some(v) = g.last.as_ref().and_then(|(_, s)| read(s)) {
+                    e.sample(name, &refs(l), v);
+                }
             }
         }
+        // dcgm-exporter's DCGM_FI_DEV_PCIE_REPLAY_COUNTER, named as a counter should be.
         e.family(
-            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-            "Total number of PCIe retries.",
-            Kind::Gauge,
+            "allot_gpu_pcie_replays_total",
+            "PCIe retries over the GPU's life.",
+            Kind::Counter,
         );
-        for (p, s) in &samples {
-            if let Some(v) = s.pcie_replay {
-                e.sample(
-                    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-                    &[("pci_bus_id", p), ("UUID", &s.uuid)],
-                    v as f64,
-                );
+        for (_, g, l) in &labels {
+            if let Some(v) = g.last.as_ref().and_then(|(_, s)| s.pcie_replay) {
+                e.sample("allot_gpu_pcie_replays_total", &refs(l), v);
             }
         }
         e.family(
@@ -578,9 +612,9 @@ impl HealthPolicy {
             "Value of the last XID error encountered.",
             Kind::Gauge,
         );
-        for (p, g) in &self.gpus {
+        for (_, g, l) in &labels {
             if let Some(x) = g.last_xid {
-                e.sample("DCGM_FI_DEV_XID_ERRORS", &[("pci_bus_id", p)], f64::from(x));
+                e.sample("DCGM_FI_DEV_XID_ERRORS", &refs(l), f64::from(x));
             }
         }
         e.family(
@@ -588,25 +622,23 @@ impl HealthPolicy {
             "GPU state: 0 healthy, 1 degraded, 2 failed.",
             Kind::Gauge,
         );
-        for g in self.verdict().gpus {
-            e.sample(
-                "allot_gpu_health_state",
-                &[("pci_bus_id", &g.pci)],
-                f64::from(g.state as u8),
-            );
+        let verdict = self.verdict();
+        for g in &verdict.gpus {
+            if let Some((_, _, l)) = labels.iter().find(|(p, _, _)| **p == g.pci) {
+                e.sample("allot_gpu_health_state", &refs(l), f64::from(g.state as u8));
+            }
         }
         e.family(
             "allot_gpu_xid_total",
             "XID events per GPU and XID.",
             Kind::Counter,
         );
-        for (p, g) in &self.gpus {
+        for (_, g, l) in &labels {
             for (x, n) in &g.xids {
-                e.sample(
-                    "allot_gpu_xid_total",
-                    &[("pci_bus_id", p), ("xid", &x.to_string())],
-                    n,
-                );
+                let x = x.to_string();
+                let mut l = refs(l);
+                l.push(("xid", &x));
+                e.sample("allot_gpu_xid_total", &l, n);
             }
         }
         e.finish()

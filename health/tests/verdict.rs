@@ -80,7 +80,7 @@ fn application_xids_are_counted_not_drained() {
     p.xid(0, A, 13, "Graphics Exception", None);
     p.xid(1, A, 13, "Graphics Exception", None);
     assert_eq!(p.verdict().host, HostVerdict::Ok);
-    let m = p.metrics();
+    let m = p.metrics("", &|_| Vec::new());
     assert!(
         m.contains("allot_gpu_xid_total{pci_bus_id=\"0000:3b:00\",xid=\"13\"} 2"),
         "{m}"
@@ -247,24 +247,38 @@ fn metrics_use_dcgm_names() {
         0,
         GpuSample {
             pcie_replay: Some(7),
+            index: Some(0),
+            name: Some("NVIDIA H100 80GB HBM3".into()),
+            utilization_pct: Some(55),
+            memory_total: Some(80 << 30),
+            memory_used: Some(1 << 30),
+            power_mw: Some(350_000),
             ..sample(A)
         },
     );
-    let m = p.metrics();
-    assert!(
-        m.contains("DCGM_FI_DEV_GPU_TEMP{pci_bus_id=\"0000:3b:00\",UUID=\"GPU-0000:3b:00\"} 40"),
-        "{m}"
-    );
-    assert!(
-        m.contains(
-            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER{pci_bus_id=\"0000:3b:00\",UUID=\"GPU-0000:3b:00\"} 7"
-        ),
-        "{m}"
-    );
-    assert!(
-        m.contains("allot_gpu_health_state{pci_bus_id=\"0000:3b:00\"} 0"),
-        "{m}"
-    );
+    p.xid(1, "0000:3b:00", 79, "Xid 79: GPU has fallen off the bus", None);
+    let held = |uuid: &str| {
+        if uuid == "GPU-0000:3b:00" {
+            vec![("lease", "L1".to_string()), ("workload", "7".to_string())]
+        } else {
+            Vec::new()
+        }
+    };
+    let m = p.metrics("host-a", &held);
+    let labels = "gpu=\"0\",UUID=\"GPU-0000:3b:00\",pci_bus_id=\"0000:3b:00\",Hostname=\"host-a\",model=\"NVIDIA H100 80GB HBM3\",lease=\"L1\",workload=\"7\"";
+    for line in [
+        format!("DCGM_FI_DEV_GPU_TEMP{{{labels}}} 40"),
+        format!("allot_gpu_pcie_replays_total{{{labels}}} 7"),
+        format!("DCGM_FI_DEV_GPU_UTIL{{{labels}}} 55"),
+        format!("DCGM_FI_DEV_FB_USED{{{labels}}} 1024"),
+        format!("DCGM_FI_DEV_POWER_USAGE{{{labels}}} 350"),
+        format!("DCGM_FI_DEV_XID_ERRORS{{{labels}}} 79"),
+        format!("allot_gpu_xid_total{{{labels},xid=\"79\"}} 1"),
+        "# TYPE DCGM_FI_DEV_GPU_UTIL gauge".to_string(),
+    ] {
+        assert!(m.contains(&line), "{line} not in\n{m}");
+    }
+    assert!(m.contains("allot_gpu_health_state{"), "{m}");
 }
 
 #[test]

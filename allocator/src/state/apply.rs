@@ -818,6 +818,13 @@ impl Allocator {
         };
         let (state, preemptions) = (cw.state, cw.preemptions);
         if let Some(w) = self.work.get_mut(&id) {
+            if state.is_final() && !w.state.is_final() {
+                *self
+                    .counters
+                    .finished
+                    .entry(state.as_str().to_string())
+                    .or_default() += 1;
+            }
             w.state = state;
             w.preemptions = preemptions;
             w.end_reason = how.to_string();

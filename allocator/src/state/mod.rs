@@ -352,18 +352,40 @@ pub struct Counters {
     /// GPU-seconds of ended runs per project: [funded, unfunded] (`/metrics` adds
     /// the running ones' so far).
     pub gpu_seconds: BTreeMap<String, [u64; 2]>,
+    /// Workloads ended, by final state (`completed`, `failed`, `timed-out`, …).
+    pub finished: BTreeMap<String, u64>,
 }
 
-/// Queue-wait histogram buckets, seconds: a minute to a week.
-pub const WAIT_BUCKETS: [u64; 9] = [
-    60, 300, 900, 3_600, 14_400, 43_200, 86_400, 259_200, 604_800,
+/// Queue-wait histogram buckets, seconds: a second to a week, fine below a minute so
+/// that a debug run's promise (started within 60 s) can be read from them.
+pub const WAIT_BUCKETS: [u64; 13] = [
+    1, 5, 15, 30, 60, 300, 900, 3_600, 14_400, 43_200, 86_400, 259_200, 604_800,
 ];
+
+/// The buckets before the sub-minute ones (snapshots of earlier releases): a minute
+/// to a week, the last nine of [`WAIT_BUCKETS`].
+const WAIT_BUCKETS_BEFORE: usize = 9;
+
+/// Reads a histogram's buckets, of this release or the one before.
+fn wait_buckets<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[u64; WAIT_BUCKETS.len()], D::Error> {
+    use serde::de::Error;
+    let v = Vec::<u64>::deserialize(d)?;
+    let mut out = [0; WAIT_BUCKETS.len()];
+    match v.len() {
+        n if n == WAIT_BUCKETS.len() => out.copy_from_slice(&v),
+        WAIT_BUCKETS_BEFORE => out[WAIT_BUCKETS.len() - WAIT_BUCKETS_BEFORE..].copy_from_slice(&v),
+        n => return Err(D::Error::invalid_length(n, &"9 or 13 wait buckets")),
+    }
+    Ok(out)
+}
 
 /// Submit-to-start waits of one class: cumulative bucket counts, sum and count.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct WaitHistogram {
-    /// Waits at or under each of [`WAIT_BUCKETS`].
+    /// Waits at or under each of [`WAIT_BUCKETS`] (a snapshot of an earlier release
+    /// reads with nothing under a minute: what it did not count).
+    #[serde(deserialize_with = "wait_buckets")]
     pub buckets: [u64; WAIT_BUCKETS.len()],
     /// Sum of the waits, seconds.
     pub sum: u64,

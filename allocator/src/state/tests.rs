@@ -1461,3 +1461,45 @@ fn a_node_known_from_before_types_takes_the_type_it_registers_now() {
     a.apply(3, &Input::Schedule).expect("pass");
     assert_eq!(a.workloads()[&id].state, WorkloadState::Running);
 }
+
+#[test]
+fn wait_histograms_of_an_earlier_release_read_with_nothing_under_a_minute() {
+    let old: WaitHistogram =
+        serde_json::from_str(r#"{"buckets":[1,2,3,4,5,6,7,8,9],"sum":100,"count":9}"#)
+            .expect("reads");
+    assert_eq!(old.buckets, [0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    let mut h = WaitHistogram::default();
+    h.add(20);
+    assert_eq!(
+        h.buckets[..5],
+        [0, 0, 0, 1, 1],
+        "a 20 s wait is under 30 s and 60 s, not under 15 s"
+    );
+    let again: WaitHistogram =
+        serde_json::from_str(&serde_json::to_string(&h).expect("writes")).expect("reads");
+    assert_eq!(again.buckets, h.buckets);
+    let e = serde_json::from_str::<WaitHistogram>(r#"{"buckets":[1,2]}"#).unwrap_err();
+    assert!(e.to_string().contains("9 or 13 wait buckets"), "{e}");
+}
+
+#[test]
+fn ended_workloads_are_counted_once_by_final_state() {
+    let mut a = allocator(1);
+    let id = a.apply(0, &batch("demo-a")).expect("accepted").id.expect("id");
+    a.apply(1, &Input::Schedule).expect("pass");
+    let lease = a.workloads()[&id].leases[0];
+    let end = Input::LeaseEnded {
+        lease,
+        end: LeaseEnd::Completed,
+        reason: "done".into(),
+        node: String::new(),
+        exit_code: Some(0),
+        signal: None,
+        part: false,
+        leaving: false,
+    };
+    a.apply(2, &end).expect("ends");
+    let _ = a.apply(3, &end);
+    assert_eq!(a.counters.finished.get("completed"), Some(&1));
+    assert_eq!(a.counters.finished.len(), 1);
+}

@@ -35,12 +35,31 @@ pub struct Cluster {
     pub agents: Vec<Option<Child>>,
     /// Lines added to every agent's `[agent]` table from its next start.
     pub agent_extra: String,
+    /// Each agent's `/metrics` address, when agents serve them
+    /// ([`Cluster::start_metered`]); empty: they do not.
+    pub agent_metrics: Vec<String>,
+    /// Agents serve `/metrics`, and their fake GPU `i` is `40 + i` % busy.
+    pub metered: bool,
 }
 
 impl Cluster {
     /// allotd with `groups` (TOML `[[group]]` tables) and `nodes` agents of `gpus`.
     pub fn start(tag: &str, groups: &str, nodes: usize, gpus: u32) -> Cluster {
         Self::start_with(tag, "lost_grace = \"30s\"", groups, nodes, gpus)
+    }
+
+    /// Like [`Cluster::start`], with every agent serving `/metrics` (addresses in
+    /// `agent_metrics`) and its fake GPU `i` busy at `40 + i` %.
+    pub fn start_metered(tag: &str, groups: &str, nodes: usize, gpus: u32) -> Cluster {
+        let mut c = Self::prepare(tag, "lost_grace = \"30s\"", groups);
+        c.metered = true;
+        c.start_server();
+        for i in 0..nodes {
+            c.agents.push(None);
+            c.start_agent(i, gpus);
+        }
+        c.wait_connected(nodes);
+        c
     }
 
     /// The same, with `server` lines added to `[server]`.
@@ -111,6 +130,8 @@ impl Cluster {
             server: None,
             agents: Vec::new(),
             agent_extra: String::new(),
+            agent_metrics: Vec::new(),
+            metered: false,
         }
     }
 
@@ -234,10 +255,22 @@ impl Cluster {
             std::fs::write(&kmsg, "").expect("kmsg");
         }
         let conf = d.join("agent.toml");
+        let (mut metered, mut source) = (String::new(), format!("fake:{gpus}"));
+        if self.metered {
+            while self.agent_metrics.len() <= i {
+                self.agent_metrics
+                    .push(format!("127.0.0.1:{}", free_port()));
+            }
+            metered = format!("metrics_listen = {:?}\n", self.agent_metrics[i]);
+            let script = d.join("gpus.txt");
+            let lines: String = (0..gpus).map(|g| format!("at 0s gpu {g} util {}\n", 40 + g)).collect();
+            std::fs::write(&script, lines).expect("GPU script");
+            source = format!("fake:{gpus}:{}", script.display());
+        }
         std::fs::write(
             &conf,
             format!(
-                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"https://{}\"\nhost = \"node-{i}\"\ncluster = \"test\"\nterm_grace = \"2s\"\ndefault_grace = \"3s\"\nallow_root = true\n{}[health]\nsource = \"fake:{gpus}\"\ninterval_s = 1\nkmsg = {:?}\n",
+                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"https://{}\"\nhost = \"node-{i}\"\ncluster = \"test\"\nterm_grace = \"2s\"\ndefault_grace = \"3s\"\nallow_root = true\n{}{metered}[health]\nsource = \"{source}\"\ninterval_s = 1\nkmsg = {:?}\n",
                 d.join("agent.sock"),
                 d.join("state"),
                 self.addr,
