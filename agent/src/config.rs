@@ -257,8 +257,7 @@ impl AgentConfig {
                 format!("{:?} is not an address or host name; give e.g. \"10.0.0.5\" or \"node-1.cluster.example\", without scheme or port, or leave it empty", a.advertise_addr),
             ));
         }
-        if !a.metrics_listen.is_empty()
-            && a.metrics_listen.parse::<std::net::SocketAddr>().is_err()
+        if !a.metrics_listen.is_empty() && a.metrics_listen.parse::<std::net::SocketAddr>().is_err()
         {
             return Err(err(
                 "agent.metrics_listen",

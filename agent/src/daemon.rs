@@ -374,7 +374,12 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     if !cfg.agent.metrics_listen.is_empty() {
         let l = tokio::net::TcpListener::bind(&cfg.agent.metrics_listen)
             .await
-            .with_context(|| format!("binding [agent] metrics_listen {}", cfg.agent.metrics_listen))?;
+            .with_context(|| {
+                format!(
+                    "binding [agent] metrics_listen {}",
+                    cfg.agent.metrics_listen
+                )
+            })?;
         tracing::info!(addr = %cfg.agent.metrics_listen, "serving /metrics");
         tokio::spawn(crate::metrics::serve(l, shared.clone()));
     }

@@ -27,13 +27,14 @@ fn holders(sh: &Shared) -> BTreeMap<String, (String, String, String)> {
 pub fn render(sh: &Shared) -> String {
     let held = holders(sh);
     let label = |uuid: &str| {
-        held.get(uuid).map_or_else(Vec::new, |(lease, workload, user)| {
-            vec![
-                ("lease", lease.clone()),
-                ("workload", workload.clone()),
-                ("user", user.clone()),
-            ]
-        })
+        held.get(uuid)
+            .map_or_else(Vec::new, |(lease, workload, user)| {
+                vec![
+                    ("lease", lease.clone()),
+                    ("workload", workload.clone()),
+                    ("user", user.clone()),
+                ]
+            })
     };
     let monitor = sh.monitor.as_ref();
     let gpus = monitor.map(|m| {
@@ -82,7 +83,12 @@ pub fn render(sh: &Shared) -> String {
         "allot_agent_allocator_connected",
         "1 while the stream to allotd is up.",
         Kind::Gauge,
-        u8::from(sh.uplink.lock().unwrap_or_else(|e| e.into_inner()).is_some()),
+        u8::from(
+            sh.uplink
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some(),
+        ),
     );
     e.family(
         "allot_agent_build_info",

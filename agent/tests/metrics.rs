@@ -34,12 +34,17 @@ fn gpu_metrics_carry_dcgm_names_and_the_lease_holding_each_gpu() {
     let mut a = TestAgent::prepare("metrics", &format!("metrics_listen = {addr:?}\n"));
     // GPU i is i × 10 % busy from the start.
     let script = a.dir.join("gpus.txt");
-    let lines: String = (0..8).map(|i| format!("at 0s gpu {i} util {}\n", i * 10)).collect();
+    let lines: String = (0..8)
+        .map(|i| format!("at 0s gpu {i} util {}\n", i * 10))
+        .collect();
     std::fs::write(&script, lines).expect("script");
     let cfg = std::fs::read_to_string(&a.config).expect("config");
     std::fs::write(
         &a.config,
-        cfg.replace("source = \"fake:8\"", &format!("source = \"fake:8:{}\"", script.display())),
+        cfg.replace(
+            "source = \"fake:8\"",
+            &format!("source = \"fake:8:{}\"", script.display()),
+        ),
     )
     .expect("config");
     a.launch();
@@ -62,25 +67,34 @@ fn gpu_metrics_carry_dcgm_names_and_the_lease_holding_each_gpu() {
     // The utilisation script has been sampled once the held GPUs read non-zero
     // (GPU 0 reads 0 whatever happens, so the mean of the two is what is waited on).
     let mean = held.iter().map(|(_, i)| (i * 10) as f64).sum::<f64>() / 100.0 / 2.0;
-    let body = wait_for("the lease's utilisation on /metrics", Duration::from_secs(30), || {
-        let r = get(&addr, "/metrics");
-        r.contains(&format!(
-            "allot_lease_gpu_utilization_ratio{{lease=\"{id}\",workload=\"{id}\",Hostname="
-        ))
-        .then_some(r)
-        .filter(|r| {
-            r.lines().any(|l| {
-                l.starts_with("allot_lease_gpu_utilization_ratio")
-                    && l.ends_with(&format!(" {mean}"))
+    let body = wait_for(
+        "the lease's utilisation on /metrics",
+        Duration::from_secs(30),
+        || {
+            let r = get(&addr, "/metrics");
+            r.contains(&format!(
+                "allot_lease_gpu_utilization_ratio{{lease=\"{id}\",workload=\"{id}\",Hostname="
+            ))
+            .then_some(r)
+            .filter(|r| {
+                r.lines().any(|l| {
+                    l.starts_with("allot_lease_gpu_utilization_ratio")
+                        && l.ends_with(&format!(" {mean}"))
+                })
             })
-        })
-    });
+        },
+    );
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    assert!(body.contains("content-type: text/plain; version=0.0.4"), "{body}");
+    assert!(
+        body.contains("content-type: text/plain; version=0.0.4"),
+        "{body}"
+    );
     for (uuid, index) in &held {
         let line = body
             .lines()
-            .find(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL{") && l.contains(&format!("UUID=\"{uuid}\"")))
+            .find(|l| {
+                l.starts_with("DCGM_FI_DEV_GPU_UTIL{") && l.contains(&format!("UUID=\"{uuid}\""))
+            })
             .unwrap_or_else(|| panic!("no DCGM_FI_DEV_GPU_UTIL for {uuid}:\n{body}"));
         for part in [
             format!("gpu=\"{index}\""),
@@ -95,7 +109,10 @@ fn gpu_metrics_carry_dcgm_names_and_the_lease_holding_each_gpu() {
     // A GPU nobody holds has no lease label.
     let free = body
         .lines()
-        .find(|l| l.starts_with("DCGM_FI_DEV_FB_USED{") && !held.iter().any(|(u, _)| l.contains(u.as_str())))
+        .find(|l| {
+            l.starts_with("DCGM_FI_DEV_FB_USED{")
+                && !held.iter().any(|(u, _)| l.contains(u.as_str()))
+        })
         .expect("a free GPU's memory");
     assert!(!free.contains("lease="), "{free}");
     for family in [

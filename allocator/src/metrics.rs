@@ -241,7 +241,11 @@ impl Numbers {
             "allotd's version (always 1).",
             Kind::Gauge,
         )
-        .sample("allot_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1);
+        .sample(
+            "allot_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))],
+            1,
+        );
         e.labelled(
             "allot_gated_workloads",
             "Pending workloads kept out of the queue, by gate (held, dependency, singleton, begin-time, array-limit).",
@@ -288,7 +292,10 @@ fn router(server: Arc<Server>) -> axum::Router {
                     // stopped taking writes is not.
                     match tokio::task::spawn_blocking(move || server.readiness()).await {
                         Ok(Ok(())) => (StatusCode::OK, "ready\n".to_string()),
-                        Ok(Err(why)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
+                        Ok(Err(why)) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {why}\n"),
+                        ),
                         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
                     }
                 }
@@ -390,12 +397,19 @@ mod tests {
         }
         assert!(!body.contains("allotd_"), "one prefix: {body}");
         let health = get(addr, "/healthz").await;
-        assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"), "{health}");
+        assert!(
+            health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"),
+            "{health}"
+        );
         let ready = get(addr, "/readyz").await;
-        assert!(ready.starts_with("HTTP/1.1 200") && ready.ends_with("ready\n"), "{ready}");
+        assert!(
+            ready.starts_with("HTTP/1.1 200") && ready.ends_with("ready\n"),
+            "{ready}"
+        );
         let other = get(addr, "/other").await;
         assert!(
-            other.starts_with("HTTP/1.1 404") && other.ends_with("try /metrics, /healthz or /readyz\n"),
+            other.starts_with("HTTP/1.1 404")
+                && other.ends_with("try /metrics, /healthz or /readyz\n"),
             "{other}"
         );
         let _ = std::fs::remove_dir_all(dir);

@@ -30,7 +30,9 @@ fn prometheus() -> Option<(String, String)> {
         std::env::var("CI").as_deref() != Ok("true"),
         "prometheus and promtool are not installed; .ci/run installs Debian's prometheus"
     );
-    eprintln!("prometheus.rs: no prometheus on this machine; install Debian's prometheus to run it");
+    eprintln!(
+        "prometheus.rs: no prometheus on this machine; install Debian's prometheus to run it"
+    );
     None
 }
 
@@ -43,8 +45,9 @@ fn get(url: &str) -> String {
 
 /// One instant query's result vector.
 fn query(prom: &str, q: &str) -> Vec<serde_json::Value> {
-    let url = reqwest::Url::parse_with_params(&format!("http://{prom}/api/v1/query"), &[("query", q)])
-        .expect("a query URL");
+    let url =
+        reqwest::Url::parse_with_params(&format!("http://{prom}/api/v1/query"), &[("query", q)])
+            .expect("a query URL");
     let v: serde_json::Value = serde_json::from_str(&get(url.as_str())).expect("JSON");
     assert_eq!(v["status"], "success", "{q}: {v}");
     v["data"]["result"].as_array().cloned().unwrap_or_default()
@@ -119,9 +122,15 @@ fn a_real_prometheus_scrapes_allotd_and_two_agents_and_joins_gpus_to_work() {
         .arg(&rules)
         .output()
         .expect("promtool runs");
-    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let dashboard: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("packaging/grafana/allot-dashboard.json")).expect("dashboard"),
+        &std::fs::read_to_string(root.join("packaging/grafana/allot-dashboard.json"))
+            .expect("dashboard"),
     )
     .expect("the dashboard is JSON");
     let exprs: Vec<String> = dashboard["panels"]
@@ -142,7 +151,10 @@ fn a_real_prometheus_scrapes_allotd_and_two_agents_and_joins_gpus_to_work() {
                 .iter()
                 .find_map(|s| name.strip_suffix(s).filter(|f| families.contains(*f)))
                 .unwrap_or(name);
-            assert!(families.contains(family), "the dashboard reads {name}, which nothing serves: {e}");
+            assert!(
+                families.contains(family),
+                "the dashboard reads {name}, which nothing serves: {e}"
+            );
         }
     }
     // Prometheus, scraping every second.
@@ -167,13 +179,20 @@ fn a_real_prometheus_scrapes_allotd_and_two_agents_and_joins_gpus_to_work() {
         .arg(&config)
         .output()
         .expect("promtool runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let web = format!("127.0.0.1:{}", allot_test_support::free_port());
     let log = std::fs::File::create(dir.join("prometheus.log")).expect("log");
     let _prom = Stop(
         Command::new(&prometheus)
             .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
             .arg(format!("--web.listen-address={web}"))
             .stdout(Stdio::null())
             .stderr(log)
@@ -207,14 +226,26 @@ fn a_real_prometheus_scrapes_allotd_and_two_agents_and_joins_gpus_to_work() {
             &web,
             &format!("avg by (workload) (DCGM_FI_DEV_GPU_UTIL{{workload={whole:?}}})"),
         );
-        r.first().map(|s| s["value"][1].as_str().unwrap_or("").to_string())
+        r.first()
+            .map(|s| s["value"][1].as_str().unwrap_or("").to_string())
     });
     assert_eq!(util, "40.5", "the mean of 40 and 41 %");
     let per_gpu = query(&web, &format!("DCGM_FI_DEV_GPU_UTIL{{workload={whole:?}}}"));
     assert_eq!(per_gpu.len(), 2, "{per_gpu:?}");
-    assert!(per_gpu.iter().all(|s| s["metric"]["Hostname"] == node.as_str()), "{per_gpu:?}");
-    let lease = query(&web, &format!("allot_lease_gpu_utilization_ratio{{workload={whole:?}}}"));
-    assert_eq!(lease.first().map(|s| s["value"][1].clone()), Some(serde_json::json!("0.405")));
+    assert!(
+        per_gpu
+            .iter()
+            .all(|s| s["metric"]["Hostname"] == node.as_str()),
+        "{per_gpu:?}"
+    );
+    let lease = query(
+        &web,
+        &format!("allot_lease_gpu_utilization_ratio{{workload={whole:?}}}"),
+    );
+    assert_eq!(
+        lease.first().map(|s| s["value"][1].clone()),
+        Some(serde_json::json!("0.405"))
+    );
     // Every panel's query runs; the alert rules are loaded and evaluate cleanly.
     for e in &exprs {
         query(&web, e);
@@ -223,18 +254,16 @@ fn a_real_prometheus_scrapes_allotd_and_two_agents_and_joins_gpus_to_work() {
         let v: serde_json::Value =
             serde_json::from_str(&get(&format!("http://{web}/api/v1/rules"))).ok()?;
         let rules = v["data"]["groups"][0]["rules"].as_array()?.clone();
-        rules
-            .iter()
-            .all(|r| r["health"] == "ok")
-            .then_some(rules)
+        rules.iter().all(|r| r["health"] == "ok").then_some(rules)
     });
     assert_eq!(rules.len(), 6, "{rules:?}");
 }
 
 /// An instant query once Prometheus answers at all.
 fn query_when_ready(prom: &str, q: &str) -> Vec<serde_json::Value> {
-    let url = reqwest::Url::parse_with_params(&format!("http://{prom}/api/v1/query"), &[("query", q)])
-        .expect("a query URL");
+    let url =
+        reqwest::Url::parse_with_params(&format!("http://{prom}/api/v1/query"), &[("query", q)])
+            .expect("a query URL");
     reqwest::blocking::get(url)
         .ok()
         .and_then(|r| r.text().ok())

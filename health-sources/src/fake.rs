@@ -276,7 +276,10 @@ mod tests {
         assert_eq!(util(&src), [Some(0), Some(0)]);
         src.advance(10);
         assert_eq!(util(&src), [Some(0), Some(85)]);
-        let used = src.sample_all()[1].as_ref().ok().and_then(|s| s.memory_used);
+        let used = src.sample_all()[1]
+            .as_ref()
+            .ok()
+            .and_then(|s| s.memory_used);
         assert_eq!(used, Some((80u64 << 30) / 100 * 85));
     }
 

@@ -194,6 +194,9 @@ struct Gpu {
     cleared_through_seq: Option<u64>,
 }
 
+/// Labels of a metric sample: (name, value).
+pub type Labels = Vec<(&'static str, String)>;
+
 /// One GPU's verdict.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GpuVerdict {
@@ -542,11 +545,15 @@ impl HealthPolicy {
     /// GPU by its UUID (dcgm-exporter's pod mapping, for a lease), so utilisation
     /// joins jobs. allot's own: health state and a counter per GPU and XID, so a
     /// repeated XID is never invisible.
-    pub fn metrics(&self, hostname: &str, holder: &dyn Fn(&str) -> Vec<(&'static str, String)>) -> String {
+    pub fn metrics(
+        &self,
+        hostname: &str,
+        holder: &dyn Fn(&str) -> Vec<(&'static str, String)>,
+    ) -> String {
         use allot_common::exposition::{Exposition, Kind};
         let mut e = Exposition::new();
         // Each GPU's labels, from its last sample (a lost GPU keeps its last one).
-        let labels: Vec<(&String, &Gpu, Vec<(&'static str, String)>)> = self
+        let labels: Vec<(&String, &Gpu, Labels)> = self
             .gpus
             .iter()
             .map(|(pci, g)| {
@@ -569,21 +576,31 @@ impl HealthPolicy {
                 (pci, g, l)
             })
             .collect();
-        fn refs(l: &[(&'static str, String)]) -> Vec<(&'static str, &str)> {
+        fn refs<'a>(l: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
             l.iter().map(|(k, v)| (*k, v.as_str())).collect()
         }
         type Read = fn(&GpuSample) -> Option<f64>;
         let gauges: [(&str, &str, Read); 5] = [
-            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", |s| s.utilization_pct.map(f64::from)),
-            ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", |s| {
-                s.memory_used.map(|b| (b >> 20) as f64)
+            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", |s| {
+                s.utilization_pct.map(f64::from)
             }),
-            ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", |s| {
-                s.memory_total
-                    .zip(s.memory_used)
-                    .map(|(t, u)| (t.saturating_sub(u) >> 20) as f64)
+            (
+                "DCGM_FI_DEV_FB_USED",
+                "Framebuffer memory used (in MiB).",
+                |s| s.memory_used.map(|b| (b >> 20) as f64),
+            ),
+            (
+                "DCGM_FI_DEV_FB_FREE",
+                "Framebuffer memory free (in MiB).",
+                |s| {
+                    s.memory_total
+                        .zip(s.memory_used)
+                        .map(|(t, u)| (t.saturating_sub(u) >> 20) as f64)
+                },
+            ),
+            ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", |s| {
+                s.temperature_c.map(f64::from)
             }),
-            ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", |s| s.temperature_c.map(f64::from)),
             ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", |s| {
                 s.power_mw.map(|mw| f64::from(mw) / 1000.0)
             }),

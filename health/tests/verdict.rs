@@ -256,7 +256,13 @@ fn metrics_use_dcgm_names() {
             ..sample(A)
         },
     );
-    p.xid(1, "0000:3b:00", 79, "Xid 79: GPU has fallen off the bus", None);
+    p.xid(
+        1,
+        "0000:3b:00",
+        79,
+        "Xid 79: GPU has fallen off the bus",
+        None,
+    );
     let held = |uuid: &str| {
         if uuid == "GPU-0000:3b:00" {
             vec![("lease", "L1".to_string()), ("workload", "7".to_string())]

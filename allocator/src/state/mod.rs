@@ -367,7 +367,9 @@ pub const WAIT_BUCKETS: [u64; 13] = [
 const WAIT_BUCKETS_BEFORE: usize = 9;
 
 /// Reads a histogram's buckets, of this release or the one before.
-fn wait_buckets<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[u64; WAIT_BUCKETS.len()], D::Error> {
+fn wait_buckets<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<[u64; WAIT_BUCKETS.len()], D::Error> {
     use serde::de::Error;
     let v = Vec::<u64>::deserialize(d)?;
     let mut out = [0; WAIT_BUCKETS.len()];

@@ -1485,7 +1485,11 @@ fn wait_histograms_of_an_earlier_release_read_with_nothing_under_a_minute() {
 #[test]
 fn ended_workloads_are_counted_once_by_final_state() {
     let mut a = allocator(1);
-    let id = a.apply(0, &batch("demo-a")).expect("accepted").id.expect("id");
+    let id = a
+        .apply(0, &batch("demo-a"))
+        .expect("accepted")
+        .id
+        .expect("id");
     a.apply(1, &Input::Schedule).expect("pass");
     let lease = a.workloads()[&id].leases[0];
     let end = Input::LeaseEnded {

@@ -263,7 +263,9 @@ impl Cluster {
             }
             metered = format!("metrics_listen = {:?}\n", self.agent_metrics[i]);
             let script = d.join("gpus.txt");
-            let lines: String = (0..gpus).map(|g| format!("at 0s gpu {g} util {}\n", 40 + g)).collect();
+            let lines: String = (0..gpus)
+                .map(|g| format!("at 0s gpu {g} util {}\n", 40 + g))
+                .collect();
             std::fs::write(&script, lines).expect("GPU script");
             source = format!("fake:{gpus}:{}", script.display());
         }
