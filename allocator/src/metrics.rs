@@ -122,16 +122,21 @@ impl Numbers {
                 h.count,
             );
         }
-        e.labelled(
+        // A drain's revocations say whose drain (`drain-now:health` is a GPU fault);
+        // snapshots of earlier releases kept the reason alone.
+        e.family(
             "allot_revocations_total",
-            "Leases revoked, by reason.",
+            "Leases revoked, by reason and, for drains, by cause (health, lost, operator).",
             Kind::Counter,
-            "reason",
-            self.counters
-                .revocations
-                .iter()
-                .map(|(k, v)| (k.as_str(), v)),
         );
+        for (k, v) in &self.counters.revocations {
+            let (reason, cause) = k.split_once(':').unwrap_or((k, ""));
+            let mut labels = vec![("reason", reason)];
+            if !cause.is_empty() {
+                labels.push(("cause", cause));
+            }
+            e.sample("allot_revocations_total", &labels, v);
+        }
         e.labelled(
             "allot_drains_total",
             "Node drains, by who asked.",

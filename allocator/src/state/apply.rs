@@ -463,7 +463,16 @@ impl Allocator {
                 {
                     r.revoked = kind.clone();
                 }
-                *self.counters.revocations.entry(kind).or_default() += 1;
+                let cause = self.drain_cause(&why);
+                *self
+                    .counters
+                    .revocations
+                    .entry(if cause.is_empty() {
+                        kind
+                    } else {
+                        format!("{kind}:{cause}")
+                    })
+                    .or_default() += 1;
                 for (node, _) in self.lease_hosts.get(&lease.0).cloned().unwrap_or_default() {
                     a.send(
                         &node,
@@ -716,6 +725,30 @@ impl Allocator {
         );
         a.notice(Level::Warn, node, text.clone());
         a.audit(0, 0, text);
+    }
+
+    /// Whose drain a drain's revocation carries out, for `/metrics`: `health` (a GPU
+    /// fault, XID 79 among them), `lost`, `operator`; empty for other revocations.
+    fn drain_cause(&self, why: &allot_fairshare::RevokeWhy) -> &'static str {
+        use allot_fairshare::RevokeWhy;
+        let (RevokeWhy::Drain { node } | RevokeWhy::DrainNow { node }) = why else {
+            return "";
+        };
+        let drains = self
+            .names
+            .get(node.idx())
+            .and_then(|n| self.nodes.get(n))
+            .map(|n| &n.drains);
+        let has = |k: &str| drains.is_some_and(|d| d.contains_key(k));
+        if has("health") {
+            "health"
+        } else if has("lost") {
+            "lost"
+        } else if has("cluster-operator") || has("local-operator") || has("operator") {
+            "operator"
+        } else {
+            "other"
+        }
     }
 
     /// Keeps run `lease` of workload `wid` for history and counts its GPU-seconds.

@@ -1507,3 +1507,32 @@ fn ended_workloads_are_counted_once_by_final_state() {
     assert_eq!(a.counters.finished.get("completed"), Some(&1));
     assert_eq!(a.counters.finished.len(), 1);
 }
+
+#[test]
+fn a_drains_revocations_are_counted_by_whose_drain() {
+    let mut a = allocator(2);
+    for _ in 0..2 {
+        let mut job = batch("demo-a");
+        if let Input::Submit { spec, .. } = &mut job {
+            spec.gpus_per_node = 2;
+            spec.min_runtime = 3_600;
+        }
+        a.apply(0, &job).expect("accepted");
+    }
+    a.apply(1, &Input::Schedule).expect("pass");
+    let drain = |node: &str, state, by: &str| Input::NodeState {
+        node: node.into(),
+        state,
+        reason: "test".into(),
+        by: by.into(),
+        author: String::new(),
+    };
+    a.apply(2, &drain("n0", NodeState::DrainNow, "health"))
+        .expect("a GPU fault");
+    a.apply(3, &drain("n1", NodeState::Draining, "cluster-operator"))
+        .expect("maintenance");
+    a.apply(4, &Input::Schedule).expect("pass");
+    let r = &a.counters.revocations;
+    assert_eq!(r.get("drain-now:health"), Some(&1), "{r:?}");
+    assert_eq!(r.get("drain:operator"), Some(&1), "{r:?}");
+}
