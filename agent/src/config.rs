@@ -97,6 +97,12 @@ pub struct AgentSection {
     /// dcgm-exporter's names, labelled with the lease and workload holding it.
     /// Empty: not served (restart to change).
     pub metrics_listen: String,
+    /// A lease whose GPUs stay under this utilisation, %, for `idle_after` is idle:
+    /// allotd hears it and flags it to its owner and operators (reloadable).
+    pub idle_below: u32,
+    /// How long under `idle_below` makes a lease idle; 0: never (reloadable).
+    #[serde(deserialize_with = "de_duration")]
+    pub idle_after: u64,
 }
 
 impl Default for AgentSection {
@@ -127,6 +133,8 @@ impl Default for AgentSection {
             max_output_bytes: 1 << 30,
             cgroup: "auto".into(),
             metrics_listen: String::new(),
+            idle_below: 5,
+            idle_after: 3_600,
         }
     }
 }
@@ -262,6 +270,12 @@ impl AgentConfig {
             return Err(err(
                 "agent.metrics_listen",
                 format!("{:?} is not an address and port; give e.g. \"127.0.0.1:9471\", or leave it empty to serve no metrics", a.metrics_listen),
+            ));
+        }
+        if a.idle_below > 100 {
+            return Err(err(
+                "agent.idle_below",
+                format!("{}: a utilisation in %, 0 to 100 (default 5)", a.idle_below),
             ));
         }
         if a.disk_check_interval == 0 {

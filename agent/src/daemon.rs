@@ -93,6 +93,8 @@ pub fn settings(c: &AgentConfig, cgroups: &Placement, supervisor: &Path) -> Sett
         max_output_bytes: c.agent.max_output_bytes,
         cgroups: cgroups.clone(),
         supervisor: supervisor.to_path_buf(),
+        idle_below_pct: c.agent.idle_below,
+        idle_after_ms: i64::try_from(c.agent.idle_after.saturating_mul(1000)).unwrap_or(i64::MAX),
     }
 }
 
@@ -389,6 +391,8 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     // Free space is measured at once, then every disk_check_interval (and after a
     // reload, which may have moved the threshold).
     let mut next_disk = tokio::time::Instant::now();
+    // Whether leases use their GPUs is read from the samples every health interval.
+    let mut next_use = tokio::time::Instant::now();
     loop {
         // Fed from the contract loop: a wedged host lock stops the pings and systemd
         // restarts the agent (workloads stay: KillMode=process).
@@ -435,6 +439,14 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
             Some((v, inv)) = vrx.recv() => {
                 shared.host().on_verdict(v, inv, now_ms());
                 crate::uplink::send(&shared, crate::uplink::health(&shared));
+            }
+            _ = tokio::time::sleep_until(next_use), if shared.monitor.is_some() => {
+                if let Some(m) = &shared.monitor {
+                    let inventory = m.lock().unwrap_or_else(|e| e.into_inner()).inventory();
+                    shared.host().on_samples(inventory, now_ms());
+                }
+                next_use = tokio::time::Instant::now()
+                    + Duration::from_secs(cfg.health.interval_s.max(1));
             }
             _ = tokio::time::sleep_until(next_disk) => {
                 check_disk(&cfg, &shared);

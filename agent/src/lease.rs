@@ -236,6 +236,11 @@ pub struct LeaseRecord {
     pub output_cut: bool,
     /// How it ended, in words (exit code, signal, OOM, cut output), for the user.
     pub end_detail: String,
+    /// Its GPUs have been under `[agent] idle_below` since then, Unix ms, for at
+    /// least `idle_after` (0: in use).
+    pub idle_since_ms: i64,
+    /// The mean utilisation of its GPUs when it was last found idle or busy, %.
+    pub gpu_util_pct: u32,
 }
 
 impl LeaseRecord {

@@ -55,6 +55,8 @@ pub fn lease_pb(l: &LeaseRecord) -> pb::Lease {
         cgroup: l.cgroup.clone(),
         end_detail: l.end_detail.clone(),
         term_signal: l.signal,
+        idle_since_unix: l.idle_since_ms / 1000,
+        gpu_util_pct: l.gpu_util_pct,
     }
 }
 

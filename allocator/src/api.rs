@@ -1148,6 +1148,19 @@ impl Api {
             Some(pb::agent_message::Body::LeaseStatus(s)) => {
                 let Some(l) = s.lease else { return };
                 if l.state != pb::LeaseState::Ended as i32 {
+                    // A live lease's news for allotd: whether its GPUs are in use
+                    // (a repeat changes nothing and is not journaled).
+                    if let Some(lease) = lease_from_wire(&l.id) {
+                        let input = Input::LeaseUse {
+                            lease,
+                            node: node.to_string(),
+                            idle_since: u64::try_from(l.idle_since_unix).unwrap_or(0),
+                            gpu_util: l.gpu_util_pct,
+                        };
+                        if let Err(e) = self.0.commit(input) {
+                            tracing::warn!(node, error = %e, "lease use not applied");
+                        }
+                    }
                     return;
                 }
                 let Some(lease) = lease_from_wire(&l.id) else {

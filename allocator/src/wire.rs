@@ -114,6 +114,8 @@ pub fn workload_pb(w: &WorkRec, why: (String, &str)) -> pb::Workload {
                 exit_code: r.exit_code,
                 signal: r.signal,
                 detail: r.detail.clone(),
+                idle_since_unix: secs(r.idle_since),
+                gpu_util_pct: r.gpu_util,
             })
             .collect(),
     }

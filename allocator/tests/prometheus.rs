@@ -2,7 +2,8 @@
 //! and two agents: every target is up, each exposition passes `promtool check
 //! metrics`, the running GPUs Prometheus reads are what `allot queue` says, and the
 //! GPU-to-workload join returns the workload's utilisation. Under `CI=true` a
-//! missing Prometheus fails the test; elsewhere the test says so and passes.
+//! missing Prometheus fails the test; elsewhere the test says so and passes. The
+//! same metered cluster shows an idle lease flagged from the agent's samples.
 
 mod support;
 
@@ -270,4 +271,57 @@ fn query_when_ready(prom: &str, q: &str) -> Vec<serde_json::Value> {
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .and_then(|v| v["data"]["result"].as_array().cloned())
         .unwrap_or_default()
+}
+
+#[test]
+fn an_idle_lease_is_flagged_on_its_host_and_in_allotd_and_one_in_use_is_not() {
+    // GPU 0 idle (under 5 %) until 25 s after the agent starts, then busy; GPU 1
+    // busy throughout. Idle means under 5 % for 2 s here.
+    let c = Cluster::start_metered_with(
+        "idle",
+        ORG,
+        1,
+        2,
+        "idle_after = \"2s\"\n",
+        Some("at 0s gpu 0 util 1\nat 0s gpu 1 util 85\nat 25s gpu 0 util 90\n"),
+    );
+    let a = c.submit(&["--project", "demo-a", "--gpus", "1"], "sleep 600");
+    let b = c.submit(&["--project", "demo-a", "--gpus", "1"], "sleep 600");
+    c.wait_state(&a, "running", LONG);
+    c.wait_state(&b, "running", LONG);
+    // The one on GPU 0 is flagged: in its history, in `allot status`, as a notice.
+    let (idle, busy) = wait_for("one lease flagged idle", LONG, || {
+        let flagged = |id: &str| c.status(id)["history"].to_string().contains(" idle for ");
+        match (flagged(&a), flagged(&b)) {
+            (true, false) => Some((a.to_string(), b.to_string())),
+            (false, true) => Some((b.to_string(), a.to_string())),
+            _ => None,
+        }
+    });
+    let w = c.status(&idle);
+    let run = &w["runs"][0];
+    assert!(
+        run["idle_since_unix"].as_i64().is_some_and(|t| t > 0),
+        "{w}"
+    );
+    assert_eq!(run["gpu_util_pct"], 1, "{w}");
+    let text = String::from_utf8_lossy(&c.allot(&["status", &idle]).stdout).to_string();
+    assert!(
+        text.contains("gpus:") && text.contains("GPUs at 1%"),
+        "{text}"
+    );
+    // The same pass of samples would have flagged the busy one: it is not.
+    let other = c.status(&busy);
+    assert!(
+        !other["history"].to_string().contains(" idle for "),
+        "{other}"
+    );
+    assert!(other["runs"][0]["idle_since_unix"].is_null(), "{other}");
+    // GPU 0 gets busy: the lease is in use again.
+    let back = wait_for("busy again", LONG, || {
+        let w = c.status(&idle);
+        w["history"].to_string().contains("busy again").then_some(w)
+    });
+    assert!(back["runs"][0]["idle_since_unix"].is_null(), "{back}");
+    assert_eq!(back["runs"][0]["gpu_util_pct"], 90, "{back}");
 }

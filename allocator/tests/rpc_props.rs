@@ -658,6 +658,8 @@ fn lease() -> BoxedStrategy<pb::Lease> {
                 d(String::new()),
                 d(String::new()),
                 f(m, prop::option::of(1i32..32), opt(i32s())),
+                f(m, Just(0i64), i64s()),
+                f(m, 0u32..=100, any::<u32>().boxed()),
             ),
         )
             .prop_map(
@@ -689,7 +691,7 @@ fn lease() -> BoxedStrategy<pb::Lease> {
                         adopted,
                         end,
                     ),
-                    (cgroup, end_detail, term_signal),
+                    (cgroup, end_detail, term_signal, idle_since_unix, gpu_util_pct),
                 )| pb::Lease {
                     id,
                     workload_id,
@@ -717,6 +719,8 @@ fn lease() -> BoxedStrategy<pb::Lease> {
                     cgroup,
                     end_detail,
                     term_signal,
+                    idle_since_unix,
+                    gpu_util_pct,
                     // What an agent says of a lease's warning is not read back.
                     warn_signal: String::new(),
                     warn_before_s: 0,

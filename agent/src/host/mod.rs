@@ -20,6 +20,7 @@ mod revoke;
 mod start;
 #[cfg(test)]
 mod tests;
+mod usage;
 
 use crate::contract::Terms;
 use crate::lease::LeaseRecord;
@@ -129,6 +130,11 @@ pub struct Settings {
     pub cgroups: crate::cgroup::Placement,
     /// The program that supervises each workload (`allot-agent`).
     pub supervisor: PathBuf,
+    /// A lease whose GPUs stay under this utilisation (%) ...
+    pub idle_below_pct: u32,
+    /// ... for this long (ms) is idle: allotd hears it, and hears again when it is
+    /// busy; 0: never.
+    pub idle_after_ms: i64,
 }
 
 /// What a caller asks to start.
@@ -259,6 +265,9 @@ pub struct Host {
     failed_write: std::sync::Mutex<Option<String>>,
     /// A write failed: the daemon checks the disk at once, not at its next interval.
     check_disk: bool,
+    /// Per live lease, since when (ms) its GPUs have been under `idle_below_pct`
+    /// (not kept across restarts: a restarted agent watches afresh).
+    low_since: BTreeMap<String, i64>,
 }
 
 fn lease_dir(s: &Settings, id: &str) -> PathBuf {

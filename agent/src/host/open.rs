@@ -62,6 +62,7 @@ impl Host {
             changed: std::sync::Mutex::new(Vec::new()),
             failed_write: std::sync::Mutex::new(None),
             check_disk: false,
+            low_since: BTreeMap::new(),
             store,
         };
         if let Err(e) = h.store.prune_events(now_ms) {

@@ -223,6 +223,14 @@ impl Allocator {
                 (*part, *leaving),
                 &mut a,
             )?,
+            Input::LeaseUse {
+                lease,
+                node,
+                idle_since,
+                gpu_util,
+            } => {
+                a.changed = self.lease_use(at, *lease, node, *idle_since, *gpu_util, &mut a);
+            }
             Input::NodeState {
                 node,
                 state,
@@ -725,6 +733,63 @@ impl Allocator {
         );
         a.notice(Level::Warn, node, text.clone());
         a.audit(0, 0, text);
+    }
+
+    /// A running lease's GPUs found idle (`idle_since` > 0) or busy again: kept on
+    /// its run for `allot status`, in its history, and told to operators. Returns
+    /// whether anything changed (a repeat of what is known changes nothing).
+    fn lease_use(
+        &mut self,
+        at: Time,
+        lease: u64,
+        node: &str,
+        idle_since: Time,
+        gpu_util: u32,
+        a: &mut Applied,
+    ) -> bool {
+        // Only a host the lease runs on speaks for it.
+        let on_node = self
+            .lease_hosts
+            .get(&lease)
+            .is_some_and(|h| h.iter().any(|(n, _)| n == node));
+        let Some(wid) = self
+            .core
+            .lease(LeaseId(lease))
+            .map(|l| l.workload.0)
+            .filter(|_| on_node)
+        else {
+            return false;
+        };
+        let Some(run) = self.work.get_mut(&wid).and_then(|w| {
+            w.runs
+                .iter_mut()
+                .rev()
+                .find(|r| r.lease == lease && r.end == 0)
+        }) else {
+            return false;
+        };
+        if run.idle_since == idle_since {
+            return false;
+        }
+        run.idle_since = idle_since;
+        run.gpu_util = Some(gpu_util);
+        let text = if idle_since == 0 {
+            format!(
+                "{} busy again on {node}: its GPUs at {gpu_util}%",
+                lease_wire(lease)
+            )
+        } else {
+            format!(
+                "{} idle for {} on {node}: its GPUs at {gpu_util}%",
+                lease_wire(lease),
+                allot_fairshare::time::format_duration(at.saturating_sub(idle_since))
+            )
+        };
+        a.audit(wid, lease, text.clone());
+        if idle_since != 0 {
+            a.notice(Level::Warn, node, format!("workload {wid}: {text}"));
+        }
+        true
     }
 
     /// Whose drain a drain's revocation carries out, for `/metrics`: `health` (a GPU

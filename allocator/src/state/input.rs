@@ -155,6 +155,18 @@ pub enum Input {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         leaving: bool,
     },
+    /// A lease's host found its GPUs idle (under `[agent] idle_below` for
+    /// `idle_after`) or busy again.
+    LeaseUse {
+        /// Lease.
+        lease: u64,
+        /// The node that saw it.
+        node: String,
+        /// Idle since, Unix s; 0: busy again.
+        idle_since: allot_fairshare::Time,
+        /// The mean utilisation of its GPUs there, %.
+        gpu_util: u32,
+    },
     /// A node's scheduling state changed (operator, health, or lost).
     NodeState {
         /// Node name.

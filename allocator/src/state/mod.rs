@@ -320,6 +320,16 @@ pub struct RunRec {
     /// Why allotd revoked it, when it did (`preempted`, `drain`, `requeued`, ...).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub revoked: String,
+    /// Its GPUs idle since, Unix s, as its host last said (0: in use).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub idle_since: Time,
+    /// The mean utilisation of its GPUs when its host last said idle or busy, %.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_util: Option<u32>,
+}
+
+fn is_zero(t: &Time) -> bool {
+    *t == 0
 }
 
 /// An output pattern with `%x` replaced by the job's name (`allot` when it has

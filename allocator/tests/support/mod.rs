@@ -40,6 +40,8 @@ pub struct Cluster {
     pub agent_metrics: Vec<String>,
     /// Agents serve `/metrics`, and their fake GPU `i` is `40 + i` % busy.
     pub metered: bool,
+    /// The fake GPU source's script for every agent, instead of `40 + i` %.
+    pub gpu_script: Option<String>,
 }
 
 impl Cluster {
@@ -51,8 +53,23 @@ impl Cluster {
     /// Like [`Cluster::start`], with every agent serving `/metrics` (addresses in
     /// `agent_metrics`) and its fake GPU `i` busy at `40 + i` %.
     pub fn start_metered(tag: &str, groups: &str, nodes: usize, gpus: u32) -> Cluster {
+        Self::start_metered_with(tag, groups, nodes, gpus, "", None)
+    }
+
+    /// Like [`Cluster::start_metered`], with `agent_extra` in every agent's
+    /// `[agent]` and, when given, `script` as every agent's fake GPU script.
+    pub fn start_metered_with(
+        tag: &str,
+        groups: &str,
+        nodes: usize,
+        gpus: u32,
+        agent_extra: &str,
+        script: Option<&str>,
+    ) -> Cluster {
         let mut c = Self::prepare(tag, "lost_grace = \"30s\"", groups);
         c.metered = true;
+        c.agent_extra = agent_extra.to_string();
+        c.gpu_script = script.map(String::from);
         c.start_server();
         for i in 0..nodes {
             c.agents.push(None);
@@ -132,6 +149,7 @@ impl Cluster {
             agent_extra: String::new(),
             agent_metrics: Vec::new(),
             metered: false,
+            gpu_script: None,
         }
     }
 
@@ -263,9 +281,11 @@ impl Cluster {
             }
             metered = format!("metrics_listen = {:?}\n", self.agent_metrics[i]);
             let script = d.join("gpus.txt");
-            let lines: String = (0..gpus)
-                .map(|g| format!("at 0s gpu {g} util {}\n", 40 + g))
-                .collect();
+            let lines: String = self.gpu_script.clone().unwrap_or_else(|| {
+                (0..gpus)
+                    .map(|g| format!("at 0s gpu {g} util {}\n", 40 + g))
+                    .collect()
+            });
             std::fs::write(&script, lines).expect("GPU script");
             source = format!("fake:{gpus}:{}", script.display());
         }

@@ -89,6 +89,8 @@ pub(super) fn lease_json(l: &Lease) -> Value {
         })).collect::<Vec<_>>(),
         "cpu_pct": l.cpu_pct,
         "rss_bytes": l.rss_bytes,
+        "idle_since_unix": (l.idle_since_unix > 0).then_some(l.idle_since_unix),
+        "gpu_util_pct": l.gpu_util_pct,
     })
 }
 
@@ -410,6 +412,8 @@ mod tests {
             "cgroup",
             "ended_unix",
             "cpu_pct",
+            "idle_since_unix",
+            "gpu_util_pct",
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }

@@ -156,6 +156,26 @@ fn run_json(r: &allot_proto::v1::Run) -> Value {
         "exit_code": r.exit_code,
         "exit_signal": r.signal,
         "detail": r.detail,
+        "idle_since_unix": (r.idle_since_unix > 0).then_some(r.idle_since_unix),
+        "gpu_util_pct": r.gpu_util_pct,
+    })
+}
+
+/// Whether a running run uses its GPUs, as its host last said: `idle for 1h12m
+/// (since 14:02), GPUs at 0%`, `in use, GPUs at 85%`; `None` before any word.
+fn gpu_use(r: &allot_proto::v1::Run, now: i64) -> Option<String> {
+    if r.end_unix != 0 {
+        return None;
+    }
+    let util = r.gpu_util_pct?;
+    Some(if r.idle_since_unix > 0 {
+        format!(
+            "idle for {} (since {}), GPUs at {util}%",
+            since(r.idle_since_unix, now),
+            when(r.idle_since_unix, now)
+        )
+    } else {
+        format!("in use, GPUs at {util}%")
     })
 }
 
@@ -508,6 +528,11 @@ pub fn status_text(w: &Workload, now: i64) -> String {
         // and GPUs, refusals (`preemptions` counts the fair-share ones).
         ("requeued", requeues(w).to_string()),
         ("funded", yes_no(w.funded).into()),
+    ]);
+    if let Some(u) = w.runs.last().and_then(|r| gpu_use(r, now)) {
+        lines.push(("gpus", u));
+    }
+    lines.extend([
         ("command", or_dash(&shell_join(&s.argv))),
         ("directory", or_dash(&s.cwd)),
     ]);

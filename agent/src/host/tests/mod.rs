@@ -96,6 +96,8 @@ pub(super) fn settings(dir: &Path) -> Settings {
         max_output_bytes: 1 << 20,
         cgroups: crate::cgroup::Placement::At("/cg/allot-test".into()),
         supervisor: "/usr/bin/allot-agent".into(),
+        idle_below_pct: 5,
+        idle_after_ms: 3_600_000,
     }
 }
 
