@@ -5,7 +5,7 @@
 //! counters; and the agent's leases.
 
 use crate::shared::Shared;
-use allot_common::exposition::{Exposition, Kind, CONTENT_TYPE};
+use allot_common::exposition::{Exposition, Kind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -107,26 +107,9 @@ pub fn render(sh: &Shared) -> String {
 
 /// The routes: `GET /metrics`, anything else 404 naming it.
 fn router(sh: Arc<Shared>) -> axum::Router {
-    use axum::http::{header, StatusCode};
-    axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let sh = sh.clone();
-                async move {
-                    // The host lock and the monitor's: off the async workers.
-                    match tokio::task::spawn_blocking(move || render(&sh)).await {
-                        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], body),
-                        Err(e) => (
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            [(header::CONTENT_TYPE, CONTENT_TYPE)],
-                            format!("metrics could not be rendered: {e}\n"),
-                        ),
-                    }
-                }
-            }),
-        )
-        .fallback(|| async { (StatusCode::NOT_FOUND, "try /metrics\n") })
+    // The host lock and the monitor's are taken off the async workers.
+    allot_common::http::metrics(move || render(&sh))
+        .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "try /metrics\n") })
 }
 
 /// Serves `/metrics` on `listener` until the task is dropped.

@@ -126,31 +126,8 @@ fn gpu_metrics_carry_dcgm_names_and_the_lease_holding_each_gpu() {
     }
     assert!(get(&addr, "/nope").starts_with("HTTP/1.1 404"));
     // promtool, Prometheus' own checker: the exposition is clean.
-    let text = body.split("\r\n\r\n").nth(1).expect("a body");
-    match std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-    {
-        Ok(mut p) => {
-            p.stdin
-                .take()
-                .expect("stdin")
-                .write_all(text.as_bytes())
-                .expect("feed promtool");
-            let out = p.wait_with_output().expect("promtool runs");
-            assert!(
-                out.status.success(),
-                "promtool check metrics: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Err(e) => assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "promtool cannot run under CI=true ({e}); .ci/run installs prometheus"
-        ),
+    if allot_test_support::promtool() {
+        let text = body.split("\r\n\r\n").nth(1).expect("a body");
+        allot_test_support::promtool_check_metrics("the agent", text);
     }
 }

@@ -9,7 +9,7 @@
 
 use crate::serve::{now, Server};
 use crate::state::{Counters, GroupView, WAIT_BUCKETS};
-use allot_common::exposition::{Exposition, Kind, CONTENT_TYPE};
+use allot_common::exposition::{Exposition, Kind};
 use std::sync::Arc;
 
 /// What one scrape shows, copied from the server.
@@ -265,28 +265,10 @@ impl Numbers {
 /// The routes: `GET /metrics`, `/healthz` (the process answers), `/readyz` (its
 /// state does), anything else 404 naming them.
 fn router(server: Arc<Server>) -> axum::Router {
-    use axum::http::{header, StatusCode};
+    use axum::http::StatusCode;
     let ready = server.clone();
-    axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let server = server.clone();
-                async move {
-                    // The copy takes the state's lock: off the async workers.
-                    // A render that failed is a failed scrape, never an empty one.
-                    match tokio::task::spawn_blocking(move || Numbers::read(&server).render()).await
-                    {
-                        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], body),
-                        Err(e) => (
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            [(header::CONTENT_TYPE, CONTENT_TYPE)],
-                            format!("metrics could not be rendered: {e}\n"),
-                        ),
-                    }
-                }
-            }),
-        )
+    // The copy takes the state's lock.
+    allot_common::http::metrics(move || Numbers::read(&server).render())
         .route("/healthz", axum::routing::get(|| async { "ok\n" }))
         .route(
             "/readyz",

@@ -54,30 +54,6 @@ fn query(prom: &str, q: &str) -> Vec<serde_json::Value> {
     v["data"]["result"].as_array().cloned().unwrap_or_default()
 }
 
-/// promtool's verdict on one exposition.
-fn promtool_check(promtool: &str, what: &str, body: &str) {
-    use std::io::Write;
-    let mut p = Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool starts");
-    p.stdin
-        .take()
-        .expect("stdin")
-        .write_all(body.as_bytes())
-        .expect("feed promtool");
-    let out = p.wait_with_output().expect("promtool runs");
-    assert!(
-        out.status.success(),
-        "promtool check metrics on {what}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Stops Prometheus when the test ends, however it ends.
 struct Stop(std::process::Child);
 
@@ -103,7 +79,7 @@ fn a_real_prometheus_scrapes_allotd_and_two_agents_and_joins_gpus_to_work() {
     let mut families = std::collections::BTreeSet::new();
     let mut check = |what: &str, url: String| {
         let body = get(&url);
-        promtool_check(&promtool, what, &body);
+        allot_test_support::promtool_check_metrics(what, &body);
         families.extend(
             body.lines()
                 .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -52,3 +52,30 @@ pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router, limi
         });
     }
 }
+
+/// `GET /metrics` answering what `render` writes (in Prometheus text), run off the
+/// async workers since it takes locks; a render that failed is a failed scrape
+/// (500), never an empty one. Other routes are added to the router it returns.
+pub fn metrics<F>(render: F) -> axum::Router
+where
+    F: Fn() -> String + Clone + Send + Sync + 'static,
+{
+    use crate::exposition::CONTENT_TYPE;
+    use axum::http::{header, StatusCode};
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let render = render.clone();
+            async move {
+                match tokio::task::spawn_blocking(render).await {
+                    Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], body),
+                    Err(e) => (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+                        format!("metrics could not be rendered: {e}\n"),
+                    ),
+                }
+            }
+        }),
+    )
+}

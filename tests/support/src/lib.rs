@@ -187,3 +187,41 @@ pub fn remove_agent_cgroups(state_dir: &Path) {
     }
     let _ = std::fs::remove_dir(&base);
 }
+
+/// Whether Prometheus' `promtool` (Debian's `prometheus` package) can run here;
+/// under `CI=true` its absence fails the test (`.ci/run` installs it).
+pub fn promtool() -> bool {
+    let found = Command::new("promtool")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found || std::env::var("CI").as_deref() != Ok("true"),
+        "promtool cannot run under CI=true; .ci/run installs Debian's prometheus"
+    );
+    found
+}
+
+/// `promtool check metrics` on an exposition (`what` names it in the failure).
+pub fn promtool_check_metrics(what: &str, body: &str) {
+    use std::io::Write;
+    let mut p = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool starts");
+    p.stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("feed promtool");
+    let out = p.wait_with_output().expect("promtool runs");
+    assert!(
+        out.status.success(),
+        "promtool check metrics on {what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
