@@ -280,6 +280,10 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    // The config is watched before the socket answers: whoever sees the agent up
+    // may rewrite its config at once, and that change must not be missed.
+    let (cfg_tx, mut cfg_rx) = mpsc::unbounded_channel();
+    let _watcher = o.config_path().and_then(|p| watch_config(&p, cfg_tx));
     let (listener, admin_gid) = bind(&cfg)?;
     let (spawned_tx, mut spawned_rx) = mpsc::unbounded_channel::<(String, Reaper)>();
     let shared = Arc::new(Shared {
@@ -357,8 +361,6 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
                 },
             ),
     );
-    let (cfg_tx, mut cfg_rx) = mpsc::unbounded_channel();
-    let _watcher = o.config_path().and_then(|p| watch_config(&p, cfg_tx));
     if !cfg.agent.allocator.is_empty() && !login {
         let facts = crate::uplink::HostFacts {
             cluster: cfg.agent.cluster.clone(),
