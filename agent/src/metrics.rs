@@ -9,10 +9,17 @@ use allot_common::exposition::{Exposition, Kind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Who holds each GPU, by UUID: (lease, workload, user) of its live lease.
-fn holders(sh: &Shared) -> BTreeMap<String, (String, String, String)> {
+/// Who holds each GPU, by UUID: (lease, workload, user) of its live lease; and how
+/// many leases are live (one listing of the host's leases per scrape).
+fn holders(sh: &Shared) -> (BTreeMap<String, (String, String, String)>, usize) {
     let mut by_gpu = BTreeMap::new();
-    for l in sh.host().leases().into_iter().filter(|l| l.live()) {
+    let live: Vec<_> = sh
+        .host()
+        .leases()
+        .into_iter()
+        .filter(|l| l.live())
+        .collect();
+    for l in &live {
         for g in &l.gpus {
             by_gpu.insert(
                 g.clone(),
@@ -20,12 +27,12 @@ fn holders(sh: &Shared) -> BTreeMap<String, (String, String, String)> {
             );
         }
     }
-    by_gpu
+    (by_gpu, live.len())
 }
 
 /// The whole exposition.
 pub fn render(sh: &Shared) -> String {
-    let held = holders(sh);
+    let (held, live) = holders(sh);
     let label = |uuid: &str| {
         held.get(uuid)
             .map_or_else(Vec::new, |(lease, workload, user)| {
@@ -72,7 +79,6 @@ pub fn render(sh: &Shared) -> String {
             *sum as f64 / 100.0 / (*n).max(1) as f64,
         );
     }
-    let live = sh.host().leases().iter().filter(|l| l.live()).count();
     e.single(
         "allot_agent_leases",
         "Leases live on this host.",

@@ -1149,8 +1149,11 @@ impl Api {
                 let Some(l) = s.lease else { return };
                 if l.state != pb::LeaseState::Ended as i32 {
                     // A live lease's news for allotd: whether its GPUs are in use
-                    // (a repeat changes nothing and is not journaled).
-                    if let Some(lease) = lease_from_wire(&l.id) {
+                    // (a repeat changes nothing and is not journaled). An agent
+                    // before this word, or one that never judged the lease, says
+                    // 0 and 0 (busy again is always above a nonzero threshold).
+                    let said = l.idle_since_unix != 0 || l.gpu_util_pct != 0;
+                    if let Some(lease) = lease_from_wire(&l.id).filter(|_| said) {
                         let input = Input::LeaseUse {
                             lease,
                             node: node.to_string(),

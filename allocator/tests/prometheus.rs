@@ -44,12 +44,18 @@ fn get(url: &str) -> String {
         .unwrap_or_else(|e| panic!("GET {url}: {e}"))
 }
 
-/// One instant query's result vector.
-fn query(prom: &str, q: &str) -> Vec<serde_json::Value> {
+/// One instant query's answer; `None` while Prometheus does not answer yet.
+fn try_query(prom: &str, q: &str) -> Option<serde_json::Value> {
     let url =
         reqwest::Url::parse_with_params(&format!("http://{prom}/api/v1/query"), &[("query", q)])
             .expect("a query URL");
-    let v: serde_json::Value = serde_json::from_str(&get(url.as_str())).expect("JSON");
+    let text = reqwest::blocking::get(url).ok()?.text().ok()?;
+    Some(serde_json::from_str(&text).expect("JSON"))
+}
+
+/// One instant query's result vector.
+fn query(prom: &str, q: &str) -> Vec<serde_json::Value> {
+    let v = try_query(prom, q).unwrap_or_else(|| panic!("{q}: Prometheus does not answer"));
     assert_eq!(v["status"], "success", "{q}: {v}");
     v["data"]["result"].as_array().cloned().unwrap_or_default()
 }
@@ -178,7 +184,7 @@ fn a_real_prometheus_scrapes_allotd_and_two_agents_and_joins_gpus_to_work() {
     );
     // Every target up.
     wait_for("every target up", LONG, || {
-        let up = query_when_ready(&web, "up");
+        let up = try_query(&web, "up")?["data"]["result"].as_array()?.clone();
         (up.len() == 3 && up.iter().all(|s| s["value"][1] == "1")).then_some(())
     });
     // Running GPUs: what `allot queue` says.
@@ -234,19 +240,6 @@ fn a_real_prometheus_scrapes_allotd_and_two_agents_and_joins_gpus_to_work() {
         rules.iter().all(|r| r["health"] == "ok").then_some(rules)
     });
     assert_eq!(rules.len(), 6, "{rules:?}");
-}
-
-/// An instant query once Prometheus answers at all.
-fn query_when_ready(prom: &str, q: &str) -> Vec<serde_json::Value> {
-    let url =
-        reqwest::Url::parse_with_params(&format!("http://{prom}/api/v1/query"), &[("query", q)])
-            .expect("a query URL");
-    reqwest::blocking::get(url)
-        .ok()
-        .and_then(|r| r.text().ok())
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v["data"]["result"].as_array().cloned())
-        .unwrap_or_default()
 }
 
 #[test]

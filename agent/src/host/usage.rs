@@ -46,12 +46,9 @@ impl Host {
                 }
             }
         }
-        let live: Vec<String> = self.low_since.keys().cloned().collect();
-        for id in live {
-            if !self.leases.get(&id).is_some_and(|l| l.live()) {
-                self.low_since.remove(&id);
-            }
-        }
+        let leases = &self.leases;
+        self.low_since
+            .retain(|id, _| leases.get(id).is_some_and(|l| l.live()));
         for (id, since, u) in changed {
             let Some(l) = self.leases.get_mut(&id) else {
                 continue;
