@@ -114,11 +114,11 @@ pub fn render(sh: &Shared) -> String {
 /// The routes: `GET /metrics`, anything else 404 naming it.
 fn router(sh: Arc<Shared>) -> axum::Router {
     // The host lock and the monitor's are taken off the async workers.
-    allot_common::http::metrics(move || render(&sh))
+    allot_common::http::metrics(move || render(&sh), None)
         .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "try /metrics\n") })
 }
 
 /// Serves `/metrics` on `listener` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, sh: Arc<Shared>) {
-    allot_common::http::serve(listener, router(sh), allot_common::http::SCRAPE).await;
+    allot_common::http::serve(listener, router(sh), allot_common::http::SCRAPE, None).await;
 }

@@ -40,6 +40,11 @@ fn core_status(e: CoreError) -> Status {
 #[derive(Clone)]
 pub struct Api(pub Arc<Server>);
 
+/// Who a web session proved (its login's token), carried into the API's own
+/// handlers so a page sees and may do exactly what the same user's CLI may.
+#[derive(Debug, Clone)]
+pub(crate) struct WebWho(pub Who);
+
 /// The header an enrolled node's agent sets to vouch for its local user.
 pub const VOUCH_HEADER: &str = "x-allot-user";
 
@@ -55,6 +60,11 @@ fn denied_status(d: Denied) -> Status {
 /// enrolled node, maybe vouching for a user), a bearer token, or the admin socket.
 /// A credential that is shown but not valid is refused, never taken as anonymous.
 pub fn who_of<T>(server: &Server, req: &Request<T>) -> Result<Who, Status> {
+    // A page of allotd's own HTTP listener calls in for its session's user; only
+    // allotd's code can put this in a request's extensions.
+    if let Some(WebWho(who)) = req.extensions().get::<WebWho>() {
+        return Ok(who.clone());
+    }
     // Only the admin socket is a unix socket, and it admits root and allotd's user.
     if req
         .extensions()

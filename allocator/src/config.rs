@@ -14,8 +14,20 @@ use std::path::PathBuf;
 pub struct ServerSection {
     /// gRPC address (agents, CLI).
     pub listen: String,
-    /// Prometheus `/metrics` address; empty to disable.
+    /// allotd's HTTP address: `/metrics`, `/healthz`, `/readyz` and the web pages
+    /// (unless `web = false`); empty to disable. Plain HTTP on a loopback address,
+    /// TLS with allotd's certificate on any other.
     pub metrics_listen: String,
+    /// A file holding the bearer token `/metrics` asks of a scraper (Prometheus'
+    /// `authorization: credentials_file`); empty: `/metrics` is open to whoever
+    /// reaches the port. Readable by its owner and group only.
+    pub metrics_token_file: PathBuf,
+    /// Serve the web pages (org tree, queues, workloads, nodes, usage) on
+    /// `metrics_listen`; a login there exchanges a token for a session cookie.
+    pub web: bool,
+    /// A web session ends this long after its login.
+    #[serde(deserialize_with = "de_duration")]
+    pub web_session: u64,
     /// SQLite state directory.
     pub state_dir: PathBuf,
     /// A node whose agent is silent this long is lost; its leases are requeued then.
@@ -125,6 +137,9 @@ impl Default for ServerSection {
         ServerSection {
             listen: "127.0.0.1:7070".into(),
             metrics_listen: "127.0.0.1:9470".into(),
+            metrics_token_file: PathBuf::new(),
+            web: true,
+            web_session: 12 * 3600,
             state_dir: "/var/lib/allot/allotd".into(),
             lost_grace: 120,
             schedule_interval: 10,
@@ -469,6 +484,26 @@ impl ServerConfig {
                 format!(
                     "{:?} is not an address; use e.g. \"0.0.0.0:7070\"",
                     r.server.listen
+                ),
+            ));
+        }
+        if !r.server.metrics_listen.is_empty()
+            && r.server.metrics_listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(err(
+                "server.metrics_listen",
+                format!(
+                    "{:?} is not an address; use e.g. \"127.0.0.1:9470\" (plain HTTP) or \"0.0.0.0:9470\" (TLS), or \"\" to serve no HTTP",
+                    r.server.metrics_listen
+                ),
+            ));
+        }
+        if !(60..=30 * 86_400).contains(&r.server.web_session) {
+            return Err(err(
+                "server.web_session",
+                format!(
+                    "{} s: give from 1m to 30d (e.g. \"12h\")",
+                    r.server.web_session
                 ),
             ));
         }

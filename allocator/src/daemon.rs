@@ -72,11 +72,20 @@ pub async fn serve_bound(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let addr = bound.grpc.local_addr()?;
+    let token = crate::metrics::metrics_token(&cfg)?;
     let server = Server::open(cfg)?;
     let metrics = match bound.metrics {
         Some(l) => {
             let at = l.local_addr()?.to_string();
-            Some((at, tokio::spawn(crate::metrics::serve(l, server.clone()))))
+            let server = server.clone();
+            Some((
+                at,
+                tokio::spawn(async move {
+                    if let Err(e) = crate::metrics::serve(l, server, token).await {
+                        tracing::error!(error = %format!("{e:#}"), "the HTTP listener (metrics, pages) stopped");
+                    }
+                }),
+            ))
         }
         None => None,
     };

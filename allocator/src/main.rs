@@ -23,6 +23,7 @@ mod serve;
 mod state;
 mod state_cmd;
 mod store;
+mod web;
 mod wire;
 
 use clap::{Parser, Subcommand};

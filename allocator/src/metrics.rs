@@ -262,13 +262,13 @@ impl Numbers {
     }
 }
 
-/// The routes: `GET /metrics`, `/healthz` (the process answers), `/readyz` (its
-/// state does), anything else 404 naming them.
-fn router(server: Arc<Server>) -> axum::Router {
+/// The routes: `GET /metrics` (behind `token` when one is set), `/healthz` (the
+/// process answers), `/readyz` (its state does); anything else 404 naming them.
+fn router(server: Arc<Server>, token: Option<Arc<str>>) -> axum::Router {
     use axum::http::StatusCode;
     let ready = server.clone();
     // The copy takes the state's lock.
-    allot_common::http::metrics(move || Numbers::read(&server).render())
+    allot_common::http::metrics(move || Numbers::read(&server).render(), token)
         .route("/healthz", axum::routing::get(|| async { "ok\n" }))
         .route(
             "/readyz",
@@ -291,9 +291,58 @@ fn router(server: Arc<Server>) -> axum::Router {
         .fallback(|| async { (StatusCode::NOT_FOUND, "try /metrics, /healthz or /readyz\n") })
 }
 
-/// Serves `/metrics` on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, server: Arc<Server>) {
-    allot_common::http::serve(listener, router(server), allot_common::http::SCRAPE).await;
+/// The bearer token `[server] metrics_token_file` holds, if one is set: a file
+/// others may read, or an empty one, is refused.
+pub fn metrics_token(cfg: &crate::config::ServerConfig) -> anyhow::Result<Option<Arc<str>>> {
+    use anyhow::Context;
+    use std::os::unix::fs::PermissionsExt;
+    let path = &cfg.server.metrics_token_file;
+    if path.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("server.metrics_token_file {}", path.display()))?;
+    if meta.permissions().mode() & 0o004 != 0 {
+        anyhow::bail!(
+            "server.metrics_token_file {}: anyone on this host may read it; chmod 640 it (owner allot, group prometheus)",
+            path.display()
+        );
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("server.metrics_token_file {}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() || token.len() > 4096 || token.contains(char::is_whitespace) {
+        anyhow::bail!(
+            "server.metrics_token_file {}: give one token of 1 to 4096 characters without spaces (e.g. `openssl rand -hex 32`)",
+            path.display()
+        );
+    }
+    Ok(Some(Arc::from(token)))
+}
+
+/// Serves `/metrics`, the probes and (unless `[server] web = false`) the web pages
+/// on `listener` until the task is dropped: plain HTTP on a loopback address, TLS
+/// with allotd's certificate on any other.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    server: Arc<Server>,
+    token: Option<Arc<str>>,
+) -> anyhow::Result<()> {
+    let loopback = listener.local_addr()?.ip().is_loopback();
+    let tls = if loopback {
+        None
+    } else {
+        Some(allot_common::http::tls_acceptor(
+            &server.pki.server_cert,
+            &server.pki.server_key,
+        )?)
+    };
+    let mut routes = router(server.clone(), token);
+    if server.cfg.server.web {
+        routes = routes.merge(crate::web::router(server, !loopback));
+    }
+    allot_common::http::serve(listener, routes, allot_common::http::SCRAPE, tls).await;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -309,6 +358,16 @@ mod tests {
     };
 
     async fn metrics_server() -> (std::net::SocketAddr, std::path::PathBuf) {
+        let (server, dir) = open_server();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        tokio::spawn(allot_common::http::serve(l, router(server, None), SHORT, None));
+        (addr, dir)
+    }
+
+    fn open_server() -> (Arc<Server>, std::path::PathBuf) {
         let dir = std::env::temp_dir().join(format!(
             "allot-metrics-test-{}-{}",
             std::process::id(),
@@ -317,13 +376,96 @@ mod tests {
         let mut cfg = crate::config::ServerConfig::parse(crate::config::EXAMPLE, "example")
             .expect("the example config parses");
         cfg.server.state_dir = dir.join("allotd");
-        let server = Server::open(cfg).expect("server");
+        (Server::open(cfg).expect("server"), dir)
+    }
+
+    async fn get_with(addr: std::net::SocketAddr, path: &str, header: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n{header}\r\n").as_bytes())
+            .await
+            .expect("write");
+        let mut out = Vec::new();
+        // A TLS port answers a plain request with an alert, or closes.
+        let _ = s.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn metrics_behind_a_token_refuse_a_scrape_without_it() {
+        let (server, dir) = open_server();
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr = l.local_addr().expect("addr");
-        tokio::spawn(allot_common::http::serve(l, router(server), SHORT));
-        (addr, dir)
+        let token: Arc<str> = Arc::from("s3cret-token");
+        tokio::spawn(allot_common::http::serve(
+            l,
+            router(server, Some(token)),
+            SHORT,
+            None,
+        ));
+        for header in ["", "authorization: Bearer wrong\r\n", "authorization: s3cret-token\r\n"] {
+            let r = get_with(addr, "/metrics", header).await;
+            assert!(r.starts_with("HTTP/1.1 401"), "{header:?}: {r}");
+            assert!(r.contains("metrics_token_file"), "{r}");
+        }
+        let r = get_with(addr, "/metrics", "authorization: Bearer s3cret-token\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 200") && r.contains("allot_build_info"), "{r}");
+        // The probes stay open: a load balancer brings no token.
+        let r = get_with(addr, "/healthz", "").await;
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn the_listener_speaks_tls_with_allotds_certificate_when_asked() {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        let (server, dir) = open_server();
+        let acceptor =
+            allot_common::http::tls_acceptor(&server.pki.server_cert, &server.pki.server_key)
+                .expect("allotd's pair makes an acceptor");
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(
+                rustls::pki_types::CertificateDer::from_pem_slice(server.pki.ca.cert_pem.as_bytes())
+                    .expect("CA"),
+            )
+            .expect("root");
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        tokio::spawn(allot_common::http::serve(
+            l,
+            router(server, None),
+            SHORT,
+            Some(acceptor),
+        ));
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(name, tcp)
+            .await
+            .expect("a TLS handshake verified by the cluster CA");
+        tls.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut out = Vec::new();
+        let _ = tls.read_to_end(&mut out).await;
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.starts_with("HTTP/1.1 200") && out.ends_with("ok\n"), "{out}");
+        // Plain HTTP to it gets no page.
+        let plain = get_with(addr, "/healthz", "").await;
+        assert!(!plain.contains("200"), "{plain}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     fn rand_suffix() -> u64 {
@@ -333,13 +475,7 @@ mod tests {
     }
 
     async fn get(addr: std::net::SocketAddr, path: &str) -> String {
-        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
-            .await
-            .expect("write");
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.expect("read");
-        out
+        get_with(addr, path, "").await
     }
 
     #[tokio::test]

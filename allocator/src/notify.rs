@@ -1,4 +1,4 @@
-//! Notifications (`--notify end,fail,preempt,time-limit`, Slurm's `--mail-type`):
+//! Notifications (`--notify end,fail,preempt,time-limit,idle`, Slurm's `--mail-type`):
 //! the state machine says what happened ([`Notice`], in `Out::Notify`); this shell
 //! delivers it off the scheduling path. A queue capped by `[notify] queue` (a full
 //! one drops and counts), one dispatcher thread, and a thread per delivery (at most
@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// What a workload may ask to be told about.
-pub const EVENTS: [&str; 4] = ["end", "fail", "preempt", "time-limit"];
+/// `idle`: its GPUs stayed under the agent's `idle_below` for `idle_after`.
+pub const EVENTS: [&str; 5] = ["end", "fail", "preempt", "time-limit", "idle"];
 
 /// Deliveries in flight at most.
 pub const MAX_DELIVERIES: usize = 16;

@@ -156,7 +156,7 @@ pub struct SubmitArgs {
     /// Never these nodes: gpu[01-04],gpu07.
     #[arg(long, short = 'x', value_name = "HOSTS", value_parser = check_hostlist)]
     exclude: Option<String>,
-    /// Tell you (the site's webhooks or mail, allotd.toml [notify]) when it: end, fail, preempt, time-limit, or all.
+    /// Tell you (the site's webhooks or mail, allotd.toml [notify]) when it: end, fail, preempt, time-limit, idle (its GPUs unused for the host's idle_after), or all.
     #[arg(long, value_name = "EVENTS", value_delimiter = ',')]
     notify: Vec<String>,
     /// Submit it held: it waits until `allot release`.

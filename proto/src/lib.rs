@@ -12,6 +12,7 @@ pub mod v1 {
 }
 
 pub mod codec;
+pub mod names;
 pub mod uds;
 
 impl v1::LeaseEnd {

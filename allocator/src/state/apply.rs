@@ -788,6 +788,24 @@ impl Allocator {
         a.audit(wid, lease, text.clone());
         if idle_since != 0 {
             a.notice(Level::Warn, node, format!("workload {wid}: {text}"));
+            // Its owner, when they asked (`--notify idle`).
+            if let Some(w) = self
+                .work
+                .get(&wid)
+                .filter(|w| w.notify.iter().any(|n| n == "idle"))
+            {
+                a.outs.push(Out::Notify(Box::new(crate::notify::Notice {
+                    workload: wid,
+                    name: w.name.clone(),
+                    user: w.spec.user.clone(),
+                    project: w.spec.project.clone(),
+                    events: vec!["idle".into()],
+                    state: w.state.as_str().to_string(),
+                    reason: text,
+                    exit_code: None,
+                    at,
+                })));
+            }
         }
         true
     }

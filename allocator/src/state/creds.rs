@@ -64,6 +64,19 @@ pub struct Rejected(pub String);
 impl Creds {
     /// The user a token secret proves at `now`.
     pub fn user_of(&self, secret: &str, now: Time) -> Result<&str, Rejected> {
+        self.token_of(secret, now).map(|t| t.user.as_str())
+    }
+
+    /// Whether token `id` still proves its user at `now` (a web session opened
+    /// with it ends when it is revoked or expires).
+    pub fn token_live(&self, id: &str, now: Time) -> bool {
+        self.tokens
+            .get(id)
+            .is_some_and(|t| !t.revoked && t.expires > now)
+    }
+
+    /// The token a secret is, valid at `now`.
+    pub fn token_of(&self, secret: &str, now: Time) -> Result<&TokenRec, Rejected> {
         let hash = allot_auth::hash_secret(secret);
         // Every token is compared, so the time taken says nothing about which matched.
         let mut found = None;
@@ -87,7 +100,7 @@ impl Creds {
                 t.id, t.expires
             )));
         }
-        Ok(&t.user)
+        Ok(t)
     }
 
     /// The node an enrollment token secret was offered to at `now`.

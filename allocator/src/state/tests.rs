@@ -1536,3 +1536,40 @@ fn a_drains_revocations_are_counted_by_whose_drain() {
     assert_eq!(r.get("drain-now:health"), Some(&1), "{r:?}");
     assert_eq!(r.get("drain:operator"), Some(&1), "{r:?}");
 }
+
+#[test]
+fn an_idle_lease_tells_its_owner_who_asked_and_only_from_its_own_host() {
+    let mut a = allocator(2);
+    let mut input = batch("demo-a");
+    if let Input::Submit { notify, .. } = &mut input {
+        *notify = vec!["idle".into()];
+    }
+    let id = a.apply(0, &input).expect("submit").id.expect("an id");
+    a.apply(1, &Input::Schedule).expect("pass");
+    let w = &a.workloads()[&id];
+    assert_eq!(w.state, allot_fairshare::WorkloadState::Running);
+    let lease = *w.leases.last().expect("a lease");
+    let host = w.nodes.first().cloned().expect("a node");
+    let other = if host == "n0" { "n1" } else { "n0" };
+    let idle = |node: &str| Input::LeaseUse {
+        lease,
+        node: node.into(),
+        idle_since: 100,
+        gpu_util: 0,
+    };
+    let notices = |ap: &Applied| -> Vec<Vec<String>> {
+        ap.outs
+            .iter()
+            .filter_map(|o| match o {
+                Out::Notify(n) => Some(n.events.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let ap = a.apply(3700, &idle(other)).expect("applied");
+    assert!(notices(&ap).is_empty(), "another host does not speak for it");
+    let ap = a.apply(3700, &idle(&host)).expect("applied");
+    assert_eq!(notices(&ap), vec![vec!["idle".to_string()]]);
+    let ap = a.apply(3800, &idle(&host)).expect("applied");
+    assert!(notices(&ap).is_empty(), "told once per idle spell");
+}

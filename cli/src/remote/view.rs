@@ -18,19 +18,7 @@ fn spec(w: &Workload) -> &WorkloadSpec {
     w.spec.as_ref().unwrap_or(&NO_SPEC)
 }
 
-/// A workload state as `--state` takes it.
-pub fn state_name(s: WorkloadState) -> &'static str {
-    match s {
-        WorkloadState::Pending => "pending",
-        WorkloadState::Running => "running",
-        WorkloadState::Completed => "completed",
-        WorkloadState::Failed => "failed",
-        WorkloadState::Cancelled => "cancelled",
-        WorkloadState::Preempted => "preempted",
-        WorkloadState::TimedOut => "timed-out",
-        WorkloadState::Unspecified => "unknown",
-    }
-}
+pub use allot_proto::names::workload_state as state_name;
 
 /// Whether a workload in this state is over for good (no run, no requeue ahead).
 pub fn is_final(s: WorkloadState) -> bool {

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+pub mod chromium;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;

@@ -1,0 +1,154 @@
+//! Browser sessions: a login exchanges a token for a random session id (the
+//! cookie) and a CSRF secret (in every form). Kept in memory, by the hash of the
+//! id, so a restart of allotd logs every browser out and nothing on disk can be
+//! replayed. Capped in all and per user; a session lives until `ttl` after its
+//! login or its token's end, whichever is first, and dies with its token.
+
+use allot_fairshare::Time;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Most sessions at once; the oldest goes first.
+pub const MAX_SESSIONS: usize = 10_000;
+/// Most sessions one user holds (browsers, machines); their oldest goes first.
+pub const PER_USER: usize = 16;
+
+/// One logged-in browser.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// Whom the token proved.
+    pub user: String,
+    /// The token it was opened with (`t3`): revoking it ends the session.
+    pub token_id: String,
+    /// What every form of this session carries.
+    pub csrf: String,
+    /// When it was opened.
+    pub opened: Time,
+    /// When it ends.
+    pub expires: Time,
+}
+
+/// The sessions allotd holds.
+#[derive(Debug)]
+pub struct Sessions {
+    by_hash: Mutex<HashMap<String, Session>>,
+    ttl: u64,
+}
+
+impl Sessions {
+    /// No sessions; each lasts at most `ttl` seconds.
+    pub fn new(ttl: u64) -> Sessions {
+        Sessions {
+            by_hash: Mutex::new(HashMap::new()),
+            ttl,
+        }
+    }
+
+    /// Opens a session for `user` proven by token `token_id` (which ends at
+    /// `token_expires`): its id, for the cookie, and the session.
+    pub fn open(
+        &self,
+        user: &str,
+        token_id: &str,
+        token_expires: Time,
+        now: Time,
+    ) -> Result<(String, Session), String> {
+        let random = |p: &str| allot_auth::new_secret(p).map_err(|e| format!("no randomness: {e}"));
+        let id = random("allot-web")?;
+        let csrf = random("csrf")?;
+        let s = Session {
+            user: user.to_string(),
+            token_id: token_id.to_string(),
+            csrf,
+            opened: now,
+            expires: (now + self.ttl).min(token_expires),
+        };
+        let mut map = self.by_hash.lock().unwrap_or_else(|e| e.into_inner());
+        map.retain(|_, s| s.expires > now);
+        let mut mine: Vec<(Time, String)> = map
+            .iter()
+            .filter(|(_, s)| s.user == user)
+            .map(|(h, s)| (s.opened, h.clone()))
+            .collect();
+        mine.sort();
+        for (_, h) in mine.iter().take((mine.len() + 1).saturating_sub(PER_USER)) {
+            map.remove(h);
+        }
+        if map.len() >= MAX_SESSIONS {
+            if let Some(h) = map
+                .iter()
+                .min_by_key(|(_, s)| s.opened)
+                .map(|(h, _)| h.clone())
+            {
+                map.remove(&h);
+            }
+        }
+        map.insert(allot_auth::hash_secret(&id), s.clone());
+        Ok((id, s))
+    }
+
+    /// The live session with this id.
+    pub fn get(&self, id: &str, now: Time) -> Option<Session> {
+        let map = self.by_hash.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&allot_auth::hash_secret(id))
+            .filter(|s| s.expires > now)
+            .cloned()
+    }
+
+    /// Ends the session with this id (a logout, or its token is gone).
+    pub fn close(&self, id: &str) {
+        let mut map = self.by_hash.lock().unwrap_or_else(|e| e.into_inner());
+        map.remove(&allot_auth::hash_secret(id));
+    }
+
+    /// How many are open.
+    pub fn len(&self) -> usize {
+        self.by_hash.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether none is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_is_found_by_its_id_until_it_expires_and_not_after_logout() {
+        let s = Sessions::new(3600);
+        let (id, a) = s.open("ana", "t1", 10_000, 1000).expect("random");
+        assert_eq!(s.get(&id, 1000), Some(a.clone()));
+        assert_eq!(a.expires, 4600);
+        assert_eq!(s.get(&id, 4600), None, "expired");
+        assert_eq!(s.get("allot-web_forged", 1000), None);
+        s.close(&id);
+        assert_eq!(s.get(&id, 1000), None);
+    }
+
+    #[test]
+    fn a_session_ends_with_its_token_and_ids_and_csrf_are_fresh() {
+        let s = Sessions::new(3600);
+        let (id1, a) = s.open("ana", "t1", 1500, 1000).expect("random");
+        let (id2, b) = s.open("ana", "t1", 1500, 1000).expect("random");
+        assert_eq!(a.expires, 1500);
+        assert_ne!(id1, id2);
+        assert_ne!(a.csrf, b.csrf);
+        assert_ne!(a.csrf, id1);
+    }
+
+    #[test]
+    fn one_user_holds_at_most_per_user_and_loses_the_oldest() {
+        let s = Sessions::new(3600);
+        let ids: Vec<String> = (0..PER_USER as u64 + 3)
+            .map(|i| s.open("ana", "t1", u64::MAX, 1000 + i).expect("random").0)
+            .collect();
+        let other = s.open("bo", "t2", u64::MAX, 1000).expect("random").0;
+        assert_eq!(s.len(), PER_USER + 1);
+        assert!(s.get(&ids[0], 1100).is_none(), "the oldest went");
+        assert!(s.get(&ids[ids.len() - 1], 1100).is_some());
+        assert!(s.get(&other, 1100).is_some(), "another user's stays");
+    }
+}
