@@ -488,7 +488,10 @@ impl ServerConfig {
             ));
         }
         if !r.server.metrics_listen.is_empty()
-            && r.server.metrics_listen.parse::<std::net::SocketAddr>().is_err()
+            && r.server
+                .metrics_listen
+                .parse::<std::net::SocketAddr>()
+                .is_err()
         {
             return Err(err(
                 "server.metrics_listen",

@@ -363,7 +363,12 @@ mod tests {
             .await
             .expect("bind");
         let addr = l.local_addr().expect("addr");
-        tokio::spawn(allot_common::http::serve(l, router(server, None), SHORT, None));
+        tokio::spawn(allot_common::http::serve(
+            l,
+            router(server, None),
+            SHORT,
+            None,
+        ));
         (addr, dir)
     }
 
@@ -404,13 +409,20 @@ mod tests {
             SHORT,
             None,
         ));
-        for header in ["", "authorization: Bearer wrong\r\n", "authorization: s3cret-token\r\n"] {
+        for header in [
+            "",
+            "authorization: Bearer wrong\r\n",
+            "authorization: s3cret-token\r\n",
+        ] {
             let r = get_with(addr, "/metrics", header).await;
             assert!(r.starts_with("HTTP/1.1 401"), "{header:?}: {r}");
             assert!(r.contains("metrics_token_file"), "{r}");
         }
         let r = get_with(addr, "/metrics", "authorization: Bearer s3cret-token\r\n").await;
-        assert!(r.starts_with("HTTP/1.1 200") && r.contains("allot_build_info"), "{r}");
+        assert!(
+            r.starts_with("HTTP/1.1 200") && r.contains("allot_build_info"),
+            "{r}"
+        );
         // The probes stay open: a load balancer brings no token.
         let r = get_with(addr, "/healthz", "").await;
         assert!(r.starts_with("HTTP/1.1 200"), "{r}");
@@ -428,8 +440,10 @@ mod tests {
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(
-                rustls::pki_types::CertificateDer::from_pem_slice(server.pki.ca.cert_pem.as_bytes())
-                    .expect("CA"),
+                rustls::pki_types::CertificateDer::from_pem_slice(
+                    server.pki.ca.cert_pem.as_bytes(),
+                )
+                .expect("CA"),
             )
             .expect("root");
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -461,7 +475,10 @@ mod tests {
         let mut out = Vec::new();
         let _ = tls.read_to_end(&mut out).await;
         let out = String::from_utf8_lossy(&out);
-        assert!(out.starts_with("HTTP/1.1 200") && out.ends_with("ok\n"), "{out}");
+        assert!(
+            out.starts_with("HTTP/1.1 200") && out.ends_with("ok\n"),
+            "{out}"
+        );
         // Plain HTTP to it gets no page.
         let plain = get_with(addr, "/healthz", "").await;
         assert!(!plain.contains("200"), "{plain}");

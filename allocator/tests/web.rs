@@ -35,10 +35,7 @@ fn log_in(b: &mut Browser, base: &str, token: &str) {
 fn page_errors(b: &mut Browser, expected_status: Option<u16>) -> Vec<String> {
     b.take_errors()
         .into_iter()
-        .filter(|e| {
-            expected_status
-                .is_none_or(|s| !e.contains(&format!("status of {s}")))
-        })
+        .filter(|e| expected_status.is_none_or(|s| !e.contains(&format!("status of {s}"))))
         .collect()
 }
 
@@ -60,7 +57,11 @@ fn every_page_loads_clean_shows_what_the_api_says_and_refuses_what_the_role_does
     let c = Cluster::start_metered("web", ORG, 2, 2);
     let base = format!("http://{}", c.metrics);
     let out = c.allotd(&["tokens", "create", "--user", "bob"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let bob = String::from_utf8_lossy(&out.stdout).trim().to_string();
     // Real work: two runs in vision (3 of 4 GPUs) and a gang that must wait.
     let talker = c.submit(
@@ -131,11 +132,17 @@ fn every_page_loads_clean_shows_what_the_api_says_and_refuses_what_the_role_does
     assert_eq!(running, 3);
     assert_eq!(b.text("[data-k='running-gpus']"), Some(running.to_string()));
     assert_eq!(
-        b.text(&format!("tr[data-id='{gang}'] [data-k='state']")).as_deref(),
+        b.text(&format!("tr[data-id='{gang}'] [data-k='state']"))
+            .as_deref(),
         Some("pending")
     );
-    let why = b.text(&format!("tr[data-id='{gang}'] .why")).unwrap_or_default();
-    let cli_why = c.status(&gang)["explanation"].as_str().unwrap_or("").to_string();
+    let why = b
+        .text(&format!("tr[data-id='{gang}'] .why"))
+        .unwrap_or_default();
+    let cli_why = c.status(&gang)["explanation"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     assert!(
         !why.is_empty() && cli_why.contains(why.trim()),
         "the page's reason {why:?} is the CLI's {cli_why:?}"
@@ -145,9 +152,12 @@ fn every_page_loads_clean_shows_what_the_api_says_and_refuses_what_the_role_does
 
     b.goto(&format!("{base}/workload/{talker}"));
     assert_eq!(b.text("[data-k='state']").as_deref(), Some("running"));
-    let on = c.status(&talker)["node_names"]
-        .as_array()
-        .map(|n| n.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", "));
+    let on = c.status(&talker)["node_names"].as_array().map(|n| {
+        n.iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
     assert_eq!(b.text("[data-k='nodes']"), on);
     wait_for("the run's output on the page", LONG, || {
         b.text("#log")
@@ -194,7 +204,11 @@ fn every_page_loads_clean_shows_what_the_api_says_and_refuses_what_the_role_does
         "fetch('/workload/{gang}/cancel', {{method: 'POST', body: new URLSearchParams({{csrf: 'forged'}})}}).then(r => r.status)"
     ));
     assert_eq!(status, 403);
-    assert_eq!(c.status(&gang)["state"], "pending", "a forged form cancels nothing");
+    assert_eq!(
+        c.status(&gang)["state"],
+        "pending",
+        "a forged form cancels nothing"
+    );
     let _ = b.take_errors();
     // The cancel button does what `allot cancel` does.
     b.goto(&format!("{base}/workload/{quiet}"));
@@ -219,7 +233,11 @@ fn every_page_loads_clean_shows_what_the_api_says_and_refuses_what_the_role_does
     assert!(page_errors(&mut b, Some(403)).is_empty());
     b.screenshot(&shots().join("refused.png"));
     b.goto(&format!("{base}/project/vision"));
-    assert_eq!(b.text("[data-k='pending']").as_deref(), Some("0"), "none of it is bob's");
+    assert_eq!(
+        b.text("[data-k='pending']").as_deref(),
+        Some("0"),
+        "none of it is bob's"
+    );
     assert!(b.text(&format!("tr[data-id='{gang}']")).is_none());
     b.goto(&format!("{base}/nodes"));
     assert_eq!(

@@ -188,7 +188,9 @@ mod tests {
 
     #[test]
     fn a_pem_that_is_not_one_is_refused_naming_which() {
-        let e = tls_acceptor("nothing", "nothing").err().map(|e| e.to_string());
+        let e = tls_acceptor("nothing", "nothing")
+            .err()
+            .map(|e| e.to_string());
         assert!(
             e.as_deref().is_some_and(|e| e.starts_with("certificate")),
             "{e:?}"

@@ -1567,7 +1567,10 @@ fn an_idle_lease_tells_its_owner_who_asked_and_only_from_its_own_host() {
             .collect()
     };
     let ap = a.apply(3700, &idle(other)).expect("applied");
-    assert!(notices(&ap).is_empty(), "another host does not speak for it");
+    assert!(
+        notices(&ap).is_empty(),
+        "another host does not speak for it"
+    );
     let ap = a.apply(3700, &idle(&host)).expect("applied");
     assert_eq!(notices(&ap), vec![vec!["idle".to_string()]]);
     let ap = a.apply(3800, &idle(&host)).expect("applied");

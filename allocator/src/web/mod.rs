@@ -85,7 +85,10 @@ fn html(status: StatusCode, body: String) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }
@@ -219,7 +222,10 @@ async fn tree_page(State(app): State<App>, headers: HeaderMap) -> Response {
         user: &s.user,
         csrf: &s.csrf,
     };
-    html(StatusCode::OK, html::page("Org tree", Some(&v), 30, &pages::tree(&t)))
+    html(
+        StatusCode::OK,
+        html::page("Org tree", Some(&v), 30, &pages::tree(&t)),
+    )
 }
 
 async fn queue_page(
@@ -383,7 +389,13 @@ async fn cancel(
     }
 }
 
-async fn node_action(app: App, headers: HeaderMap, name: String, f: ActionForm, undrain: bool) -> Response {
+async fn node_action(
+    app: App,
+    headers: HeaderMap,
+    name: String,
+    f: ActionForm,
+    undrain: bool,
+) -> Response {
     let s = logged_in!(app, headers);
     if !csrf_ok(&s, &f.csrf) {
         return csrf_refused(&s);
@@ -511,7 +523,10 @@ fn login_form(app: &App, status: StatusCode, error: Option<&str>) -> Response {
     let secret = match allot_auth::new_secret("login") {
         Ok(s) => s,
         Err(e) => {
-            return (StatusCode::INTERNAL_SERVER_ERROR, format!("no randomness: {e}\n"))
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("no randomness: {e}\n"),
+            )
                 .into_response()
         }
     };
@@ -572,7 +587,9 @@ async fn login(State(app): State<App>, headers: HeaderMap, Form(f): Form<LoginFo
         COOKIE,
         &id,
         "/",
-        expires.saturating_sub(at).min(app.server.cfg.server.web_session),
+        expires
+            .saturating_sub(at)
+            .min(app.server.cfg.server.web_session),
         app.secure,
     );
     set_cookie(&mut r, LOGIN_COOKIE, "", "/login", 0, app.secure);

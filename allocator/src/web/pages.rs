@@ -419,7 +419,7 @@ pub fn nodes(
         );
     }
     b.push_str("</tbody></table>");
-    events.sort_by(|a, b| b.0.cmp(&a.0));
+    events.sort_by_key(|e| std::cmp::Reverse(e.0));
     b.push_str(r#"<h2>Health events</h2><table class="events"><thead><tr><th>Since</th><th>Node</th><th>GPU</th><th>Signal</th><th>What it means</th><th>Action</th></tr></thead><tbody>"#);
     for (since, node, gpu, r) in events.iter().take(200) {
         let _ = write!(

@@ -102,13 +102,9 @@ impl Sessions {
     }
 
     /// How many are open.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.by_hash.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// Whether none is open.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

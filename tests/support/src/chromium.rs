@@ -79,7 +79,10 @@ impl Browser {
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
                 if let Some(url) = line.strip_prefix("DevTools listening on ") {
                     let _ = tx.send(url.trim().to_string());
                 }
