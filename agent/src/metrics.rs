@@ -106,6 +106,7 @@ pub fn render(sh: &Shared) -> String {
         &[("version", env!("CARGO_PKG_VERSION"))],
         1,
     );
+    allot_common::process::Process::read().write(&mut e);
     let mut body = gpus.unwrap_or_default();
     body.push_str(&e.finish());
     body

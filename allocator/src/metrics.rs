@@ -258,6 +258,7 @@ impl Numbers {
             "gate",
             self.gated.iter().map(|(k, v)| (*k, v)),
         );
+        allot_common::process::Process::read().write(&mut e);
         e.finish()
     }
 }
@@ -529,6 +530,7 @@ mod tests {
         );
         for line in [
             "allot_build_info{version=",
+            "# TYPE process_resident_memory_bytes gauge",
             "allot_nodes{state=\"ready\"} 0",
             "# TYPE allot_workloads_finished_total counter",
             "# TYPE allot_connections gauge",

@@ -25,6 +25,8 @@ pub mod http;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod net;
+#[cfg(feature = "http")]
+pub mod process;
 #[cfg(feature = "rlimit")]
 pub mod rlimit;
 #[cfg(feature = "sqlite")]

@@ -20,7 +20,7 @@ mod revoke;
 mod start;
 #[cfg(test)]
 mod tests;
-mod usage;
+pub(crate) mod usage;
 
 use crate::contract::Terms;
 use crate::lease::LeaseRecord;
@@ -268,6 +268,8 @@ pub struct Host {
     /// Per live lease, since when (ms) its GPUs have been under `idle_below_pct`
     /// (not kept across restarts: a restarted agent watches afresh).
     low_since: BTreeMap<String, i64>,
+    /// Per live lease, when (ms) its utilisation was last written for allotd.
+    use_said: BTreeMap<String, i64>,
 }
 
 fn lease_dir(s: &Settings, id: &str) -> PathBuf {

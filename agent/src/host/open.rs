@@ -63,6 +63,7 @@ impl Host {
             failed_write: std::sync::Mutex::new(None),
             check_disk: false,
             low_since: BTreeMap::new(),
+            use_said: BTreeMap::new(),
             store,
         };
         if let Err(e) = h.store.prune_events(now_ms) {

@@ -93,38 +93,19 @@ pub fn duration(secs: u64) -> String {
     }
 }
 
-/// A Unix time as UTC (`2026-12-05 19:49`), or `-` for none.
+/// A Unix time as UTC to the minute (`2026-12-05 19:49`), or `-` for none.
 pub fn time(unix: i64) -> String {
     if unix <= 0 {
         return "-".into();
     }
-    let days = unix.div_euclid(86_400);
-    let secs = unix.rem_euclid(86_400);
-    let (y, m, d) = civil(days);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}",
-        secs / 3600,
-        secs % 3600 / 60
-    )
+    let full = allot_common::utc::format_time(unix);
+    full.get(..16).map_or(full.clone(), str::to_string)
 }
 
 /// The date of a Unix time (`2026-12-05`).
 pub fn date(unix: i64) -> String {
-    let (y, m, d) = civil(unix.div_euclid(86_400));
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
-/// Days since 1970-01-01 as (year, month, day) in the proleptic Gregorian calendar.
-fn civil(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
+    let full = allot_common::utc::format_time(unix);
+    full.get(..10).map_or(full.clone(), str::to_string)
 }
 
 /// Two bars in one SVG: what was received against what was entitled, on a scale

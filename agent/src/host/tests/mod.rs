@@ -9,6 +9,7 @@ mod ladder;
 mod restart;
 mod revoke;
 mod start;
+mod usage;
 mod users;
 
 use super::*;
