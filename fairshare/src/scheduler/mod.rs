@@ -10,12 +10,14 @@
 //! and GPU changes); `bookkeeping` what starting, ending, revoking and claiming does
 //! to the state; `pass` one ranking pass; `placement` where a shape fits; `baseline`
 //! the static-priority policy kept for comparison; `easy` FIFO with EASY backfill,
-//! the reference a Slurm site runs.
+//! the reference a Slurm site runs; `forecast` when pending work will start
+//! (clones run forward).
 
 mod baseline;
 mod bookkeeping;
 mod easy;
 mod facts;
+mod forecast;
 mod gates;
 mod inputs;
 mod leaving;
@@ -41,6 +43,7 @@ use std::collections::{BTreeMap, BTreeSet};
 pub use baseline::Baseline;
 use bookkeeping::protection;
 pub use facts::{Facts, LeaseFacts, NodeFacts, WorkloadFacts};
+pub use forecast::{Forecast, ForecastOptions, RunHistory};
 use inputs::QueueKey;
 pub use leaving::{Leaving, LeavingPart};
 use pass::Pass;
