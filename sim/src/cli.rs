@@ -75,7 +75,10 @@ pub fn run(a: Args) -> Result<()> {
              Philly with --scenario scenarios/philly.toml)",
             a.scenario
         ),
-        Some(TraceFormat::Allot) => a.trace.clone().or_else(|| sc.trace_path(scenario_file(&a))),
+        Some(TraceFormat::Allot) => a
+            .trace
+            .clone()
+            .or_else(|| sc.trace_path(scenario_file(&a.scenario))),
         None => a.trace.clone(),
     };
     if let Some(d) = a.days {
@@ -117,7 +120,7 @@ pub fn run(a: Args) -> Result<()> {
     print(a.json, &report, sim::Report::table)
 }
 
-fn read_scenario(name: &str) -> Result<Scenario> {
+pub(crate) fn read_scenario(name: &str) -> Result<Scenario> {
     let (text, file) = if name == "ai2" {
         (AI2.to_string(), "ai2 (built-in)".to_string())
     } else {
@@ -131,11 +134,11 @@ fn read_scenario(name: &str) -> Result<Scenario> {
 
 /// The scenario's file, against which its `[trace] path` is resolved (a built-in:
 /// the working directory).
-fn scenario_file(a: &Args) -> &std::path::Path {
-    if a.scenario == "ai2" {
+pub(crate) fn scenario_file(name: &str) -> &std::path::Path {
+    if name == "ai2" {
         std::path::Path::new("ai2")
     } else {
-        std::path::Path::new(&a.scenario)
+        std::path::Path::new(name)
     }
 }
 
@@ -166,7 +169,7 @@ fn run_strict(a: Args, order: strict::Order) -> Result<()> {
     let path = match &a.trace {
         Some(p) => p.clone(),
         None => sc
-            .trace_path(scenario_file(&a))
+            .trace_path(scenario_file(&a.scenario))
             .context("the scenario names no trace")?,
     };
     let started = Instant::now();
@@ -197,7 +200,7 @@ fn print<T: serde::Serialize>(json: bool, report: &T, table: fn(&T) -> String) -
     Ok(())
 }
 
-fn read_trace(path: &std::path::Path, sc: &Scenario) -> Result<trace::Trace> {
+pub(crate) fn read_trace(path: &std::path::Path, sc: &Scenario) -> Result<trace::Trace> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("--trace {}: cannot read the file", path.display()))?;
     Ok(trace::parse(&text, &path.display().to_string(), sc)?)

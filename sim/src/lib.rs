@@ -9,6 +9,7 @@
 
 pub mod ablation;
 pub mod cli;
+pub mod forecast;
 pub mod helios;
 mod pool;
 pub mod report;
@@ -183,10 +184,22 @@ struct JobState {
 /// Runs a scenario (or the given trace jobs on its clusters and tree).
 pub fn run(
     sc: &Scenario,
-    mut jobs: Vec<Job>,
+    jobs: Vec<Job>,
     extra_groups: &[(String, String)],
     opts: &SimOptions,
 ) -> Result<Report, SimError> {
+    run_probed(sc, jobs, extra_groups, opts, None).map(|(r, _)| r)
+}
+
+/// [`run`], with a start-time forecast taken by `probe` (see [`forecast`]) and
+/// scored against what happened.
+pub fn run_probed(
+    sc: &Scenario,
+    mut jobs: Vec<Job>,
+    extra_groups: &[(String, String)],
+    opts: &SimOptions,
+    mut probe: Option<&mut forecast::Probe>,
+) -> Result<(Report, Option<forecast::Score>), SimError> {
     let specs = sc.tree_specs(extra_groups).map_err(SimError::Core)?;
     let tree = OrgTree::new(&specs).map_err(|e| SimError::Core(e.to_string()))?;
     let nodes = sc.nodes();
@@ -259,6 +272,8 @@ pub fn run(
     let mut entitlement_dirty = true;
     let mut next_pass: Time = 0;
     let mut repairs = Repairs::new(core.cluster().len());
+    // Workloads that arrived since the last pass (for the forecast probe).
+    let mut arrived: Vec<WorkloadId> = Vec::new();
 
     loop {
         let t_arrive = jobs
@@ -295,6 +310,9 @@ pub fn run(
                     format!("workload of class {}: {e}", j.spec.class)
                 })
             })?;
+            if probe.is_some() {
+                arrived.push(wid);
+            }
             let team = team_index[core.workload(wid).map_or(0, |w| w.project.idx())];
             let class = rep.class_index(&j.spec.class);
             rep.wait_begins(team, class, u64::from(j.spec.total_gpus()));
@@ -330,6 +348,9 @@ pub fn run(
                         LeaseEnd::Completed
                     };
                     js.remaining = js.remaining.saturating_sub(ran);
+                    if let Some(p) = probe.as_deref_mut() {
+                        p.ran(&jobs[(r.wid.0 - 1) as usize].spec.class, ran);
+                    }
                     release(&mut rep, t, &mut recv, &mut busy, &mut busy_unfunded, &r);
                     for n in repairs.end_lease(&mut core, t, lid, end)? {
                         push(&mut heap, t + sc.faults.repair, Ev::Repair(n.0));
@@ -427,6 +448,10 @@ pub fn run(
         } else {
             next_pass = t + sc.pass_interval;
             rep.passes += 1;
+            if let Some(p) = probe.as_deref_mut() {
+                p.before_pass(&core, t, &arrived);
+                arrived.clear();
+            }
             core.schedule(t)
         };
         for a in d.actions {
@@ -543,7 +568,14 @@ pub fn run(
     }
     rep.submitted = next_job as u64;
     rep.events = events;
-    Ok(rep.finish(opts.policy.name(), &sc.name, opts.seed, sc.days, horizon))
+    let score = probe.map(|p| {
+        let starts: Vec<Option<Time>> = job_state.iter().map(|s| s.first_start).collect();
+        p.score(&starts, horizon)
+    });
+    Ok((
+        rep.finish(opts.policy.name(), &sc.name, opts.seed, sc.days, horizon),
+        score,
+    ))
 }
 
 /// Whether `job` counts as small short work in the report.

@@ -29,6 +29,10 @@ enum Command {
     /// against the priority baseline and FIFO with EASY backfill, and print the
     /// spread of each measure and a verdict per target.
     Suite(allot_sim::suite::SuiteArgs),
+    /// Measure the start-time forecast against what happened: at each sampled
+    /// arrival, the forecast p50/p90 start of the new work, then its actual start;
+    /// prints the share that started by its p90, the median errors and the cost.
+    Forecast(allot_sim::forecast::ForecastArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -41,6 +45,7 @@ fn main() -> std::process::ExitCode {
     allot_common::logging::init("info", allot_common::logging::Format::Text);
     let result = match cli.command {
         Some(Command::Suite(a)) => allot_sim::suite::run(a),
+        Some(Command::Forecast(a)) => allot_sim::forecast::run(a),
         None => allot_sim::cli::run(cli.args),
     };
     match result {
