@@ -180,3 +180,34 @@ proptest! {
         prop_assert_eq!(before, format!("{:?}", s.facts()));
     }
 }
+
+#[test]
+fn calibration_stretches_forecasts_by_how_past_ones_missed() {
+    let mut s = one_node();
+    let mut spec = limited(job("p", 8, HOUR), 10 * HOUR);
+    spec.class = "batch".into();
+    s.submit(0, spec.clone()).expect("submit");
+    s.schedule(0);
+    let w = s.submit(0, spec).expect("submit");
+    let mut opts = ForecastOptions::default();
+    let plain = s.forecast(0, &opts)[&w];
+    assert_eq!((plain.p50, plain.p90), (Some(5 * HOUR), Some(10 * HOUR)));
+    assert_eq!((plain.model_p50, plain.model_p90), (plain.p50, plain.p90));
+    // Past batch work waited (w + 10 min) × 2 − 10 min for a forecast of w.
+    for _ in 0..30 {
+        opts.calibration
+            .record("batch", Some(HOUR), Some(HOUR), 2 * HOUR + 600);
+    }
+    assert_eq!(opts.calibration.len("batch"), 30);
+    let f = s.forecast(0, &opts)[&w];
+    assert_eq!(f.p50, Some(10 * HOUR + 600));
+    assert_eq!(f.p90, Some(20 * HOUR + 600));
+    assert_eq!((f.model_p50, f.model_p90), (plain.p50, plain.p90));
+    // Other classes are left alone.
+    let mut other = opts.clone();
+    other.calibration = Default::default();
+    for _ in 0..30 {
+        other.calibration.record("debug", Some(0), Some(0), DAY);
+    }
+    assert_eq!(s.forecast(0, &other)[&w], plain);
+}

@@ -48,6 +48,10 @@ pub struct ForecastArgs {
     /// p50 without history: the part of a lease's time limit it is taken to run.
     #[arg(long, default_value_t = 0.5)]
     p50_fraction: f64,
+    /// Do not correct forecasts by how earlier ones of the same class compared
+    /// with the actual starts.
+    #[arg(long)]
+    no_calibration: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -64,13 +68,21 @@ pub struct Probe {
     taken: Vec<(WorkloadId, Time, Option<Time>, Option<Time>)>,
     /// Each taken workload's class.
     classes: Vec<String>,
+    /// Forecasts not yet started: workload → (when, class, model p50, model p90).
+    open: std::collections::BTreeMap<WorkloadId, (Time, String, Option<Time>, Option<Time>)>,
+    use_calibration: bool,
     /// Wall seconds of each forecast.
     costs: Vec<f64>,
 }
 
 impl Probe {
     /// A probe forecasting once per `every` seconds with `opts`.
-    pub fn new(every: Secs, opts: ForecastOptions, use_history: bool) -> Self {
+    pub fn new(
+        every: Secs,
+        opts: ForecastOptions,
+        use_history: bool,
+        use_calibration: bool,
+    ) -> Self {
         Probe {
             every: every.max(1),
             opts,
@@ -78,6 +90,8 @@ impl Probe {
             next: 0,
             taken: Vec::new(),
             classes: Vec::new(),
+            open: Default::default(),
+            use_calibration,
             costs: Vec::new(),
         }
     }
@@ -94,7 +108,21 @@ impl Probe {
         for (id, x) in f {
             let class = core.workload(id).map_or("", |w| w.spec.class.as_str());
             self.classes.push(class.to_string());
+            if self.use_calibration {
+                self.open
+                    .insert(id, (t, class.to_string(), x.model_p50, x.model_p90));
+            }
             self.taken.push((id, t, x.p50, x.p90));
+        }
+    }
+
+    /// Workload `id` started (for the first time) at `t`: what the calibration learns.
+    pub(crate) fn started(&mut self, id: WorkloadId, t: Time) {
+        if let Some((at, class, a, b)) = self.open.remove(&id) {
+            let wait = |x: Option<Time>| x.map(|x| x.saturating_sub(at));
+            self.opts
+                .calibration
+                .record(&class, wait(a), wait(b), t.saturating_sub(at));
         }
     }
 
@@ -368,7 +396,7 @@ pub fn run(a: ForecastArgs) -> Result<()> {
             seed,
             timeline: false,
         };
-        let mut probe = Probe::new(every, opts.clone(), !a.no_history);
+        let mut probe = Probe::new(every, opts.clone(), !a.no_history, !a.no_calibration);
         crate::run_probed(&sc, jobs, &groups, &sim_opts, Some(&mut probe))
             .map(|(_, score)| Score {
                 seed,

@@ -468,6 +468,9 @@ pub fn run_probed(
                     let js = &mut job_state[idx];
                     if js.first_start.is_none() {
                         js.first_start = Some(t);
+                        if let Some(p) = probe.as_deref_mut() {
+                            p.started(workload, t);
+                        }
                         rep.waited(&job.spec.class, job.spec.nodes, t - job.submit);
                         if small_short(job) {
                             rep.small_short_waited(t - job.submit, Some(funded));

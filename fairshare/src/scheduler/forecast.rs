@@ -16,6 +16,13 @@
 //!   ([`ForecastOptions::unlimited_p50`] without one), or at the median of its
 //!   class's history as above.
 //!
+//! Nothing new arriving makes the runs forward optimistic where new work keeps
+//! ranking ahead (a busy cluster's free occupancy). A [`Calibration`] of how past
+//! forecasts of each class compared with their actual starts corrects that: each
+//! forecast wait `w` becomes `(w + 10 min) × k − 10 min`, `k` the median (p50) or
+//! 90th percentile (p90) of `(actual wait + 10 min) / (forecast wait + 10 min)` over
+//! the class's recent forecasts, once it has 20 of them.
+//!
 //! The p90 forecast is never earlier than the p50 one (it takes the later of the
 //! two). Work is bounded: nothing past `now + horizon` (that workload gets `None`:
 //! "not within 14 days"), at most `max_steps` passes, and passes no closer together
@@ -47,6 +54,9 @@ pub struct ForecastOptions {
     pub revoke_delay: Secs,
     /// How long runs of each class lasted (fed by the shell from ended leases).
     pub history: RunHistory,
+    /// How past forecasts of each class compared with what happened (fed by the
+    /// shell when forecast work starts).
+    pub calibration: Calibration,
 }
 
 impl Default for ForecastOptions {
@@ -60,6 +70,7 @@ impl Default for ForecastOptions {
             unlimited_p90: 3 * DAY,
             revoke_delay: 0,
             history: RunHistory::default(),
+            calibration: Calibration::default(),
         }
     }
 }
@@ -73,6 +84,11 @@ pub struct Forecast {
     /// When it starts at the latest, give or take one time in ten; `None`: not
     /// within the horizon. Never before `p50`.
     pub p90: Option<Time>,
+    /// The p50 run forward's own answer, before calibration: what
+    /// [`Calibration::record`] takes (as a wait from `now`) once the work starts.
+    pub model_p50: Option<Time>,
+    /// The p90 run forward's own answer, before calibration.
+    pub model_p90: Option<Time>,
 }
 
 /// Run lengths of leases that ended on their own (completed, failed or at their
@@ -131,6 +147,95 @@ impl RunHistory {
             })
             .collect()
     }
+}
+
+/// How the waits past forecasts foresaw compared with the actual waits, per class:
+/// the last `cap` ratios of each class, for p50 and p90.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calibration {
+    cap: usize,
+    classes: BTreeMap<String, (VecDeque<f64>, VecDeque<f64>)>,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Calibration::new(500)
+    }
+}
+
+/// Seconds added to both sides of a calibration ratio, so that work forecast to
+/// start now (a wait of 0) still has one.
+const CAL_SLACK: f64 = 600.0;
+
+/// Fewest forecasts of a class before its calibration is used.
+const CAL_MIN: usize = 20;
+
+impl Calibration {
+    /// Keeps the last `cap` forecasts of each class.
+    pub fn new(cap: usize) -> Self {
+        Calibration {
+            cap: cap.max(1),
+            classes: BTreeMap::new(),
+        }
+    }
+
+    /// Work of `class` was forecast to wait `p50` and `p90` seconds (from the
+    /// forecast's `now`; `None`: not within the horizon), and waited `actual`.
+    pub fn record(&mut self, class: &str, p50: Option<Secs>, p90: Option<Secs>, actual: Secs) {
+        let (a, b) = match self.classes.get_mut(class) {
+            Some(x) => x,
+            None => self.classes.entry(class.to_string()).or_default(),
+        };
+        let ratio = |w: Secs| (actual as f64 + CAL_SLACK) / (w as f64 + CAL_SLACK);
+        for (q, w) in [(&mut *a, p50), (&mut *b, p90)] {
+            if let Some(w) = w {
+                if q.len() == self.cap {
+                    q.pop_front();
+                }
+                q.push_back(ratio(w));
+            }
+        }
+    }
+
+    /// Forecasts recorded of `class` (with a p90).
+    pub fn len(&self, class: &str) -> usize {
+        self.classes.get(class).map_or(0, |c| c.1.len())
+    }
+
+    /// Whether none is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.classes
+            .values()
+            .all(|c| c.0.is_empty() && c.1.is_empty())
+    }
+
+    /// The factors (p50, p90) for each class with enough forecasts.
+    fn factors(&self) -> BTreeMap<&str, (Option<f64>, Option<f64>)> {
+        let at = |q: &VecDeque<f64>, p: f64| {
+            if q.len() < CAL_MIN {
+                return None;
+            }
+            let mut v: Vec<f64> = q.iter().copied().collect();
+            v.sort_by(f64::total_cmp);
+            Some(v[((v.len() - 1) as f64 * p).round() as usize])
+        };
+        self.classes
+            .iter()
+            .map(|(c, (a, b))| (c.as_str(), (at(a, 0.5), at(b, 0.9))))
+            .collect()
+    }
+}
+
+/// `now` + `wait` stretched by `k` (see [`Calibration`]); `None` past `last`.
+fn calibrated(now: Time, at: Option<Time>, k: Option<f64>, last: Time) -> Option<Time> {
+    let (at, k) = match (at, k) {
+        (Some(at), Some(k)) => (at, k),
+        (at, _) => return at,
+    };
+    let w = (at - now) as f64;
+    let stretched = ((w + CAL_SLACK) * k - CAL_SLACK).max(0.0);
+    let t = now.saturating_add(stretched.min(u64::MAX as f64 / 2.0) as Secs);
+    (t <= last).then_some(t)
 }
 
 /// Fewest runs longer than a lease's age the history must hold to be used for it.
@@ -266,17 +371,34 @@ impl Scheduler {
                 q: Quantile::P50,
             },
         );
+        let factors = opts.calibration.factors();
+        let last = now.saturating_add(opts.horizon);
         targets
             .into_iter()
             .map(|id| {
-                let a = p50.get(&id).copied();
-                let b = p90.get(&id).copied();
+                let class = self
+                    .st
+                    .workloads
+                    .get(&id)
+                    .map_or("", |w| w.spec.class.as_str());
+                let (k50, k90) = factors.get(class).copied().unwrap_or_default();
+                let (model_p50, model_p90) = (p50.get(&id).copied(), p90.get(&id).copied());
+                let a = calibrated(now, model_p50, k50, last);
+                let b = calibrated(now, model_p90, k90, last);
                 // The later of the two, `None` (beyond the horizon) latest of all.
                 let b = match (a, b) {
                     (Some(a), Some(b)) => Some(a.max(b)),
                     _ => None,
                 };
-                (id, Forecast { p50: a, p90: b })
+                (
+                    id,
+                    Forecast {
+                        p50: a,
+                        p90: b,
+                        model_p50,
+                        model_p90,
+                    },
+                )
             })
             .collect()
     }

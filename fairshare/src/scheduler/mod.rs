@@ -43,7 +43,7 @@ use std::collections::{BTreeMap, BTreeSet};
 pub use baseline::Baseline;
 use bookkeeping::protection;
 pub use facts::{Facts, LeaseFacts, NodeFacts, WorkloadFacts};
-pub use forecast::{Forecast, ForecastOptions, RunHistory};
+pub use forecast::{Calibration, Forecast, ForecastOptions, RunHistory};
 use inputs::QueueKey;
 pub use leaving::{Leaving, LeavingPart};
 use pass::Pass;
