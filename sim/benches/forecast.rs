@@ -1,12 +1,14 @@
 //! What a start-time forecast ([`Scheduler::forecast`]) costs at the size allotd
 //! asks it every ~30 s (`cargo bench -p allot-sim --bench forecast`): 1,000 nodes ×
 //! 8 GPUs, full (mixed shapes, funded and unfunded, a third of them with a time
-//! limit, started over the last two days), and 5,000 pending workloads of the same
+//! limit, started over the last two days), and 5,000 pending (topped up to) workloads of the same
 //! mix (5% gangs of 2–4 nodes) over the ai2 tree's projects. Reported: median and
 //! most of 5 forecasts of every pending workload, and of one workload's.
 
 use allot_fairshare::time::HOUR;
-use allot_fairshare::{ForecastOptions, NodeSpec, OrgTree, Scheduler, WorkloadSpec};
+use allot_fairshare::{
+    ForecastOptions, LeaseEnd, LeaseId, NodeSpec, OrgTree, Scheduler, WorkloadSpec,
+};
 use allot_sim::{rng::Rng, scenario::AI2, Scenario};
 use std::time::Instant;
 
@@ -62,11 +64,21 @@ fn state() -> (Scheduler, u64) {
         .collect();
     let mut s = Scheduler::new(sc.policy.clone(), tree, nodes).expect("scheduler");
     let mut rng = Rng::new(7);
-    // Fill the cluster over two days, a batch an hour.
-    for h in 0..48u64 {
-        for _ in 0..400 {
-            s.submit(h * HOUR, spec(&mut rng, &projects, 0.0))
-                .expect("fits");
+    // Fill the cluster, then over two days end 1/24 of the leases an hour and submit
+    // as many, so leases started at many times.
+    for _ in 0..4_000 {
+        s.submit(0, spec(&mut rng, &projects, 0.0)).expect("fits");
+    }
+    s.schedule(0);
+    for h in 1..48u64 {
+        let ids: Vec<LeaseId> = s.leases().map(|l| l.id).collect();
+        for (i, id) in ids.iter().enumerate() {
+            if i % 24 == (h % 24) as usize {
+                s.lease_ended(h * HOUR, *id, LeaseEnd::Completed)
+                    .expect("lease");
+                s.submit(h * HOUR, spec(&mut rng, &projects, 0.0))
+                    .expect("fits");
+            }
         }
         s.schedule(h * HOUR);
     }
