@@ -749,6 +749,7 @@ impl pb::workloads_server::Workloads for Api {
             }
             r => r?,
         };
+        self.0.forecasts.fill(&mut w, id);
         // Why it started where it did, why it was revoked: the audit log's lines.
         w.history = self
             .0
@@ -793,7 +794,11 @@ impl pb::workloads_server::Workloads for Api {
             .filter(|w| r.state == 0 || state_pb(w.state) as i32 == r.state)
             // Only what this caller may see: their own, their subtree's, or all.
             .filter(|w| c.alloc.sees(&who, w.id))
-            .map(|w| workload_pb(w, c.alloc.why(at, w.id)))
+            .map(|w| {
+                let mut v = workload_pb(w, c.alloc.why(at, w.id));
+                self.0.forecasts.fill(&mut v, w.id);
+                v
+            })
             .collect();
         Ok(Response::new(pb::ListResponse { workloads }))
     }

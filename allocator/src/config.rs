@@ -28,6 +28,10 @@ pub struct ServerSection {
     /// A web session ends this long after its login.
     #[serde(deserialize_with = "de_duration")]
     pub web_session: u64,
+    /// Pending work's start is forecast this often (a clone of the scheduler run
+    /// forward, off the state's lock); 0: never.
+    #[serde(deserialize_with = "de_duration")]
+    pub forecast_every: u64,
     /// SQLite state directory.
     pub state_dir: PathBuf,
     /// A node whose agent is silent this long is lost; its leases are requeued then.
@@ -140,6 +144,7 @@ impl Default for ServerSection {
             metrics_token_file: PathBuf::new(),
             web: true,
             web_session: 12 * 3600,
+            forecast_every: 30,
             state_dir: "/var/lib/allot/allotd".into(),
             lost_grace: 120,
             schedule_interval: 10,

@@ -90,6 +90,10 @@ pub async fn serve_bound(
         None => None,
     };
     let looper = tokio::spawn(server.clone().schedule_loop());
+    let forecaster = tokio::spawn(crate::forecast::run(
+        server.clone(),
+        server.cfg.server.forecast_every,
+    ));
     server.kick.notify_one();
     tracing::info!(listen = %addr, metrics = %metrics.as_ref().map_or("-", |m| m.0.as_str()), "allotd ready");
     allot_common::systemd::notify("READY=1");
@@ -128,6 +132,8 @@ pub async fn serve_bound(
     };
     looper.abort();
     let _ = looper.await;
+    forecaster.abort();
+    let _ = forecaster.await;
     // The next start (of this release or a later one) reads this and no tail.
     if let Err(e) = server.snapshot() {
         tracing::error!(error = %e, "no snapshot at stop; the next start applies the journal");

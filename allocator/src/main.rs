@@ -10,6 +10,7 @@ mod config;
 mod conns;
 mod daemon;
 mod dev;
+mod forecast;
 mod history;
 mod limits;
 mod loadtest;

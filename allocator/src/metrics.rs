@@ -25,6 +25,8 @@ pub struct Numbers {
     connections: (usize, u64, u64, usize),
     /// Nodes by scheduling state, and how many of them have their agent connected.
     nodes: std::collections::BTreeMap<&'static str, (u64, u64)>,
+    /// The last forecast: how long it took (ms), when it ran.
+    forecast: (u64, u64),
 }
 
 impl Numbers {
@@ -60,6 +62,7 @@ impl Numbers {
             slot.1 += u64::from(n.connected);
         }
         Numbers {
+            forecast: server.forecasts.last(),
             nodes,
             notifications,
             groups: core.alloc.tree(now()).groups,
@@ -257,6 +260,18 @@ impl Numbers {
             Kind::Gauge,
             "gate",
             self.gated.iter().map(|(k, v)| (*k, v)),
+        );
+        e.single(
+            "allot_forecast_seconds",
+            "How long the last start-time forecast of pending work took.",
+            Kind::Gauge,
+            format!("{:.3}", self.forecast.0 as f64 / 1000.0),
+        );
+        e.single(
+            "allot_forecast_timestamp_seconds",
+            "When the last start-time forecast ran (0: not yet).",
+            Kind::Gauge,
+            self.forecast.1,
         );
         allot_common::process::Process::read().write(&mut e);
         e.finish()

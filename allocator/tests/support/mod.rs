@@ -66,7 +66,9 @@ impl Cluster {
         agent_extra: &str,
         script: Option<&str>,
     ) -> Cluster {
-        let mut c = Self::prepare(tag, "lost_grace = \"30s\"", groups);
+        // Forecasts soon after a change, so a test sees them.
+        let server = "lost_grace = \"30s\"\nforecast_every = \"2s\"";
+        let mut c = Self::prepare(tag, server, groups);
         c.metered = true;
         c.agent_extra = agent_extra.to_string();
         c.gpu_script = script.map(String::from);

@@ -18,7 +18,7 @@ fn spec(w: &Workload) -> &WorkloadSpec {
     w.spec.as_ref().unwrap_or(&NO_SPEC)
 }
 
-pub use allot_proto::names::workload_state as state_name;
+pub use allot_proto::names::{forecast_words, workload_state as state_name};
 
 /// Whether a workload in this state is over for good (no run, no requeue ahead).
 pub fn is_final(s: WorkloadState) -> bool {
@@ -278,6 +278,17 @@ pub fn workload_json(w: &Workload) -> Value {
         "exit_status": is_final(w.state()).then(|| exit_status(w)),
         "runs": w.runs.iter().map(run_json).collect::<Vec<_>>(),
     });
+    let forecast = json!({
+        "p50_unix": w.forecast_p50_unix,
+        "p90_unix": w.forecast_p90_unix,
+        "at_unix": w.forecast_at_unix,
+        "horizon_s": w.forecast_horizon_s,
+    });
+    v["forecast"] = if w.forecast_at_unix > 0 {
+        forecast
+    } else {
+        Value::Null
+    };
     // Past json!'s recursion limit in one literal: the gates and the array apart.
     let gates = json!({
         "array_id": (!w.array_id.is_empty()).then_some(&w.array_id),
@@ -345,7 +356,7 @@ pub fn queue_table(workloads: &[Workload], now: i64) -> String {
             format!("{array}_[{lo}-{hi}]")
         };
         if n > 1 {
-            r[11] = format!("{n} pending: {}", r[11]);
+            r[12] = format!("{n} pending: {}", r[12]);
         }
     }
     table::render(
@@ -359,6 +370,7 @@ pub fn queue_table(workloads: &[Workload], now: i64) -> String {
             "STATE",
             "RUN",
             "WAITED/RAN",
+            "START",
             "PREEMPTED",
             "NODES",
             "WHY",
@@ -399,10 +411,27 @@ fn queue_row(w: &Workload, now: i64) -> Vec<String> {
         state_name(state).into(),
         w.runs.len().to_string(),
         waited_ran,
+        forecast_short(w, now),
         w.preemptions.to_string(),
         list(&w.nodes, ","),
         or_dash(&why),
     ]
+}
+
+/// The forecast as `allot queue` shows it: `~40m00s/2h05m` (about / at most),
+/// `now`, `>14d00h` past the horizon, `-` with none.
+fn forecast_short(w: &Workload, now: i64) -> String {
+    if w.state() != WorkloadState::Pending || w.forecast_at_unix == 0 {
+        return "-".into();
+    }
+    let wait = |t: i64| allot_units::format_duration(t.saturating_sub(now).max(0) as u64);
+    let beyond = format!(">{}", allot_units::format_duration(w.forecast_horizon_s));
+    match (w.forecast_p50_unix, w.forecast_p90_unix) {
+        (a, b) if a > 0 && b > 0 && b <= now + 60 => "now".into(),
+        (a, b) if a > 0 && b > 0 => format!("~{}/{}", wait(a), wait(b)),
+        (a, _) if a > 0 => format!("~{}/{beyond}", wait(a)),
+        _ => beyond,
+    }
 }
 
 /// An instant and how long ago: `2026-11-29T19:20:00Z (3m12s ago)`, `-` if unset.
@@ -496,6 +525,12 @@ pub fn status_text(w: &Workload, now: i64) -> String {
         ("submitted", when(w.submit_unix, now)),
         ("started", when(w.start_unix, now)),
     ]);
+    if let Some(f) = forecast_words(w, now) {
+        lines.push((
+            "may start",
+            format!("{f} (forecast {})", when(w.forecast_at_unix, now)),
+        ));
+    }
     // How a run ended belongs to final workloads; a live one that shows one was
     // requeued, and `end reason: node-lost` beside `state: running` read as a contradiction.
     if is_final(state) {
@@ -875,17 +910,27 @@ mod tests {
                 .into(),
             ..Default::default()
         }];
-        let t = queue_table(
-            &[workload(WorkloadState::Pending), running, done, named],
-            NOW,
+        let mut pending = workload(WorkloadState::Pending);
+        (
+            pending.forecast_at_unix,
+            pending.forecast_p50_unix,
+            pending.forecast_p90_unix,
+            pending.forecast_horizon_s,
+        ) = (NOW - 10, NOW + 2_400, NOW + 7_500, 14 * 86_400);
+        let status = status_text(&pending, NOW);
+        assert!(
+            status.contains("may start:   about 40m00s, at most 2h05m (forecast"),
+            "{status}"
         );
-        // Every column, with a name and a run number; a failed start says why.
+        let t = queue_table(&[pending, running, done, named], NOW);
+        // Every column, with a name and a run number; a failed start says why and
+        // pending work when it may start.
         expect_test::expect![[r#"
-            ID  NAME      PROJECT  USER  CLASS  GPUS  STATE      RUN  WAITED/RAN  PREEMPTED  NODES  WHY
-            17  -         vision   ana   batch  8x2   pending    0    3m12s       0          -      project vision is served 1.30× its share; needs 2 whole nodes
-            18  -         vision   ana   batch  8x2   running    0    1h05m       1          n1,n2  -
-            19  -         vision   ana   batch  8x2   timed-out  0    1h00m       0          -      time-limit
-            20  sweep-lr  vision   ana   batch  8x2   failed     1    1m00s       0          -      failed-to-start (cannot start "python": No such file or directory) on n1
+            ID  NAME      PROJECT  USER  CLASS  GPUS  STATE      RUN  WAITED/RAN  START          PREEMPTED  NODES  WHY
+            17  -         vision   ana   batch  8x2   pending    0    3m12s       ~40m00s/2h05m  0          -      project vision is served 1.30× its share; needs 2 whole nodes
+            18  -         vision   ana   batch  8x2   running    0    1h05m       -              1          n1,n2  -
+            19  -         vision   ana   batch  8x2   timed-out  0    1h00m       -              0          -      time-limit
+            20  sweep-lr  vision   ana   batch  8x2   failed     1    1m00s       -              0          -      failed-to-start (cannot start "python": No such file or directory) on n1
         "#]].assert_eq(&t);
 
         // Cancelled while pending: it never ran.

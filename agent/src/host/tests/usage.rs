@@ -19,16 +19,28 @@ fn a_leases_level_is_written_when_it_moves_by_a_step_at_most_every_five_minutes(
     let a = t.start(spec(4, 0));
     let now = t.os.advance(1_000);
     t.h.on_samples(at(40), now);
-    assert_eq!(t.stored(&a.id).map(|l| l.gpu_util_pct), Some(40), "the first level");
+    assert_eq!(
+        t.stored(&a.id).map(|l| l.gpu_util_pct),
+        Some(40),
+        "the first level"
+    );
     let now = t.os.advance(60_000);
     t.h.on_samples(at(90), now);
-    assert_eq!(t.lease(&a.id).gpu_util_pct, 40, "not again within five minutes");
+    assert_eq!(
+        t.lease(&a.id).gpu_util_pct,
+        40,
+        "not again within five minutes"
+    );
     let now = t.os.advance(USE_EVERY_MS);
     t.h.on_samples(at(95), now);
     assert_eq!(t.stored(&a.id).map(|l| l.gpu_util_pct), Some(95));
     let now = t.os.advance(USE_EVERY_MS);
     t.h.on_samples(at(95 - USE_STEP + 1), now);
-    assert_eq!(t.lease(&a.id).gpu_util_pct, 95, "a move under the step is no news");
+    assert_eq!(
+        t.lease(&a.id).gpu_util_pct,
+        95,
+        "a move under the step is no news"
+    );
     assert_eq!(t.lease(&a.id).idle_since_ms, 0, "busy all along");
 }
 
@@ -44,5 +56,9 @@ fn an_idle_spell_is_written_at_once_whatever_was_written_just_before() {
     let now = t.os.advance(1_000);
     t.h.on_samples(at(80), now);
     let l = t.lease(&a.id);
-    assert_eq!((l.idle_since_ms, l.gpu_util_pct), (0, 80), "busy again at once");
+    assert_eq!(
+        (l.idle_since_ms, l.gpu_util_pct),
+        (0, 80),
+        "busy again at once"
+    );
 }
