@@ -316,6 +316,7 @@ pub fn tree_pb(t: TreeView) -> pb::GetTreeResponse {
                 depth: g.depth,
                 counted_gpu_hours: g.counted_gpu_hours,
                 fair_gpu_hours: g.fair_gpu_hours,
+                gpu_util: g.gpu_util,
             })
             .collect(),
         window_hours: t.window_hours,

@@ -104,6 +104,12 @@ fn every_page_loads_clean_shows_what_the_api_says_and_refuses_what_the_role_does
     assert_eq!(b.eval("location.pathname"), "/login");
     assert!(page_errors(&mut b, Some(401)).is_empty());
 
+    // The hosts have said how busy vision's GPUs are (the fake's 40 + i %).
+    let util = wait_for("vision's GPU use in allot share", LONG, || {
+        group(&c.json(&["share", "--json"]), "vision")["gpu_util"].as_f64()
+    });
+    assert!((0.39..0.45).contains(&util), "{util}");
+
     // The admin: every page, clean, with the API's numbers.
     log_in(&mut b, &base, &c.token);
     assert_eq!(b.eval("location.pathname"), "/", "logged in, at the tree");
@@ -124,6 +130,10 @@ fn every_page_loads_clean_shows_what_the_api_says_and_refuses_what_the_role_does
         }
     }
     assert_eq!(b.text("[data-k='capacity']").as_deref(), Some("4"));
+    assert_eq!(
+        b.text("tr[data-group='vision'] [data-k='util']"),
+        Some(format!("{:.1}%", util * 100.0))
+    );
     let starved = b.text("#starved").unwrap_or_default();
     assert!(
         starved.contains("none") || starved.contains("vision"),

@@ -570,6 +570,7 @@ fn group(name: &str, parent: &str, depth: u32, weight: f64, share: f64) -> Group
         depth,
         counted_gpu_hours: received + 8.0,
         fair_gpu_hours: fair,
+        gpu_util: (depth == 2).then_some(0.42),
     }
 }
 
@@ -1255,16 +1256,17 @@ fn share_shows_the_tree() {
     // Every column is what it says, and RATIO = COUNTED / FAIR on every row.
     expect_test::expect![[r#"
         window: 168h, capacity: 32 GPUs, history covered: 24h, horizon: 1h
-        NAME      WEIGHT  SHARE  BUDGET  RECEIVED  RUNNING  COUNTED  FAIR   RATIO  PENDING
-        ml        3       75.0%  4032.0  472.0     8        480.0    600.0  0.80   16
-          vision  1       25.0%  1344.0  152.0     8        160.0    200.0  0.80   16
-          nlp     2       50.0%  2688.0  312.0     8        320.0    400.0  0.80   16
-        infra     1       25.0%  1344.0  152.0     8        160.0    200.0  0.80   16
-          tiny    1       0.0%   0.5     0.0       0        0.0      0.1    0.07   16
+        NAME      WEIGHT  SHARE  BUDGET  RECEIVED  RUNNING  COUNTED  FAIR   RATIO  PENDING  GPU_USE
+        ml        3       75.0%  4032.0  472.0     8        480.0    600.0  0.80   16       -
+          vision  1       25.0%  1344.0  152.0     8        160.0    200.0  0.80   16       42%
+          nlp     2       50.0%  2688.0  312.0     8        320.0    400.0  0.80   16       42%
+        infra     1       25.0%  1344.0  152.0     8        160.0    200.0  0.80   16       -
+          tiny    1       0.0%   0.5     0.0       0        0.0      0.1    0.07   16       42%
         GPU-hours. BUDGET = SHARE × 32 GPUs × 168h; RECEIVED = usage in the window.
         RATIO = COUNTED / FAIR, lowest served first at each level:
           COUNTED = RECEIVED + RUNNING × 1h
           FAIR = SHARE × 32 GPUs × (24h covered + 1h)
+        GPU_USE = how busy the RUNNING GPUs are, by their hosts' last word.
     "#]]
     .assert_eq(&out);
 

@@ -769,7 +769,11 @@ impl Allocator {
             return false;
         };
         if run.idle_since == idle_since {
-            return false;
+            // The level alone moved (the host says so at most every few minutes):
+            // kept for `allot share`, no news for the audit.
+            let moved = run.gpu_util != Some(gpu_util);
+            run.gpu_util = Some(gpu_util);
+            return moved;
         }
         run.idle_since = idle_since;
         run.gpu_util = Some(gpu_util);

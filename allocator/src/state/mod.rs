@@ -164,6 +164,9 @@ pub struct GroupView {
     pub counted_gpu_hours: f64,
     /// What the ratio counts as fair, GPU-hours.
     pub fair_gpu_hours: f64,
+    /// How busy its running GPUs are (0 to 1), by their hosts' last word; `None`
+    /// while none has said.
+    pub gpu_util: Option<f64>,
 }
 
 /// One drain of a node.
@@ -705,10 +708,25 @@ impl Allocator {
         let window_h = self.core.config().lookback as f64 / 3600.0;
         let mut running = vec![0u32; tree.len()];
         let mut pending = vec![0u32; tree.len()];
+        // Per group: utilisation × GPUs, and the GPUs whose use was said.
+        let mut busy = vec![(0.0f64, 0u64); tree.len()];
         for w in self.work.values() {
             let Some(g) = tree.find(&w.spec.project) else {
                 continue;
             };
+            if w.state == WorkloadState::Running {
+                if let Some((u, n)) = w
+                    .runs
+                    .last()
+                    .filter(|r| r.end == 0)
+                    .and_then(|r| r.gpu_util.map(|u| (u, r.gpus)))
+                {
+                    for p in tree.group(g).path.iter() {
+                        busy[p.idx()].0 += f64::from(u) / 100.0 * f64::from(n);
+                        busy[p.idx()].1 += u64::from(n);
+                    }
+                }
+            }
             let slot = match w.state {
                 WorkloadState::Running => &mut running,
                 WorkloadState::Pending => &mut pending,
@@ -739,6 +757,10 @@ impl Allocator {
                 depth: grp.path.len() as u32,
                 counted_gpu_hours: parts.get(g.idx()).map_or(0.0, |p| p.0 / 3600.0),
                 fair_gpu_hours: parts.get(g.idx()).map_or(0.0, |p| p.1 / 3600.0),
+                gpu_util: busy
+                    .get(g.idx())
+                    .filter(|b| b.1 > 0)
+                    .map(|b| b.0 / b.1 as f64),
             })
             .collect();
         TreeView {

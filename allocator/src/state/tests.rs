@@ -1566,6 +1566,26 @@ fn an_idle_lease_tells_its_owner_who_asked_and_only_from_its_own_host() {
             })
             .collect()
     };
+    // The level alone: kept (for allot share), no notice and no audit line.
+    let busy = Input::LeaseUse {
+        lease,
+        node: host.clone(),
+        idle_since: 0,
+        gpu_util: 70,
+    };
+    let ap = a.apply(60, &busy).expect("applied");
+    assert!(ap.changed && notices(&ap).is_empty());
+    let tree = a.tree(60);
+    let g = tree
+        .groups
+        .iter()
+        .find(|g| g.name == "demo-a")
+        .expect("demo-a");
+    assert_eq!(g.gpu_util, Some(0.7));
+    assert!(
+        !a.apply(61, &busy).expect("applied").changed,
+        "a repeat is no change"
+    );
     let ap = a.apply(3700, &idle(other)).expect("applied");
     assert!(
         notices(&ap).is_empty(),

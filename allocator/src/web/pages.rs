@@ -30,7 +30,7 @@ pub fn tree(t: &pb::GetTreeResponse) -> String {
         .iter()
         .map(|g| g.entitled_gpu_hours.max(g.served_gpu_hours))
         .fold(0.0_f64, f64::max);
-    b.push_str(r#"<table class="tree"><thead><tr><th>Group</th><th>Weight</th><th>Share</th><th>Budget GPU-h</th><th>Received GPU-h</th><th></th><th>Ratio</th><th>Running GPUs</th><th>Pending GPUs</th></tr></thead><tbody>"#);
+    b.push_str(r#"<table class="tree"><thead><tr><th>Group</th><th>Weight</th><th>Share</th><th>Budget GPU-h</th><th>Received GPU-h</th><th></th><th>Ratio</th><th>Running GPUs</th><th>GPU use</th><th>Pending GPUs</th></tr></thead><tbody>"#);
     for g in &t.groups {
         let name = if g.project {
             format!(
@@ -43,7 +43,7 @@ pub fn tree(t: &pb::GetTreeResponse) -> String {
         };
         let _ = write!(
             b,
-            r#"<tr data-group="{n}" class="d{depth}"><td class="name">{name}</td><td class="num">{w}</td><td class="num" data-k="share">{share}</td><td class="num" data-k="entitled">{ent}</td><td class="num" data-k="served">{srv}</td><td>{bar}</td><td class="num {rc}" data-k="ratio">{ratio:.2}</td><td class="num" data-k="running">{run}</td><td class="num" data-k="pending">{pend}</td></tr>"#,
+            r#"<tr data-group="{n}" class="d{depth}"><td class="name">{name}</td><td class="num">{w}</td><td class="num" data-k="share">{share}</td><td class="num" data-k="entitled">{ent}</td><td class="num" data-k="served">{srv}</td><td>{bar}</td><td class="num {rc}" data-k="ratio">{ratio:.2}</td><td class="num" data-k="running">{run}</td><td class="num" data-k="util">{util}</td><td class="num" data-k="pending">{pend}</td></tr>"#,
             n = esc(&g.name),
             depth = g.depth.min(6),
             w = g.weight,
@@ -55,6 +55,7 @@ pub fn tree(t: &pb::GetTreeResponse) -> String {
             ratio = g.ratio,
             run = g.running_gpus,
             pend = g.pending_gpus,
+            util = g.gpu_util.map_or_else(|| "-".into(), pct),
         );
     }
     b.push_str("</tbody></table>");

@@ -630,6 +630,7 @@ pub fn group_json(g: &Group) -> Value {
         "depth": g.depth,
         "counted_gpu_hours": g.counted_gpu_hours,
         "fair_gpu_hours": g.fair_gpu_hours,
+        "gpu_util": g.gpu_util,
     })
 }
 
@@ -670,6 +671,8 @@ pub fn share_text(t: &GetTreeResponse) -> String {
                 format!("{:.1}", g.fair_gpu_hours),
                 format!("{:.2}", g.ratio),
                 g.pending_gpus.to_string(),
+                g.gpu_util
+                    .map_or_else(|| "-".into(), |u| format!("{:.0}%", u * 100.0)),
             ]
         })
         .collect();
@@ -701,7 +704,7 @@ pub fn share_text(t: &GetTreeResponse) -> String {
     out.push_str(&table::render(
         &[
             "NAME", "WEIGHT", "SHARE", "BUDGET", "RECEIVED", "RUNNING", "COUNTED", "FAIR", "RATIO",
-            "PENDING",
+            "PENDING", "GPU_USE",
         ],
         &rows,
     ));
@@ -723,7 +726,8 @@ pub fn share_text(t: &GetTreeResponse) -> String {
         "GPU-hours. BUDGET = SHARE × {cap} × {w}; RECEIVED = usage in the window.\n\
          RATIO = COUNTED / FAIR, lowest served first at each level:\n  \
          COUNTED = {counted_from} + RUNNING × {hz}{drf}\n  \
-         FAIR = SHARE × {cap} × ({cov} covered + {hz})\n",
+         FAIR = SHARE × {cap} × ({cov} covered + {hz})\n\
+         GPU_USE = how busy the RUNNING GPUs are, by their hosts' last word.\n",
         w = h(t.window_hours),
         hz = h(t.horizon_hours),
         cov = h(t.covered_hours),
