@@ -52,6 +52,12 @@ pub fn tls_acceptor(cert_pem: &str, key_pem: &str) -> Result<tokio_rustls::TlsAc
             what: "certificate",
             message: e.to_string(),
         })?;
+    if certs.is_empty() {
+        return Err(TlsError::Pem {
+            what: "certificate",
+            message: "no certificate in the PEM".into(),
+        });
+    }
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| TlsError::Pem {
         what: "key",
         message: e.to_string(),
