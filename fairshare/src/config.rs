@@ -149,6 +149,23 @@ pub struct PolicyConfig {
     /// them decides what was decided. Never read from a file.
     #[serde(skip)]
     pub rules_of_0_4: bool,
+    /// Classes whose leases are protected by use, not the clock (sessions):
+    /// `[policy.protect_by_use.interactive]` with `idle_grace = "30m"`. Such a lease
+    /// is protected by its min runtime from its start as any other; once its agent
+    /// reports on its use ([`crate::Scheduler::lease_use`]) it is protected while in
+    /// use, and idle for `idle_grace` it may be taken like any lapsed lease (see
+    /// `docs/policy/sessions.md`). None by default.
+    pub protect_by_use: std::collections::BTreeMap<String, UseProtection>,
+}
+
+/// How a class protected by use lets its leases go (`policy.protect_by_use`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UseProtection {
+    /// How long a lease stays protected after it went idle (no terminal input and
+    /// its GPUs idle, as its agent reports).
+    #[serde(deserialize_with = "de_duration")]
+    pub idle_grace: Secs,
 }
 
 /// Which usage model.
@@ -186,6 +203,7 @@ impl Default for PolicyConfig {
             drain_grace: DEFAULT_DRAIN_GRACE,
             gpu_hour_weight: std::collections::BTreeMap::new(),
             rules_of_0_4: false,
+            protect_by_use: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -202,6 +220,11 @@ impl PolicyConfig {
             rules_of_0_4: true,
             ..self.clone()
         }
+    }
+
+    /// The idle grace of `class` when its leases are protected by use.
+    pub fn idle_grace(&self, class: &str) -> Option<Secs> {
+        self.protect_by_use.get(class).map(|u| u.idle_grace)
     }
 
     /// GPUs of `total` that free occupancy leaves free (`protected_headroom`).
@@ -315,6 +338,20 @@ impl PolicyConfig {
                 return Err(format!(
                     "policy.gpu_hour_weight.{t} = {w}; use a weight between {MIN_GPU_WEIGHT} \
                      and {MAX_GPU_WEIGHT} (1.0: an hour counts as an hour)"
+                ));
+            }
+        }
+        for (class, u) in &self.protect_by_use {
+            if !crate::workload::CLASSES.contains(&class.as_str()) {
+                return Err(format!(
+                    "policy.protect_by_use.{class}: not a workload class; use one of {}",
+                    crate::workload::CLASSES.join(", ")
+                ));
+            }
+            if u.idle_grace > crate::time::MAX_CONTRACT {
+                return Err(format!(
+                    "policy.protect_by_use.{class}.idle_grace = {}s; use at most 365d",
+                    u.idle_grace
                 ));
             }
         }

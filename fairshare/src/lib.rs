@@ -35,6 +35,6 @@ pub use scheduler::{
 pub use time::{Secs, Time};
 pub use tree::{GroupId, GroupSpec, OrgTree};
 pub use workload::{
-    Blocked, Lease, LeaseId, RevokeWhy, SpecError, Workload, WorkloadId, WorkloadSpec,
+    Blocked, Lease, LeaseId, LeaseUse, RevokeWhy, SpecError, Workload, WorkloadId, WorkloadSpec,
     WorkloadState, CLASSES, DEFAULT_CLASS,
 };

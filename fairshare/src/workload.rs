@@ -314,6 +314,18 @@ pub struct Revocation {
     pub why: RevokeWhy,
 }
 
+/// How a lease is used, as its agent last reported (leases of a class protected by
+/// use, `policy.protect_by_use`; see [`crate::Scheduler::lease_use`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LeaseUse {
+    /// Terminal input lately, or its GPUs busy: protected.
+    InUse,
+    /// No input and idle GPUs since then: protected for the class's idle grace
+    /// after it (and never before its min runtime lapses).
+    IdleSince(Time),
+}
+
 /// GPUs on one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeGpus {
@@ -363,6 +375,9 @@ pub struct Lease {
     /// Funded by its user's allowance, not the project's budget (which it does not
     /// charge): the user, to give the GPUs back to.
     pub allowance: Option<String>,
+    /// Its use as last reported, for a class protected by use (`None`: not
+    /// reported, or not such a class; its min runtime protects it).
+    pub used: Option<LeaseUse>,
 }
 
 /// GPU-seconds a lease of `gpus` started at `start` loses if revoked at `now` (see

@@ -167,6 +167,39 @@ impl State {
         }
     }
 
+    /// Makes lease `lid` preemptible for rebalancing from `at` (`Time::MAX`: not
+    /// while it runs): its place in the protected set, its GPUs' preemptibility and
+    /// its entries in the per-node index.
+    pub(super) fn set_preemptible_at(&mut self, now: Time, lid: LeaseId, at: Time) {
+        let Some(l) = self.leases.get_mut(&lid) else {
+            return;
+        };
+        let old = std::mem::replace(&mut l.preemptible_at, at);
+        let soft = l.revoke.is_none() && at <= now;
+        let placement = l.placement.clone();
+        self.protected.remove(&(old, lid));
+        if at > now && at != Time::MAX {
+            self.protected.insert((at, lid));
+        }
+        for p in placement {
+            for e in self.node_leases[p.node.idx()]
+                .iter_mut()
+                .filter(|e| e.id == lid)
+            {
+                e.preemptible_at = at;
+            }
+            // Through `update` even when the bits stay: the node's stamp tells plans
+            // that its leases changed.
+            self.cluster.update(p.node, |n| {
+                if soft {
+                    n.soft |= p.gpus;
+                } else {
+                    n.soft &= !p.gpus;
+                }
+            });
+        }
+    }
+
     /// When the shell must call again while work waits: the next protection lapse or
     /// reservation start, or at once (`more`) when the pass was cut short.
     pub(super) fn next_wakeup(&self, now: Time, more: bool) -> Option<Time> {
@@ -267,6 +300,7 @@ impl State {
             resumable: s.resumable,
             ends_by: s.time_limit.map(|tl| now.saturating_add(tl)),
             allowance,
+            used: None,
         };
         self.index_lease(&lease);
         self.leases.insert(lid, Box::new(lease));

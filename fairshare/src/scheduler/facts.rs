@@ -134,6 +134,10 @@ pub struct LeaseFacts {
     /// its GPUs at weight 1, as the ledger it charged counted them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weighted: Option<u64>,
+    /// Its use as last reported, for a class protected by use (absent from older
+    /// snapshots: none reported). `preemptible_at` already holds what it decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used: Option<LeaseUse>,
 }
 
 /// Puts `records` back into `ledger`, dropping groups `tree` no longer has.
@@ -198,6 +202,7 @@ impl Scheduler {
                     backfill_for: l.backfill_for,
                     allowance: l.allowance.is_some(),
                     weighted: Some(l.weighted),
+                    used: l.used,
                 })
                 .collect(),
             usage: self.usage_records(&self.st.ledger),
@@ -373,6 +378,7 @@ impl Scheduler {
                 resumable,
                 ends_by,
                 allowance,
+                used: l.used,
             };
             s.st.index_lease(&lease);
             s.st.leases.insert(l.id, Box::new(lease));

@@ -254,6 +254,60 @@ impl Scheduler {
         self.end_lease(now, lease, end, None)
     }
 
+    /// The shell reports how a lease is used (allotd's `Input::LeaseUse`, from its
+    /// agent): `Some(t)`, idle since `t` (no terminal input and its GPUs idle);
+    /// `None`, in use. Heeded for funded leases of a class protected by use
+    /// (`policy.protect_by_use`), ignored for others: in use, such a lease is not
+    /// taken for rebalancing, however long it has run; idle, it is protected until
+    /// `t + idle_grace` or until its min runtime (and cooldown) lapses, whichever is
+    /// later, then taken like any lapsed lease; used again, it is protected again. A
+    /// revocation already under way goes on. Before the first report its min runtime
+    /// protects it, as for any class.
+    pub fn lease_use(
+        &mut self,
+        now: Time,
+        lease: LeaseId,
+        idle_since: Option<Time>,
+    ) -> Result<(), CoreError> {
+        let now = self.clock(now);
+        let l = self
+            .st
+            .leases
+            .get(&lease)
+            .ok_or(CoreError::UnknownLease(lease.0))?;
+        let w = self
+            .st
+            .workloads
+            .get(&l.workload)
+            .ok_or(CoreError::UnknownWorkload(l.workload.0))?;
+        let Some(grace) = self.cfg.idle_grace(&w.spec.class) else {
+            return Ok(());
+        };
+        let used = match idle_since {
+            None => LeaseUse::InUse,
+            Some(t) => LeaseUse::IdleSince(t.min(now)),
+        };
+        let at = if !l.funded || self.st.protect_forever {
+            l.preemptible_at
+        } else {
+            match used {
+                LeaseUse::InUse => Time::MAX,
+                LeaseUse::IdleSince(t) => {
+                    // The clock's protection as at its start (see `start_lease`).
+                    let clock = l
+                        .start
+                        .saturating_add(protection(w, l.funded, self.cfg.cooldown));
+                    clock.max(t.saturating_add(grace))
+                }
+            }
+        };
+        if let Some(l) = self.st.leases.get_mut(&lease) {
+            l.used = Some(used);
+        }
+        self.st.set_preemptible_at(now, lease, at);
+        Ok(())
+    }
+
     pub(super) fn end_lease(
         &mut self,
         now: Time,

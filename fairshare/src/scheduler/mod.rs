@@ -1,7 +1,7 @@
 //! The fair-share scheduler: state plus `now` in, [`Decisions`] out.
 //!
-//! The shell feeds it inputs (`submit`, `cancel`, `lease_ended`, `set_node_state`,
-//! `set_gpu_health`) and calls [`Scheduler::schedule`] after each batch; it carries out
+//! The shell feeds it inputs (`submit`, `cancel`, `lease_ended`, `lease_use`,
+//! `set_node_state`, `set_gpu_health`) and calls [`Scheduler::schedule`] after each batch; it carries out
 //! the returned actions and calls again no later than `next_wakeup`. Nothing here
 //! reads a clock, touches a file or a socket, or depends on hash order.
 //!
@@ -35,7 +35,7 @@ use crate::time::Time;
 use crate::tree::{GroupId, OrgTree};
 use crate::workload::Blocked;
 use crate::workload::{
-    Lease, LeaseId, NodeGpus, Revocation, RevokeWhy, Workload, WorkloadId, WorkloadSpec,
+    Lease, LeaseId, LeaseUse, NodeGpus, Revocation, RevokeWhy, Workload, WorkloadId, WorkloadSpec,
     WorkloadState,
 };
 use std::collections::{BTreeMap, BTreeSet};
