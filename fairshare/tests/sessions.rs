@@ -254,3 +254,24 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_in_use_session_with_a_time_limit_frees_at_its_limit_for_reservations() {
+    let t = tree(&[("x", None, 1.0), ("y", None, 1.0)]);
+    let mut s = Scheduler::new(policy(), t, nodes("c", 1, 8)).unwrap();
+    let spec = WorkloadSpec {
+        time_limit: Some(8 * HOUR),
+        ..session("x", 2, HOUR)
+    };
+    let w = s.submit(0, spec).unwrap();
+    s.schedule(0);
+    let l = s.workload(w).and_then(|w| w.lease).unwrap();
+    s.lease_use(MINUTE, l, None).unwrap();
+    // Protected until it ends anyway: its time limit.
+    assert_eq!(s.lease(l).unwrap().preemptible_at, 8 * HOUR);
+    s.lease_use(2 * HOUR, l, Some(HOUR + 50 * MINUTE)).unwrap();
+    assert_eq!(
+        s.lease(l).unwrap().preemptible_at,
+        HOUR + 50 * MINUTE + GRACE
+    );
+}

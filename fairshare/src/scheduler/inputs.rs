@@ -291,7 +291,9 @@ impl Scheduler {
             l.preemptible_at
         } else {
             match used {
-                LeaseUse::InUse => Time::MAX,
+                // Not before it ends: its time limit, when it has one, which tells
+                // reservations when its GPUs free at the latest.
+                LeaseUse::InUse => l.ends_by.unwrap_or(Time::MAX),
                 LeaseUse::IdleSince(t) => {
                     // The clock's protection as at its start (see `start_lease`).
                     let clock = l

@@ -501,10 +501,20 @@ impl Scheduler {
             refusals,
         };
         for &(t, lid) in self.st.protected.range((now + 1, LeaseId(0))..) {
-            match self.st.leases.get(&lid).map(|l| l.protected_until) {
-                Some(until) if until > now => {
+            match self
+                .st
+                .leases
+                .get(&lid)
+                .map(|l| (l.protected_until, l.used))
+            {
+                Some((until, _)) if until > now => {
                     cx.protected += 1;
                     cx.next_lapse = Some(cx.next_lapse.map_or(until, |x| x.min(until)));
+                }
+                // A session protected by use (`lease_use`): protection, not cooldown.
+                Some((_, Some(_))) => {
+                    cx.protected += 1;
+                    cx.next_lapse = Some(cx.next_lapse.map_or(t, |x| x.min(t)));
                 }
                 _ => {
                     cx.cooling += 1;
