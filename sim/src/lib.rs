@@ -97,6 +97,23 @@ enum Ev {
     Fault(u32, bool),
     Repair(u32),
     Wake,
+    /// A session's stretch (active or idle) ends; the number tells it from a stale one.
+    SessionFlip(LeaseId, u32),
+    /// The agent reports a session idle, `idle_after` into its idle stretch.
+    IdleReport(LeaseId, u32),
+}
+
+/// A running session's use, as the engine knows it (the core sees only reports).
+struct Session {
+    spec: std::rc::Rc<scenario::SessionSpec>,
+    rng: Rng,
+    active: bool,
+    /// Start of the current idle stretch.
+    idle_since: Time,
+    /// The core was told it is idle.
+    reported_idle: bool,
+    /// Stretches so far: stale events carry an older number.
+    stretch: u32,
 }
 
 struct Run {
@@ -112,6 +129,8 @@ struct Run {
     revoke: Option<RevokeWhy>,
     /// Revocations so far (withdrawn ones included).
     revokes: u32,
+    /// For a session revoked for preemption: whether it was in use when decided.
+    revoked_active: Option<bool>,
 }
 
 /// Faulted nodes whose repair waits for their leases to leave: a host is reset or
@@ -274,6 +293,16 @@ pub fn run_probed(
     let mut repairs = Repairs::new(core.cluster().len());
     // Workloads that arrived since the last pass (for the forecast probe).
     let mut arrived: Vec<WorkloadId> = Vec::new();
+    // Classes with sessions, and the sessions running.
+    let session_classes: BTreeMap<String, std::rc::Rc<scenario::SessionSpec>> = sc
+        .classes
+        .iter()
+        .filter_map(|c| Some((c.name.clone(), std::rc::Rc::new(c.sessions.clone()?))))
+        .collect();
+    if !session_classes.is_empty() {
+        rep.sessions = Some(report::SessionFigures::default());
+    }
+    let mut sessions: BTreeMap<LeaseId, Session> = BTreeMap::new();
 
     loop {
         let t_arrive = jobs
@@ -340,6 +369,7 @@ pub fn run_probed(
                     let Some(r) = running.remove(&lid) else {
                         continue;
                     };
+                    sessions.remove(&lid);
                     let js = &mut job_state[(r.wid.0 - 1) as usize];
                     let ran = t - r.start;
                     let end = if ran < js.remaining {
@@ -367,6 +397,10 @@ pub fn run_probed(
                     let Some(r) = running.remove(&lid) else {
                         continue;
                     };
+                    let session = sessions.remove(&lid);
+                    if let (Some(active), Some(sf)) = (r.revoked_active, rep.sessions.as_mut()) {
+                        sf.reclaimed(r.funded, active, session.is_some_and(|x| x.active));
+                    }
                     let idx = (r.wid.0 - 1) as usize;
                     let js = &mut job_state[idx];
                     let ran = t - r.start;
@@ -428,6 +462,42 @@ pub fn run_probed(
                         push(&mut heap, t + sc.faults.repair, Ev::Repair(node));
                     }
                     entitlement_dirty = true;
+                }
+                Ev::SessionFlip(lid, n) => {
+                    let Some(x) = sessions.get_mut(&lid).filter(|x| x.stretch == n) else {
+                        continue;
+                    };
+                    x.stretch += 1;
+                    if x.active {
+                        x.active = false;
+                        x.idle_since = t;
+                        push(
+                            &mut heap,
+                            t + x.spec.idle_after,
+                            Ev::IdleReport(lid, x.stretch),
+                        );
+                        let idle = x.spec.idle.sample(&mut x.rng);
+                        push(&mut heap, t + idle, Ev::SessionFlip(lid, x.stretch));
+                    } else {
+                        x.active = true;
+                        if std::mem::take(&mut x.reported_idle) {
+                            core.lease_use(t, lid, None)
+                                .map_err(|e| SimError::Core(e.to_string()))?;
+                        }
+                        let active = x.spec.active.sample(&mut x.rng);
+                        push(&mut heap, t + active, Ev::SessionFlip(lid, x.stretch));
+                    }
+                }
+                Ev::IdleReport(lid, n) => {
+                    let Some(x) = sessions
+                        .get_mut(&lid)
+                        .filter(|x| x.stretch == n && !x.active)
+                    else {
+                        continue;
+                    };
+                    x.reported_idle = true;
+                    core.lease_use(t, lid, Some(x.idle_since))
+                        .map_err(|e| SimError::Core(e.to_string()))?;
                 }
                 Ev::Repair(node) => {
                     let id = NodeId(node);
@@ -492,7 +562,33 @@ pub fn run_probed(
                         funded,
                         revoke: None,
                         revokes: 0,
+                        revoked_active: None,
                     };
+                    if let Some(spec) = session_classes.get(&job.spec.class) {
+                        // A session starts in use, and its agent says so at once.
+                        // Its own stream, by workload and start: the same use
+                        // whatever else the policy decides.
+                        let mut rng =
+                            Rng::new(opts.seed ^ 0x5E55_1045).fork(workload.0 ^ (t << 24));
+                        let active = spec.active.sample(&mut rng);
+                        sessions.insert(
+                            lease,
+                            Session {
+                                spec: spec.clone(),
+                                rng,
+                                active: true,
+                                idle_since: t,
+                                reported_idle: false,
+                                stretch: 0,
+                            },
+                        );
+                        push(&mut heap, t + active, Ev::SessionFlip(lease, 0));
+                        core.lease_use(t, lease, None)
+                            .map_err(|e| SimError::Core(e.to_string()))?;
+                        if let Some(sf) = rep.sessions.as_mut() {
+                            sf.leases += 1;
+                        }
+                    }
                     rep.wait_ends(team, class, r.gpus);
                     recv[team] += r.weighted;
                     busy += r.gpus;
@@ -511,6 +607,12 @@ pub fn run_probed(
                 } => {
                     if let Some(r) = running.get_mut(&lease) {
                         if r.revoke.is_none() {
+                            if matches!(
+                                why,
+                                RevokeWhy::Preempted { .. } | RevokeWhy::Reservation { .. }
+                            ) {
+                                r.revoked_active = sessions.get(&lease).map(|x| x.active);
+                            }
                             r.revoke = Some(why);
                             r.revokes += 1;
                             push(
@@ -524,6 +626,7 @@ pub fn run_probed(
                 Action::Withdraw { lease, .. } => {
                     if let Some(r) = running.get_mut(&lease) {
                         r.revoke = None;
+                        r.revoked_active = None;
                     }
                 }
                 Action::Reserve { .. } => rep.reservations += 1,

@@ -151,9 +151,49 @@ pub struct Report {
     pub passes: u64,
     /// Wall-clock seconds the run took (set by the caller; the core has no clock).
     pub sim_wall_s: f64,
+    /// How sessions fared, when a class has them (`sessions` in a class).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<SessionFigures>,
     /// Hourly samples, when asked for.
     #[serde(skip)]
     pub timeline: Option<Timeline>,
+}
+
+/// Sessions' leases and what preemption did to them (a lease revoked for
+/// rebalancing or a reservation that ended that way), by what its user was doing
+/// when the core decided it. Funded sessions are the ones use protects; an unfunded
+/// one (its project's budget spent, its user's allowance taken) is free occupancy.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SessionFigures {
+    /// Session leases started.
+    pub leases: u64,
+    /// Funded sessions reclaimed while in an active stretch: a session in use lost.
+    pub reclaimed_active: u64,
+    /// Funded sessions reclaimed while idle.
+    pub reclaimed_idle: u64,
+    /// Of those, used again before the checkpoint ladder ended.
+    pub returned_during_reclaim: u64,
+    /// Unfunded sessions reclaimed while active …
+    pub unfunded_reclaimed_active: u64,
+    /// … and while idle.
+    pub unfunded_reclaimed_idle: u64,
+}
+
+impl SessionFigures {
+    /// A session's lease ended reclaimed: `funded`, `active` when decided, `back`
+    /// (active again) when it ended.
+    pub fn reclaimed(&mut self, funded: bool, active: bool, back: bool) {
+        let n = match (funded, active) {
+            (true, true) => &mut self.reclaimed_active,
+            (true, false) => &mut self.reclaimed_idle,
+            (false, true) => &mut self.unfunded_reclaimed_active,
+            (false, false) => &mut self.unfunded_reclaimed_idle,
+        };
+        *n += 1;
+        if funded && !active && back {
+            self.returned_during_reclaim += 1;
+        }
+    }
 }
 
 /// Most GPUs of work counted as small (`small_short_wait_s`).
@@ -201,6 +241,7 @@ pub(crate) struct Builder {
     pub reservations: u64,
     pub events: u64,
     pub passes: u64,
+    pub sessions: Option<SessionFigures>,
 }
 
 impl Builder {
@@ -234,6 +275,7 @@ impl Builder {
             reservations: 0,
             events: 0,
             passes: 0,
+            sessions: None,
         }
     }
 
@@ -449,6 +491,7 @@ impl Builder {
             events: self.events,
             passes: self.passes,
             sim_wall_s: 0.0,
+            sessions: self.sessions,
             timeline: self.timeline,
         }
     }
@@ -470,6 +513,18 @@ impl Report {
             self.drain_revocations,
             self.lost_gpu_hours
         );
+        if let Some(sf) = &self.sessions {
+            s += &format!(
+                "sessions {}   funded reclaimed while active {}   while idle {} (used again \
+                 before the end {})   unfunded reclaimed while active {}   while idle {}\n\n",
+                sf.leases,
+                sf.reclaimed_active,
+                sf.reclaimed_idle,
+                sf.returned_during_reclaim,
+                sf.unfunded_reclaimed_active,
+                sf.unfunded_reclaimed_idle
+            );
+        }
         s += &format!(
             "{:<14} {:>7} {:>12} {:>12} {:>11} {:>7} {:>10}  {}\n",
             "team",
@@ -588,6 +643,24 @@ impl Report {
             self.largest_gang_wait_s.p90 as f64,
         ));
         m.push(("preemptions".to_string(), self.preemptions as f64));
+        if let Some(sf) = &self.sessions {
+            m.push((
+                "sessions reclaimed active".to_string(),
+                sf.reclaimed_active as f64,
+            ));
+            m.push((
+                "sessions reclaimed idle".to_string(),
+                sf.reclaimed_idle as f64,
+            ));
+            m.push((
+                "unfunded sessions reclaimed active".to_string(),
+                sf.unfunded_reclaimed_active as f64,
+            ));
+            m.push((
+                "unfunded sessions reclaimed idle".to_string(),
+                sf.unfunded_reclaimed_idle as f64,
+            ));
+        }
         m.push(("lost GPU-h".to_string(), self.lost_gpu_hours));
         m.push(("wall s".to_string(), self.sim_wall_s));
         m

@@ -133,7 +133,7 @@ pub enum DurationDist {
 }
 
 impl DurationDist {
-    fn sample(&self, rng: &mut Rng) -> Secs {
+    pub(crate) fn sample(&self, rng: &mut Rng) -> Secs {
         let (v, lo, hi) = match *self {
             DurationDist::Lognormal {
                 median,
@@ -187,6 +187,30 @@ pub struct ClassSpec {
     /// (default: always any).
     #[serde(default)]
     pub gpu_types: BTreeMap<String, f64>,
+    /// Interactive sessions: while a lease of this class runs, its user alternates
+    /// active and idle stretches, which the engine reports to the core as an agent
+    /// would (`Scheduler::lease_use`). None: the class's work has no use to report.
+    #[serde(default)]
+    pub sessions: Option<SessionSpec>,
+}
+
+/// `sessions = { active = …, idle = …, idle_after = "15m" }`: how a session is used.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSpec {
+    /// How long a stretch of use lasts (terminal input, or its GPUs busy); each lease
+    /// starts with one.
+    pub active: DurationDist,
+    /// How long a stretch without use lasts.
+    pub idle: DurationDist,
+    /// How long the agent waits without input and with idle GPUs before it reports
+    /// the session idle (since its last use); use is reported at once.
+    #[serde(default = "default_idle_after", deserialize_with = "de_duration")]
+    pub idle_after: Secs,
+}
+
+fn default_idle_after() -> Secs {
+    15 * 60
 }
 
 fn default_cpu_per_gpu() -> u32 {

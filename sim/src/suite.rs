@@ -474,12 +474,16 @@ pub(crate) fn figures_of(
 }
 
 /// The policy a scenario runs under: `config`, with the scenario's own
-/// `gpu_hour_weight` unless `config` sets one, since weights describe a scenario's
-/// GPUs rather than the policy being judged.
+/// `gpu_hour_weight` and `protect_by_use` unless `config` sets them, since weights
+/// describe a scenario's GPUs and the classes protected by use its sessions (as a
+/// site's class settings do) rather than the policy being judged.
 fn judged(scenario: &PolicyConfig, config: &PolicyConfig) -> PolicyConfig {
     let mut p = config.clone();
     if p.gpu_hour_weight.is_empty() {
         p.gpu_hour_weight = scenario.gpu_hour_weight.clone();
+    }
+    if p.protect_by_use.is_empty() {
+        p.protect_by_use = scenario.protect_by_use.clone();
     }
     p
 }

@@ -260,6 +260,7 @@ fn every_shipped_scenario_parses() {
         "ai2",
         "ai2-100k",
         "ai2-mixed",
+        "ai2-sessions",
         "faults",
         "light-month",
         "llm-lab",
@@ -450,4 +451,40 @@ fn a_class_may_ask_only_for_a_gpu_type_some_cluster_has() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("gpu_types") && e.contains("a100"), "{e}");
+}
+
+/// `small` with interactive sessions used in stretches; protected by use when `rule`.
+fn small_sessions(rule: bool) -> Scenario {
+    let mut text = AI2
+        .replace("nodes = 128", "nodes = 16")
+        .replace("days = 30", "days = 3")
+        .replace("arrivals_per_hour = 45", "arrivals_per_hour = 12")
+        .replace("arrivals_per_hour = 25", "arrivals_per_hour = 4")
+        .replace("arrivals_per_hour = 16", "arrivals_per_hour = 4")
+        .replace(
+            "nodes = { 1 = 0.35, 2 = 0.25, 4 = 0.20, 8 = 0.15, 16 = 0.05 }",
+            "nodes = { 1 = 0.5, 2 = 0.3, 4 = 0.2 }",
+        )
+        .replace(
+            "time_limit = \"8h\"",
+            "time_limit = \"8h\"\nsessions = { active = { dist = \"exp\", mean = \"30m\", max = \"4h\" }, \
+             idle = { dist = \"exp\", mean = \"40m\", max = \"4h\" }, idle_after = \"10m\" }",
+        );
+    if rule {
+        text += "\n[policy.protect_by_use.interactive]\nidle_grace = \"20m\"\n";
+    }
+    Scenario::parse(&text, "small-sessions").expect("parses")
+}
+
+#[test]
+fn sessions_protected_by_use_are_never_reclaimed_while_active() {
+    let with = run(&small_sessions(true), PolicyKind::FairShare);
+    let s = with.sessions.clone().expect("sessions are counted");
+    assert!(s.leases > 0, "{s:?}");
+    assert_eq!(s.reclaimed_active, 0, "{s:?}");
+    assert_eq!(with, run(&small_sessions(true), PolicyKind::FairShare));
+    let without = run(&small_sessions(false), PolicyKind::FairShare);
+    let c = without.sessions.expect("sessions are counted");
+    assert!(c.leases > 0, "{c:?}");
+    assert!(run(&small(), PolicyKind::FairShare).sessions.is_none());
 }
