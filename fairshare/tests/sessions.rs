@@ -181,7 +181,7 @@ fn ops() -> impl Strategy<Value = Vec<(u16, Op)>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(256))]
     /// Over random submissions, use reports, ends and passes, a lease of a class
     /// protected by use whose last report says in use is never revoked for
     /// rebalancing or a reservation.
