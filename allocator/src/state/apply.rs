@@ -768,15 +768,25 @@ impl Allocator {
         }) else {
             return false;
         };
+        // The policy hears it too: a class protected by use keeps a lease in use
+        // and lets an idle one go (`policy.protect_by_use`); others ignore it. The
+        // first report always changes the run (its level was unknown), so the core
+        // and the run never disagree about a repeat. The lease was found in the core
+        // above, so the core cannot refuse it.
+        let used = (idle_since != 0).then_some(idle_since);
         if run.idle_since == idle_since {
             // The level alone moved (the host says so at most every few minutes):
             // kept for `allot share`, no news for the audit.
             let moved = run.gpu_util != Some(gpu_util);
             run.gpu_util = Some(gpu_util);
+            if moved {
+                let _ = self.core.lease_use(at, LeaseId(lease), used);
+            }
             return moved;
         }
         run.idle_since = idle_since;
         run.gpu_util = Some(gpu_util);
+        let _ = self.core.lease_use(at, LeaseId(lease), used);
         let text = if idle_since == 0 {
             format!(
                 "{} busy again on {node}: its GPUs at {gpu_util}%",

@@ -1596,3 +1596,49 @@ fn an_idle_lease_tells_its_owner_who_asked_and_only_from_its_own_host() {
     let ap = a.apply(3800, &idle(&host)).expect("applied");
     assert!(notices(&ap).is_empty(), "told once per idle spell");
 }
+
+#[test]
+fn a_class_protected_by_use_keeps_a_lease_in_use_and_lets_an_idle_one_go() {
+    let mut cfg = ServerConfig::parse(EXAMPLE, "example").expect("example");
+    cfg.policy.protect_by_use.insert(
+        "batch".into(),
+        allot_fairshare::config::UseProtection { idle_grace: 1_800 },
+    );
+    let mut a = Allocator::new(&cfg).expect("allocator");
+    a.apply(0, &node(0)).expect("node");
+    let mut input = batch("demo-a");
+    if let Input::Submit { spec, .. } = &mut input {
+        spec.min_runtime = 600;
+    }
+    let id = a.apply(0, &input).expect("submit").id.expect("an id");
+    a.apply(1, &Input::Schedule).expect("pass");
+    let w = &a.workloads()[&id];
+    let lease = *w.leases.last().expect("a lease");
+    let host = w.nodes.first().cloned().expect("a node");
+    let at = |a: &Allocator| {
+        a.core
+            .lease(allot_fairshare::LeaseId(lease))
+            .expect("lease")
+            .preemptible_at
+    };
+    let funded = a
+        .core
+        .lease(allot_fairshare::LeaseId(lease))
+        .expect("lease")
+        .funded;
+    let clock = at(&a);
+    let used = |idle_since: Time, gpu_util: u32| Input::LeaseUse {
+        lease,
+        node: host.clone(),
+        idle_since,
+        gpu_util,
+    };
+    assert!(funded, "a fresh project's work is funded");
+    assert_eq!(clock, 1 + 600, "before any report: its min runtime");
+    a.apply(60, &used(0, 70)).expect("in use");
+    assert_eq!(at(&a), Time::MAX, "in use: not taken, however long it runs");
+    a.apply(4_000, &used(2_000, 0)).expect("idle");
+    assert_eq!(at(&a), 2_000 + 1_800, "idle: protected for the grace");
+    a.apply(4_100, &used(0, 80)).expect("busy again");
+    assert_eq!(at(&a), Time::MAX);
+}
