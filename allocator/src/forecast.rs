@@ -92,8 +92,15 @@ impl Forecasts {
     pub fn refresh(&self, server: &Server) {
         let t0 = std::time::Instant::now();
         let at = now();
-        let (sched, history, calibration) = {
+        let (sched, history, calibration, classes) = {
             let c = server.core();
+            let classes: BTreeMap<u64, String> = c
+                .alloc
+                .workloads()
+                .values()
+                .filter(|w| w.state == allot_fairshare::WorkloadState::Pending)
+                .map(|w| (w.id, w.spec.class.clone()))
+                .collect();
             let mut history = RunHistory::new(1_000);
             for w in c.alloc.workloads().values() {
                 for r in &w.runs {
@@ -124,7 +131,12 @@ impl Forecasts {
                     actual,
                 );
             }
-            (c.alloc.core.clone(), history, b.calibration.clone())
+            (
+                c.alloc.core.clone(),
+                history,
+                b.calibration.clone(),
+                classes,
+            )
         };
         let opts = ForecastOptions {
             history,
@@ -136,17 +148,6 @@ impl Forecasts {
             .into_iter()
             .map(|(WorkloadId(id), f)| (id, f))
             .collect();
-        let classes: BTreeMap<u64, String> = {
-            let c = server.core();
-            by.keys()
-                .filter_map(|id| {
-                    c.alloc
-                        .workloads()
-                        .get(id)
-                        .map(|w| (*id, w.spec.class.clone()))
-                })
-                .collect()
-        };
         let mut b = self.book();
         for (id, f) in &by {
             if b.given.len() >= MAX_GIVEN {

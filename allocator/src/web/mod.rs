@@ -138,6 +138,14 @@ fn session(app: &App, headers: &HeaderMap) -> Option<Session> {
     }
 }
 
+/// Who sees a page of session `s`.
+fn viewer(s: &Session) -> Viewer<'_> {
+    Viewer {
+        user: &s.user,
+        csrf: &s.csrf,
+    }
+}
+
 /// A tonic request made by `who`.
 fn as_who<T>(who: &Who, msg: T) -> Request<T> {
     let mut r = Request::new(msg);
@@ -155,10 +163,7 @@ fn refused(s: &Session, status: &tonic::Status) -> Response {
         tonic::Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
-    let v = Viewer {
-        user: &s.user,
-        csrf: &s.csrf,
-    };
+    let v = viewer(s);
     html(
         code,
         html::page(
@@ -217,10 +222,7 @@ async fn tree_page(State(app): State<App>, headers: HeaderMap) -> Response {
         Ok(t) => t.into_inner(),
         Err(e) => return refused(&s, &e),
     };
-    let v = Viewer {
-        user: &s.user,
-        csrf: &s.csrf,
-    };
+    let v = viewer(&s);
     html(
         StatusCode::OK,
         html::page("Org tree", Some(&v), 30, &pages::tree(&t)),
@@ -243,10 +245,7 @@ async fn queue_page(
         Ok(r) => r.into_inner().workloads,
         Err(e) => return refused(&s, &e),
     };
-    let v = Viewer {
-        user: &s.user,
-        csrf: &s.csrf,
-    };
+    let v = viewer(&s);
     html(
         StatusCode::OK,
         html::page(
@@ -283,10 +282,7 @@ async fn workload_page(
                 .authorize(&who, Ask::Cancel(n))
                 .is_ok()
         });
-    let v = Viewer {
-        user: &s.user,
-        csrf: &s.csrf,
-    };
+    let v = viewer(&s);
     let title = if w.spec.as_ref().is_some_and(|s| !s.name.is_empty()) {
         format!(
             "Workload {} ({})",
@@ -458,25 +454,14 @@ async fn nodes_page(State(app): State<App>, headers: HeaderMap) -> Response {
                     run.lease_id.clone(),
                     pages::LeaseUse {
                         workload: w.id.clone(),
-                        util: match (run.gpu_util_pct, run.idle_since_unix) {
-                            (u, since) if since > 0 => format!(
-                                "idle for {} at {}%",
-                                html::duration((at - since).max(0) as u64),
-                                u.unwrap_or(0)
-                            ),
-                            (Some(u), _) => format!("{u}% busy"),
-                            (None, _) => "use not reported yet".into(),
-                        },
+                        util: pages::use_word(run, at),
                     },
                 );
             }
         }
     }
     let operator = app.server.core().alloc.authorize(&who, Ask::Drain).is_ok();
-    let v = Viewer {
-        user: &s.user,
-        csrf: &s.csrf,
-    };
+    let v = viewer(&s);
     html(
         StatusCode::OK,
         html::page(
@@ -503,10 +488,7 @@ async fn usage_page(State(app): State<App>, headers: HeaderMap) -> Response {
         Ok(r) => r.into_inner(),
         Err(e) => return refused(&s, &e),
     };
-    let v = Viewer {
-        user: &s.user,
-        csrf: &s.csrf,
-    };
+    let v = viewer(&s);
     html(
         StatusCode::OK,
         html::page("Usage over 30 days", Some(&v), 0, &pages::usage(&u, "team")),

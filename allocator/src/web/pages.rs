@@ -296,7 +296,7 @@ pub fn workload(w: &pb::Workload, may_cancel: Option<&str>, now: i64) -> String 
 }
 
 /// A run's GPU use as its host last said it.
-fn use_word(r: &pb::Run, now: i64) -> String {
+pub(super) fn use_word(r: &pb::Run, now: i64) -> String {
     match (r.gpu_util_pct, r.idle_since_unix) {
         (_, since) if since > 0 && r.end_unix == 0 => {
             format!(
