@@ -36,6 +36,7 @@ fn spec(dir: &Path, n: usize, script: &str, cap: u64, cgroup: Option<PathBuf>) -
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         cwd: None,
         script: String::new(),
+        pty: false,
     }
 }
 

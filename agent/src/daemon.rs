@@ -306,6 +306,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         host_name,
         uplink: Mutex::new(None),
         monitor: monitor.as_ref().ok().cloned(),
+        ttys: Default::default(),
     });
     // The first verdict carries the GPU inventory: take it before answering anyone.
     if monitor.is_ok() {

@@ -22,6 +22,8 @@ pub mod procid;
 pub mod shared;
 pub mod store;
 pub mod supervisor;
+pub mod tty;
+pub mod tty_relay;
 pub mod uplink;
 pub mod vouch;
 pub mod wire;

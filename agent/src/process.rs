@@ -56,6 +56,8 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
     /// Where it starts; `None`: the agent's own directory.
     pub cwd: Option<PathBuf>,
+    /// A session: on a terminal its supervisor holds ([`crate::tty`]).
+    pub pty: bool,
 }
 
 /// Makes `path` and its parents; `path` itself, if this made it, is given to `owner`
@@ -191,6 +193,7 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
         err_users_own: l.err_users_own,
         cap_bytes: l.cap_bytes,
         exit_file: exit_file(&l.lease_dir),
+        tty_socket: l.pty.then(|| crate::tty::socket_path(&l.lease_dir)),
     };
     // A spent exit file of an earlier start must not be taken for this one's.
     let _ = std::fs::remove_file(&spec.exit_file);

@@ -29,6 +29,8 @@ pub struct Shared {
     /// allotd is to hear the host's health and drains: set by commands, sent by the
     /// daemon loop.
     pub health_due: std::sync::atomic::AtomicBool,
+    /// Attaches to sessions' terminals open over the allocator stream.
+    pub ttys: crate::tty_relay::Ttys,
     /// The health monitor (absent when it could not start): `allot gpus clear`.
     pub monitor: Option<Arc<Mutex<allot_health_sources::service::HealthMonitor>>>,
 }

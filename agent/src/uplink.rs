@@ -89,8 +89,9 @@ fn register(sh: &Shared, facts: &HostFacts, advertise_addr: &str) -> pb::AgentMe
 }
 
 /// What this agent understands of allotd's messages (see `Register.protocol`): 3
-/// reads its leases' output for allotd, 4 runs a start's batch script.
-const PROTOCOL: u32 = 4;
+/// reads its leases' output for allotd, 4 runs a start's batch script, 5 gives a
+/// session a terminal and relays it.
+const PROTOCOL: u32 = 5;
 
 /// Sends to the allocator if the stream is up (otherwise the next register
 /// reconciles).
@@ -153,6 +154,7 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
             });
             return;
         }
+        Some(pb::allocator_message::Body::Tty(t)) => crate::tty_relay::on_input(sh, t),
         Some(pb::allocator_message::Body::Start(c)) => {
             let Some(l) = c.lease else { return };
             if let Some(existing) = sh.host().lease(&l.id).cloned() {
@@ -198,6 +200,7 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
                 gpu_uuids: l.gpu_uuids.clone(),
                 cpus: c.cpu_per_node,
                 memory_gb: c.mem_per_node_gb,
+                pty: c.pty,
             };
             // The allocator speaks for root on this host; the host still refuses a
             // user it cannot become.
@@ -385,6 +388,7 @@ async fn session(
         }
     };
     *sh.uplink.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    sh.ttys.close_all();
     sh.host().set_defer_health(false, now_ms());
     r
 }

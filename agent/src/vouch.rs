@@ -198,6 +198,23 @@ impl pb::workloads_server::Workloads for Vouch {
         Ok(Response::new(Box::pin(r.into_inner())))
     }
 
+    type AttachStream = BoxStream<pb::AttachOutput>;
+
+    async fn attach(
+        &self,
+        req: Request<Streaming<pb::AttachInput>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        let (meta, ext, keys) = self.forward(req)?.into_parts();
+        // A broken stream from the caller ends what is forwarded: allotd detaches.
+        let keys = tokio_stream::StreamExt::map_while(keys, Result::ok);
+        let mut c = pb::workloads_client::WorkloadsClient::new(self.channel().await?);
+        let r = c
+            .attach(Request::from_parts(meta, ext, keys))
+            .await
+            .map_err(|s| self.failed(s))?;
+        Ok(Response::new(Box::pin(r.into_inner())))
+    }
+
     async fn history(
         &self,
         req: Request<pb::HistoryRequest>,

@@ -37,6 +37,7 @@ fn launch_spec(tag: &str, script: &str) -> Launch {
         ],
         cwd: None,
         script: String::new(),
+        pty: false,
     }
 }
 
@@ -546,4 +547,75 @@ fn a_job_that_writes_without_end_is_cut_at_its_cap_with_a_note() {
     assert_eq!(out.len(), (1 << 20) + whole.len());
     assert!(text.ends_with(&whole));
     assert!(err.is_empty(), "{:?}", String::from_utf8_lossy(&err));
+}
+
+/// Reads frames from a session's socket until `want` is in the output or the
+/// program's end comes; returns the output and the end.
+fn read_until(
+    conn: &mut std::os::unix::net::UnixStream,
+    want: &str,
+) -> (String, Option<allot_agent::tty::Ended>) {
+    use allot_agent::tty::{read_frame, Frame};
+    let mut seen = String::new();
+    while let Ok(Some(f)) = read_frame(conn) {
+        match f {
+            Frame::Data(d) => seen.push_str(&String::from_utf8_lossy(&d)),
+            Frame::Exit(e) => return (seen, Some(e)),
+            _ => {}
+        }
+        if !want.is_empty() && seen.contains(want) {
+            break;
+        }
+    }
+    (seen, None)
+}
+
+#[test]
+fn a_session_runs_on_a_terminal_its_supervisor_holds() {
+    use allot_agent::tty::{socket_path, Frame};
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    let mut l = launch_spec(
+        "pty",
+        "echo tty-$(tty | cut -c1-8); read a; stty size; read b; echo got-$b; exit 5",
+    );
+    l.pty = true;
+    let s = launch(&l).expect("starts");
+    let sock = socket_path(&l.lease_dir);
+    let mut c = UnixStream::connect(&sock).expect("the supervisor listens");
+    // A real terminal: the job's stdin is one.
+    let (seen, _) = read_until(&mut c, "tty-/dev/pts");
+    assert!(seen.contains("tty-/dev/pts"), "{seen}");
+    c.write_all(&Frame::Resize(33, 101).encode())
+        .expect("resize");
+    c.write_all(&Frame::Data(b"\r".to_vec()).encode())
+        .expect("type");
+    let (seen, _) = read_until(&mut c, "33 101");
+    assert!(
+        seen.contains("33 101"),
+        "the window reaches the program: {seen}"
+    );
+    drop(c);
+
+    // A second attach replays what was printed before it.
+    let mut c = UnixStream::connect(&sock).expect("attach again");
+    let (seen, _) = read_until(&mut c, "33 101");
+    assert!(seen.contains("tty-/dev/pts"), "replayed: {seen}");
+    c.write_all(&Frame::Notice("a word from allot".into()).encode())
+        .expect("notice");
+    let (seen, _) = read_until(&mut c, "a word from allot");
+    assert!(seen.contains("[allot] a word from allot"), "{seen}");
+    c.write_all(&Frame::Data(b"xyz\r".to_vec()).encode())
+        .expect("type");
+    let (seen, end) = read_until(&mut c, "");
+    assert!(seen.contains("got-xyz"), "{seen}");
+    assert_eq!(end.and_then(|e| e.code), Some(5), "{seen}");
+    let e = finish(&l, s);
+    assert_eq!(e.code, Some(5), "{e:?}");
+    let log = std::fs::read_to_string(&l.out_log).expect("the terminal's log");
+    assert!(
+        log.contains("got-xyz"),
+        "the terminal is the stdout log: {log}"
+    );
+    assert!(!sock.exists(), "the socket goes with the session");
 }

@@ -461,6 +461,12 @@ fn check_spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
             "the command to run is missing (after `--`, or a batch script)".into(),
         );
     }
+    if s.pty && (s.nodes > 1 || !s.array.is_empty() || !s.script.is_empty()) {
+        return bad(
+            "pty",
+            "a session's terminal is one program on one node: give --pty without --nodes, --array or a batch script".into(),
+        );
+    }
     if !s.script.is_empty() && !s.script.starts_with("#!") {
         return bad(
             "script",
@@ -575,6 +581,7 @@ impl pb::workloads_server::Workloads for Api {
             array,
             script: s.script.clone(),
             notify: notify_of(&s)?,
+            pty: s.pty,
         };
         let a = self.0.commit(input).map_err(core_status)?;
         let workload = a.id.and_then(|id| self.workload_view(id).ok());
@@ -847,6 +854,28 @@ impl pb::workloads_server::Workloads for Api {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+
+    type AttachStream = crate::attach::AttachStream;
+
+    async fn attach(
+        &self,
+        req: Request<Streaming<pb::AttachInput>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        let who = self.who(&req)?;
+        let mut keys = req.into_inner();
+        let first = keys.message().await?.ok_or_else(|| {
+            Status::invalid_argument("id: the first message names the session's workload")
+        })?;
+        let id = self.one(&first.id)?;
+        self.check(&who, Ask::Attach(id))?;
+        Ok(Response::new(crate::attach::open(
+            self.0.clone(),
+            &who.owner(),
+            id,
+            first,
+            keys,
+        )?))
     }
 
     type LogsStream = BoxStream<pb::LogsChunk>;
@@ -1222,6 +1251,7 @@ impl Api {
             }
             Some(pb::agent_message::Body::Health(h)) => self.on_health(node, h),
             Some(pb::agent_message::Body::LogChunk(c)) => self.0.logs.deliver(node, c),
+            Some(pb::agent_message::Body::Tty(t)) => self.0.ttys.deliver(node, t),
             Some(pb::agent_message::Body::Register(_)) => {
                 tracing::warn!(node, "second register on one stream ignored");
             }
@@ -1330,6 +1360,7 @@ impl pb::agent_stream_server::AgentStream for Api {
             tracing::info!(node = %node, "agent disconnected");
             api.0.detach(&node, session);
             api.0.logs.node_gone(&node, session);
+            api.0.ttys.node_gone(&node, session);
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::UnboundedReceiverStream::new(rx),

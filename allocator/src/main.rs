@@ -6,6 +6,7 @@ mod acked;
 mod admin;
 mod admin_cmd;
 mod api;
+mod attach;
 mod config;
 mod conns;
 mod daemon;

@@ -112,9 +112,16 @@ pub const PROTOCOL_DRAINS: u32 = 2;
 /// Agents that run a start's batch script (older ones would run its arguments).
 pub const PROTOCOL_SCRIPTS: u32 = 4;
 
-/// Whether `cmd` starts a lease with a batch script.
-fn has_script(cmd: &Command) -> bool {
-    matches!(cmd, Command::Start(s) if !s.script.is_empty())
+/// The agent protocol a start needs, and what it runs that an older agent would
+/// not run right: a session's terminal, a batch script.
+fn start_needs(cmd: &Command) -> Option<(u32, &'static str)> {
+    match cmd {
+        Command::Start(s) if s.pty => {
+            Some((crate::attach::PROTOCOL_TTY, "give a session a terminal"))
+        }
+        Command::Start(s) if !s.script.is_empty() => Some((PROTOCOL_SCRIPTS, "run a batch script")),
+        _ => None,
+    }
 }
 
 /// The lease `cmd` is about (a start's; 0 for others).
@@ -160,6 +167,10 @@ pub struct Server {
     pub notifier: crate::notify::Notifier,
     /// When pending work may start (`[server] forecast_every`).
     pub forecasts: crate::forecast::Forecasts,
+    /// Sessions' terminals attached through agents (`allot attach`).
+    pub ttys: crate::attach::TtyRelay,
+    /// When each session's keystrokes were last journaled as its use.
+    pub(crate) typed: Mutex<HashMap<u64, Time>>,
 }
 
 impl Server {
@@ -194,6 +205,8 @@ impl Server {
             logs: Default::default(),
             notifier: crate::notify::Notifier::start(&cfg_notify),
             forecasts: crate::forecast::Forecasts::new(),
+            ttys: Default::default(),
+            typed: Mutex::new(HashMap::new()),
         });
         if tail > 0 {
             server.snapshot()?;
@@ -346,9 +359,17 @@ impl Server {
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         for o in outs {
             if let Out::Send { node, cmd } = o {
+                let needs = start_needs(cmd);
                 match sessions.get(node) {
-                    Some((_, _, protocol)) if *protocol < PROTOCOL_SCRIPTS && has_script(cmd) => {
-                        refused.push((node.clone(), cmd_lease(cmd), *protocol));
+                    Some((_, _, protocol)) if needs.is_some_and(|(p, _)| *protocol < p) => {
+                        let what = needs.map_or("", |(_, w)| w);
+                        refused.push((node.clone(), cmd_lease(cmd), *protocol, what));
+                    }
+                    Some((_, _, protocol))
+                        if *protocol < crate::attach::PROTOCOL_TTY
+                            && matches!(cmd, Command::Notice { .. }) =>
+                    {
+                        tracing::debug!(node = %node, "a session's notice skipped: the agent is too old")
                     }
                     Some((_, tx, protocol)) if understood(*protocol, cmd) => {
                         let _ = tx.send(Ok(crate::wire::command_pb(cmd)));
@@ -363,17 +384,18 @@ impl Server {
             }
         }
         drop(sessions);
-        // An agent too old to run a batch script would run its arguments instead:
-        // its part is refused as the agent itself refuses a start, so the core
-        // offers that size elsewhere until the node changes (an upgraded agent
-        // registers again).
-        for (node, lease, protocol) in refused {
-            tracing::warn!(node = %node, lease, protocol, "a batch script's start refused: the agent is too old to run scripts");
+        // An agent too old to run a batch script would run its arguments instead
+        // (and one too old for a session would run it without a terminal): its
+        // part is refused as the agent itself refuses a start, so the core offers
+        // that size elsewhere until the node changes (an upgraded agent registers
+        // again).
+        for (node, lease, protocol, what) in refused {
+            tracing::warn!(node = %node, lease, protocol, "a start refused: the agent is too old to {what}");
             let input = Input::LeaseEnded {
                 lease,
                 end: allot_fairshare::LeaseEnd::Refused,
                 reason: format!(
-                    "refused on {node}: its allot-agent is too old to run a batch script; upgrade it"
+                    "refused on {node}: its allot-agent is too old to {what}; upgrade it"
                 ),
                 node,
                 exit_code: None,
@@ -418,6 +440,17 @@ impl Server {
         for node in held {
             if let Err(e) = self.commit(Input::RecheckHeld { node: node.clone() }) {
                 tracing::warn!(node = %node, error = %e, "held drain not re-checked");
+            }
+        }
+    }
+
+    /// Sessions idle past their protection are told so on their terminals, once
+    /// (`Allocator::idle_sessions`).
+    fn warn_idle_sessions(&self) {
+        let idle = self.core().alloc.idle_sessions(now());
+        for lease in idle {
+            if let Err(e) = self.commit(Input::SessionIdle { lease }) {
+                tracing::warn!(lease, error = %e, "idle session not told");
             }
         }
     }
@@ -537,6 +570,7 @@ impl Server {
             last_pass = std::time::Instant::now();
             self.mark_lost();
             self.recheck_held();
+            self.warn_idle_sessions();
             self.resend_leaving(&mut last_leaving);
             self.pass();
             if watchdog.is_some() {

@@ -440,6 +440,7 @@ fn bench(entries: u64, nodes: u32) -> anyhow::Result<()> {
             ..Default::default()
         };
         let mut step = vec![Input::Submit {
+            pty: false,
             spec,
             argv: vec!["train.py".into()],
             hook: String::new(),

@@ -82,6 +82,7 @@ pub fn workload_pb(w: &WorkRec, why: (String, &str)) -> pb::Workload {
             script: String::new(),
             has_script: !w.script.is_empty(),
             notify: w.notify.clone(),
+            pty: w.pty,
         }),
         array_id: w.array.map(|p| p.id.to_string()).unwrap_or_default(),
         array_index: w.array.map_or(0, |p| p.index),
@@ -183,6 +184,7 @@ pub fn command_pb(cmd: &Command) -> pb::AllocatorMessage {
             cpu_per_node: s.cpu_per_node,
             mem_per_node_gb: s.mem_per_node_gb,
             script: s.script.clone(),
+            pty: s.pty,
         }),
         Command::Revoke {
             lease,
@@ -202,6 +204,11 @@ pub fn command_pb(cmd: &Command) -> pb::AllocatorMessage {
             format!("held by allotd's circuit breaker: {reasons}"),
             DrainAuthor::Health.as_str(),
         ),
+        Command::Notice { lease, text } => Body::Tty(pb::TtyInput {
+            lease_id: lease_wire(*lease),
+            notice: text.clone(),
+            ..Default::default()
+        }),
     };
     pb::AllocatorMessage { body: Some(body) }
 }

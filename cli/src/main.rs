@@ -20,6 +20,7 @@ mod remote;
 mod script;
 mod size;
 mod table;
+mod terminal;
 mod usage;
 mod xid;
 
@@ -88,8 +89,8 @@ const GROUPS: &[(&str, &[&str])] = &[
     (
         "Workloads (allotd, --server)",
         &[
-            "submit", "queue", "status", "watch", "logs", "cancel", "hold", "release", "requeue",
-            "update", "history",
+            "submit", "run", "attach", "queue", "status", "watch", "logs", "cancel", "hold",
+            "release", "requeue", "update", "history",
         ],
     ),
     (

@@ -8,6 +8,7 @@
 //! (other clients exist) and answers in the same `field: fix` form.
 
 mod reports;
+mod session;
 mod view;
 
 use crate::connect::Conn;
@@ -174,6 +175,16 @@ pub struct SubmitArgs {
     /// The command to run, after `--`.
     #[arg(last = true, value_name = "CMD")]
     argv: Vec<String>,
+}
+
+/// `allot run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    submit: SubmitArgs,
+    /// A session: the command runs on a terminal, and this one is attached to it (keys, window size, Ctrl-C and Ctrl-Z go to it); ~. detaches, `allot attach ID` comes back [class default: interactive].
+    #[arg(long)]
+    pty: bool,
 }
 
 /// `allot submit` parsed again with a script's directives before the command line's
@@ -621,6 +632,10 @@ pub enum NodesCommand {
 pub enum Remote {
     /// Queue a workload: the command after `--`, on --nodes × --gpus GPUs.
     Submit(SubmitArgs),
+    /// Run a command and wait for it, as srun: a live line while it waits, then its output (or, with --pty, this terminal attached to it); exits with its status.
+    Run(RunArgs),
+    /// Attach this terminal to a running session (`allot run --pty`) again; ~. detaches.
+    Attach(session::AttachArgs),
     /// Pending and running workloads, and why each pending one waits.
     Queue(QueueArgs),
     /// One workload in full: its contract, where it runs, why it waits.
@@ -695,7 +710,8 @@ fn parse_weight(s: &str) -> Result<f64, String> {
 /// Checks what clap cannot express, each message in the form `--flag value: fix`.
 pub fn validate(cmd: &Remote) -> Result<(), Usage> {
     match cmd {
-        Remote::Submit(a) => validate_submit(a),
+        Remote::Submit(a) => validate_submit(&["submit"], a),
+        Remote::Run(a) => validate_run(a),
         Remote::Cancel(a) if a.ids.is_empty() && a.user.is_none() && a.project.is_none() && a.name.is_none() => Err(Usage {
             path: &["cancel"],
             message: "say what to cancel: workload ids (allot cancel 12 13), or --user, --project or --name (with --state pending|running) for every live workload that matches".into(),
@@ -720,13 +736,46 @@ pub fn validate(cmd: &Remote) -> Result<(), Usage> {
     }
 }
 
-fn validate_submit(a: &SubmitArgs) -> Result<(), Usage> {
-    let usage = |message: String| {
+/// `allot run` takes `submit`'s flags but those that make no sense for work one
+/// waits for at the terminal.
+fn validate_run(a: &RunArgs) -> Result<(), Usage> {
+    let s = &a.submit;
+    let refuse = |flag: &str, why: &str| {
         Err(Usage {
-            path: &["submit"],
-            message,
+            path: &["run"],
+            message: format!("{flag}: {why}"),
         })
     };
+    if let Some(script) = &s.script {
+        return refuse(
+            &script.display().to_string(),
+            "allot run takes the command after `--` (allot run --pty -- bash); a batch script is for allot submit",
+        );
+    }
+    for (given, flag) in [
+        (s.array.is_some(), "--array"),
+        (s.hold, "--hold"),
+        (s.wait, "--wait"),
+        (s.json, "--json"),
+    ] {
+        if given {
+            return refuse(
+                flag,
+                "not for allot run, which waits for one workload at the terminal; use allot submit",
+            );
+        }
+    }
+    if a.pty && s.nodes > 1 {
+        return refuse(
+            "--nodes",
+            "a session's terminal is on one node; give --pty with --nodes 1",
+        );
+    }
+    validate_submit(&["run"], s)
+}
+
+fn validate_submit(path: &'static [&'static str], a: &SubmitArgs) -> Result<(), Usage> {
+    let usage = |message: String| Err(Usage { path, message });
     if !(1..=MAX_GPUS_PER_NODE).contains(&a.gpus) {
         return usage(format!(
             "--gpus {}: ask for 1 to {MAX_GPUS_PER_NODE} GPUs per node",
@@ -764,6 +813,8 @@ impl Remote {
     fn conn(&self) -> &Server {
         match self {
             Remote::Submit(a) => &a.conn,
+            Remote::Run(a) => &a.submit.conn,
+            Remote::Attach(a) => &a.conn,
             Remote::Queue(a) => &a.conn,
             Remote::Status(a) | Remote::Watch(a) => &a.conn,
             Remote::Cancel(a) => &a.conn,
@@ -1035,6 +1086,23 @@ async fn follow(ch: Conn, id: &str, say: impl Fn(String)) -> Result<Workload, Fa
     }
 }
 
+/// Prints what `req` reads of a workload's output to stdout, saying on stderr
+/// where a later run's output begins.
+async fn follow_logs(ch: Conn, req: LogsRequest) -> Result<(), Failure> {
+    let mut s = WorkloadsClient::new(ch).logs(req).await?.into_inner();
+    let mut shown = 0;
+    while let Some(c) = s.message().await? {
+        // Following into a later run: say where the output now comes from, on
+        // stderr so that stdout stays the workload's own.
+        if shown != 0 && c.run != shown {
+            eprintln!("==> run {} on {} (lease {}) <==", c.run, c.node, c.lease_id);
+        }
+        shown = c.run;
+        write_out(&c.data)?;
+    }
+    Ok(())
+}
+
 /// How a command that waited for a workload exits: with the job's status.
 fn ended(w: &Workload) -> Result<(), Failure> {
     match view::exit_status(w) {
@@ -1043,71 +1111,79 @@ fn ended(w: &Workload) -> Result<(), Failure> {
     }
 }
 
+/// The submission `a` asks for, `script` being its batch script's text (empty:
+/// none): its environment resolved, its directory and project found.
+fn spec_of(a: &SubmitArgs, script: String) -> Result<WorkloadSpec, Failure> {
+    let env = crate::jobenv::resolve(&a.export, &a.env, crate::jobenv::own_vars())
+        .map_err(Failure::Refused)?;
+    let here = std::env::current_dir().map_err(|e| {
+        Failure::Refused(format!(
+            "the current directory cannot be read ({e}); give --chdir DIR"
+        ))
+    })?;
+    let cwd = crate::jobenv::workdir(a.chdir.as_deref(), &here);
+    let (dependencies, singleton) = dependencies(a).map_err(Failure::Refused)?;
+    let project = match a.project.clone() {
+        Some(p) => p,
+        None => crate::connect::default_project()
+            .map_err(Failure::Refused)?
+            .unwrap_or_default(),
+    };
+    let spec = WorkloadSpec {
+        project,
+        // allotd runs the work as whoever the token or the agent proves.
+        user: a.user.clone().unwrap_or_default(),
+        class: a.class.clone().unwrap_or_default(),
+        gpus_per_node: a.gpus,
+        nodes: a.nodes,
+        cpu_per_node: a.cpus.unwrap_or(0),
+        mem_per_node_gb: a.memory.unwrap_or(0),
+        min_runtime_s: a.min_runtime,
+        time_limit_s: a.time_limit,
+        resumable: a.resumable,
+        priority: a.priority,
+        argv: a.argv.clone(),
+        checkpoint_hook: a.checkpoint.clone().unwrap_or_default(),
+        no_requeue: a.no_requeue,
+        cwd: cwd.to_string_lossy().into_owned(),
+        env: env
+            .into_iter()
+            .map(|(name, value)| allot_proto::v1::EnvVar { name, value })
+            .collect(),
+        output: a.output.clone().unwrap_or_default(),
+        error: a.error.clone().unwrap_or_default(),
+        warn_signal: a.signal.as_ref().map(|s| s.0.clone()).unwrap_or_default(),
+        warn_before_s: a.signal.as_ref().map_or(0, |s| s.1),
+        name: a.name.clone().unwrap_or_default(),
+        dependencies,
+        singleton: singleton || a.singleton,
+        begin_unix: a.begin.unwrap_or(0),
+        hold: a.hold,
+        array: a.array.clone().unwrap_or_default(),
+        // `any` (or nothing) asks for no type.
+        gpu_types: a
+            .gpu_type
+            .iter()
+            .filter(|t| !t.trim().is_empty() && t.trim() != "any")
+            .map(|t| t.trim().to_lowercase())
+            .collect(),
+        constraint: a.constraint.as_deref().map(features).unwrap_or_default(),
+        cluster: a.cluster.clone().unwrap_or_default(),
+        nodelist: hosts(a.nodelist.as_deref()),
+        exclude: hosts(a.exclude.as_deref()),
+        script,
+        has_script: false,
+        notify: a.notify.clone(),
+        pty: false,
+    };
+    Ok(spec)
+}
+
 async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
     match cmd {
         Remote::Submit(a) => {
             let (a, script) = with_script(a)?;
-            let env = crate::jobenv::resolve(&a.export, &a.env, crate::jobenv::own_vars())
-                .map_err(Failure::Refused)?;
-            let here = std::env::current_dir().map_err(|e| {
-                Failure::Refused(format!(
-                    "the current directory cannot be read ({e}); give --chdir DIR"
-                ))
-            })?;
-            let cwd = crate::jobenv::workdir(a.chdir.as_deref(), &here);
-            let (dependencies, singleton) = dependencies(&a).map_err(Failure::Refused)?;
-            let project = match a.project {
-                Some(p) => p,
-                None => crate::connect::default_project()
-                    .map_err(Failure::Refused)?
-                    .unwrap_or_default(),
-            };
-            let spec = WorkloadSpec {
-                project,
-                // allotd runs the work as whoever the token or the agent proves.
-                user: a.user.unwrap_or_default(),
-                class: a.class.unwrap_or_default(),
-                gpus_per_node: a.gpus,
-                nodes: a.nodes,
-                cpu_per_node: a.cpus.unwrap_or(0),
-                mem_per_node_gb: a.memory.unwrap_or(0),
-                min_runtime_s: a.min_runtime,
-                time_limit_s: a.time_limit,
-                resumable: a.resumable,
-                priority: a.priority,
-                argv: a.argv,
-                checkpoint_hook: a.checkpoint.unwrap_or_default(),
-                no_requeue: a.no_requeue,
-                cwd: cwd.to_string_lossy().into_owned(),
-                env: env
-                    .into_iter()
-                    .map(|(name, value)| allot_proto::v1::EnvVar { name, value })
-                    .collect(),
-                output: a.output.unwrap_or_default(),
-                error: a.error.unwrap_or_default(),
-                warn_signal: a.signal.as_ref().map(|s| s.0.clone()).unwrap_or_default(),
-                warn_before_s: a.signal.as_ref().map_or(0, |s| s.1),
-                name: a.name.unwrap_or_default(),
-                dependencies,
-                singleton: singleton || a.singleton,
-                begin_unix: a.begin.unwrap_or(0),
-                hold: a.hold,
-                array: a.array.clone().unwrap_or_default(),
-                // `any` (or nothing) asks for no type.
-                gpu_types: a
-                    .gpu_type
-                    .iter()
-                    .filter(|t| !t.trim().is_empty() && t.trim() != "any")
-                    .map(|t| t.trim().to_lowercase())
-                    .collect(),
-                constraint: a.constraint.as_deref().map(features).unwrap_or_default(),
-                cluster: a.cluster.clone().unwrap_or_default(),
-                nodelist: hosts(a.nodelist.as_deref()),
-                exclude: hosts(a.exclude.as_deref()),
-                script,
-                has_script: false,
-                notify: a.notify.clone(),
-            };
+            let spec = spec_of(&a, script)?;
             let (project, gpus, nodes) = (spec.project.clone(), spec.gpus_per_node, spec.nodes);
             let ch = channel(&server).await?;
             let r = WorkloadsClient::new(ch.clone())
@@ -1159,6 +1235,29 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
                 return ended(&w);
             }
         }
+        Remote::Run(a) => {
+            let RunArgs { submit: a, pty } = a;
+            let mut spec = spec_of(&a, String::new())?;
+            spec.pty = pty;
+            if pty && spec.class.is_empty() {
+                spec.class = "interactive".into();
+            }
+            let ch = channel(&server).await?;
+            let r = WorkloadsClient::new(ch.clone())
+                .submit(SubmitRequest { spec: Some(spec) })
+                .await?
+                .into_inner();
+            // On stderr: stdout is the work's own.
+            eprintln!(
+                "allot: submitted workload {} ({})",
+                r.id,
+                r.workload
+                    .as_ref()
+                    .map_or_else(String::new, view::contract_text)
+            );
+            return session::run(ch, &r.id, pty).await;
+        }
+        Remote::Attach(a) => return session::attach(channel(&server).await?, &a.id).await,
         Remote::Watch(a) => {
             let w = follow(channel(&server).await?, &a.id, |l| println!("{l}")).await?;
             if a.json {
@@ -1294,30 +1393,18 @@ async fn dispatch(cmd: Remote, server: String) -> Result<(), Failure> {
             .await?
         }
         Remote::Logs(a) => {
-            let mut s = WorkloadsClient::new(channel(&server).await?)
-                .logs(LogsRequest {
-                    id: a.id.clone(),
-                    follow: a.follow,
-                    run: a.run.unwrap_or(0),
-                    rank: a.rank,
-                    stream: if a.stderr {
-                        LogStream::Stderr
-                    } else {
-                        LogStream::Stdout
-                    } as i32,
-                })
-                .await?
-                .into_inner();
-            let mut shown = 0;
-            while let Some(c) = s.message().await? {
-                // Following into a later run: say where the output now comes from,
-                // on stderr so that stdout stays the workload's own.
-                if shown != 0 && c.run != shown {
-                    eprintln!("==> run {} on {} (lease {}) <==", c.run, c.node, c.lease_id);
-                }
-                shown = c.run;
-                write_out(&c.data)?;
-            }
+            let req = LogsRequest {
+                id: a.id.clone(),
+                follow: a.follow,
+                run: a.run.unwrap_or(0),
+                rank: a.rank,
+                stream: if a.stderr {
+                    LogStream::Stderr
+                } else {
+                    LogStream::Stdout
+                } as i32,
+            };
+            follow_logs(channel(&server).await?, req).await?;
             // Followed to its end: the job's own status, as `--wait` gives it.
             if a.follow {
                 let w = WorkloadsClient::new(channel(&server).await?)

@@ -512,6 +512,41 @@ impl Workloads for Fake {
         Err(Status::unimplemented("not in this fake"))
     }
 
+    type AttachStream =
+        tokio_stream::Iter<std::vec::IntoIter<Result<allot_proto::v1::AttachOutput, Status>>>;
+
+    /// 18 is a session that prints a line and ends with status 4; anything else
+    /// is refused as allotd refuses another user's.
+    async fn attach(
+        &self,
+        r: Request<tonic::Streaming<allot_proto::v1::AttachInput>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        use allot_proto::v1::AttachOutput;
+        let first = r.into_inner().message().await?.unwrap_or_default();
+        if first.id != "18" {
+            return Err(Status::permission_denied(format!(
+                "id: ana may not attach to workload {} of bo: only its owner (or an admin) may type into a session",
+                first.id
+            )));
+        }
+        Ok(Response::new(tokio_stream::iter(vec![
+            Ok(AttachOutput {
+                node: "gpu-01".into(),
+                lease_id: "A-2".into(),
+                ..Default::default()
+            }),
+            Ok(AttachOutput {
+                data: b"hello from the session\r\n".to_vec(),
+                ..Default::default()
+            }),
+            Ok(AttachOutput {
+                ended: true,
+                exit_code: Some(4),
+                ..Default::default()
+            }),
+        ])))
+    }
+
     type LogsStream = tokio_stream::Iter<std::vec::IntoIter<Result<LogsChunk, Status>>>;
 
     /// 18 wrote two pieces in its first run and one in its second (bytes that are
@@ -1450,6 +1485,38 @@ fn nodes_list_drain_and_undrain() {
             ("gpu-01", "", false, true)
         ]
     );
+}
+
+#[test]
+fn attach_prints_the_session_and_exits_with_its_status() {
+    let fake = Fake::default();
+    let addr = serve(fake.clone());
+    // Off a terminal (stdin is no tty here): no raw mode, the output as it comes.
+    let (code, out, err) = allot(&["attach", "18", "--server", &addr]);
+    assert_eq!(code, 4, "the program's status is the command's: {err}");
+    assert_eq!(out, "hello from the session\r\n");
+    let (code, _, err) = allot(&["attach", "19", "--server", &addr]);
+    assert_eq!(code, 1);
+    assert!(err.contains("may not attach to workload 19"), "{err}");
+}
+
+#[test]
+fn run_refuses_what_a_command_one_waits_for_cannot_be() {
+    for (flags, named) in [
+        (&["--array", "0-3"][..], "--array"),
+        (&["--hold"][..], "--hold"),
+        (&["--pty", "--nodes", "2"][..], "--nodes"),
+    ] {
+        let mut args = vec!["run", "--server", "127.0.0.1:1"];
+        args.extend_from_slice(flags);
+        args.extend(["--", "true"]);
+        let (code, _, err) = allot(&args);
+        assert_eq!(code, 2, "{flags:?}: {err}");
+        assert!(err.contains(named), "{flags:?}: {err}");
+    }
+    let (code, _, err) = allot(&["run", "--server", "127.0.0.1:1", "job.sh"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("after `--`"), "{err}");
 }
 
 #[test]

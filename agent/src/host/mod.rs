@@ -191,6 +191,8 @@ pub struct StartSpec {
     pub cpus: u32,
     /// Memory the work may use, GiB (its cgroup's `memory.max`); 0: no limit.
     pub memory_gb: u32,
+    /// A session (`allot run --pty`): it runs on a terminal its supervisor holds.
+    pub pty: bool,
 }
 
 /// Who is calling, from the socket's peer credentials.
@@ -420,6 +422,16 @@ impl Host {
                 crate::lease::LogStream::Stderr => &l.error,
             }),
         }))
+    }
+
+    /// Where the terminal of live lease `id` is attached to (`allot attach`): only
+    /// a lease this host holds and runs, found by its id.
+    pub fn tty_socket(&self, id: &str) -> Result<PathBuf, String> {
+        match self.leases.get(id) {
+            Some(l) if l.live() => Ok(crate::tty::socket_path(&lease_dir(&self.settings, id))),
+            Some(_) => Err(format!("lease {id} has ended on this host")),
+            None => Err(format!("this host holds no lease {id}")),
+        }
     }
 
     /// Events since `since_ms`.

@@ -487,6 +487,7 @@ impl Host {
                     run_as: who.run_as.clone(),
                     env: job_env(&spec.job_env, &who.env, &spec.env),
                     cwd: cwd.clone(),
+                    pty: spec.pty,
                 });
                 match launched {
                     Ok(started) => {

@@ -86,6 +86,9 @@ pub enum Ask<'a> {
     },
     /// Read one workload's output (`allot logs`): its owner and operators.
     Logs(u64),
+    /// Type into a session's terminal (`allot attach`): its owner alone (and
+    /// admins).
+    Attach(u64),
     /// Read the org tree and its shares, or the node list.
     Read,
     /// Set a group's weight.
@@ -268,6 +271,18 @@ impl Allocator {
         let me = who.name();
         let id = w.id;
         let u = who.user().unwrap_or_default();
+        if matches!(ask, Ask::Attach(_)) {
+            // A terminal is its owner's shell: an operator reads its output
+            // (`allot logs`), never types into it.
+            return if w.spec.user == u {
+                Ok(())
+            } else {
+                Err(denied(format!(
+                    "id: {me} may not attach to workload {id} of {}: only its owner (or an admin) may type into a session; `allot logs {id}` reads its output",
+                    w.spec.user
+                )))
+            };
+        }
         if matches!(ask, Ask::Logs(_)) {
             // Output may hold what its owner printed for themself: a manager sees
             // the workload, not what it wrote.
@@ -408,7 +423,11 @@ impl Allocator {
                     )))
                 }
             }
-            Ask::See(id) | Ask::Cancel(id) | Ask::Logs(id) | Ask::Control { id, .. } => match self.work.get(&id) {
+            Ask::See(id)
+            | Ask::Cancel(id)
+            | Ask::Logs(id)
+            | Ask::Attach(id)
+            | Ask::Control { id, .. } => match self.work.get(&id) {
                 Some(w) => self.authorize_on(who, ask, w),
                 // Unknown ids are the handler's NOT_FOUND (or a retired workload's
                 // record, which it checks with `authorize_on`).

@@ -31,6 +31,7 @@ impl Allocator {
                 array,
                 script,
                 notify,
+                pty,
             } => {
                 let indices: Vec<Option<u32>> = match array {
                     Some(arr) => arr.indices.iter().map(|i| Some(*i)).collect(),
@@ -80,6 +81,7 @@ impl Allocator {
                             }),
                             script: script.clone(),
                             notify: notify.clone(),
+                            pty: *pty,
                         },
                     );
                     self.index_gate(id.0);
@@ -231,6 +233,8 @@ impl Allocator {
             } => {
                 a.changed = self.lease_use(at, *lease, node, *idle_since, *gpu_util, &mut a);
             }
+            Input::Typed { lease } => a.changed = self.lease_input(at, *lease, &mut a),
+            Input::SessionIdle { lease } => a.changed = self.session_idle(at, *lease, &mut a),
             Input::NodeState {
                 node,
                 state,
@@ -435,8 +439,14 @@ impl Allocator {
                     gpus: u32::try_from(hosts.iter().map(|(_, g)| g.len()).sum::<usize>())
                         .unwrap_or(u32::MAX),
                     funded,
+                    // A session is in use as it starts: protected by use (its
+                    // class's grace) from here, not left to its min runtime alone.
+                    input_at: if w.pty { at } else { 0 },
                     ..RunRec::default()
                 });
+                if w.pty {
+                    let _ = self.core.lease_use(at, lease, Some(at));
+                }
                 let w = w.clone();
                 self.lease_hosts.insert(lease.0, hosts.clone());
                 self.changed(at, wid, a);
@@ -773,20 +783,35 @@ impl Allocator {
         // first report always changes the run (its level was unknown), so the core
         // and the run never disagree about a repeat. The lease was found in the core
         // above, so the core cannot refuse it.
-        let used = (idle_since != 0).then_some(idle_since);
         if run.idle_since == idle_since {
             // The level alone moved (the host says so at most every few minutes):
             // kept for `allot share`, no news for the audit.
             let moved = run.gpu_util != Some(gpu_util);
             run.gpu_util = Some(gpu_util);
             if moved {
-                let _ = self.core.lease_use(at, LeaseId(lease), used);
+                let _ = self
+                    .core
+                    .lease_use(at, LeaseId(lease), run.used().flatten());
             }
             return moved;
         }
         run.idle_since = idle_since;
         run.gpu_util = Some(gpu_util);
+        let used = run.used().flatten();
+        let busy = used.is_none();
+        let warned = run.idle_warned;
+        run.idle_warned = warned && !busy;
         let _ = self.core.lease_use(at, LeaseId(lease), used);
+        if warned && busy {
+            a.audit(
+                wid,
+                lease,
+                format!(
+                    "{} in use again (its GPUs at {gpu_util}%): protected while used",
+                    lease_wire(lease)
+                ),
+            );
+        }
         let text = if idle_since == 0 {
             format!(
                 "{} busy again on {node}: its GPUs at {gpu_util}%",
@@ -821,6 +846,117 @@ impl Allocator {
                 })));
             }
         }
+        true
+    }
+
+    /// The running run of `lease`, and its workload's id.
+    fn live_run(&mut self, lease: u64) -> Option<(u64, &mut super::RunRec)> {
+        let wid = self.core.lease(LeaseId(lease))?.workload.0;
+        let run = self
+            .work
+            .get_mut(&wid)?
+            .runs
+            .iter_mut()
+            .rev()
+            .find(|r| r.lease == lease && r.end == 0)?;
+        Some((wid, run))
+    }
+
+    /// A session was typed into: in use until now, idle from now (the policy
+    /// protects it for its class's grace from here); a warned session is in use
+    /// again.
+    fn lease_input(&mut self, at: Time, lease: u64, a: &mut Applied) -> bool {
+        let Some((wid, run)) = self.live_run(lease) else {
+            return false;
+        };
+        run.input_at = at;
+        let warned = std::mem::take(&mut run.idle_warned);
+        let used = run.used().flatten();
+        let _ = self.core.lease_use(at, LeaseId(lease), used);
+        if warned {
+            a.audit(
+                wid,
+                lease,
+                format!(
+                    "{} in use again (typed into): protected while used",
+                    lease_wire(lease)
+                ),
+            );
+        }
+        true
+    }
+
+    /// Sessions of a class protected by use whose protection has lapsed while
+    /// idle and that were not yet told: the leases for [`Input::SessionIdle`].
+    pub fn idle_sessions(&self, at: Time) -> Vec<u64> {
+        let mut out = Vec::new();
+        for w in self.work.values() {
+            if !w.pty || w.state != WorkloadState::Running {
+                continue;
+            }
+            let Some(run) = w.runs.last().filter(|r| r.end == 0 && !r.idle_warned) else {
+                continue;
+            };
+            let lapsed = self
+                .core
+                .lease(LeaseId(run.lease))
+                .is_some_and(|l| l.funded && l.preemptible_at <= at && l.revoke.is_none());
+            let used = run.used();
+            if lapsed
+                && used != Some(None)
+                && self.core.config().idle_grace(&w.spec.class).is_some()
+            {
+                out.push(run.lease);
+            }
+        }
+        out
+    }
+
+    /// Tells an idle session, on its terminal and in the audit log, that it is no
+    /// longer protected: "idle for 31m: no input for 31m, GPUs at 0%".
+    fn session_idle(&mut self, at: Time, lease: u64, a: &mut Applied) -> bool {
+        let node = self
+            .lease_hosts
+            .get(&lease)
+            .and_then(|h| h.first())
+            .map(|(n, _)| n.clone())
+            .unwrap_or_default();
+        let Some((wid, run)) = self.live_run(lease) else {
+            return false;
+        };
+        if run.idle_warned {
+            return false;
+        }
+        run.idle_warned = true;
+        let since = run.idle_since.max(run.input_at).max(run.start);
+        let ago = |t: Time| allot_fairshare::time::format_duration(at.saturating_sub(t));
+        let input = if run.input_at <= run.start {
+            "no input since it started".to_string()
+        } else {
+            format!("no input for {}", ago(run.input_at))
+        };
+        let gpus = match run.gpu_util {
+            Some(u) => format!("GPUs at {u}%"),
+            None => "GPUs not yet sampled".to_string(),
+        };
+        let text = format!("idle for {}: {input}, {gpus}", ago(since));
+        a.audit(
+            wid,
+            lease,
+            format!(
+                "{} {text}: no longer protected; may be reclaimed when others wait",
+                lease_wire(lease)
+            ),
+        );
+        a.send(
+            &node,
+            Command::Notice {
+                lease,
+                text: format!(
+                    "this session is {text}. It is no longer protected and may be reclaimed when others wait for GPUs; type anything to keep it."
+                ),
+            },
+        );
         true
     }
 

@@ -67,6 +67,9 @@ pub enum Input {
         /// What its user is told about (`end`, `fail`, `preempt`, `time-limit`).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         notify: Vec<String>,
+        /// A session (`allot run --pty`): it runs on a terminal `allot attach` reaches.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pty: bool,
     },
     /// A user cancelled work.
     Cancel {
@@ -166,6 +169,18 @@ pub enum Input {
         idle_since: allot_fairshare::Time,
         /// The mean utilisation of its GPUs there, %.
         gpu_util: u32,
+    },
+    /// A session's terminal was typed into (journaled at most every
+    /// `attach::INPUT_EVERY`): its use, as its GPUs' is.
+    Typed {
+        /// Lease.
+        lease: u64,
+    },
+    /// A session idle past its class's grace was told on its terminal that it is
+    /// no longer protected (`[policy] protect_by_use`).
+    SessionIdle {
+        /// Lease.
+        lease: u64,
     },
     /// A node's scheduling state changed (operator, health, or lost).
     NodeState {

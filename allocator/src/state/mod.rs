@@ -284,6 +284,9 @@ pub struct WorkRec {
     /// What its user is told about (`end`, `fail`, `preempt`, `time-limit`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notify: Vec<String>,
+    /// A session (`allot run --pty`): it runs on a terminal `allot attach` reaches.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pty: bool,
 }
 
 /// One run of a workload: a lease, where its parts ran and what they were told.
@@ -329,6 +332,26 @@ pub struct RunRec {
     /// The mean utilisation of its GPUs when its host last said idle or busy, %.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_util: Option<u32>,
+    /// A session's last keystroke, Unix s, as allotd relayed it (0: none yet).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub input_at: Time,
+    /// A session told on its terminal that, idle, it is no longer protected (until
+    /// it is used again).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idle_warned: bool,
+}
+
+impl RunRec {
+    /// What the run's use tells the policy ([`allot_fairshare::Scheduler::lease_use`]):
+    /// `Some(None)` in use (its GPUs busy), `Some(Some(t))` idle since `t` (the later
+    /// of its GPUs' going idle and its last keystroke), `None` nothing known yet.
+    pub fn used(&self) -> Option<Option<Time>> {
+        if self.gpu_util.is_some() && self.idle_since == 0 {
+            return Some(None);
+        }
+        let since = self.idle_since.max(self.input_at);
+        (since != 0).then_some(Some(since))
+    }
 }
 
 fn is_zero(t: &Time) -> bool {
@@ -621,6 +644,7 @@ impl Allocator {
             mem_per_node_gb: w.spec.mem_per_node_gb,
             array: w.array.map(|p| (p.id, p.index)),
             script: w.script.clone(),
+            pty: w.pty,
         }))
     }
 

@@ -88,6 +88,13 @@ pub enum Command {
         /// The health reasons.
         reasons: String,
     },
+    /// Write a line on a session's terminal (protocol 5).
+    Notice {
+        /// The session's lease.
+        lease: u64,
+        /// The line.
+        text: String,
+    },
 }
 
 /// A lease to start on one host.
@@ -145,6 +152,8 @@ pub struct StartLease {
     pub array: Option<(u64, u32)>,
     /// Its batch script; empty: `argv` is the command.
     pub script: String,
+    /// A session: on a terminal (protocol 5).
+    pub pty: bool,
 }
 
 /// What [`Allocator::apply`](super::Allocator::apply) produced.

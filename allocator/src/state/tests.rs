@@ -128,6 +128,7 @@ fn replaying_the_inputs_rebuilds_the_same_state() {
                 array: None,
                 script: String::new(),
                 notify: Vec::new(),
+                pty: false,
             },
         ));
         inputs.push((k, Input::Schedule));
@@ -463,6 +464,7 @@ pub(super) fn batch(project: &str) -> Input {
         array: None,
         script: String::new(),
         notify: Vec::new(),
+        pty: false,
     }
 }
 
@@ -774,6 +776,7 @@ fn busy_day() -> Vec<(Time, Input)> {
         array: None,
         script: String::new(),
         notify: Vec::new(),
+        pty: false,
     };
     for k in 0..8u64 {
         let t = 1 + k * 600;
@@ -1064,6 +1067,7 @@ fn work(nodes: u32, gpus: u32) -> Input {
         array: None,
         script: String::new(),
         notify: Vec::new(),
+        pty: false,
     }
 }
 

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod chromium;
+pub mod pty;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -46,13 +47,20 @@ fn fresh(p: &Path) -> bool {
 /// Polls `f` until it returns `Some`, for at most `limit`: what a test waits for is a
 /// state change in another process, seen through its API (there is no event to
 /// await across processes).
-pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, limit: Duration, f: impl FnMut() -> Option<T>) -> T {
+    try_wait_for(limit, f).unwrap_or_else(|| panic!("timed out waiting for {what}"))
+}
+
+/// [`wait_for`], `None` at the deadline: for a test that says more when it fails.
+pub fn try_wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let end = Instant::now() + limit;
     loop {
         if let Some(v) = f() {
-            return v;
+            return Some(v);
         }
-        assert!(Instant::now() < end, "timed out waiting for {what}");
+        if Instant::now() >= end {
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(25));
     }
 }

@@ -12,6 +12,8 @@
 //! running and the file once it is done, so neither the output nor the exit status
 //! depends on the agent being there.
 
+mod terminal;
+
 use crate::procid::ProcId;
 use allot_checkpoint_hooks::cgroup::Cgroup;
 use allot_checkpoint_hooks::identity::{prepare, Identity, RunAs};
@@ -112,6 +114,10 @@ pub struct Spec {
     pub cap_bytes: u64,
     /// Where the end is written.
     pub exit_file: PathBuf,
+    /// A session (`allot run --pty`): the job runs on a terminal this supervisor
+    /// holds, and attaches come to this socket; `None`: output pipes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty_socket: Option<PathBuf>,
 }
 
 /// The supervisor's one line of answer.
@@ -385,14 +391,17 @@ pub fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let (job, out, err) = match spawn_job(&spec) {
+    let job = match spawn_job(&spec) {
         Ok(j) => j,
         Err(why) => {
+            if let Some(socket) = &spec.tty_socket {
+                let _ = std::fs::remove_file(socket);
+            }
             hello(&Hello::Failed(why));
             return std::process::ExitCode::from(2);
         }
     };
-    let pid = i32::try_from(job.id()).unwrap_or(0);
+    let pid = i32::try_from(job.child.id()).unwrap_or(0);
     let start_ticks = allot_checkpoint_hooks::proc_stat(pid).map_or(0, |s| s.start_ticks);
     hello(&Hello::Started { pid, start_ticks });
     shield();
@@ -400,7 +409,7 @@ pub fn main() -> std::process::ExitCode {
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         let _ = nix::unistd::dup2_stdout(&null);
     }
-    let exit = supervise(&spec, job, out, err);
+    let exit = supervise(&spec, job);
     if let Err(e) = write_exit(&spec.exit_file, &exit) {
         eprintln!(
             "allot supervise {}: cannot write {}: {e}",
@@ -530,7 +539,15 @@ fn open_log(spec: &Spec, path: &Path) -> Result<std::fs::File, String> {
 
 type Pipes = (std::process::ChildStdout, std::process::ChildStderr);
 
-fn spawn_job(spec: &Spec) -> Result<(Child, std::fs::File, std::fs::File), String> {
+/// The started job: its process, its log files, and its terminal when it has one.
+struct Job {
+    child: Child,
+    out: std::fs::File,
+    err: std::fs::File,
+    terminal: Option<Arc<terminal::Terminal>>,
+}
+
+fn spawn_job(spec: &Spec) -> Result<Job, String> {
     let (program, args) = spec
         .argv
         .split_first()
@@ -577,16 +594,55 @@ fn spawn_job(spec: &Spec) -> Result<(Child, std::fs::File, std::fs::File), Strin
     if let Some(dir) = &spec.cwd {
         cmd.current_dir(dir);
     }
-    let child = cmd
-        .args(args)
+    cmd.args(args)
         .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let terminal = match &spec.tty_socket {
+        Some(socket) => {
+            let t = Arc::new(terminal::Terminal::open()?);
+            if let Some(id) = &spec.user {
+                t.give_to(id.uid, id.gid);
+            }
+            let side = |what| {
+                t.job_side()
+                    .map(Stdio::from)
+                    .map_err(|e| format!("cannot give the job its terminal ({what}): {e}"))
+            };
+            cmd.stdin(side("stdin")?)
+                .stdout(side("stdout")?)
+                .stderr(side("stderr")?);
+            // SAFETY: between fork and exec only the ioctl(2) system call runs, on
+            // the child's stdin (the terminal, put there before pre_exec closures
+            // run), after `prepare`'s setsid made the child a session leader.
+            #[allow(unsafe_code)]
+            unsafe {
+                use std::os::unix::process::CommandExt;
+                cmd.pre_exec(|| {
+                    if nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            t.listen(socket)?;
+            Some(t)
+        }
+        None => {
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            None
+        }
+    };
+    let child = cmd
         .spawn()
         .map_err(|e| format!("cannot start {program:?}: {e}"))?;
-    Ok((child, out, err))
+    Ok(Job {
+        child,
+        out,
+        err,
+        terminal,
+    })
 }
 
 /// The cut: bytes kept so far over both streams, and whether the note was written.
@@ -597,6 +653,14 @@ struct Cap {
 }
 
 impl Cap {
+    /// The line written where the output is cut.
+    fn note(&self) -> String {
+        format!(
+            "\n[allot: output cut at {} bytes ([agent] max_output_bytes); the rest of this run's output was discarded]\n",
+            self.limit
+        )
+    }
+
     /// How much of `n` more bytes may be kept; the first caller over the limit also
     /// gets `true` (it writes the note).
     fn take(&self, n: u64) -> (u64, bool) {
@@ -635,18 +699,18 @@ fn pump(mut from: impl Read, mut to: std::fs::File, cap: &Cap) {
             let _ = to.write_all(&buf[..keep]);
         }
         if over {
-            let _ = to.write_all(
-                format!(
-                    "\n[allot: output cut at {} bytes ([agent] max_output_bytes); the rest of this run's output was discarded]\n",
-                    cap.limit
-                )
-                .as_bytes(),
-            );
+            let _ = to.write_all(cap.note().as_bytes());
         }
     }
 }
 
-fn supervise(spec: &Spec, mut job: Child, out: std::fs::File, err: std::fs::File) -> Exit {
+fn supervise(spec: &Spec, job: Job) -> Exit {
+    let Job {
+        child: mut job,
+        out,
+        err,
+        terminal,
+    } = job;
     let cap = Arc::new(Cap {
         limit: spec.cap_bytes,
         kept: AtomicU64::new(0),
@@ -656,7 +720,18 @@ fn supervise(spec: &Spec, mut job: Child, out: std::fs::File, err: std::fs::File
     // Each pump says when its stream has ended.
     let (done_tx, done) = std::sync::mpsc::channel::<()>();
     let mut pumps = 0;
-    if let Some((o, e)) = pipes {
+    // A session's terminal is read until the job is over and it falls quiet (the
+    // supervisor holds its far side too, so it never reads the end by itself).
+    let quiet = Arc::new(AtomicBool::new(false));
+    if let Some(t) = &terminal {
+        let (t, cap, quiet, done_tx) = (t.clone(), cap.clone(), quiet.clone(), done_tx.clone());
+        std::thread::spawn(move || {
+            t.pump(out, &cap, &quiet);
+            let _ = done_tx.send(());
+        });
+        pumps += 1;
+        drop(err);
+    } else if let Some((o, e)) = pipes {
         // The cap keeps the node's disk: a user's own file is theirs to fill.
         let uncapped = Arc::new(Cap {
             limit: u64::MAX,
@@ -699,6 +774,7 @@ fn supervise(spec: &Spec, mut job: Child, out: std::fs::File, err: std::fs::File
         }
         None => {}
     }
+    quiet.store(true, Ordering::Release);
     // Without a cgroup a process that left the group may hold a pipe open for ever:
     // the output it writes later is not waited for.
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -713,6 +789,12 @@ fn supervise(spec: &Spec, mut job: Child, out: std::fs::File, err: std::fs::File
         Ok(s) => (s.code(), s.signal()),
         Err(_) => (None, None),
     };
+    if let Some(t) = &terminal {
+        if let Some(socket) = &spec.tty_socket {
+            let _ = std::fs::remove_file(socket);
+        }
+        t.ended(crate::tty::Ended { code, signal });
+    }
     let exit = Exit {
         code,
         signal,

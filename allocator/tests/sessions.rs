@@ -1,0 +1,233 @@
+//! Interactive sessions that are not killed mid-thought (issue 41), through the
+//! real CLI on a terminal of the test's own: `allot run --pty -- bash` is a real
+//! shell on a PTY its supervisor holds (typing, window size, Ctrl-C and Ctrl-Z
+//! reach it as a terminal's would); `~.` detaches and `allot attach` shows what
+//! was printed meanwhile; an agent restart and an allotd restart leave the session
+//! running for the next attach; an idle session of a class protected by use is
+//! warned on its terminal and then reclaimed, while one being typed into is not.
+
+mod support;
+
+use allot_test_support::pty::Pty;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use support::{wait_for, Cluster};
+
+const LONG: Duration = Duration::from_secs(60);
+
+const GROUPS: &str =
+    "[[group]]\nname = \"demo-a\"\nweight = 1\n[[group]]\nname = \"demo-b\"\nweight = 1\n";
+
+/// `allot run --pty ... -- bash` on a new terminal, as the test user.
+fn session(c: &Cluster, project: &str) -> Pty {
+    let args = [
+        "run",
+        "--pty",
+        "--project",
+        project,
+        "--gpus",
+        "1",
+        "--",
+        "bash",
+        "--norc",
+        "--noprofile",
+        "-i",
+    ];
+    let mut cmd = c.allot_command(&args);
+    cmd.env("PS1", "sess$ ").env("TERM", "dumb");
+    Pty::spawn(cmd, 24, 80)
+}
+
+/// `allot attach ID` on a new terminal.
+fn attach(c: &Cluster, id: &str) -> Pty {
+    let mut cmd = c.allot_command(&["attach", id]);
+    cmd.env("TERM", "dumb");
+    let mut p = Pty::spawn(cmd, 24, 80);
+    p.expect("attached to workload", LONG);
+    p
+}
+
+/// The id `allot run` printed, once the session is attached and its prompt shown.
+fn started(p: &mut Pty) -> String {
+    p.expect("submitted workload ", LONG);
+    let id = p.until(" (", LONG);
+    assert!(
+        !id.is_empty() && id.chars().all(|c| c.is_ascii_digit()),
+        "an id after `submitted workload`: {}",
+        p.text()
+    );
+    p.expect("attached to workload", LONG);
+    p.expect("sess$ ", LONG);
+    id
+}
+
+/// Detaches with `~.` (after Enter): the CLI says so and exits 0.
+fn detach(p: &mut Pty) {
+    p.send(b"\r~.");
+    p.expect("detached", LONG);
+    assert!(p.wait(LONG).success(), "a detach exits 0: {}", p.text());
+}
+
+#[test]
+fn a_session_is_a_real_terminal_and_attach_shows_what_it_printed_meanwhile() {
+    let c = Cluster::start("sessions-pty", GROUPS, 1, 2);
+    let mut p = session(&c, "demo-a");
+    let id = started(&mut p);
+
+    // Typed, run, printed: the arithmetic shows it is the output, not the echo.
+    p.send(b"echo hi-$((40+2))\r");
+    p.expect("hi-42", LONG);
+
+    // The window's size reaches the program.
+    p.resize(40, 120);
+    p.send(b"stty size\r");
+    p.expect("40 120", LONG);
+
+    // Ctrl-C interrupts what runs in front, not the shell.
+    p.send(b"echo started; sleep 100\r");
+    p.expect("started\r\n", LONG);
+    p.send(b"\x03");
+    p.send(b"echo alive-$((1+1))\r");
+    p.expect("alive-2", Duration::from_secs(30));
+
+    // Ctrl-Z stops it, and the shell's job control sees it.
+    p.send(b"echo zz; sleep 101\r");
+    p.expect("zz\r\n", LONG);
+    p.send(b"\x1a");
+    p.expect("Stopped", LONG);
+    p.send(b"kill -9 %1; echo gone-$((5+5))\r");
+    p.expect("gone-10", LONG);
+
+    // Something that prints once the test says so, while nobody is attached.
+    let go = c.dir.join("go");
+    p.send(
+        format!("(while [ ! -e {go:?} ]; do sleep 0.1; done; echo later-$((2*3))) &\r").as_bytes(),
+    );
+    detach(&mut p);
+    std::fs::write(&go, "").expect("go");
+    let mut shown = String::new();
+    let printed = allot_test_support::try_wait_for(LONG, || {
+        let out = c.allot(&["logs", &id]);
+        shown = String::from_utf8_lossy(&out.stdout).into_owned();
+        shown.contains("later-6").then_some(())
+    });
+    assert!(
+        printed.is_some(),
+        "the detached session printed nothing more; its log:\n{shown}\nits status: {}",
+        c.status(&id)
+    );
+
+    let mut q = attach(&c, &id);
+    q.expect("later-6", LONG);
+    // The program's exit status is the command's.
+    q.send(b"exit 3\r");
+    assert_eq!(q.wait(LONG).code(), Some(3), "{}", q.text());
+    let w = wait_for("the session to end", LONG, || {
+        let w = c.status(&id);
+        (w["state"] != "running").then_some(w)
+    });
+    assert_eq!(w["exit_code"], 3, "{w}");
+}
+
+#[test]
+fn a_session_survives_an_agent_and_an_allotd_restart_and_attach_comes_back() {
+    let mut c = Cluster::start("sessions-restart", GROUPS, 1, 2);
+    let mut p = session(&c, "demo-a");
+    let id = started(&mut p);
+    p.send(b"X=kept-$((3*3))\r");
+    p.send(b"echo set-$X\r");
+    p.expect("set-kept-9", LONG);
+
+    // The agent goes: the attach ends, saying how to come back; the shell lives on
+    // in its supervisor.
+    c.kill9_agent(0);
+    p.expect("allot attach", LONG);
+    assert!(!p.wait(LONG).success(), "a lost attach is not a success");
+    c.start_agent(0, 2);
+    c.wait_connected(1);
+    let mut q = attach(&c, &id);
+    q.send(b"echo agent-$X\r");
+    q.expect("agent-kept-9", LONG);
+    detach(&mut q);
+
+    // allotd goes and comes back: the same session, attached again.
+    c.kill9_server();
+    c.start_server();
+    c.wait_connected(1);
+    let mut r = attach(&c, &id);
+    r.send(b"echo allotd-$X\r");
+    r.expect("allotd-kept-9", LONG);
+    r.send(b"exit\r");
+    assert!(r.wait(LONG).success(), "{}", r.text());
+}
+
+#[test]
+fn an_idle_session_is_warned_then_reclaimed_and_one_in_use_is_not() {
+    // demo-b is owed most of the cluster: taking one GPU from demo-a for it is
+    // fairer even after the move (the policy's hysteresis).
+    let groups = GROUPS.replace(
+        "name = \"demo-b\"\nweight = 1",
+        "name = \"demo-b\"\nweight = 3",
+    );
+    let config = format!(
+        "{groups}[classes.interactive]\nmin_runtime = \"1s\"\n[policy.protect_by_use.interactive]\nidle_grace = \"4s\"\n"
+    );
+    let c = Cluster::start("sessions-idle", &config, 1, 2);
+    let mut busy = session(&c, "demo-a");
+    let busy_id = started(&mut busy);
+    let mut idle = session(&c, "demo-a");
+    let idle_id = started(&mut idle);
+
+    // Someone types into one session every second, as a person at work would.
+    let typing = Arc::new(AtomicBool::new(true));
+    let mut keys = busy.keyboard();
+    let on = typing.clone();
+    let typist = std::thread::spawn(move || {
+        while on.load(Ordering::Relaxed) {
+            let _ = keys.write_all(b"\r");
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+
+    // The other is told on its terminal, and in its history, that it may go.
+    idle.expect("[allot] this session is idle for", LONG);
+    let w = c.status(&idle_id);
+    let history = w["history"].to_string();
+    assert!(history.contains("no input since it started"), "{history}");
+    assert!(history.contains("no longer protected"), "{history}");
+
+    // Another project's work needs a GPU: the idle session's is taken, the one in
+    // use keeps its own.
+    // Funded work (a min runtime): free occupancy never takes funded GPUs.
+    let other = c.submit(
+        &["--project", "demo-b", "--gpus", "1", "--min-runtime", "1h"],
+        "sleep 300",
+    );
+    let ran = allot_test_support::try_wait_for(LONG, || {
+        (c.status(&other)["state"] == "running").then_some(())
+    });
+    assert!(
+        ran.is_some(),
+        "the other project's work waits: {}",
+        c.status(&other)
+    );
+    let code = idle.wait(LONG).code();
+    assert_ne!(
+        code,
+        Some(0),
+        "a reclaimed session is no success: {}",
+        idle.text()
+    );
+    let w = c.status(&idle_id);
+    assert_ne!(w["state"], "running", "{w}");
+    assert_eq!(c.status(&busy_id)["state"], "running");
+    typing.store(false, Ordering::Relaxed);
+    let _ = typist.join();
+    let w = c.status(&busy_id);
+    assert!(
+        !w["history"].to_string().contains("no longer protected"),
+        "the session in use was never warned: {w}"
+    );
+}
