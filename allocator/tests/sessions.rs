@@ -42,8 +42,13 @@ fn session(c: &Cluster, project: &str) -> Pty {
 
 /// `allot attach ID` on a new terminal.
 fn attach(c: &Cluster, id: &str) -> Pty {
+    attach_as(c, id, "dumb")
+}
+
+/// `allot attach ID` on a new terminal of type `term`.
+fn attach_as(c: &Cluster, id: &str, term: &str) -> Pty {
     let mut cmd = c.allot_command(&["attach", id]);
-    cmd.env("TERM", "dumb");
+    cmd.env("TERM", term);
     let mut p = Pty::spawn(cmd, 24, 80);
     p.expect("attached to workload", LONG);
     p
@@ -230,4 +235,86 @@ fn an_idle_session_is_warned_then_reclaimed_and_one_in_use_is_not() {
         !w["history"].to_string().contains("no longer protected"),
         "the session in use was never warned: {w}"
     );
+}
+
+#[test]
+fn a_requeued_tmux_session_finds_its_windows_again() {
+    // A checkpoint directory every run of a workload sees (the agents' shared
+    // checkpoint_root), as a site with resumable sessions has.
+    let root = std::env::temp_dir().join(format!("allot-sessions-ckpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let c = Cluster::start_metered_with(
+        "sessions-resume",
+        GROUPS,
+        1,
+        2,
+        &format!("checkpoint_root = {root:?}\n"),
+        None,
+    );
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../checkpoint-hooks/scripts/allot-tmux-session")
+        .canonicalize()
+        .expect("the shipped hook");
+    let script = script.display().to_string();
+    let hook = format!("exec:{script} save");
+    let args = [
+        "run",
+        "--pty",
+        "--resumable",
+        "--min-runtime",
+        "1m",
+        "--checkpoint",
+        &hook,
+        "--project",
+        "demo-a",
+        "--gpus",
+        "1",
+        "--",
+        &script,
+    ];
+    let mut cmd = c.allot_command(&args);
+    cmd.env("TERM", "xterm-256color").env("SHELL", "/bin/sh");
+    let mut p = Pty::spawn(cmd, 30, 100);
+    p.expect("submitted workload ", LONG);
+    let id = p.until(" (", LONG);
+    p.expect("attached to workload", LONG);
+    // Typed at once: the terminal holds the keys until tmux's shell reads them.
+    let work = c.dir.join("work-here");
+    std::fs::create_dir_all(&work).expect("a directory to work in");
+    p.send(format!("cd {work:?} && echo marker-$((6*7))\r").as_bytes());
+    p.expect("marker-42", LONG);
+
+    // Sent back to the queue: the hook saves the windows, then the session ends.
+    let out = c.allot(&["requeue", &id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let code = p.wait(LONG).code();
+    assert_ne!(
+        code,
+        Some(0),
+        "a requeued session is no success: {}",
+        p.text()
+    );
+    let saved = wait_for("the saved windows", LONG, || {
+        std::fs::read_dir(&root)
+            .ok()?
+            .flatten()
+            .flat_map(|u| std::fs::read_dir(u.path()).into_iter().flatten().flatten())
+            .map(|w| w.path().join("tmux/windows"))
+            .find(|f| f.exists())
+    });
+    let windows = std::fs::read_to_string(&saved).expect("windows");
+    assert!(windows.contains("work-here"), "{windows}");
+
+    // It runs again, and its window comes back where it was, showing what it showed.
+    c.wait_state(&id, "running", LONG);
+    let mut q = attach_as(&c, &id, "xterm-256color");
+    q.expect("[allot-tmux-session: restored]", LONG);
+    assert!(q.text().contains("marker-42"), "{}", q.text());
+    q.send(b"pwd\r");
+    q.expect("work-here", LONG);
+    let _ = std::fs::remove_dir_all(&root);
 }
