@@ -109,7 +109,8 @@ def main():
         print(f"session keystroke echo, TLS on loopback ({bins}, {keys} keys)")
         print(f"  p50 {statistics.median(times):6.2f} ms   p90 {p(0.9):6.2f} ms"
               f"   p99 {p(0.99):6.2f} ms   max {times[-1]:6.2f} ms")
-        os.write(master, b"\x04")
+        # End of input at the start of a line: cat ends, and the command with it.
+        os.write(master, b"\r\x04")
         cli.wait(30)
     finally:
         if cli and cli.poll() is None:
