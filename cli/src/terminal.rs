@@ -37,18 +37,8 @@ impl Drop for Raw {
 
 /// The window size of the terminal on `fd`: rows, columns; `None` off a terminal.
 pub fn size_of(fd: BorrowedFd<'_>) -> Option<(u16, u16)> {
-    use std::os::fd::AsRawFd;
-    let mut ws = nix::libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ writes one `winsize` into the pointer, which lives across
-    // the call; a descriptor that is not a terminal only makes it fail.
-    #[allow(unsafe_code)]
-    let r = unsafe { nix::libc::ioctl(fd.as_raw_fd(), nix::libc::TIOCGWINSZ, &mut ws) };
-    (r == 0 && ws.ws_row > 0 && ws.ws_col > 0).then_some((ws.ws_row, ws.ws_col))
+    let ws = rustix::termios::tcgetwinsize(fd).ok()?;
+    (ws.ws_row > 0 && ws.ws_col > 0).then_some((ws.ws_row, ws.ws_col))
 }
 
 /// This process's window: stdout's, else stdin's.

@@ -9,7 +9,7 @@ use super::Cap;
 use crate::tty::{read_frame, Ended, Frame, REPLAY_BYTES};
 use std::collections::VecDeque;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -153,18 +153,13 @@ impl Terminal {
 
     /// Sets the window's size: the kernel tells the foreground program (SIGWINCH).
     fn resize(&self, rows: u16, cols: u16) {
-        let size = nix::libc::winsize {
+        let size = rustix::termios::Winsize {
             ws_row: rows,
             ws_col: cols,
             ws_xpixel: 0,
             ws_ypixel: 0,
         };
-        // SAFETY: TIOCSWINSZ reads one `winsize` from the pointer, which lives
-        // across the call; the descriptor is the open master.
-        #[allow(unsafe_code)]
-        unsafe {
-            nix::libc::ioctl(self.master.as_raw_fd(), nix::libc::TIOCSWINSZ, &size);
-        }
+        let _ = rustix::termios::tcsetwinsize(&self.master, size);
     }
 
     /// Writes a line of allot's on the terminal, as `wall` does: the user sees it

@@ -73,7 +73,7 @@ fn waiting_line(w: &Workload, since: Instant) -> String {
         .trim()
         .to_string();
     match view::forecast_words(w, super::now()) {
-        Some(f) => format!("workload {} waiting {waited}: {why}; {f}", w.id),
+        Some(f) => format!("workload {} waiting {waited}: {why}; may start {f}", w.id),
         None => format!("workload {} waiting {waited}: {why}", w.id),
     }
 }

@@ -2,7 +2,7 @@
 //! keys typed into it, its window resized, its output waited for by content.
 
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -24,18 +24,13 @@ pub struct Pty {
 }
 
 fn set_size(fd: &OwnedFd, rows: u16, cols: u16) {
-    let ws = nix::libc::winsize {
+    let ws = rustix::termios::Winsize {
         ws_row: rows,
         ws_col: cols,
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    // SAFETY: TIOCSWINSZ reads one `winsize` from a pointer that lives across the
-    // call, on the open master.
-    #[allow(unsafe_code)]
-    unsafe {
-        nix::libc::ioctl(fd.as_raw_fd(), nix::libc::TIOCSWINSZ, &ws);
-    }
+    rustix::termios::tcsetwinsize(fd, ws).expect("resizing the terminal");
 }
 
 impl Pty {
