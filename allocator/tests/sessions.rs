@@ -251,6 +251,22 @@ fn a_requeued_tmux_session_finds_its_windows_again() {
         &format!("checkpoint_root = {root:?}\n"),
         None,
     );
+    // The session's tmux server is named for its lease; none may be left from an
+    // earlier run of this test (where no cgroup holds tmux, it outlives a session).
+    let tmux = |lease: &str, args: &[&str]| {
+        let out = std::process::Command::new("tmux")
+            .args(["-L", &format!("allot-{lease}")])
+            .args(args)
+            .output()
+            .expect("tmux runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    for lease in ["A-1", "A-2"] {
+        tmux(lease, &["kill-server"]);
+    }
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../checkpoint-hooks/scripts/allot-tmux-session")
         .canonicalize()
@@ -269,6 +285,9 @@ fn a_requeued_tmux_session_finds_its_windows_again() {
         "demo-a",
         "--gpus",
         "1",
+        // A shell of no one's dotfiles: the test is of the session, not of root's.
+        "--env",
+        "ALLOT_TMUX_SHELL=/bin/sh",
         "--",
         &script,
     ];
@@ -278,11 +297,25 @@ fn a_requeued_tmux_session_finds_its_windows_again() {
     p.expect("submitted workload ", LONG);
     let id = p.until(" (", LONG);
     p.expect("attached to workload", LONG);
-    // Typed at once: the terminal holds the keys until tmux's shell reads them.
     let work = c.dir.join("work-here");
     std::fs::create_dir_all(&work).expect("a directory to work in");
-    p.send(format!("cd {work:?} && echo marker-$((6*7))\r").as_bytes());
-    p.expect("marker-42", LONG);
+    // Work in the window through tmux's own client (keys typed while tmux still
+    // queries its terminal are tmux's).
+    let lease = c.status(&id)["lease_ids"][0]
+        .as_str()
+        .expect("a lease")
+        .to_string();
+    wait_for("tmux's window", LONG, || {
+        tmux(&lease, &["has-session", "-t", "main"]).0.then_some(())
+    });
+    let typed = format!("cd {work:?} && echo marker-$((6*7))");
+    assert!(tmux(&lease, &["send-keys", "-t", "main", &typed, "Enter"]).0);
+    wait_for("the window to show the marker", LONG, || {
+        tmux(&lease, &["capture-pane", "-p", "-t", "main"])
+            .1
+            .contains("\nmarker-42")
+            .then_some(())
+    });
 
     // Sent back to the queue: the hook saves the windows, then the session ends.
     let out = c.allot(&["requeue", &id]);
@@ -310,11 +343,31 @@ fn a_requeued_tmux_session_finds_its_windows_again() {
     assert!(windows.contains("work-here"), "{windows}");
 
     // It runs again, and its window comes back where it was, showing what it showed.
-    c.wait_state(&id, "running", LONG);
+    wait_for("the second run", LONG, || {
+        let w = c.status(&id);
+        let runs = w["runs"].as_array().map_or(0, Vec::len);
+        (w["state"] == "running" && runs == 2).then_some(())
+    });
     let mut q = attach_as(&c, &id, "xterm-256color");
     q.expect("[allot-tmux-session: restored]", LONG);
     assert!(q.text().contains("marker-42"), "{}", q.text());
-    q.send(b"pwd\r");
-    q.expect("work-here", LONG);
+    let lease = c.status(&id)["lease_ids"][1]
+        .as_str()
+        .expect("a second lease")
+        .to_string();
+    let (_, path) = tmux(
+        &lease,
+        &[
+            "display-message",
+            "-p",
+            "-t",
+            "main",
+            "#{pane_current_path}",
+        ],
+    );
+    assert!(
+        path.contains("work-here"),
+        "the window is where it was: {path}"
+    );
     let _ = std::fs::remove_dir_all(&root);
 }
