@@ -653,12 +653,22 @@ struct Cap {
 }
 
 impl Cap {
-    /// The line written where the output is cut.
-    fn note(&self) -> String {
-        format!(
-            "\n[allot: output cut at {} bytes ([agent] max_output_bytes); the rest of this run's output was discarded]\n",
-            self.limit
-        )
+    /// Writes what the cap keeps of `data` to `to`, and the note where it cuts.
+    fn write(&self, to: &mut impl Write, data: &[u8]) {
+        let (keep, over) = self.take(data.len() as u64);
+        let keep = usize::try_from(keep).unwrap_or(data.len());
+        if keep > 0 {
+            let _ = to.write_all(&data[..keep]);
+        }
+        if over {
+            let _ = to.write_all(
+                format!(
+                    "\n[allot: output cut at {} bytes ([agent] max_output_bytes); the rest of this run's output was discarded]\n",
+                    self.limit
+                )
+                .as_bytes(),
+            );
+        }
     }
 
     /// How much of `n` more bytes may be kept; the first caller over the limit also
@@ -693,14 +703,7 @@ fn pump(mut from: impl Read, mut to: std::fs::File, cap: &Cap) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => return,
         };
-        let (keep, over) = cap.take(n as u64);
-        let keep = usize::try_from(keep).unwrap_or(n);
-        if keep > 0 {
-            let _ = to.write_all(&buf[..keep]);
-        }
-        if over {
-            let _ = to.write_all(cap.note().as_bytes());
-        }
+        cap.write(&mut to, &buf[..n]);
     }
 }
 

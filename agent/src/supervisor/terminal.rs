@@ -194,14 +194,7 @@ impl Terminal {
                 Err(_) => return,
             };
             let data = &buf[..n];
-            let (keep, over) = cap.take(n as u64);
-            let keep = usize::try_from(keep).unwrap_or(n);
-            if keep > 0 {
-                let _ = log.write_all(&data[..keep]);
-            }
-            if over {
-                let _ = log.write_all(cap.note().as_bytes());
-            }
+            cap.write(&mut log, data);
             let mut s = self.screen();
             s.replay.extend(data);
             let extra = s.replay.len().saturating_sub(REPLAY_BYTES);
