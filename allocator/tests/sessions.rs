@@ -371,3 +371,30 @@ fn a_requeued_tmux_session_finds_its_windows_again() {
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[test]
+fn run_without_a_terminal_streams_the_output_and_exits_with_its_status() {
+    let c = Cluster::start("sessions-run", GROUPS, 1, 2);
+    let out = c.allot(&[
+        "run",
+        "--project",
+        "demo-a",
+        "--gpus",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "echo out-$((2+3)); exit 7",
+    ]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "its status is the command's: {stderr}"
+    );
+    assert_eq!(stdout, "out-5\n", "stdout is the work's own: {stderr}");
+    assert!(stderr.contains("submitted workload"), "{stderr}");
+}

@@ -129,11 +129,12 @@ async fn wait_start(ch: &Conn, id: &str) -> Result<Workload, Failure> {
 /// (`pty`) or streams its output to its end; exits with its status.
 pub async fn run(ch: Conn, id: &str, pty: bool) -> Result<(), Failure> {
     let w = wait_start(&ch, id).await?;
-    if view::is_final(w.state()) {
+    if view::is_final(w.state()) && w.runs.is_empty() {
         eprintln!("{}", view::watch_line(&w));
         return ended(&w);
     }
-    if pty {
+    // Ended before it was seen running: what it printed is shown all the same.
+    if pty && !view::is_final(w.state()) {
         return attach(ch, id).await;
     }
     let req = LogsRequest {
