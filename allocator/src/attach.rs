@@ -98,18 +98,15 @@ impl TtyRelay {
 
     /// `node`'s session `session` ended: its attaches end, the sessions run on.
     pub fn node_gone(&self, node: &str, session: u64) {
-        let gone: Vec<(u64, Open)> = {
+        let gone: Vec<Open> = {
             let mut open = self.open();
-            let ids: Vec<u64> = open
-                .iter()
-                .filter(|(_, a)| a.node == node && a.session == session)
-                .map(|(id, _)| *id)
-                .collect();
-            ids.into_iter()
-                .filter_map(|id| open.remove(&id).map(|a| (id, a)))
-                .collect()
+            let (gone, kept) = std::mem::take(&mut *open)
+                .into_iter()
+                .partition(|(_, a)| a.node == node && a.session == session);
+            *open = kept;
+            gone.into_values().collect()
         };
-        for (_, a) in gone {
+        for a in gone {
             let _ = a.tx.try_send(Err(Status::unavailable(format!(
                 "{node}'s agent disconnected; the session runs on there: `allot attach` again once it is back (`allot nodes`)"
             ))));

@@ -762,20 +762,7 @@ impl Allocator {
             .lease_hosts
             .get(&lease)
             .is_some_and(|h| h.iter().any(|(n, _)| n == node));
-        let Some(wid) = self
-            .core
-            .lease(LeaseId(lease))
-            .map(|l| l.workload.0)
-            .filter(|_| on_node)
-        else {
-            return false;
-        };
-        let Some(run) = self.work.get_mut(&wid).and_then(|w| {
-            w.runs
-                .iter_mut()
-                .rev()
-                .find(|r| r.lease == lease && r.end == 0)
-        }) else {
+        let Some((wid, run)) = self.live_run(lease).filter(|_| on_node) else {
             return false;
         };
         // The policy hears it too: a class protected by use keeps a lease in use
@@ -789,9 +776,8 @@ impl Allocator {
             let moved = run.gpu_util != Some(gpu_util);
             run.gpu_util = Some(gpu_util);
             if moved {
-                let _ = self
-                    .core
-                    .lease_use(at, LeaseId(lease), run.used().flatten());
+                let used = run.used().flatten();
+                let _ = self.core.lease_use(at, LeaseId(lease), used);
             }
             return moved;
         }

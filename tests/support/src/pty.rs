@@ -150,20 +150,27 @@ impl Pty {
         }
     }
 
-    /// Waits for the program's end, within `limit`.
+    /// Waits for the program's end, within `limit`: its terminal closes when it
+    /// exits (nothing else of it holds the terminal), then it is reaped.
     pub fn wait(&mut self, limit: Duration) -> ExitStatus {
         let until = Instant::now() + limit;
-        loop {
-            if let Some(s) = self.child.try_wait().expect("waiting for the program") {
-                return s;
+        {
+            let (m, cv) = &*self.screen;
+            let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+            while !g.closed {
+                let left = until.saturating_duration_since(Instant::now());
+                assert!(
+                    !left.is_zero(),
+                    "the program did not end within {limit:?}; it printed:\n{}",
+                    String::from_utf8_lossy(&g.bytes)
+                );
+                g = cv
+                    .wait_timeout(g, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
             }
-            assert!(
-                Instant::now() < until,
-                "the program did not end within {limit:?}; it printed:\n{}",
-                self.text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
         }
+        self.child.wait().expect("reaping the program")
     }
 
     /// Ends the program as a lost connection would (SIGKILL).
