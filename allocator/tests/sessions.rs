@@ -90,16 +90,18 @@ fn a_session_is_a_real_terminal_and_attach_shows_what_it_printed_meanwhile() {
     p.send(b"stty size\r");
     p.expect("40 120", LONG);
 
-    // Ctrl-C interrupts what runs in front, not the shell.
-    p.send(b"echo started; sleep 100\r");
-    p.expect("started\r\n", LONG);
+    // Ctrl-C interrupts what runs in front, not the shell. The marker comes from
+    // the program in front itself: a builtin `echo` before `sleep` would print
+    // while the shell is still forking, and a ^C in that window is lost to bash.
+    p.send(b"sh -c 'echo started-$((4*4)); exec sleep 100'\r");
+    p.expect("started-16\r\n", LONG);
     p.send(b"\x03");
     p.send(b"echo alive-$((1+1))\r");
     p.expect("alive-2", Duration::from_secs(30));
 
     // Ctrl-Z stops it, and the shell's job control sees it.
-    p.send(b"echo zz; sleep 101\r");
-    p.expect("zz\r\n", LONG);
+    p.send(b"sh -c 'echo zz-$((6*6)); exec sleep 101'\r");
+    p.expect("zz-36\r\n", LONG);
     p.send(b"\x1a");
     p.expect("Stopped", LONG);
     p.send(b"kill -9 %1; echo gone-$((5+5))\r");

@@ -53,13 +53,14 @@ pub fn prepare(cmd: &mut Command, who: &RunAs, new_session: bool) -> Result<(), 
     };
     // SAFETY: the closure runs in the child between fork and exec, where only
     // async-signal-safe calls are allowed. It allocates nothing (the group list was
-    // built above, in the parent) and makes only the setsid, setgroups, setgid and
-    // setuid system calls; errors become io::Errors from raw errno, without
-    // allocation. Order matters: groups and gid while still root, uid last.
+    // built above, in the parent) and makes only the sigaction, setsid, setgroups,
+    // setgid and setuid system calls; errors become io::Errors from raw errno,
+    // without allocation. Order matters: groups and gid while still root, uid last.
     #[allow(unsafe_code)]
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(move || {
+            default_signals();
             if new_session {
                 nix::unistd::setsid()?;
             }
@@ -72,6 +73,23 @@ pub fn prepare(cmd: &mut Command, who: &RunAs, new_session: bool) -> Result<(), 
         });
     }
     Ok(())
+}
+
+/// Every signal back to its default action. An ignored signal stays ignored across
+/// exec, so a daemon started with SIGINT ignored (`cmd &` in a script, some
+/// supervisors) would hand that on: Ctrl-C in a session, or torchrun's SIGINT to
+/// its workers, would do nothing. The signal mask is std's to clear.
+fn default_signals() {
+    use nix::sys::signal::{SigHandler, Signal};
+    for s in Signal::iterator() {
+        if matches!(s, Signal::SIGKILL | Signal::SIGSTOP) {
+            continue;
+        }
+        // SAFETY: sigaction(2) with SIG_DFL installs no handler; it is
+        // async-signal-safe and its failure leaves the disposition as it was.
+        #[allow(unsafe_code)]
+        let _ = unsafe { nix::sys::signal::signal(s, SigHandler::SigDfl) };
+    }
 }
 
 #[cfg(test)]
@@ -92,6 +110,48 @@ mod tests {
         assert_eq!(
             String::from_utf8_lossy(&out.stdout).trim(),
             nix::unistd::geteuid().to_string()
+        );
+    }
+
+    #[test]
+    fn a_signal_the_parent_ignores_is_not_ignored_by_the_child() {
+        use nix::sys::signal::{signal, SigHandler, Signal};
+        // A child of its own, so ignoring SIGINT touches no other test.
+        let me = std::env::current_exe().expect("the test binary");
+        if std::env::var_os("ALLOT_IDENTITY_CHILD").is_some() {
+            // SAFETY: this process is the test's child, doing nothing else.
+            #[allow(unsafe_code)]
+            unsafe { signal(Signal::SIGINT, SigHandler::SigIgn) }.expect("ignore SIGINT");
+            let ignored = |c: &mut Command| {
+                let out = c
+                    .args(["-c", "grep ^SigIgn: /proc/self/status"])
+                    .output()
+                    .expect("sh runs");
+                let mask = String::from_utf8_lossy(&out.stdout);
+                let bits = u64::from_str_radix(mask.trim_start_matches("SigIgn:").trim(), 16)
+                    .expect("a mask");
+                bits & (1 << (Signal::SIGINT as u64 - 1)) != 0
+            };
+            assert!(ignored(&mut Command::new("sh")), "the control inherits it");
+            let mut c = Command::new("sh");
+            prepare(&mut c, &RunAs::Agent, false).expect("prepared");
+            assert!(!ignored(&mut c), "a prepared child gets SIGINT back");
+            return;
+        }
+        let out = Command::new(me)
+            .args([
+                "--exact",
+                "identity::tests::a_signal_the_parent_ignores_is_not_ignored_by_the_child",
+                "--nocapture",
+            ])
+            .env("ALLOT_IDENTITY_CHILD", "1")
+            .output()
+            .expect("the test binary runs");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains("1 passed"),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
         );
     }
 }
