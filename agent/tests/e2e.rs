@@ -42,7 +42,8 @@ fn checkpoint_signal_waits_for_the_min_runtime_lapse() {
     let ended = a.wait_ended(&lid, LONG);
     let got = stamp_ms(&a.checkpoint_dir(&lid).join("got-usr1")).expect("the workload got SIGUSR1");
     assert!(got >= lapse, "signal {}ms before the lapse", lapse - got);
-    assert!(got < lapse + 1_000, "signal {}ms late", got - lapse);
+    // The agent wakes at the lapse itself; the bound is slack for a loaded machine.
+    assert!(got < lapse + 2_000, "signal {}ms late", got - lapse);
     assert_eq!(ended["ended_by"], "checkpoint", "{ended}");
     assert_eq!(ended["end_reason"], "revoked", "{ended}");
     // Its GPUs are free again, and the log has the contract's story.
@@ -83,9 +84,10 @@ fn a_workload_that_ignores_everything_climbs_to_sigkill() {
             "--checkpoint",
             "signal:USR1",
         ],
-        "trap '' USR1 TERM; while :; do sleep 1; done",
+        r#"trap '' USR1 TERM; touch "$ALLOT_CHECKPOINT_DIR/ready"; while :; do sleep 1; done"#,
     );
     let lid = id(&l);
+    a.wait_ready(&lid);
     a.json(&["lease", "revoke", &lid, "--now", "--json"]);
     let ended = a.wait_ended(&lid, LONG);
     assert_eq!(ended["ended_by"], "kill", "{ended}");
@@ -252,9 +254,11 @@ fn without_a_hook_a_revocation_terminates_and_never_sends_sigusr1() {
         &["--gpus", "1"],
         r#"trap 'touch "$ALLOT_CHECKPOINT_DIR/got-usr1"' USR1
 trap 'touch "$ALLOT_CHECKPOINT_DIR/got-term"; exit 0' TERM
+touch "$ALLOT_CHECKPOINT_DIR/ready"
 while :; do sleep 0.1; done"#,
     );
     let lid = id(&l);
+    a.wait_ready(&lid);
     a.json(&["lease", "revoke", &lid, "--now", "--json"]);
     let ended = a.wait_ended(&lid, LONG);
     assert_eq!(ended["ended_by"], "term", "{ended}");
@@ -303,14 +307,14 @@ fn kill_9_of_the_agent_loses_nothing_and_the_lapse_is_still_kept() {
             "--gpus",
             "1",
             "--min-runtime",
-            "4s",
+            "8s",
             "--checkpoint",
             "signal:USR1",
         ],
         CHECKPOINTS_ON_USR1,
     );
     let lid = id(&l);
-    let lapse = l["start_unix_ms"].as_i64().expect("start") + 4_000;
+    let lapse = l["start_unix_ms"].as_i64().expect("start") + 8_000;
     a.json(&["lease", "revoke", &lid, "--json"]);
     a.kill9();
     let pid = l["pid"].as_i64().expect("pid") as i32;
@@ -324,7 +328,7 @@ fn kill_9_of_the_agent_loses_nothing_and_the_lapse_is_still_kept() {
     let ended = a.wait_ended(&lid, LONG);
     let got = stamp_ms(&a.checkpoint_dir(&lid).join("got-usr1")).expect("signal after the restart");
     assert!(
-        got >= lapse && got < lapse + 1_500,
+        got >= lapse && got < lapse + 2_500,
         "lapse {lapse}, signal {got}"
     );
     assert_eq!(ended["ended_by"], "checkpoint", "{ended}");
@@ -408,17 +412,20 @@ fn an_adopted_process_is_held_to_the_contract() {
     use std::os::unix::process::CommandExt;
     let a = TestAgent::start("adopt", "");
     let marker = a.dir.join("adopted-got-usr1");
+    let ready = a.dir.join("adopted-ready");
     let mut p = std::process::Command::new("sh")
         .args([
             "-c",
             &format!(
-                "trap 'date +%s%N > {:?}; exit 0' USR1; while :; do sleep 0.05; done",
-                marker
+                "trap 'date +%s%N > {marker:?}; exit 0' USR1; touch {ready:?}; while :; do sleep 0.05; done",
             ),
         ])
         .process_group(0)
         .spawn()
         .expect("workload");
+    wait_for("the process to set its trap", LONG, || {
+        ready.exists().then_some(())
+    });
     let pid = p.id().to_string();
     let l = a.json(&[
         "lease",
@@ -481,7 +488,7 @@ while :; do wait $P; done"#,
     let ended = a.wait_ended(&lid, LONG);
     let warned = stamp_ms(&a.checkpoint_dir(&lid).join("got-usr2")).expect("the warning came");
     assert!(
-        warned >= start + 1_000 && warned < start + 2_000,
+        warned >= start + 1_000 && warned < start + 2_500,
         "warning at +{}ms",
         warned - start
     );

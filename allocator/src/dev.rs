@@ -76,10 +76,11 @@ fn write_env(
         shell_quote(&dir.join("allotd.toml")),
         shell_quote(bin),
     );
+    // Whole or not at all, and 0600 from the start: it holds the admin's token,
+    // and a script sourcing it as soon as it appears must not read half of it.
     let path = dir.join("env");
-    write_file(&path, &text)?;
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .with_context(|| format!("chmod 600 {}", path.display()))
+    allot_common::files::write_atomic(&path, &text, 0o600)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The user running this process: the admin of the allotd that `dev` and

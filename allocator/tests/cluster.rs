@@ -54,15 +54,16 @@ fn shares_3_to_1_split_a_saturated_cluster_3_to_1() {
     let c = Cluster::start("share", groups, 2, 4);
     // Saturated demand in short jobs, submitted alternately: first come, first
     // served would split the 8 GPUs 4:4; fair share gives each freed GPU to the
-    // project furthest below its share.
+    // project furthest below its share. Jobs of 5 s: demo-a's queue lasts about
+    // 25 s, time for the samples below even where each CLI call is slow.
     for _ in 0..30 {
         c.submit(
             &["--project", "demo-a", "--gpus", "1", "--min-runtime", "1m"],
-            "sleep 3",
+            "sleep 5",
         );
         c.submit(
             &["--project", "demo-b", "--gpus", "1", "--min-runtime", "1m"],
-            "sleep 3",
+            "sleep 5",
         );
     }
     // The first wave filled the GPUs in arrival order; measure once it has gone.
@@ -706,14 +707,17 @@ fn preempted_work_that_cannot_resume_runs_again_from_the_start() {
     let c = Cluster::start("requeue", TWO_PROJECTS, 1, 2);
     let free = c.submit(&["--project", "demo-b", "--gpus", "2"], "sleep 600");
     c.wait_state(&free, "running", LONG);
+    // It runs until the test has looked.
+    let go = c.dir.join("funded-may-end");
     let funded = c.submit(
         &["--project", "demo-a", "--gpus", "2", "--min-runtime", "1h"],
-        "sleep 2",
+        &format!("while [ ! -e {go:?} ]; do sleep 0.1; done"),
     );
     c.wait_state(&funded, "running", LONG);
     let v = c.status(&free);
     assert_eq!(v["state"], "pending", "{v}");
     assert_eq!(v["preemptions"], 1, "{v}");
+    std::fs::write(&go, "").expect("go");
     // When the funded work is done it runs again (from the beginning).
     let v = c.wait_state(&free, "running", LONG);
     assert_eq!(v["lease_ids"].as_array().map(Vec::len), Some(2), "{v}");

@@ -96,7 +96,10 @@ fn waiting_commands_pass_on_the_jobs_exit_status() {
 
     // `logs -f` prints the output, then exits as the job did.
     let id = c.submit(&["--project", "demo-a"], "echo hello; sleep 1; exit 4");
-    c.wait_state(&id, "running", LONG);
+    // Started (a poll slower than its second may find it ended already).
+    wait_for("the job to start", LONG, || {
+        (c.status(&id)["state"] != "pending").then_some(())
+    });
     let o = c.allot(&["logs", "-f", &id]);
     assert_eq!(o.status.code(), Some(4), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), "hello\n");

@@ -281,7 +281,9 @@ fn two_thousand_idle_connections_do_not_delay_a_new_client() {
     }
     eprintln!("with 2,000 idle connections held: a new client's List took at most {worst:?}");
     assert!(
-        worst < Duration::from_secs(1),
+        // (a starved listener waits for the handshake timeout, minutes; the bound
+        // leaves a loaded machine its slack)
+        worst < Duration::from_secs(3),
         "a new client waited {worst:?}"
     );
     // The CLI too, and nothing was closed meanwhile.
@@ -306,6 +308,9 @@ fn a_peer_over_its_share_is_closed_at_once_and_other_peers_are_served() {
     let rt = runtime();
     let (open, closed, _idle) = rt.block_on(async {
         let idle = open_idle(&c.addr, 2000).await;
+        // Every one over the share has been seen and refused before the reads are
+        // timed (on a loaded machine the accept loop may lag the connects).
+        wait_metric_async(&c, "allot_connections_refused_total", 1744).await;
         // A connection allotd holds waits for the client's TLS hello (it says
         // nothing); one over the share is closed at once: end of stream or a reset.
         let mut tasks = tokio::task::JoinSet::new();
@@ -345,7 +350,7 @@ fn a_peer_over_its_share_is_closed_at_once_and_other_peers_are_served() {
         "one peer at its share of 256 (1,744 more refused): another peer's List took {took:?}"
     );
     assert!(
-        took < Duration::from_secs(1),
+        took < Duration::from_secs(3),
         "another peer waited {took:?}"
     );
 }

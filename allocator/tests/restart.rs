@@ -64,8 +64,7 @@ fn unchanged(
     how: &str,
 ) {
     c.wait_connected(4);
-    let passes = c.passes();
-    c.wait_passes(passes + 2);
+    c.wait_passes(2);
     assert_eq!(&views(c, ids), before, "after {how}");
     for id in ids {
         let leases = c.status(id)["lease_ids"].as_array().map_or(0, Vec::len);

@@ -86,9 +86,10 @@ fn a_session_is_a_real_terminal_and_attach_shows_what_it_printed_meanwhile() {
     p.expect("hi-42", LONG);
 
     // The window's size reaches the program.
+    // (asked in a loop: the new size travels beside the keys, not in front of them)
+    p.send(b"until [ \"$(stty size)\" = '40 120' ]; do sleep 0.1; done; echo sized-$((4*10))\r");
     p.resize(40, 120);
-    p.send(b"stty size\r");
-    p.expect("40 120", LONG);
+    p.expect("sized-40", LONG);
 
     // Ctrl-C interrupts what runs in front, not the shell. The marker comes from
     // the program in front itself: a builtin `echo` before `sleep` would print
@@ -179,15 +180,14 @@ fn an_idle_session_is_warned_then_reclaimed_and_one_in_use_is_not() {
         "name = \"demo-b\"\nweight = 3",
     );
     let config = format!(
-        "{groups}[classes.interactive]\nmin_runtime = \"1s\"\n[policy.protect_by_use.interactive]\nidle_grace = \"4s\"\n"
+        "{groups}[classes.interactive]\nmin_runtime = \"1s\"\n[policy.protect_by_use.interactive]\nidle_grace = \"8s\"\n"
     );
     let c = Cluster::start("sessions-idle", &config, 1, 2);
     let mut busy = session(&c, "demo-a");
     let busy_id = started(&mut busy);
-    let mut idle = session(&c, "demo-a");
-    let idle_id = started(&mut idle);
 
-    // Someone types into one session every second, as a person at work would.
+    // Someone types into one session every second, as a person at work would,
+    // from its start: its grace runs from then, not from the second one's.
     let typing = Arc::new(AtomicBool::new(true));
     let mut keys = busy.keyboard();
     let on = typing.clone();
@@ -197,6 +197,8 @@ fn an_idle_session_is_warned_then_reclaimed_and_one_in_use_is_not() {
             std::thread::sleep(Duration::from_secs(1));
         }
     });
+    let mut idle = session(&c, "demo-a");
+    let idle_id = started(&mut idle);
 
     // The other is told on its terminal, and in its history, that it may go.
     idle.expect("[allot] this session is idle for", LONG);

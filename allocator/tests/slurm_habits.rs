@@ -38,7 +38,7 @@ fn an_array_of_20_runs_at_most_4_at_once_and_all_complete() {
     std::fs::create_dir_all(dir.join("live")).expect("dir");
     // Each element marks itself live, counts the live ones, and leaves.
     let script = format!(
-        "cd {d}; touch live/$ALLOT_ARRAY_INDEX; ls live | wc -l > count.$ALLOT_ARRAY_INDEX; echo $ALLOT_ARRAY_ID > array.$ALLOT_ARRAY_INDEX; sleep 0.4; rm live/$ALLOT_ARRAY_INDEX",
+        "cd {d}; touch live/$ALLOT_ARRAY_INDEX; ls live | wc -l > count.$ALLOT_ARRAY_INDEX; echo $ALLOT_ARRAY_ID > array.$ALLOT_ARRAY_INDEX; sleep 1.5; rm live/$ALLOT_ARRAY_INDEX",
         d = dir.display()
     );
     let v = c.json(&[

@@ -162,8 +162,9 @@ fn a_ladder_that_ends_while_its_agent_is_down_ends_as_the_ladder_would() {
 
 #[test]
 fn a_revoked_gangs_parts_hold_their_gpus_until_each_has_ended() {
-    let c = Cluster::start("gangparts", ONE_PROJECT, 4, 2);
-    // Ranks other than 0 take 5 s to leave on SIGTERM (a torchrun gang closing).
+    // Ranks other than 0 take 5 s to leave on SIGTERM (a torchrun gang closing),
+    // and are given the time: the test watches them leave.
+    let c = Cluster::start_with_agents("gangparts", ONE_PROJECT, 4, 2, "term_grace = \"20s\"\n");
     let id = c.submit(
         &[
             "--project",

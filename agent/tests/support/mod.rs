@@ -185,6 +185,15 @@ impl TestAgent {
             .join("checkpoint")
     }
 
+    /// Waits for a lease's job to touch `ready` in its checkpoint dir: its traps are
+    /// set, so a signal sent now is handled, not the default action.
+    pub fn wait_ready(&self, id: &str) {
+        let ready = self.checkpoint_dir(id).join("ready");
+        wait_for("the job to set its traps", Duration::from_secs(60), || {
+            ready.exists().then_some(())
+        });
+    }
+
     /// kill -9 the agent (workloads keep running).
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -81,16 +81,36 @@ impl Cluster {
         c
     }
 
+    /// Like [`Cluster::start`], with `agent_extra` in every agent's `[agent]` (a
+    /// `term_grace` there replaces the tests' 2 s).
+    pub fn start_with_agents(
+        tag: &str,
+        groups: &str,
+        nodes: usize,
+        gpus: u32,
+        agent_extra: &str,
+    ) -> Cluster {
+        let mut c = Self::prepare(tag, "lost_grace = \"30s\"", groups);
+        c.agent_extra = agent_extra.to_string();
+        c.start_agents(nodes, gpus);
+        c
+    }
+
     /// The same, with `server` lines added to `[server]`.
     pub fn start_with(tag: &str, server: &str, groups: &str, nodes: usize, gpus: u32) -> Cluster {
         let mut c = Self::prepare(tag, server, groups);
+        c.start_agents(nodes, gpus);
+        c
+    }
+
+    fn start_agents(&mut self, nodes: usize, gpus: u32) {
+        let c = self;
         c.start_server();
         for i in 0..nodes {
             c.agents.push(None);
             c.start_agent(i, gpus);
         }
         c.wait_connected(nodes);
-        c
     }
 
     /// allotd alone, no agents, listening on `ip` (`[::]`: every address of both
@@ -123,8 +143,9 @@ impl Cluster {
         let dir = std::env::temp_dir().join(format!("allot-cluster-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
-        let addr = format!("127.0.0.1:{}", free_port());
-        let metrics = format!("127.0.0.1:{}", free_port());
+        let [port, metrics_port] = allot_test_support::free_ports();
+        let addr = format!("127.0.0.1:{port}");
+        let metrics = format!("127.0.0.1:{metrics_port}");
         let config = dir.join("allotd.toml");
         std::fs::write(
             &config,
@@ -275,6 +296,11 @@ impl Cluster {
             std::fs::write(&kmsg, "").expect("kmsg");
         }
         let conf = d.join("agent.toml");
+        let term_grace = if self.agent_extra.contains("term_grace") {
+            ""
+        } else {
+            "term_grace = \"2s\"\n"
+        };
         let (mut metered, mut source) = (String::new(), format!("fake:{gpus}"));
         if self.metered {
             while self.agent_metrics.len() <= i {
@@ -294,7 +320,7 @@ impl Cluster {
         std::fs::write(
             &conf,
             format!(
-                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"https://{}\"\nhost = \"node-{i}\"\ncluster = \"test\"\nterm_grace = \"2s\"\ndefault_grace = \"3s\"\nallow_root = true\n{}{metered}[health]\nsource = \"{source}\"\ninterval_s = 1\nkmsg = {:?}\n",
+                "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"https://{}\"\nhost = \"node-{i}\"\ncluster = \"test\"\n{term_grace}default_grace = \"3s\"\nallow_root = true\n{}{metered}[health]\nsource = \"{source}\"\ninterval_s = 1\nkmsg = {:?}\n",
                 d.join("agent.sock"),
                 d.join("state"),
                 self.addr,

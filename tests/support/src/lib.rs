@@ -67,10 +67,15 @@ pub fn try_wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Opt
 
 /// A loopback port free at the time of asking.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    free_ports::<1>()[0]
+}
+
+/// `N` distinct free ports: each held until all are picked, so two never collide.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("its address").port())
 }
 
 /// The JSON a successful `allot {args}` printed; panics with its stderr or stdout.
