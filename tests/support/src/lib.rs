@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 /// Binary `bin` of workspace package `package`, in the directory of `beside` (the
 /// test's own binary under test, `env!("CARGO_BIN_EXE_…")`). Built first when a
-/// package-only test run did not build it, or built it before this test binary: a
-/// stale CLI would test yesterday's code.
+/// package-only test run did not build it, or it is older than one of its sources:
+/// a stale CLI would test yesterday's code.
 pub fn sibling(beside: &str, bin: &str, package: &str) -> PathBuf {
     static CHECKED: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let p = PathBuf::from(beside).with_file_name(bin);
@@ -35,13 +35,37 @@ pub fn sibling(beside: &str, bin: &str, package: &str) -> PathBuf {
     p
 }
 
-/// Whether `p` exists and is no older than the running test binary.
+/// Whether `p` exists and is no older than any source file cargo's dep-info
+/// (`p.d`, written beside it) says it was built from. Not the test binary's own
+/// age: `cargo test --workspace` links the binaries before the tests, and a
+/// rebuild here (another profile, other features) would cost minutes of CI and
+/// overwrite what that run built.
 fn fresh(p: &Path) -> bool {
     let m = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    match (m(p), std::env::current_exe().ok().and_then(|e| m(&e))) {
-        (Some(bin), Some(test)) => bin >= test,
-        _ => false,
+    let (Some(bin), Ok(deps)) = (m(p), std::fs::read_to_string(p.with_extension("d"))) else {
+        return false;
+    };
+    let Some((_, sources)) = deps.lines().next().and_then(|l| l.split_once(": ")) else {
+        return false;
+    };
+    dep_info_paths(sources)
+        .iter()
+        .all(|s| m(Path::new(s)).is_some_and(|t| t <= bin))
+}
+
+/// The paths of a dep-info line: separated by spaces, a space inside one escaped.
+fn dep_info_paths(line: &str) -> Vec<String> {
+    let mut paths = vec![String::new()];
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => paths.last_mut().expect("never empty").extend(chars.next()),
+            ' ' => paths.push(String::new()),
+            c => paths.last_mut().expect("never empty").push(c),
+        }
     }
+    paths.retain(|p| !p.is_empty());
+    paths
 }
 
 /// Polls `f` until it returns `Some`, for at most `limit`: what a test waits for is a
@@ -239,4 +263,47 @@ pub fn promtool_check_metrics(what: &str, body: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    #[test]
+    fn dep_info_paths_keep_escaped_spaces() {
+        assert_eq!(
+            dep_info_paths("/w/a.rs /w/my\\ dir/b.rs  /w/c.rs"),
+            ["/w/a.rs", "/w/my dir/b.rs", "/w/c.rs"]
+        );
+    }
+
+    #[test]
+    fn a_binary_older_than_one_of_its_sources_is_stale() {
+        let dir = std::env::temp_dir().join(format!("allot-fresh-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (bin, src) = (dir.join("tool"), dir.join("main.rs"));
+        let at = |p: &Path, t: SystemTime| {
+            std::fs::File::options()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(p)
+                .and_then(|f| f.set_modified(t))
+                .unwrap();
+        };
+        let now = SystemTime::now();
+        at(&src, now - Duration::from_secs(60));
+        at(&bin, now);
+        assert!(!fresh(&bin), "no dep-info: built again");
+        std::fs::write(
+            dir.join("tool.d"),
+            format!("{}: {}\n", bin.display(), src.display()),
+        )
+        .unwrap();
+        assert!(fresh(&bin));
+        at(&src, now + Duration::from_secs(60));
+        assert!(!fresh(&bin), "a source changed since");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
