@@ -178,6 +178,48 @@ impl Cluster {
 
     /// (Re)starts allotd.
     pub fn start_server(&mut self) {
+        let mut tries = 0;
+        while self.token.is_empty() {
+            self.spawn_server();
+            let me = allot_test_support::current_user();
+            let mut server = self.server.take();
+            let out = wait_for("allotd's admin socket", Duration::from_secs(30), || {
+                if let Some(Ok(Some(_))) = server.as_mut().map(Child::try_wait) {
+                    return Some(None);
+                }
+                let out = self.allotd(&["tokens", "create", "--user", &me]);
+                out.status.success().then_some(Some(out))
+            });
+            self.server = server;
+            match out {
+                Some(out) => self.token = String::from_utf8_lossy(&out.stdout).trim().to_string(),
+                None => {
+                    // A port free when picked was taken before allotd bound it (a
+                    // client's ephemeral port): on a first start, before any agent
+                    // knows the address, pick others.
+                    let log =
+                        std::fs::read_to_string(self.dir.join("allotd.log")).unwrap_or_default();
+                    tries += 1;
+                    assert!(
+                        tries < 3 && log.contains("Address already in use"),
+                        "allotd exited at start:\n{log}"
+                    );
+                    self.repick_ports();
+                }
+            }
+        }
+        if self.server.is_none() {
+            self.spawn_server();
+        }
+        wait_for("allotd to answer", Duration::from_secs(30), || {
+            self.allot(&["share", "--json"])
+                .status
+                .success()
+                .then_some(())
+        });
+    }
+
+    fn spawn_server(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -192,20 +234,18 @@ impl Cluster {
                 .spawn()
                 .expect("allotd starts"),
         );
-        if self.token.is_empty() {
-            let me = allot_test_support::current_user();
-            let out = wait_for("allotd's admin socket", Duration::from_secs(30), || {
-                let out = self.allotd(&["tokens", "create", "--user", &me]);
-                out.status.success().then_some(out)
-            });
-            self.token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    }
+
+    /// New ports for allotd's two listeners, in its config too.
+    fn repick_ports(&mut self) {
+        let [port, metrics_port] = allot_test_support::free_ports();
+        let mut cfg = std::fs::read_to_string(&self.config).expect("config");
+        for (addr, new) in [(&mut self.addr, port), (&mut self.metrics, metrics_port)] {
+            let old = addr.rsplit(':').next().expect("a port").to_string();
+            cfg = cfg.replace(&format!(":{old}\""), &format!(":{new}\""));
+            *addr = format!("127.0.0.1:{new}");
         }
-        wait_for("allotd to answer", Duration::from_secs(30), || {
-            self.allot(&["share", "--json"])
-                .status
-                .success()
-                .then_some(())
-        });
+        std::fs::write(&self.config, cfg).expect("config");
     }
 
     /// Runs an `allotd` admin command (`tokens …`, `nodes …`) on its admin socket.
