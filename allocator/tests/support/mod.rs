@@ -104,13 +104,12 @@ impl Cluster {
     }
 
     fn start_agents(&mut self, nodes: usize, gpus: u32) {
-        let c = self;
-        c.start_server();
+        self.start_server();
         for i in 0..nodes {
-            c.agents.push(None);
-            c.start_agent(i, gpus);
+            self.agents.push(None);
+            self.start_agent(i, gpus);
         }
-        c.wait_connected(nodes);
+        self.wait_connected(nodes);
     }
 
     /// allotd alone, no agents, listening on `ip` (`[::]`: every address of both
@@ -178,10 +177,24 @@ impl Cluster {
 
     /// (Re)starts allotd.
     pub fn start_server(&mut self) {
-        let mut tries = 0;
-        while self.token.is_empty() {
-            self.spawn_server();
-            let me = allot_test_support::current_user();
+        self.spawn_server();
+        if self.token.is_empty() {
+            self.token = self.first_token();
+        }
+        wait_for("allotd to answer", Duration::from_secs(30), || {
+            self.allot(&["share", "--json"])
+                .status
+                .success()
+                .then_some(())
+        });
+    }
+
+    /// The admin's token, from allotd's first start. A port free when picked may be
+    /// taken before allotd binds it (a client's ephemeral port); allotd then exits,
+    /// and is started on others: no agent knows the address yet.
+    fn first_token(&mut self) -> String {
+        let me = allot_test_support::current_user();
+        for tries in 1.. {
             let mut server = self.server.take();
             let out = wait_for("allotd's admin socket", Duration::from_secs(30), || {
                 if let Some(Ok(Some(_))) = server.as_mut().map(Child::try_wait) {
@@ -191,32 +204,18 @@ impl Cluster {
                 out.status.success().then_some(Some(out))
             });
             self.server = server;
-            match out {
-                Some(out) => self.token = String::from_utf8_lossy(&out.stdout).trim().to_string(),
-                None => {
-                    // A port free when picked was taken before allotd bound it (a
-                    // client's ephemeral port): on a first start, before any agent
-                    // knows the address, pick others.
-                    let log =
-                        std::fs::read_to_string(self.dir.join("allotd.log")).unwrap_or_default();
-                    tries += 1;
-                    assert!(
-                        tries < 3 && log.contains("Address already in use"),
-                        "allotd exited at start:\n{log}"
-                    );
-                    self.repick_ports();
-                }
+            if let Some(out) = out {
+                return String::from_utf8_lossy(&out.stdout).trim().to_string();
             }
-        }
-        if self.server.is_none() {
+            let log = std::fs::read_to_string(self.dir.join("allotd.log")).unwrap_or_default();
+            assert!(
+                tries < 3 && log.contains("Address already in use"),
+                "allotd exited at start:\n{log}"
+            );
+            self.repick_ports();
             self.spawn_server();
         }
-        wait_for("allotd to answer", Duration::from_secs(30), || {
-            self.allot(&["share", "--json"])
-                .status
-                .success()
-                .then_some(())
-        });
+        unreachable!("the loop returns or fails")
     }
 
     fn spawn_server(&mut self) {
