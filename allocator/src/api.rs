@@ -56,6 +56,11 @@ fn denied_status(d: Denied) -> Status {
     }
 }
 
+/// Who the request layer found a request to be (`grpc`'s prover): the handlers
+/// take it as found, rather than prove it again.
+#[derive(Debug, Clone)]
+struct Proven(Who);
+
 /// Who is asking, from what the transport proved: the peer's certificate (an
 /// enrolled node, maybe vouching for a user), a bearer token, or the admin socket.
 /// A credential that is shown but not valid is refused, never taken as anonymous.
@@ -65,16 +70,23 @@ pub fn who_of<T>(server: &Server, req: &Request<T>) -> Result<Who, Status> {
     if let Some(WebWho(who)) = req.extensions().get::<WebWho>() {
         return Ok(who.clone());
     }
+    if let Some(Proven(who)) = req.extensions().get::<Proven>() {
+        return Ok(who.clone());
+    }
+    who_from(server, req.extensions(), req.metadata().as_ref())
+}
+
+/// Who a request's transport (`ext`) and headers prove, before its body is read.
+fn who_from(server: &Server, ext: &http::Extensions, headers: &http::HeaderMap) -> Result<Who, Status> {
     // Only the admin socket is a unix socket, and it admits root and allotd's user.
-    if req
-        .extensions()
+    if ext
         .get::<tonic::transport::server::UdsConnectInfo>()
         .is_some()
     {
         return Ok(Who::Local);
     }
     let now = now();
-    if let Some(cert) = crate::conns::peer_certs(req).and_then(|c| c.first().cloned()) {
+    if let Some(cert) = crate::conns::peer_certs(ext).and_then(|c| c.first().cloned()) {
         let info = allot_auth::CertInfo::from_der(&cert)
             .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))?;
         server
@@ -83,7 +95,7 @@ pub fn who_of<T>(server: &Server, req: &Request<T>) -> Result<Who, Status> {
             .creds
             .node_may_connect(&info.common_name, &info.fingerprint, now)
             .map_err(|r| Status::permission_denied(r.0))?;
-        return Ok(match req.metadata().get(VOUCH_HEADER) {
+        return Ok(match headers.get(VOUCH_HEADER) {
             Some(u) => {
                 let user = u
                     .to_str()
@@ -97,7 +109,7 @@ pub fn who_of<T>(server: &Server, req: &Request<T>) -> Result<Who, Status> {
             None => Who::Node(info.common_name),
         });
     }
-    if let Some(v) = req.metadata().get("authorization") {
+    if let Some(v) = headers.get("authorization") {
         let secret = v
             .to_str()
             .ok()
@@ -111,6 +123,27 @@ pub fn who_of<T>(server: &Server, req: &Request<T>) -> Result<Who, Status> {
         return Ok(Who::User(user));
     }
     Ok(Who::Anonymous)
+}
+
+/// What a gRPC request proves, at its headers: its caller, left in its
+/// extensions for the handler; a credential that is not valid, and an anonymous
+/// call of anything but what anyone may call (`state::anonymous_may`), refused
+/// there and then, so that no request without a credential waits for its body.
+fn prove(server: &Server, parts: &mut http::request::Parts) -> crate::conns::Proof {
+    use crate::conns::Proof;
+    match who_from(server, &parts.extensions, &parts.headers) {
+        Err(status) => Proof::Refused(status),
+        Ok(Who::Anonymous) if crate::state::anonymous_may(parts.uri.path()) => Proof::Anonymous,
+        Ok(Who::Anonymous) => match server.core().alloc.authorize(&Who::Anonymous, Ask::Read) {
+            Err(d) => Proof::Refused(denied_status(d)),
+            Ok(()) => Proof::Anonymous,
+        },
+        Ok(who) => {
+            let identity = who.connection_identity();
+            parts.extensions.insert(Proven(who));
+            Proof::Identity(identity)
+        }
+    }
 }
 
 /// A name as identities and credentials carry it (the safe set, capped).
@@ -1307,7 +1340,7 @@ impl pb::agent_stream_server::AgentStream for Api {
         req: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
         let who = self.who(&req)?;
-        let fingerprint = crate::conns::peer_certs(&req)
+        let fingerprint = crate::conns::peer_certs(req.extensions())
             .and_then(|c| c.first().map(|d| allot_auth::pki::fingerprint(d)))
             .unwrap_or_default();
         let mut inbound = req.into_inner();
@@ -1392,6 +1425,8 @@ pub async fn grpc(
                 .timeout(conns.handshake_timeout()),
         )?;
     }
+    let proving = server.clone();
+    let prover: crate::conns::Prover = Arc::new(move |parts| prove(&proving, parts));
     let api = Api(server);
     builder
         // Pings find a peer that vanished under a quiet stream (a Watch of an
@@ -1405,8 +1440,9 @@ pub async fn grpc(
         .max_concurrent_streams(streams)
         .concurrency_limit_per_connection(streams as usize)
         .http2_max_header_list_size(64 * 1024)
-        // Each connection's requests are counted for its idle clock.
-        .layer(crate::conns::TrackRequests)
+        // Each request is proven at its headers, and counted for its
+        // connection's idle clock.
+        .layer(crate::conns::TrackRequests::new(conns.clone(), prover))
         .add_service(
             pb::workloads_server::WorkloadsServer::new(api.clone()).max_decoding_message_size(max),
         )

@@ -52,10 +52,14 @@ pub struct ServerSection {
     /// one peer that fills its share leaves room for every other (the CLI on the
     /// allotd host shares 127.0.0.1 with anything local).
     pub max_connections_per_peer: usize,
-    /// Most open gRPC connections from one address prefix (a /24 of IPv4, a /64 of
-    /// IPv6: one host may hold a whole /64). Unset: four peers' shares, below
-    /// `max_connections`.
+    /// Most gRPC connections not yet authenticated from one address prefix (a /24
+    /// of IPv4, a /64 of IPv6: one host may hold a whole /64); authenticated ones
+    /// are not counted, so a rack's hosts never lock each other out. Unset: four
+    /// peers' shares, below `max_connections`.
     pub max_connections_per_prefix: Option<usize>,
+    /// Most authenticated gRPC connections of one identity: a user's tokens, or a
+    /// node's certificate (with the users it vouches for). Unset: one peer's share.
+    pub max_connections_per_user: Option<usize>,
     /// A connection with no request open and none begun this long is closed (as
     /// gRPC's MAX_CONNECTION_IDLE). Open streams (an agent's session, a Watch) keep
     /// it; pings and other bytes do not.
@@ -65,7 +69,8 @@ pub struct ServerSection {
     #[serde(deserialize_with = "de_duration")]
     pub handshake_timeout: u64,
     /// A connection that has begun no request this long after its handshake
-    /// deadline is closed.
+    /// deadline is closed; and one that no request has authenticated (a valid
+    /// token or node certificate) by then, whatever it has open.
     #[serde(deserialize_with = "de_duration")]
     pub first_request_timeout: u64,
     /// Most concurrent requests (HTTP/2 streams) on one connection.
@@ -152,6 +157,7 @@ impl Default for ServerSection {
             max_connections: 4096,
             max_connections_per_peer: 256,
             max_connections_per_prefix: None,
+            max_connections_per_user: None,
             idle_timeout: 300,
             handshake_timeout: 10,
             first_request_timeout: 10,
@@ -550,6 +556,12 @@ impl ServerConfig {
                     ),
                 ));
             }
+        }
+        if sv.max_connections_per_user == Some(0) {
+            return Err(err(
+                "server.max_connections_per_user",
+                "0: give at least 1, or leave it out (one peer's share)".into(),
+            ));
         }
         if let Some(u) = sv.max_watch_streams_per_user {
             if u == 0 || u > sv.max_watch_streams {

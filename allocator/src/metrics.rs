@@ -23,6 +23,8 @@ pub struct Numbers {
     gpu_seconds: std::collections::BTreeMap<String, [u64; 2]>,
     notifications: [u64; 3],
     connections: (usize, u64, u64, usize),
+    /// Unauthenticated connections open, and evicted since start.
+    unauthenticated: (usize, u64),
     /// Nodes by scheduling state, and how many of them have their agent connected.
     nodes: std::collections::BTreeMap<&'static str, (u64, u64)>,
     /// The last forecast: how long it took (ms), when it ran.
@@ -44,6 +46,7 @@ impl Numbers {
             .len();
         let c = &server.conns;
         let connections = (c.open(), c.refused(), c.idle_closed(), c.watch_streams());
+        let unauthenticated = (c.pending(), c.evicted());
         let n = &server.notifier.counts;
         let notifications = [
             n.sent.load(std::sync::atomic::Ordering::Relaxed),
@@ -73,6 +76,7 @@ impl Numbers {
             gated: core.alloc.gated_counts(now()),
             gpu_seconds: core.alloc.gpu_seconds(now()),
             connections,
+            unauthenticated,
         }
     }
 
@@ -183,8 +187,15 @@ impl Numbers {
             Kind::Gauge,
             open,
         );
-        e.single("allot_connections_refused_total", "Connections closed at accept: over server.max_connections_per_peer, max_connections_per_prefix or max_connections.", Kind::Counter, refused);
-        e.single("allot_connections_idle_closed_total", "Connections closed with no request open: none begun within server.handshake_timeout and first_request_timeout, or none for server.idle_timeout.", Kind::Counter, idle);
+        e.single(
+            "allot_connections_unauthenticated",
+            "Open gRPC connections no request has authenticated yet (a token or a node certificate).",
+            Kind::Gauge,
+            self.unauthenticated.0,
+        );
+        e.single("allot_connections_refused_total", "Connections closed at accept: over server.max_connections_per_peer, max_connections_per_prefix or max_connections, with no heavier holder of unauthenticated slots to take from.", Kind::Counter, refused);
+        e.single("allot_connections_evicted_total", "Unauthenticated connections closed to give their slot to a newcomer from a lighter address or prefix.", Kind::Counter, self.unauthenticated.1);
+        e.single("allot_connections_idle_closed_total", "Connections closed by a deadline: not authenticated within server.handshake_timeout and first_request_timeout, or no request open for server.idle_timeout.", Kind::Counter, idle);
         e.single(
             "allot_watch_streams",
             "Open Watch and followed Logs streams.",

@@ -6,7 +6,8 @@
 //! the test makes) share one cap; abandoned Watch streams are freed and one user
 //! cannot take another's share of them; a trickled TLS handshake is closed at its
 //! deadline; pings keep no connection open, an open stream does; a burst of reset
-//! streams ends its connection.
+//! streams ends its connection; anonymous requests that never end keep no slot, a
+//! token client and a restarted agent get in under a flood of them (issue 50).
 
 mod support;
 
@@ -497,34 +498,51 @@ async fn held(
     (open, closed, kept)
 }
 
-/// One connection from each of `from` (in order), then one from `other`: the
-/// prefix cap of 8 holds 8 of `from`, closes the rest, and `other`'s prefix is
-/// its own.
+/// One connection from each of the first 8 of `from` fills the prefix's 8
+/// pending slots; a second from any of them is closed at once (its address holds
+/// as many as any); a ninth address, holding none, takes the slot of the oldest
+/// connection of the first of those (not yet authenticated, it is evicted); and
+/// `other`'s prefix has its own share.
 fn prefix_shares_one_cap(c: &Cluster, to: std::net::SocketAddr, from: &[IpAddr], other: IpAddr) {
     wait_metric(c, "allot_connections", 0, LONG);
     let rt = runtime();
-    let (open, closed, _kept) = rt.block_on(async {
+    let mut first: Vec<tokio::net::TcpStream> = rt.block_on(async {
         let mut v = Vec::new();
-        for a in from {
+        for a in &from[..8] {
+            v.push(connect_from(to, *a).await);
+        }
+        v
+    });
+    wait_metric(c, "allot_connections", 8, LONG);
+    let (open, closed, _again) = rt.block_on(async {
+        let mut v = Vec::new();
+        for a in &from[..4] {
             v.push(connect_from(to, *a).await);
         }
         held(v).await
     });
     assert_eq!(
         (open.len(), closed.len()),
-        (8, from.len() - 8),
+        (0, 4),
         "held {open:?}, closed {closed:?}"
     );
-    assert_eq!(
-        metric(c, "allot_connections_refused_total"),
-        Some(from.len() as u64 - 8)
-    );
+    assert_eq!(metric(c, "allot_connections_refused_total"), Some(4));
     // Each address was under its own share of 2: the prefix's cap closed them.
     let log = std::fs::read_to_string(c.dir.join("allotd.log")).expect("log");
     assert!(
         log.contains("over server.max_connections_per_prefix"),
         "{log}"
     );
+    let (open, closed, _ninth) =
+        rt.block_on(async { held(vec![connect_from(to, from[8]).await]).await });
+    assert_eq!((open, closed), (vec![from[8]], vec![]), "a ninth address is admitted");
+    let (open, closed, _first) = rt.block_on(held(first.drain(..1).collect()));
+    assert_eq!(
+        (open, closed),
+        (vec![], vec![from[0]]),
+        "the first address's connection gave its slot up"
+    );
+    assert_eq!(metric(c, "allot_connections_evicted_total"), Some(1));
     let (open, closed, _kept2) =
         rt.block_on(async { held(vec![connect_from(to, other).await]).await });
     assert_eq!(
@@ -532,6 +550,7 @@ fn prefix_shares_one_cap(c: &Cluster, to: std::net::SocketAddr, from: &[IpAddr],
         (vec![other], vec![]),
         "another prefix is admitted"
     );
+    drop(first);
 }
 
 const PREFIX_CAPS: &str = "lost_grace = \"30s\"\nmax_connections_per_peer = 2\nmax_connections_per_prefix = 8\nhandshake_timeout = \"5m\"";
@@ -851,4 +870,195 @@ fn a_burst_of_reset_streams_ends_its_connection() {
     eprintln!("a client resetting every stream was cut off after {sent} streams: {e}");
     // Others are served as before.
     rt.block_on(time_list(&c, None));
+}
+
+/// A TLS connection to `to` from `from`, speaking HTTP/2 with no client
+/// certificate: its request sender, and the task driving the connection (which
+/// answers allotd's pings), ending when allotd closes it.
+async fn anonymous_h2(
+    to: std::net::SocketAddr,
+    from: IpAddr,
+    tls: std::sync::Arc<tokio_rustls::rustls::ClientConfig>,
+) -> Option<(
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+)> {
+    let tcp = connect_from(to, from).await;
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let tls = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .ok()?;
+    let (send, conn) = h2::client::handshake(tls).await.ok()?;
+    Some((send, tokio::spawn(conn)))
+}
+
+/// The client TLS of an anonymous peer: allotd's CA, no certificate, h2.
+fn anonymous_tls(c: &Cluster) -> std::sync::Arc<tokio_rustls::rustls::ClientConfig> {
+    use tokio_rustls::rustls;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from_pem_file(c.ca()).expect("CA"))
+        .expect("root");
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    std::sync::Arc::new(cfg)
+}
+
+/// The headers of a gRPC call of `path`, sent without END_STREAM: a request
+/// whose body never comes.
+fn headers_only(
+    send: &mut h2::client::SendRequest<bytes::Bytes>,
+    to: std::net::SocketAddr,
+    path: &str,
+) -> Option<(h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>)> {
+    let req = http::Request::post(format!("https://{to}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    send.send_request(req, false).ok()
+}
+
+/// Issue 50's attack at a scale CI holds: every slot of a 200-connection allotd
+/// filled by anonymous peers of two /24s (each address under its share), each
+/// connection holding the headers of an enrollment that never sends its body,
+/// answering pings, reconnecting whenever allotd closes it. A user's token
+/// client is served within a second, a restarted agent reconnects at once, its
+/// node is never declared lost and its job runs on; no anonymous connection
+/// lasts past its authentication deadline; and an anonymous call of anything
+/// else is refused at its headers.
+#[test]
+fn anonymous_requests_that_never_end_keep_no_slot_and_cost_no_running_job() {
+    let _turn = MANY_SOCKETS.lock().unwrap_or_else(|e| e.into_inner());
+    descriptors_for(600);
+    let mut c = Cluster::start_with(
+        "limits-flood",
+        "lost_grace = \"10s\"\nmax_connections = 200\nmax_connections_per_peer = 20\nmax_connections_per_prefix = 100\nhandshake_timeout = \"3s\"\nfirst_request_timeout = \"3s\"",
+        TWO_PROJECTS,
+        1,
+        1,
+    );
+    let id = c.submit(&["--project", "demo-a", "--gpus", "1"], "sleep 600");
+    let before = c.wait_state(&id, "running", LONG);
+    let lease = before["runs"][0]["lease_id"].clone();
+    let to: std::net::SocketAddr = c.addr.parse().expect("addr");
+    let tls = anonymous_tls(&c);
+    let rt = runtime();
+
+    // Anything but an enrollment is refused at its headers, body or not.
+    let refused_at_headers = rt.block_on(async {
+        let (mut send, _conn) = anonymous_h2(to, [127, 0, 0, 9].into(), tls.clone())
+            .await
+            .expect("TLS");
+        let (resp, _body) =
+            headers_only(&mut send, to, "/allot.v1.Workloads/Get").expect("sent");
+        let resp = tokio::time::timeout(Duration::from_secs(3), resp)
+            .await
+            .expect("answered before any body")
+            .expect("a response");
+        resp.headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    });
+    assert_eq!(refused_at_headers.as_deref(), Some("16"), "UNAUTHENTICATED");
+
+    // The flood: 5 addresses of 127.0.0.0/24 (the agent's and the CLI's /24) and
+    // 5 of 127.0.1.0/24, 20 connections each, reconnecting 200 ms after each end.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let longest = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let holds = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let attackers: Vec<IpAddr> = (2..=6)
+        .map(|d| IpAddr::from([127, 0, 0, d]))
+        .chain((1..=5).map(|d| IpAddr::from([127, 0, 1, d])))
+        .collect();
+    let flood = rt.spawn({
+        let (stop, longest, holds, tls) = (stop.clone(), longest.clone(), holds.clone(), tls.clone());
+        async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            for from in attackers {
+                for _ in 0..20 {
+                    let (stop, longest, holds, tls) =
+                        (stop.clone(), longest.clone(), holds.clone(), tls.clone());
+                    tasks.spawn(async move {
+                        use std::sync::atomic::Ordering::Relaxed;
+                        while !stop.load(Relaxed) {
+                            let t0 = Instant::now();
+                            if let Some((mut send, conn)) = anonymous_h2(to, from, tls.clone()).await {
+                                let _held = headers_only(&mut send, to, "/allot.v1.Enrollment/Enroll");
+                                holds.fetch_add(1, Relaxed);
+                                let _ = conn.await;
+                                let ms = t0.elapsed().as_millis() as u64;
+                                longest.fetch_max(ms, Relaxed);
+                            }
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    });
+                }
+            }
+            while tasks.join_next().await.is_some() {}
+        }
+    });
+    wait_for("the flood to fill allotd", LONG, || {
+        (metric(&c, "allot_connections_unauthenticated").unwrap_or(0) >= 180).then_some(())
+    });
+    let full = metric(&c, "allot_connections").unwrap_or(0);
+
+    // A user's token client from 127.0.0.1 (its /24 at its cap of pending slots).
+    let took = rt.block_on(time_list(&c, None));
+    let t0 = Instant::now();
+    let q = c.allot(&["queue"]);
+    let cli = t0.elapsed();
+    assert!(q.status.success(), "{q:?}");
+    eprintln!("under a flood holding {full} of 200 connections: a token client's List took {took:?}, `allot queue` {cli:?}");
+    assert!(took < Duration::from_secs(1), "the token client waited {took:?}");
+
+    // The agent, killed and started again while the flood goes on.
+    let connected = |c: &Cluster| {
+        std::fs::read_to_string(c.dir.join("allotd.log"))
+            .expect("log")
+            .matches("agent connected")
+            .count()
+    };
+    let sessions = connected(&c);
+    let killed = Instant::now();
+    c.kill9_agent(0);
+    c.start_agent(0, 1);
+    wait_for("the agent to reconnect", Duration::from_secs(10), || {
+        (connected(&c) > sessions).then_some(())
+    });
+    let back = killed.elapsed();
+    eprintln!("a restarted agent reconnected {back:?} after its kill, under the flood");
+    // Past the lost grace from the kill: the node was never lost, the job runs
+    // on in its first lease.
+    while killed.elapsed() < Duration::from_secs(12) {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let after = c.status(&id);
+    assert_eq!(after["state"], "running", "{after}");
+    assert_eq!(after["runs"].as_array().map(Vec::len), Some(1), "{after}");
+    assert_eq!(after["runs"][0]["lease_id"], lease, "{after}");
+    let nodes = c.json(&["nodes", "--json"]);
+    assert_eq!(nodes[0]["connected"], true, "{nodes}");
+    let log = std::fs::read_to_string(c.dir.join("allotd.log")).expect("log");
+    assert!(!log.contains("node lost"), "a node was declared lost");
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    rt.block_on(flood).expect("flood");
+    let longest = Duration::from_millis(longest.load(std::sync::atomic::Ordering::Relaxed));
+    let holds = holds.load(std::sync::atomic::Ordering::Relaxed);
+    let evicted = metric(&c, "allot_connections_evicted_total").unwrap_or(0);
+    eprintln!("{holds} anonymous holds; the longest lasted {longest:?} (deadline 6 s); {evicted} evicted");
+    assert!(evicted >= 1, "the client and the agent took slots");
+    assert!(
+        longest < Duration::from_secs(8),
+        "an anonymous connection held its slot {longest:?}"
+    );
 }

@@ -5,8 +5,8 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -22,24 +22,75 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const ARRIVAL_GRACE: Duration = Duration::from_secs(1);
 
 /// What the requests of one connection did, written by [`super::TrackRequests`]
-/// and read by the connection's idle clock.
-pub(super) struct Activity {
+/// and read by the connection's idle clock; and whether it has authenticated or
+/// was evicted, written by [`super::Conns`].
+pub(crate) struct Activity {
+    /// Its slot in the admission table.
+    id: AtomicU64,
     /// Requests open now (a stream is open until its response body is dropped).
     open: AtomicUsize,
     /// Whether any request has begun.
     began: AtomicBool,
+    /// Whether a request showed a valid credential: no longer pending.
+    authed: AtomicBool,
+    /// Whether a newcomer took its slot: to be closed at once.
+    evicted: AtomicBool,
+    /// The task reading the connection, woken when it is evicted.
+    reader: Mutex<Option<Waker>>,
     /// When the last request began or ended, in ms since `since`.
     last_ms: AtomicU64,
     since: Instant,
 }
 
 impl Activity {
-    fn new(since: Instant) -> Activity {
+    pub(super) fn new(since: Instant) -> Activity {
         Activity {
+            id: AtomicU64::new(0),
             open: AtomicUsize::new(0),
             began: AtomicBool::new(false),
+            authed: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
+            reader: Mutex::new(None),
             last_ms: AtomicU64::new(0),
             since,
+        }
+    }
+
+    pub(super) fn set_id(&self, id: u64) {
+        self.id.store(id, Ordering::Relaxed);
+    }
+
+    pub(super) fn id(&self) -> u64 {
+        self.id.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn authed(&self) -> bool {
+        self.authed.load(Ordering::Acquire)
+    }
+
+    pub(super) fn set_authed(&self) {
+        self.authed.store(true, Ordering::Release);
+    }
+
+    pub(super) fn evicted(&self) -> bool {
+        self.evicted.load(Ordering::Acquire)
+    }
+
+    /// Closes the connection at its next read: its slot was given to a newcomer.
+    pub(super) fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
+        let waker = self.reader.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Remembers the task to wake on eviction (only while pending: an
+    /// authenticated connection is never evicted).
+    fn watch_for_eviction(&self, cx: &Context<'_>) {
+        let mut r = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        if !r.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *r = Some(cx.waker().clone());
         }
     }
 
@@ -92,11 +143,13 @@ impl Conn {
     fn deadline(&self) -> Option<Instant> {
         let conns = &self.slot.conns;
         let a = &self.activity;
+        if !a.authed() {
+            // Whatever it has open: a request that never shows a credential (its
+            // headers sent, never a body) keeps no slot.
+            return Some(self.accepted + conns.auth_deadline());
+        }
         if a.open.load(Ordering::Relaxed) > 0 {
             return None;
-        }
-        if !a.began.load(Ordering::Relaxed) {
-            return Some(self.accepted + conns.handshake + conns.first_request);
         }
         Some(a.since + Duration::from_millis(a.last_ms.load(Ordering::Relaxed)) + conns.idle)
     }
@@ -114,12 +167,15 @@ impl Conn {
                 }
                 Some(_) => {
                     conns.idle_closed.fetch_add(1, Ordering::Relaxed);
-                    let began = self.activity.began.load(Ordering::Relaxed);
-                    tracing::debug!(peer = %self.slot.peer, began, "connection closed: no request open");
+                    let a = &self.activity;
+                    let (began, authed) = (a.began.load(Ordering::Relaxed), a.authed());
+                    tracing::debug!(peer = %self.slot.peer, began, authed, "connection closed by its deadline");
                     return Poll::Ready(io::Error::new(
                         io::ErrorKind::TimedOut,
-                        if began {
+                        if authed {
                             "no request within server.idle_timeout"
+                        } else if began {
+                            "not authenticated within server.handshake_timeout + first_request_timeout"
                         } else {
                             "no request within server.first_request_timeout"
                         },
@@ -130,6 +186,14 @@ impl Conn {
         }
         Poll::Pending
     }
+}
+
+/// The error an evicted connection ends with.
+fn evicted() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "not authenticated, and its slot was given to a newcomer (server.max_connections)",
+    )
 }
 
 impl Connected for Conn {
@@ -149,6 +213,9 @@ impl AsyncRead for Conn {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let me = self.get_mut();
+        if me.activity.evicted() {
+            return Poll::Ready(Err(evicted()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut me.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
@@ -160,7 +227,15 @@ impl AsyncRead for Conn {
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             // Nothing to read: the one moment idleness can be judged (hyper keeps a
             // read pending on every connection, so the timer is always armed).
-            Poll::Pending => me.idle_check(cx).map(Err),
+            Poll::Pending => {
+                if !me.activity.authed() {
+                    me.activity.watch_for_eviction(cx);
+                    if me.activity.evicted() {
+                        return Poll::Ready(Err(evicted()));
+                    }
+                }
+                me.idle_check(cx).map(Err)
+            }
         }
     }
 }
@@ -222,25 +297,22 @@ impl Incoming {
         }
     }
 
-    fn wrap(&self, io: TcpStream, slot: Slot) -> Conn {
+    fn wrap(&self, io: TcpStream, slot: Slot, now: Instant) -> Conn {
         if let Err(e) = io.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
         if let Err(e) = socket2::SockRef::from(&io).set_tcp_keepalive(&self.keepalive) {
             tracing::debug!(error = %e, "TCP keepalive not set");
         }
-        let now = Instant::now();
-        let c = &self.conns;
+        let deadline = now + self.conns.auth_deadline();
         Conn {
             io,
+            activity: slot.activity.clone(),
             slot,
-            activity: Arc::new(Activity::new(now)),
             accepted: now,
             last_read: now,
             graced: None,
-            timer: Box::pin(tokio::time::sleep_until(
-                now + c.handshake + c.first_request,
-            )),
+            timer: Box::pin(tokio::time::sleep_until(deadline)),
         }
     }
 }
@@ -259,8 +331,11 @@ impl Stream for Incoming {
             }
             match me.listener.poll_accept(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok((io, peer))) => match me.conns.admit(peer.ip()) {
-                    Some(slot) => return Poll::Ready(Some(Ok(me.wrap(io, slot)))),
+                Poll::Ready(Ok((io, peer))) => match me.conns.admit(peer.ip(), Instant::now()) {
+                    Some(slot) => {
+                        let now = slot.activity.since;
+                        return Poll::Ready(Some(Ok(me.wrap(io, slot, now))));
+                    }
                     // Dropped: closed at once; the next one is looked at.
                     None => drop(io),
                 },
@@ -339,6 +414,7 @@ mod tests {
         let mut conn = next(&mut incoming).await;
         let activity = conn.connect_info().activity;
         activity.begin();
+        conns.authenticate(&activity, "ana").expect("share");
         // A stream open for 10 minutes with nothing on the wire: kept.
         let mut buf = [0u8; 8];
         let read = tokio::time::timeout(Duration::from_secs(600), conn.read(&mut buf)).await;
@@ -369,10 +445,68 @@ mod tests {
         // A short request every 20 s for 5 minutes: never 30 s without one.
         for _ in 0..15 {
             activity.begin();
+            conns.authenticate(&activity, "ana").expect("share");
             activity.end();
             let read = tokio::time::timeout(Duration::from_secs(20), conn.read(&mut buf)).await;
             assert!(read.is_err(), "kept between requests");
         }
         assert_eq!(conns.idle_closed(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_open_request_without_a_credential_keeps_no_slot() {
+        let mut s = section(10, 5, 10);
+        (s.handshake_timeout, s.first_request_timeout, s.idle_timeout) = (5, 5, 300);
+        let (mut incoming, conns, addr) = listen(&s).await;
+        let _peer = TcpStream::connect(addr).await.expect("connect");
+        let mut conn = next(&mut incoming).await;
+        let activity = conn.connect_info().activity;
+        let t0 = Instant::now();
+        // Headers of a request that never sends its body (or its credential).
+        activity.begin();
+        let mut buf = [0u8; 8];
+        let e = conn.read(&mut buf).await.expect_err("closed");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("not authenticated"), "{e}");
+        let after = t0.elapsed();
+        assert!(
+            after >= Duration::from_secs(10) && after <= Duration::from_secs(11),
+            "{after:?}"
+        );
+        drop(conn);
+        assert_eq!((conns.open(), conns.pending()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn an_evicted_connection_ends_its_waiting_read_at_once() {
+        let s = section(3, 1, 10);
+        let (mut incoming, conns, addr) = listen(&s).await;
+        let from = |a: &str| {
+            let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+            sock.bind(format!("{a}:0").parse().expect("addr")).expect("bind");
+            sock.connect(addr)
+        };
+        let _a = from("127.0.0.1").await.expect("connect");
+        let mut first = next(&mut incoming).await;
+        let reading = tokio::spawn(async move {
+            let mut buf = [0u8; 8];
+            let t0 = Instant::now();
+            (first.read(&mut buf).await.expect_err("evicted"), t0.elapsed())
+        });
+        tokio::task::yield_now().await;
+        // An authenticated second and a pending third fill the server; a fourth,
+        // from another prefix, takes the slot of the oldest pending connection of
+        // the heaviest prefix: the first's.
+        let _b = from("127.0.0.2").await.expect("connect");
+        let second = next(&mut incoming).await;
+        conns.authenticate(&second.connect_info().activity, "ana").expect("share");
+        let _c = from("127.0.0.3").await.expect("connect");
+        let _third = next(&mut incoming).await;
+        let _d = from("127.0.1.1").await.expect("connect");
+        let _fourth = next(&mut incoming).await;
+        let (e, after) = reading.await.expect("reader");
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted, "{e}");
+        assert!(after < Duration::from_secs(1), "{after:?}");
+        assert_eq!((conns.open(), conns.evicted()), (3, 1));
     }
 }

@@ -1,29 +1,39 @@
 //! allotd's connections and long-lived streams, bounded so that one client cannot
-//! starve the rest. Accepted TCP connections are admitted per peer address, per
-//! address prefix (a /24 of IPv4, a /64 of IPv6, which one host may hold whole) and
-//! in all; one over a cap is closed at once. Each holds its slot until it closes. A
-//! connection must finish its TLS handshake within `handshake_timeout`, begin a
-//! request soon after, and is closed once no request has been open for
-//! `idle_timeout` (bytes alone, pings included, keep nothing open). `Watch` and
-//! `Logs --follow` streams have a cap in all and a share per user. The counts are
-//! `/metrics` gauges.
+//! starve the rest, and so that nothing unauthenticated holds a slot for long.
+//! Accepted TCP connections are admitted per peer address, per address prefix (a
+//! /24 of IPv4, a /64 of IPv6, which one host may hold whole) and in all
+//! ([`admission`]): a connection is *pending* until a request on it shows a valid
+//! token or node certificate, and a newcomer that finds a cap reached takes the
+//! slot of the heaviest holder's oldest pending connection, so an agent or a
+//! user's CLI gets in under a flood. A pending connection is closed
+//! `handshake_timeout + first_request_timeout` after accept, whatever it has
+//! open; an authenticated one once no request has been open for `idle_timeout`
+//! (bytes alone, pings included, keep nothing open). Authenticated connections
+//! have a share per identity. `Watch` and `Logs --follow` streams have a cap in
+//! all and a share per user. The counts are `/metrics` gauges.
 //!
 //! Measured before: 1,100 idle connections with the default 1,024 descriptors left
 //! allotd unable to accept anyone (the accept loop spun on EMFILE); 20,000 abandoned
 //! Watch streams held 146 MB; one user held all 10,000 Watch streams; 18 loopback
 //! addresses held all 4,096 connections; one TLS byte every 120 s, or HTTP/2 pings,
-//! kept a connection open forever.
+//! kept a connection open forever; 4,200 anonymous requests that sent their headers
+//! and never a body held every slot, so that a restarted agent could not reconnect
+//! and its node was declared lost.
 
+mod admission;
 mod incoming;
 mod requests;
 
+pub use admission::Prefix;
 pub use incoming::Incoming;
-pub use requests::{peer_certs, TrackRequests};
+pub use requests::{peer_certs, Proof, Prover, TrackRequests};
 
 use crate::config::ServerSection;
+use admission::{Admitted, Caps, Over, Table};
+use incoming::Activity;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -38,28 +48,18 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// The counts and caps, shared by the accept loop, every connection and the Watch
 /// streams.
 pub struct Conns {
-    max: usize,
-    per_peer: usize,
-    per_prefix: usize,
     idle: Duration,
     handshake: Duration,
     first_request: Duration,
     max_watch: usize,
     watch_per_user: usize,
-    by_peer: Mutex<Counts>,
-    open: AtomicUsize,
+    table: Mutex<Table<Arc<Activity>>>,
     watch: Mutex<WatchCounts>,
     refused: AtomicU64,
     idle_closed: AtomicU64,
+    evicted: AtomicU64,
     /// When the last refusal warning was logged, and refusals since.
     warned: Mutex<(Option<Instant>, u64)>,
-}
-
-/// Open connections per peer address and per prefix.
-#[derive(Default)]
-struct Counts {
-    peer: HashMap<IpAddr, usize>,
-    prefix: HashMap<Prefix, usize>,
 }
 
 /// Open Watch streams in all and per user.
@@ -67,51 +67,6 @@ struct Counts {
 struct WatchCounts {
     total: usize,
     by_user: HashMap<String, usize>,
-}
-
-/// The network a peer's address is in, as far as one owner goes: a /24 of IPv4 (a
-/// rack, a small site), a /64 of IPv6 (one host may have every address of it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Prefix {
-    V4([u8; 3]),
-    V6([u8; 8]),
-}
-
-impl Prefix {
-    fn of(ip: IpAddr) -> Prefix {
-        match ip {
-            IpAddr::V4(a) => {
-                let o = a.octets();
-                Prefix::V4([o[0], o[1], o[2]])
-            }
-            IpAddr::V6(a) => {
-                let mut p = [0u8; 8];
-                p.copy_from_slice(&a.octets()[..8]);
-                Prefix::V6(p)
-            }
-        }
-    }
-}
-
-impl std::fmt::Display for Prefix {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Prefix::V4([a, b, c]) => write!(f, "{a}.{b}.{c}.0/24"),
-            Prefix::V6(p) => {
-                let mut o = [0u8; 16];
-                o[..8].copy_from_slice(p);
-                write!(f, "{}/64", std::net::Ipv6Addr::from(o))
-            }
-        }
-    }
-}
-
-/// Why a connection was refused at accept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Over {
-    Peer,
-    Prefix,
-    All,
 }
 
 /// The caps of `[server]`, with `max_connections` lowered to what the descriptor
@@ -148,31 +103,46 @@ impl Conns {
             .max_connections_per_prefix
             .unwrap_or(s.max_connections_per_peer.saturating_mul(4))
             .clamp(per_peer, below_max);
+        let per_identity = s
+            .max_connections_per_user
+            .unwrap_or(s.max_connections_per_peer)
+            .clamp(1, below_max);
         let watch_per_user = s
             .max_watch_streams_per_user
             .unwrap_or(s.max_watch_streams / 10)
             .clamp(1, s.max_watch_streams.max(1));
         Conns {
-            max,
-            per_peer,
-            per_prefix,
             idle: Duration::from_secs(s.idle_timeout.max(1)),
             handshake: Duration::from_secs(s.handshake_timeout.max(1)),
             first_request: Duration::from_secs(s.first_request_timeout.max(1)),
             max_watch: s.max_watch_streams,
             watch_per_user,
-            by_peer: Mutex::new(Counts::default()),
-            open: AtomicUsize::new(0),
+            table: Mutex::new(Table::new(Caps {
+                max,
+                per_peer,
+                per_prefix,
+                per_identity,
+            })),
             watch: Mutex::new(WatchCounts::default()),
             refused: AtomicU64::new(0),
             idle_closed: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
             warned: Mutex::new((None, 0)),
         }
     }
 
+    fn table(&self) -> std::sync::MutexGuard<'_, Table<Arc<Activity>>> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Open connections now.
     pub fn open(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
+        self.table().open()
+    }
+
+    /// Of those, the ones no request has authenticated yet.
+    pub fn pending(&self) -> usize {
+        self.table().pending()
     }
 
     /// Open Watch streams now.
@@ -185,9 +155,15 @@ impl Conns {
         self.refused.load(Ordering::Relaxed)
     }
 
-    /// Connections closed for idleness (no request begun in time), since start.
+    /// Connections closed by a deadline (not authenticated in time, or no request
+    /// open for `idle_timeout`), since start.
     pub fn idle_closed(&self) -> u64 {
         self.idle_closed.load(Ordering::Relaxed)
+    }
+
+    /// Pending connections closed to give their slot to a newcomer, since start.
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
     }
 
     /// The HTTP/2 ping period: a peer that vanished under an open stream is found
@@ -201,63 +177,79 @@ impl Conns {
         self.handshake
     }
 
+    /// How long after accept a connection may stay unauthenticated.
+    fn auth_deadline(&self) -> Duration {
+        self.handshake + self.first_request
+    }
+
     /// A slot for a connection from `peer`, or `None` when the peer, its prefix or
-    /// the server is at its cap.
-    fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
-        // An IPv4 client of a dual-stack listener is counted as the IPv4 address.
-        let peer = peer.to_canonical();
-        let prefix = Prefix::of(peer);
-        let mut counts = self.by_peer.lock().unwrap_or_else(|e| e.into_inner());
-        let n = counts.peer.get(&peer).copied().unwrap_or(0);
-        let in_prefix = counts.prefix.get(&prefix).copied().unwrap_or(0);
-        let total = self.open.load(Ordering::Relaxed);
-        let over = if n >= self.per_peer {
-            Some(Over::Peer)
-        } else if in_prefix >= self.per_prefix {
-            Some(Over::Prefix)
-        } else if total >= self.max {
-            Some(Over::All)
-        } else {
-            None
-        };
-        if let Some(over) = over {
-            drop(counts);
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            self.warn_refused(peer, prefix, over, (n, in_prefix, total));
-            return None;
+    /// the server is at its cap and no heavier holder has a pending slot to give.
+    fn admit(self: &Arc<Self>, peer: IpAddr, now: Instant) -> Option<Slot> {
+        let activity = Arc::new(Activity::new(now));
+        let mut table = self.table();
+        match table.admit(peer, activity.clone()) {
+            Admitted::In { id, evicted } => {
+                activity.set_id(id);
+                drop(table);
+                if let Some(victim) = evicted {
+                    self.evicted.fetch_add(1, Ordering::Relaxed);
+                    victim.evict();
+                }
+                Some(Slot {
+                    conns: self.clone(),
+                    id,
+                    peer: peer.to_canonical(),
+                    activity,
+                })
+            }
+            Admitted::Refused(over) => {
+                let held = table.held_by(peer.to_canonical());
+                let (open, caps) = (table.open(), table.caps());
+                drop(table);
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                self.warn_refused(peer.to_canonical(), over, (held.0, held.1, open), caps);
+                None
+            }
         }
-        counts.peer.insert(peer, n + 1);
-        counts.prefix.insert(prefix, in_prefix + 1);
-        self.open.store(total + 1, Ordering::Relaxed);
-        Some(Slot {
-            conns: self.clone(),
-            peer,
-            prefix,
-        })
+    }
+
+    /// The connection of `activity` proved `identity`: from now on it is closed only
+    /// when idle. Refused, naming the setting, when that identity holds its share.
+    pub(crate) fn authenticate(&self, activity: &Activity, identity: &str) -> Result<(), String> {
+        if activity.authed() {
+            return Ok(());
+        }
+        let mut table = self.table();
+        let per = table.caps().per_identity;
+        match table.authenticate(activity.id(), identity) {
+            Ok(()) => {
+                activity.set_authed();
+                Ok(())
+            }
+            Err(n) => Err(format!(
+                "{identity} has {n} connections open, one identity's most (server.max_connections_per_user = {per}); close some"
+            )),
+        }
     }
 
     /// Logs a refusal, at most once per [`WARN_EVERY`] with the count since.
-    fn warn_refused(&self, peer: IpAddr, prefix: Prefix, over: Over, open: (usize, usize, usize)) {
+    fn warn_refused(&self, peer: IpAddr, over: Over, held: (usize, usize, usize), caps: Caps) {
         let mut w = self.warned.lock().unwrap_or_else(|e| e.into_inner());
         w.1 += 1;
         let now = Instant::now();
         if w.0.is_none_or(|at| now.duration_since(at) >= WARN_EVERY) {
-            let cap = match over {
-                Over::Peer => "max_connections_per_peer",
-                Over::Prefix => "max_connections_per_prefix",
-                Over::All => "max_connections",
-            };
             tracing::warn!(
                 peer = %peer,
-                prefix = %prefix,
-                from_peer = open.0,
-                from_prefix = open.1,
-                open = open.2,
-                per_peer_cap = self.per_peer,
-                per_prefix_cap = self.per_prefix,
-                max = self.max,
+                prefix = %Prefix::of(peer),
+                from_peer = held.0,
+                pending_from_prefix = held.1,
+                open = held.2,
+                per_peer_cap = caps.per_peer,
+                per_prefix_cap = caps.per_prefix,
+                max = caps.max,
                 refused = w.1,
-                "connection closed at accept: over server.{cap} (refused counts those since the last warning)"
+                "connection closed at accept: over server.{} (refused counts those since the last warning)",
+                over.setting()
             );
             *w = (Some(now), 0);
         }
@@ -291,8 +283,9 @@ impl Conns {
 /// A connection's place in the counts, given back on drop.
 struct Slot {
     conns: Arc<Conns>,
+    id: u64,
     peer: IpAddr,
-    prefix: Prefix,
+    activity: Arc<Activity>,
 }
 
 /// Takes one off a count, removing the key at zero.
@@ -307,10 +300,8 @@ fn give_back<K: std::hash::Hash + Eq>(m: &mut HashMap<K, usize>, k: &K) {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut counts = self.conns.by_peer.lock().unwrap_or_else(|e| e.into_inner());
-        give_back(&mut counts.peer, &self.peer);
-        give_back(&mut counts.prefix, &self.prefix);
-        self.conns.open.fetch_sub(1, Ordering::Relaxed);
+        // An evicted one gave its slot back already.
+        self.conns.table().release(self.id);
     }
 }
 
@@ -341,6 +332,10 @@ mod tests {
         }
     }
 
+    fn caps(c: &Conns) -> Caps {
+        c.table().caps()
+    }
+
     #[test]
     fn the_cap_follows_the_descriptor_limit() {
         let s = section(4096, 256, 10);
@@ -348,68 +343,50 @@ mod tests {
         assert_eq!(effective_max(&s, 1024), 1024 - 64);
         assert_eq!(effective_max(&s, 10), 1);
         let c = Conns::with_nofile(&section(4096, 3000, 10), 1024);
-        assert_eq!((c.max, c.per_peer, c.per_prefix), (960, 959, 959));
-        let c = Conns::with_nofile(&section(4096, 256, 10), 65536);
+        let k = caps(&c);
+        assert_eq!((k.max, k.per_peer, k.per_prefix), (960, 959, 959));
+        let k = caps(&Conns::with_nofile(&section(4096, 256, 10), 65536));
         assert_eq!(
-            (c.per_peer, c.per_prefix),
-            (256, 1024),
-            "four peers' shares"
+            (k.per_peer, k.per_prefix, k.per_identity),
+            (256, 1024, 256),
+            "four peers' shares; an identity, one peer's"
         );
     }
 
     #[test]
-    fn slots_are_counted_per_peer_and_in_all_and_given_back() {
+    fn slots_are_counted_and_given_back_and_an_evicted_one_is_told() {
         let c = Arc::new(Conns::with_nofile(&section(3, 2, 10), 65536));
         let a: IpAddr = [10, 0, 0, 1].into();
         let b: IpAddr = [10, 0, 1, 2].into();
-        let a1 = c.admit(a).expect("first of a");
-        let a2 = c.admit(a).expect("second of a");
-        assert!(c.admit(a).is_none(), "a is at its cap");
-        let b1 = c.admit(b).expect("b has its own share");
-        assert!(c.admit(b).is_none(), "the server is at its cap");
-        assert_eq!((c.open(), c.refused()), (3, 2));
+        let now = Instant::now();
+        let a1 = c.admit(a, now).expect("first of a");
+        let a2 = c.admit(a, now).expect("second of a");
+        assert!(c.admit(a, now).is_none(), "a is at its cap");
+        let b1 = c.admit(b, now).expect("b has its own share");
+        assert_eq!((c.open(), c.pending(), c.refused()), (3, 3, 1));
+        // Full: another prefix's newcomer takes a's oldest pending slot.
+        c.authenticate(&b1.activity, "bo").expect("share");
+        let d = c.admit([10, 0, 2, 1].into(), now).expect("takes a slot");
+        assert!(a1.activity.evicted() && !a2.activity.evicted());
+        assert_eq!((c.open(), c.pending(), c.evicted()), (3, 2, 1));
         drop(a1);
-        assert_eq!(c.open(), 2);
-        let a3 = c.admit(a).expect("a's slot came back");
-        drop((a2, a3, b1));
-        assert_eq!(c.open(), 0);
-        let counts = c.by_peer.lock().expect("lock");
-        assert!(counts.peer.is_empty() && counts.prefix.is_empty());
+        assert_eq!(c.open(), 3, "an evicted slot was given back when it was taken");
+        drop((a2, b1, d));
+        assert_eq!((c.open(), c.pending()), (0, 0));
     }
 
     #[test]
-    fn many_addresses_of_one_prefix_share_its_cap() {
-        let mut s = section(100, 2, 10);
-        s.max_connections_per_prefix = Some(5);
+    fn an_identity_over_its_share_is_refused_naming_the_setting() {
+        let mut s = section(100, 50, 10);
+        s.max_connections_per_user = Some(1);
         let c = Arc::new(Conns::with_nofile(&s, 65536));
-        // Six addresses of one /64, one each: five admitted, the sixth refused.
-        let v6 = |i: u16| -> IpAddr { [0x2001, 0xdb8, 0, 7, 0, 0, 0, i].into() };
-        let held: Vec<Slot> = (1..=5).map(|i| c.admit(v6(i)).expect("in share")).collect();
-        assert!(c.admit(v6(6)).is_none(), "the /64 is at its cap");
-        // Another /64, and another /24 of IPv4, are not.
-        let other = c.admit([0x2001, 0xdb8, 0, 8, 0, 0, 0, 1].into());
-        assert!(other.is_some());
-        let v4 = |d: u8| -> IpAddr { [127, 0, 0, d].into() };
-        let v4_held: Vec<Slot> = (1..=5).map(|d| c.admit(v4(d)).expect("in share")).collect();
-        assert!(c.admit(v4(9)).is_none(), "127.0.0.0/24 is at its cap");
-        assert!(
-            c.admit([127, 0, 1, 1].into()).is_some(),
-            "127.0.1.0/24 is not"
-        );
-        // An IPv4 client of a dual-stack listener counts as its IPv4 address.
-        let mapped: IpAddr = "::ffff:127.0.0.3".parse().expect("addr");
-        assert!(c.admit(mapped).is_none(), "mapped into 127.0.0.0/24");
-        assert_eq!(c.refused(), 3);
-        drop(held);
-        assert!(c.admit(v6(6)).is_some(), "the /64's slots came back");
-        drop(v4_held);
-    }
-
-    #[test]
-    fn prefixes_read_as_networks() {
-        assert_eq!(Prefix::of([10, 1, 2, 3].into()).to_string(), "10.1.2.0/24");
-        let a: IpAddr = "2001:db8:0:7::1234".parse().expect("addr");
-        assert_eq!(Prefix::of(a).to_string(), "2001:db8:0:7::/64");
+        let now = Instant::now();
+        let one = c.admit([10, 0, 0, 1].into(), now).expect("in");
+        let two = c.admit([10, 0, 0, 2].into(), now).expect("in");
+        c.authenticate(&one.activity, "ana").expect("first");
+        let e = c.authenticate(&two.activity, "ana").expect_err("second");
+        assert!(e.contains("server.max_connections_per_user = 1"), "{e}");
+        assert!(!two.activity.authed());
     }
 
     #[test]

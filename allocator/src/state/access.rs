@@ -47,6 +47,16 @@ impl Who {
         self.user().map_or_else(|| self.name(), str::to_string)
     }
 
+    /// Whose share of connections an authenticated connection takes: the node
+    /// whose certificate it shows (vouched users ride on their node's), or the
+    /// user of its token. Distinct for a node and a user of the same name.
+    pub fn connection_identity(&self) -> String {
+        match self {
+            Who::Node(n) | Who::Vouched { node: n, .. } => format!("node {n}"),
+            other => other.name(),
+        }
+    }
+
     /// How the audit log names it.
     pub fn name(&self) -> String {
         match self {
@@ -180,6 +190,16 @@ impl Access {
         }
         None
     }
+}
+
+/// The one call anyone may make without a credential: a host's enrollment, which
+/// its one-time token in the body proves. Every other call of an anonymous peer
+/// is refused at its headers (`authorize` says why).
+pub const ANONYMOUS_CALLS: [&str; 1] = ["/allot.v1.Enrollment/Enroll"];
+
+/// Whether a call of this gRPC path may be made without a credential.
+pub fn anonymous_may(path: &str) -> bool {
+    ANONYMOUS_CALLS.contains(&path)
 }
 
 /// A role-bearing ask refused to a vouched user, naming the way.

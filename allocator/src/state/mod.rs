@@ -30,7 +30,7 @@ mod snapshot;
 #[cfg(test)]
 mod tests;
 
-pub use access::{Access, Ask, Denied, Who};
+pub use access::{anonymous_may, Access, Ask, Denied, Who};
 pub use allot_common::array::ArraySpec;
 pub use audit::state_name;
 pub use creds::{Creds, NodeCred, TokenRec};
