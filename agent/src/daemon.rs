@@ -231,7 +231,7 @@ pub async fn run(o: Overrides) -> anyhow::Result<()> {
         cfg.agent.host.clone()
     };
     let logs = cfg.agent.logs();
-    std::fs::create_dir_all(&logs)
+    crate::process::create_log_dir(&logs)
         .with_context(|| format!("creating [agent] log_dir {}", logs.display()))?;
     let cgroups = crate::cgroup::discover(&cfg.agent.cgroup, &host_name, &cfg.agent.state_dir);
     match &cgroups {

@@ -80,6 +80,24 @@ pub fn create_private_dir(path: &Path, owner: Option<(u32, u32)>) -> std::io::Re
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
 }
 
+/// Makes the agent's log directory `path` (and its parents) so that others may
+/// reach a file they are told of but not list the names (0711): one file per
+/// workload, so a listing would tell every user's workload ids. A directory this
+/// process does not own, or a shared one (sticky, as /tmp), keeps its mode.
+pub fn create_log_dir(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(path)?;
+    let meta = std::fs::metadata(path)?;
+    let ours = meta.uid() == nix::unistd::geteuid().as_raw();
+    if ours && meta.mode() & 0o1000 == 0 && meta.mode() & 0o066 != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o711))?;
+    }
+    Ok(())
+}
+
 /// A batch script at `path`, mode 0700, owned by `owner` (written fresh: a rerun
 /// writes the script it was given again).
 fn write_script(path: &Path, text: &str, owner: Option<(u32, u32)>) -> std::io::Result<()> {
@@ -135,12 +153,11 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
     let owner = user.as_ref().map(|id| (id.uid, id.gid));
     create_private_dir(&l.checkpoint_dir, owner).map_err(io_error(l, &l.checkpoint_dir))?;
     make_dir(l, &l.lease_dir, None)?;
-    // The agent's log dir: made by the agent, the files given to the user.
-    // The agent's log dir: made by the agent; a user's own path is never touched
-    // as root.
+    // The agent's log dir: made by the agent, the files given to the user; a
+    // user's own path is never touched as root.
     for (log, own) in [(&l.out_log, l.out_users_own), (&l.err_log, l.err_users_own)] {
         if let Some(dir) = log.parent().filter(|_| !own) {
-            make_dir(l, dir, None)?;
+            create_log_dir(dir).map_err(io_error(l, dir))?;
         }
     }
     let argv = if l.script.is_empty() {
@@ -205,4 +222,33 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
 /// Where a lease's supervisor writes its own diagnostics.
 pub fn supervisor_log(lease_dir: &Path) -> PathBuf {
     lease_dir.join("supervisor.log")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_log_dir_can_be_crossed_not_listed_and_a_shared_one_is_left_alone() {
+        let root = std::env::temp_dir().join(format!("allot-logdir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o7777;
+        let fresh = root.join("a/logs");
+        create_log_dir(&fresh).expect("made");
+        assert_eq!(mode(&fresh), 0o711);
+        // One an older agent made 0755 is tightened at start.
+        let old = root.join("old");
+        std::fs::create_dir_all(&old).expect("old");
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        create_log_dir(&old).expect("again");
+        assert_eq!(mode(&old), 0o711);
+        // A shared directory (sticky, as /tmp) is not the agent's to change.
+        let shared = root.join("shared");
+        std::fs::create_dir_all(&shared).expect("shared");
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        create_log_dir(&shared).expect("shared kept");
+        assert_eq!(mode(&shared), 0o1777);
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }

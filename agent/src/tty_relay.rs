@@ -14,15 +14,24 @@ use tokio::sync::mpsc;
 
 /// Most attaches open at once on one host (each holds a connection and a task).
 pub const MAX_ATTACHES: usize = 256;
+/// Most of those open to the sessions of one user (their own attaches and an
+/// admin's): one user's attaches never keep another out of their own session.
+pub const MAX_ATTACHES_PER_USER: usize = MAX_ATTACHES / 8;
 
-/// Open attaches by allotd's id: where their frames go.
+/// One open attach: whose session, and where its frames go.
+struct Open {
+    owner: String,
+    tx: mpsc::UnboundedSender<Frame>,
+}
+
+/// Open attaches by allotd's id.
 #[derive(Default)]
 pub struct Ttys {
-    open: Mutex<HashMap<u64, mpsc::UnboundedSender<Frame>>>,
+    open: Mutex<HashMap<u64, Open>>,
 }
 
 impl Ttys {
-    fn open(&self) -> std::sync::MutexGuard<'_, HashMap<u64, mpsc::UnboundedSender<Frame>>> {
+    fn open(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Open>> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -71,6 +80,22 @@ fn frames(m: &pb::TtyInput) -> Vec<Frame> {
     f
 }
 
+/// Why one more attach to a session of `owner`'s may not open beside `open`, if
+/// it may not: the host's cap, or the owner's share of it.
+fn no_room(open: &HashMap<u64, Open>, owner: &str) -> Option<String> {
+    if open.len() >= MAX_ATTACHES {
+        return Some(format!(
+            "this host has {MAX_ATTACHES} attaches open; detach some"
+        ));
+    }
+    let theirs = open.values().filter(|o| o.owner == owner).count();
+    (theirs >= MAX_ATTACHES_PER_USER).then(|| {
+        format!(
+            "{owner}'s sessions on this host have {theirs} attaches open, their share of the host's {MAX_ATTACHES}; detach some"
+        )
+    })
+}
+
 /// One `TtyInput` from allotd.
 pub fn on_input(sh: &Arc<Shared>, m: pb::TtyInput) {
     let id = m.attach_id;
@@ -79,7 +104,7 @@ pub fn on_input(sh: &Arc<Shared>, m: pb::TtyInput) {
         return;
     }
     if !m.open {
-        let tx = sh.ttys.open().get(&id).cloned();
+        let tx = sh.ttys.open().get(&id).map(|o| o.tx.clone());
         match tx {
             Some(tx) => {
                 for f in frames(&m) {
@@ -89,7 +114,7 @@ pub fn on_input(sh: &Arc<Shared>, m: pb::TtyInput) {
             // A notice for whoever looks: a connection of its own, then gone.
             None if id == 0 && !m.notice.is_empty() => {
                 let sh = sh.clone();
-                let Ok(path) = sh.host().tty_socket(&m.lease_id) else {
+                let Ok((path, _)) = sh.host().tty_socket(&m.lease_id) else {
                     return;
                 };
                 tokio::spawn(async move {
@@ -102,7 +127,7 @@ pub fn on_input(sh: &Arc<Shared>, m: pb::TtyInput) {
         }
         return;
     }
-    let path = match sh.host().tty_socket(&m.lease_id) {
+    let (path, owner) = match sh.host().tty_socket(&m.lease_id) {
         Ok(p) => p,
         Err(e) => {
             crate::uplink::send(sh, closed(id, e));
@@ -112,18 +137,18 @@ pub fn on_input(sh: &Arc<Shared>, m: pb::TtyInput) {
     let (tx, rx) = mpsc::unbounded_channel();
     {
         let mut open = sh.ttys.open();
-        if open.len() >= MAX_ATTACHES {
+        if let Some(why) = no_room(&open, &owner) {
             drop(open);
-            crate::uplink::send(
-                sh,
-                closed(
-                    id,
-                    format!("this host has {MAX_ATTACHES} attaches open; detach some"),
-                ),
-            );
+            crate::uplink::send(sh, closed(id, why));
             return;
         }
-        open.insert(id, tx.clone());
+        open.insert(
+            id,
+            Open {
+                owner,
+                tx: tx.clone(),
+            },
+        );
     }
     for f in frames(&m) {
         let _ = tx.send(f);
@@ -211,4 +236,41 @@ async fn relay(
     };
     sh.ttys.open().remove(&id);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(open: &mut HashMap<u64, Open>, owner: &str, n: usize) {
+        for _ in 0..n {
+            let id = open.len() as u64 + 1;
+            let (tx, _) = mpsc::unbounded_channel();
+            open.insert(
+                id,
+                Open {
+                    owner: owner.into(),
+                    tx,
+                },
+            );
+        }
+    }
+
+    #[test]
+    fn one_users_attaches_leave_room_for_anothers_own_session() {
+        let mut open = HashMap::new();
+        fill(&mut open, "mallory", MAX_ATTACHES_PER_USER);
+        let why = no_room(&open, "mallory").expect("her share is full");
+        assert!(
+            why.contains("mallory's sessions") && why.contains("detach some"),
+            "{why}"
+        );
+        assert_eq!(no_room(&open, "bob"), None, "bob attaches to his own");
+        // Only a host full of many users' attaches turns everyone away.
+        for u in 1..8 {
+            fill(&mut open, &format!("u{u}"), MAX_ATTACHES_PER_USER);
+        }
+        let why = no_room(&open, "bob").expect("the host is full");
+        assert!(why.contains("this host has 256 attaches open"), "{why}");
+    }
 }

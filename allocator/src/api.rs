@@ -77,7 +77,11 @@ pub fn who_of<T>(server: &Server, req: &Request<T>) -> Result<Who, Status> {
 }
 
 /// Who a request's transport (`ext`) and headers prove, before its body is read.
-fn who_from(server: &Server, ext: &http::Extensions, headers: &http::HeaderMap) -> Result<Who, Status> {
+fn who_from(
+    server: &Server,
+    ext: &http::Extensions,
+    headers: &http::HeaderMap,
+) -> Result<Who, Status> {
     // Only the admin socket is a unix socket, and it admits root and allotd's user.
     if ext
         .get::<tonic::transport::server::UdsConnectInfo>()
@@ -131,9 +135,12 @@ fn who_from(server: &Server, ext: &http::Extensions, headers: &http::HeaderMap) 
 /// there and then, so that no request without a credential waits for its body.
 fn prove(server: &Server, parts: &mut http::request::Parts) -> crate::conns::Proof {
     use crate::conns::Proof;
+    let open = crate::state::anonymous_may(parts.uri.path());
     match who_from(server, &parts.extensions, &parts.headers) {
+        // Enroll's one-time token is its credential, whatever else the caller
+        // carries (a revoked node enrolling again).
+        Err(_) | Ok(Who::Anonymous) if open => Proof::Anonymous,
         Err(status) => Proof::Refused(status),
-        Ok(Who::Anonymous) if crate::state::anonymous_may(parts.uri.path()) => Proof::Anonymous,
         Ok(Who::Anonymous) => match server.core().alloc.authorize(&Who::Anonymous, Ask::Read) {
             Err(d) => Proof::Refused(denied_status(d)),
             Ok(()) => Proof::Anonymous,
@@ -317,11 +324,21 @@ impl Api {
                         d.kind
                     ))
                 })?;
+                // Work the caller may not see is not there for them: a dependency
+                // must not tell whether another's job exists, or how it ended.
+                let unknown = |id: u64| {
+                    Status::invalid_argument(format!(
+                        "dependencies[{i}].id: no workload {id} (or it ended longer ago than allotd keeps ended work); `allot queue --all` lists them"
+                    ))
+                };
                 let whole_array = !d.id.contains('_');
                 let id = match d.id.split_once('_') {
                     // One element of an array: ARRAY_INDEX.
                     Some((arr, index)) => {
                         let arr = parse_id(arr)?;
+                        if !c.alloc.sees(who, arr) {
+                            return Err(unknown(arr));
+                        }
                         let index: u32 = index.parse().map_err(|_| {
                             Status::invalid_argument(format!(
                                 "dependencies[{i}].id: {:?} is not ARRAY_INDEX (as 12_3)",
@@ -336,10 +353,13 @@ impl Api {
                     }
                     None => parse_id(&d.id)?,
                 };
-                let Some(w) = c.alloc.workloads().get(&id) else {
-                    return Err(Status::invalid_argument(format!(
-                        "dependencies[{i}].id: no workload {id} (or it ended longer ago than allotd keeps ended work); `allot queue --all` lists them"
-                    )));
+                let Some(w) = c
+                    .alloc
+                    .workloads()
+                    .get(&id)
+                    .filter(|_| c.alloc.sees(who, id))
+                else {
+                    return Err(unknown(id));
                 };
                 let ids = match w.array {
                     Some(p) if p.id == id && whole_array => c.alloc.array_elements(id),
@@ -696,7 +716,11 @@ impl pb::workloads_server::Workloads for Api {
         self.control(
             &req.get_ref().id,
             &who,
-            "release an operator's hold on",
+            if operators_hold {
+                "release an operator's hold on"
+            } else {
+                "release"
+            },
             operators_hold,
             |id| Input::Release { id, by: who.name() },
         )

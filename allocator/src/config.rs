@@ -273,17 +273,24 @@ pub struct ClassDefaults {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthSection {
-    /// Enrolled hosts whose agents may vouch for their local users (names, `*` for
-    /// any run of characters: `login-*`); `["*"]` (the default): every enrolled
-    /// node; `[]`: no vouching, every user needs a token. A vouched user never
-    /// carries a role (operator, manager, admin): those need a token.
+    /// Enrolled hosts whose agents may vouch for any of their local users (names,
+    /// `*` for any run of characters: `login-*`): the login hosts. `[]` (the
+    /// default): none; `["*"]`: every enrolled node, so that any node's key speaks
+    /// for every non-root user. A vouched user never carries a role (operator,
+    /// manager, admin): those need a token.
     pub vouching_hosts: Vec<String>,
+    /// Any enrolled node may also vouch for a user who has work running on it (a
+    /// lease placed there), for that user's own work: a job's `allot` calls from
+    /// its own nodes need no token, and a node's key speaks for no one whose work
+    /// root on that host could not already reach. `false`: only `vouching_hosts`.
+    pub vouch_for_running_work: bool,
 }
 
 impl Default for AuthSection {
     fn default() -> Self {
         AuthSection {
-            vouching_hosts: vec!["*".into()],
+            vouching_hosts: Vec::new(),
+            vouch_for_running_work: true,
         }
     }
 }

@@ -112,8 +112,9 @@ async fn user_token(dir: &Path, user: &str) -> anyhow::Result<String> {
         .await
         .map_err(crate::admin_cmd::status)?
         .into_inner();
-    std::fs::write(&path, &r.token).with_context(|| format!("writing {}", path.display()))?;
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    // 0600 from its first byte: a token is a user's whole identity.
+    allot_common::files::write_atomic(&path, &r.token, 0o600)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(r.token)
 }
 

@@ -108,7 +108,14 @@ pub fn spec(s: &pb::WorkloadSpec) -> Result<(), Status> {
 pub fn list(r: &pb::ListRequest) -> Result<(), Status> {
     check_optional_name("project", &r.project, MAX_NAME).map_err(status)?;
     check_optional_name("user", &r.user, MAX_NAME).map_err(status)?;
-    check_optional_name("name", &r.name, MAX_NAME).map_err(status)
+    check_optional_name("name", &r.name, MAX_NAME).map_err(status)?;
+    if pb::WorkloadState::try_from(r.state).is_err() {
+        return Err(Status::invalid_argument(format!(
+            "state: {} is not a workload state; give 0 (any) or one of 1 (pending) to 7 (timed out)",
+            r.state
+        )));
+    }
+    Ok(())
 }
 
 /// The filters of a history request.
@@ -253,6 +260,28 @@ mod tests {
         let s = r.expect_err("refused");
         assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
         s.message().to_string()
+    }
+
+    #[test]
+    fn a_list_of_a_state_that_is_none_is_refused_naming_the_field() {
+        for bad in [99, -1, 8] {
+            let r = pb::ListRequest {
+                state: bad,
+                ..Default::default()
+            };
+            let m = refused(list(&r));
+            assert!(
+                m.starts_with(&format!("state: {bad} is not a workload state")),
+                "{m}"
+            );
+        }
+        for good in 0..=7 {
+            let r = pb::ListRequest {
+                state: good,
+                ..Default::default()
+            };
+            assert!(list(&r).is_ok(), "{good}");
+        }
     }
 
     #[test]

@@ -347,6 +347,34 @@ pub fn metrics_token(cfg: &crate::config::ServerConfig) -> anyhow::Result<Option
     Ok(Some(Arc::from(token)))
 }
 
+/// A request whose `Host` is not one of allotd's names or an address is refused:
+/// a page whose name was rebound to allotd's address (DNS rebinding) reads
+/// nothing, `/metrics` included.
+async fn only_our_names(
+    names: Arc<[String]>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let host = req
+        .headers()
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+        .unwrap_or("");
+    if allot_common::net::host_is_ours(host, &names) {
+        return next.run(req).await;
+    }
+    tracing::info!(host, "http: a request for another host's name refused");
+    (
+        axum::http::StatusCode::MISDIRECTED_REQUEST,
+        format!(
+            "Host {host:?} is not one of allotd's names; reach it by its address or a name in [tls] names\n"
+        ),
+    )
+        .into_response()
+}
+
 /// Serves `/metrics`, the probes and (unless `[server] web = false`) the web pages
 /// on `listener` until the task is dropped: plain HTTP on a loopback address, TLS
 /// with allotd's certificate on any other.
@@ -366,8 +394,14 @@ pub async fn serve(
     };
     let mut routes = router(server.clone(), token);
     if server.cfg.server.web {
-        routes = routes.merge(crate::web::router(server, !loopback));
+        routes = routes.merge(crate::web::router(server.clone(), !loopback));
     }
+    let names: Arc<[String]> = crate::pki::server_names(&server.cfg).into();
+    let routes = routes.layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            only_our_names(names.clone(), req, next)
+        },
+    ));
     allot_common::http::serve(listener, routes, allot_common::http::SCRAPE, tls).await;
     Ok(())
 }
@@ -380,6 +414,7 @@ mod tests {
     /// A `/metrics` server on a fresh state dir; the dir goes with the returned guard.
     const SHORT: allot_common::http::Limits = allot_common::http::Limits {
         connections: 4,
+        per_peer: 4,
         headers: std::time::Duration::from_millis(300),
         connection: std::time::Duration::from_secs(20),
     };
@@ -412,14 +447,12 @@ mod tests {
     }
 
     async fn get_with(addr: std::net::SocketAddr, path: &str, header: &str) -> String {
-        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n{header}\r\n").as_bytes())
-            .await
-            .expect("write");
-        let mut out = Vec::new();
         // A TLS port answers a plain request with an alert, or closes.
-        let _ = s.read_to_end(&mut out).await;
-        String::from_utf8_lossy(&out).into_owned()
+        raw(
+            addr,
+            &format!("GET {path} HTTP/1.1\r\nhost: x\r\n{header}\r\n"),
+        )
+        .await
     }
 
     #[tokio::test]
@@ -579,6 +612,121 @@ mod tests {
             other.starts_with("HTTP/1.1 404")
                 && other.ends_with("try /metrics, /healthz or /readyz\n"),
             "{other}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// One raw request (`text`, without the blank line) to `addr`; the answer.
+    async fn raw(addr: std::net::SocketAddr, text: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(text.as_bytes()).await.expect("write");
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn another_hosts_name_cross_origin_posts_and_sniffing_are_refused() {
+        let (server, dir) = open_server();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        tokio::spawn(serve(l, server, None));
+        // DNS rebinding: a page of evil.example.com, its name rebound to 127.0.0.1.
+        let r = raw(
+            addr,
+            "GET /metrics HTTP/1.1\r\nhost: evil.example.com:9470\r\n\r\n",
+        )
+        .await;
+        assert!(
+            r.starts_with("HTTP/1.1 421") && r.contains("[tls] names"),
+            "{r}"
+        );
+        assert!(!r.contains("allot_build_info"), "{r}");
+        let ours = format!("GET /healthz HTTP/1.1\r\nhost: {addr}\r\n\r\n");
+        assert!(raw(addr, &ours).await.starts_with("HTTP/1.1 200"));
+        // A login posted by a page of another port (login CSRF), or another site.
+        let form = "token=allot_x&csrf=login_y";
+        for header in [
+            "origin: http://127.0.0.1:8888\r\n".to_string(),
+            "origin: null\r\n".into(),
+            "sec-fetch-site: same-site\r\n".into(),
+            format!("origin: http://{addr}\r\nsec-fetch-site: cross-site\r\n"),
+        ] {
+            let r = raw(
+                addr,
+                &format!(
+                    "POST /login HTTP/1.1\r\nhost: {addr}\r\n{header}content-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\n\r\n{form}",
+                    form.len()
+                ),
+            )
+            .await;
+            assert!(
+                r.starts_with("HTTP/1.1 403") && r.contains("another"),
+                "{header}: {r}"
+            );
+        }
+        // Its own page's POST reaches the login (refused there: no login cookie).
+        let r = raw(
+            addr,
+            &format!(
+                "POST /login HTTP/1.1\r\nhost: {addr}\r\norigin: http://{addr}\r\nsec-fetch-site: same-origin\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\n\r\n{form}",
+                form.len()
+            ),
+        )
+        .await;
+        assert!(
+            r.starts_with("HTTP/1.1 403") && r.contains("this login form expired"),
+            "{r}"
+        );
+        assert!(
+            r.to_ascii_lowercase().contains("set-cookie: allot_login="),
+            "{r}"
+        );
+        // Failed logins from one address: ten a minute, then it waits.
+        let page = raw(
+            addr,
+            &format!("GET /login HTTP/1.1\r\nhost: {addr}\r\n\r\n"),
+        )
+        .await;
+        let secret = page
+            .split("allot_login=")
+            .nth(1)
+            .and_then(|r| r.split(';').next())
+            .expect("a login cookie")
+            .to_string();
+        let mut codes = Vec::new();
+        for _ in 0..=crate::web::LOGIN_TRIES {
+            let form = format!("token=allot_not-a-token&csrf={secret}");
+            let r = raw(
+                addr,
+                &format!(
+                    "POST /login HTTP/1.1\r\nhost: {addr}\r\ncookie: allot_login={secret}\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\n\r\n{form}",
+                    form.len()
+                ),
+            )
+            .await;
+            codes.push(r.get(9..12).unwrap_or("").to_string());
+            if codes.len() == 1 + crate::web::LOGIN_TRIES as usize {
+                assert!(r.contains("failed logins from this address"), "{r}");
+                assert!(r.to_ascii_lowercase().contains("retry-after:"), "{r}");
+            }
+        }
+        let mut want = vec!["401".to_string(); crate::web::LOGIN_TRIES as usize];
+        want.push("429".into());
+        assert_eq!(codes, want);
+        // A run's log (here: no session) is never sniffed, and runs nothing.
+        let r = raw(
+            addr,
+            &format!("GET /workload/1/log HTTP/1.1\r\nhost: {addr}\r\n\r\n"),
+        )
+        .await;
+        let lower = r.to_ascii_lowercase();
+        assert!(lower.contains("x-content-type-options: nosniff"), "{r}");
+        assert!(
+            lower.contains("content-security-policy: default-src 'none'"),
+            "{r}"
         );
         let _ = std::fs::remove_dir_all(dir);
     }

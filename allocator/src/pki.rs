@@ -44,7 +44,7 @@ fn read(path: &Path) -> anyhow::Result<String> {
 }
 
 /// The names allotd's certificate carries: loopback, this host, and `[tls] names`.
-fn server_names(cfg: &ServerConfig) -> Vec<String> {
+pub(crate) fn server_names(cfg: &ServerConfig) -> Vec<String> {
     let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
     if let Ok(h) = nix::unistd::gethostname() {
         if let Some(h) = h.to_str().filter(|h| !h.is_empty()) {

@@ -280,6 +280,12 @@ fn restore(cfg: &ServerConfig, file: &Path) -> anyhow::Result<()> {
     let checked = (|| -> anyhow::Result<u64> {
         std::fs::copy(file, trial.join("allotd.db"))
             .with_context(|| format!("copying {}", file.display()))?;
+        // fs::copy keeps the backup's mode: a copy made readable elsewhere must not
+        // make the live state file readable.
+        std::fs::set_permissions(
+            trial.join("allotd.db"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )?;
         let store = Sqlite::open(&trial)
             .with_context(|| format!("{} is not an allotd state file", file.display()))?;
         let problems = store.integrity()?;

@@ -113,6 +113,9 @@ pub fn backup(db: &Path, to: &Path) -> Result<u64, StoreError> {
             std::io::Error::other("the path is not UTF-8; give another"),
         )
     })?;
+    // The copy holds every token hash and workload: it is made 0600 before SQLite
+    // writes a byte (VACUUM INTO takes an empty file), never chmodded after.
+    private_empty_file(to)?;
     conn.execute("VACUUM INTO ?1", [target])
         .map_err(fail("writing a backup"))?;
     let copy = Connection::open(to).map_err(|e| StoreError::new(to, "reading the backup", e))?;
@@ -123,6 +126,27 @@ pub fn backup(db: &Path, to: &Path) -> Result<u64, StoreError> {
     )
     .map(i64::unsigned_abs)
     .map_err(|e| StoreError::new(to, "reading the backup", e))
+}
+
+/// Creates `to` empty with mode 0600, or takes an empty one there and makes it 0600;
+/// a file with something in it is refused rather than overwritten.
+fn private_empty_file(to: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let fail = |e| StoreError::new(to, "writing a backup", e);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(to)
+        .map_err(fail)?;
+    if f.metadata().map_err(fail)?.len() > 0 {
+        return Err(fail(std::io::Error::other(
+            "the file exists and is not empty; give a new path, or remove it first",
+        )));
+    }
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(fail)
 }
 
 /// A backup of a state file that is not there is refused, not made empty.

@@ -535,7 +535,11 @@ fn prefix_shares_one_cap(c: &Cluster, to: std::net::SocketAddr, from: &[IpAddr],
     );
     let (open, closed, _ninth) =
         rt.block_on(async { held(vec![connect_from(to, from[8]).await]).await });
-    assert_eq!((open, closed), (vec![from[8]], vec![]), "a ninth address is admitted");
+    assert_eq!(
+        (open, closed),
+        (vec![from[8]], vec![]),
+        "a ninth address is admitted"
+    );
     let (open, closed, _first) = rt.block_on(held(first.drain(..1).collect()));
     assert_eq!(
         (open, closed),
@@ -814,23 +818,12 @@ fn a_burst_of_reset_streams_ends_its_connection() {
     let c = Cluster::start("limits-reset", TWO_PROJECTS, 0, 1);
     let rt = runtime();
     let ended = rt.block_on(async {
-        use rustls::pki_types::pem::PemObject;
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(rustls::pki_types::CertificateDer::from_pem_file(c.ca()).expect("CA"))
-            .expect("root");
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        let cfg = anonymous_tls(&c);
         let tcp = tokio::net::TcpStream::connect(&c.addr)
             .await
             .expect("connect");
         let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
-        let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+        let tls = tokio_rustls::TlsConnector::from(cfg)
             .connect(name, tcp)
             .await
             .expect("TLS");
@@ -895,8 +888,8 @@ async fn anonymous_h2(
 
 /// The client TLS of an anonymous peer: allotd's CA, no certificate, h2.
 fn anonymous_tls(c: &Cluster) -> std::sync::Arc<tokio_rustls::rustls::ClientConfig> {
-    use tokio_rustls::rustls;
     use rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls;
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(rustls::pki_types::CertificateDer::from_pem_file(c.ca()).expect("CA"))
@@ -957,8 +950,7 @@ fn anonymous_requests_that_never_end_keep_no_slot_and_cost_no_running_job() {
         let (mut send, _conn) = anonymous_h2(to, [127, 0, 0, 9].into(), tls.clone())
             .await
             .expect("TLS");
-        let (resp, _body) =
-            headers_only(&mut send, to, "/allot.v1.Workloads/Get").expect("sent");
+        let (resp, _body) = headers_only(&mut send, to, "/allot.v1.Workloads/Get").expect("sent");
         let resp = tokio::time::timeout(Duration::from_secs(3), resp)
             .await
             .expect("answered before any body")
@@ -980,7 +972,8 @@ fn anonymous_requests_that_never_end_keep_no_slot_and_cost_no_running_job() {
         .chain((1..=5).map(|d| IpAddr::from([127, 0, 1, d])))
         .collect();
     let flood = rt.spawn({
-        let (stop, longest, holds, tls) = (stop.clone(), longest.clone(), holds.clone(), tls.clone());
+        let (stop, longest, holds, tls) =
+            (stop.clone(), longest.clone(), holds.clone(), tls.clone());
         async move {
             let mut tasks = tokio::task::JoinSet::new();
             for from in attackers {
@@ -991,8 +984,11 @@ fn anonymous_requests_that_never_end_keep_no_slot_and_cost_no_running_job() {
                         use std::sync::atomic::Ordering::Relaxed;
                         while !stop.load(Relaxed) {
                             let t0 = Instant::now();
-                            if let Some((mut send, conn)) = anonymous_h2(to, from, tls.clone()).await {
-                                let _held = headers_only(&mut send, to, "/allot.v1.Enrollment/Enroll");
+                            if let Some((mut send, conn)) =
+                                anonymous_h2(to, from, tls.clone()).await
+                            {
+                                let _held =
+                                    headers_only(&mut send, to, "/allot.v1.Enrollment/Enroll");
                                 holds.fetch_add(1, Relaxed);
                                 let _ = conn.await;
                                 let ms = t0.elapsed().as_millis() as u64;
@@ -1018,7 +1014,10 @@ fn anonymous_requests_that_never_end_keep_no_slot_and_cost_no_running_job() {
     let cli = t0.elapsed();
     assert!(q.status.success(), "{q:?}");
     eprintln!("under a flood holding {full} of 200 connections: a token client's List took {took:?}, `allot queue` {cli:?}");
-    assert!(took < Duration::from_secs(1), "the token client waited {took:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "the token client waited {took:?}"
+    );
 
     // The agent, killed and started again while the flood goes on.
     let connected = |c: &Cluster| {
@@ -1055,7 +1054,9 @@ fn anonymous_requests_that_never_end_keep_no_slot_and_cost_no_running_job() {
     let longest = Duration::from_millis(longest.load(std::sync::atomic::Ordering::Relaxed));
     let holds = holds.load(std::sync::atomic::Ordering::Relaxed);
     let evicted = metric(&c, "allot_connections_evicted_total").unwrap_or(0);
-    eprintln!("{holds} anonymous holds; the longest lasted {longest:?} (deadline 6 s); {evicted} evicted");
+    eprintln!(
+        "{holds} anonymous holds; the longest lasted {longest:?} (deadline 6 s); {evicted} evicted"
+    );
     assert!(evicted >= 1, "the client and the agent took slots");
     assert!(
         longest < Duration::from_secs(8),

@@ -266,15 +266,7 @@ fn table_9() -> Vec<(&'static str, [Want; 9])> {
         (
             "Enrollment.Renew",
             [
-                No(Code::PermissionDenied, "is not a node"),
-                NOT_NODE,
-                NOT_NODE,
-                NOT_NODE,
-                NOT_NODE,
-                NOT_NODE,
-                Yes,
-                Yes,
-                REVOKED,
+                ANON, NOT_NODE, NOT_NODE, NOT_NODE, NOT_NODE, NOT_NODE, Yes, Yes, REVOKED,
             ],
         ),
         ("Admin.CreateToken", admin_only),
@@ -735,6 +727,36 @@ fn a_user_cannot_submit_as_another_or_as_root_and_the_audit_names_who() {
         }
         // Her own work runs as her; the cancel is recorded with its author.
         let id = c.submit(submit_p_a()).await.expect("own").into_inner().id;
+        // Bob may not depend on it: to him it does not exist, in the words a
+        // workload that never was gets (an afterok would tell him how hers ended).
+        let mut bob = pb::workloads_client::WorkloadsClient::new(w.conn(Caller::OtherUser).await);
+        let after = |on: &str| {
+            let mut r = submit_p_a();
+            if let Some(s) = r.spec.as_mut() {
+                s.project = "p-b".into();
+                s.dependencies = vec![pb::Dependency {
+                    kind: "afterok".into(),
+                    id: on.into(),
+                }];
+            }
+            r
+        };
+        for (on, named) in [(id.clone(), id.clone()), (format!("{id}_0"), id.clone()), ("999999".into(), "999999".into())] {
+            let e = bob.submit(after(&on)).await.expect_err("refused");
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            assert_eq!(
+                e.message(),
+                format!("dependencies[0].id: no workload {named} (or it ended longer ago than allotd keeps ended work); `allot queue --all` lists them"),
+                "{on}"
+            );
+        }
+        // Her own dependency on it is taken.
+        let mut mine = after(&id);
+        if let Some(s) = mine.spec.as_mut() {
+            s.project = "p-a".into();
+        }
+        let dep = c.submit(mine).await.expect("her own dependency").into_inner().id;
+        c.cancel(pb::CancelRequest { id: dep }).await.expect("cancel");
         c.cancel(pb::CancelRequest { id: id.clone() })
             .await
             .expect("cancel");
@@ -1087,4 +1109,54 @@ fn a_login_host_vouches_for_its_users_and_takes_no_work() {
         nix::sys::signal::Signal::SIGTERM,
     );
     let _ = login.wait();
+}
+
+#[test]
+fn by_default_a_node_vouches_only_for_users_whose_work_runs_on_it() {
+    // The packaged default: no [auth] section, so no vouching host. The work runs
+    // as this process's user (a host account), submitted with the admin's token.
+    let me: &'static str = Box::leak(allot_test_support::current_user().into_boxed_str());
+    let org = format!(
+        "[[group]]\nname = \"p-a\"\nweight = 1\nmembers = [{me:?}, \"bob\"]\n[roles]\nadmins = [{me:?}]\n"
+    );
+    let c = Cluster::start("rights-vouch-default", &org, 2, 1);
+    let rt = runtime();
+    let list_as = |node: usize, user: &'static str| {
+        rt.block_on(async {
+            let conn =
+                InterceptedService::new(c.channel(Some(node)).await, Token(None, Some(user)));
+            pb::workloads_client::WorkloadsClient::new(conn)
+                .list(pb::ListRequest::default())
+                .await
+                .map(drop)
+        })
+    };
+    let refused = |node: usize, user: &'static str| {
+        let e = list_as(node, user).expect_err("no vouch without work there");
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(
+            e.message()
+                .contains(&format!("has no work running there; {user} needs a token")),
+            "{e:?}"
+        );
+    };
+    // Nothing of hers runs anywhere: no node speaks for her.
+    refused(0, me);
+    refused(1, me);
+    let id = c.submit(&["--project", "p-a", "--gpus", "1"], "sleep 600");
+    let w = c.wait_state(&id, "running", LONG);
+    let on = w["nodes"][0].as_str().expect("a node").to_string();
+    let (here, there) = if on == Cluster::node_name(0) {
+        (0, 1)
+    } else {
+        (1, 0)
+    };
+    // The node her work runs on vouches for her, and for nobody else; the other not.
+    list_as(here, me).expect("her job's node speaks for her");
+    refused(here, "bob");
+    refused(there, me);
+    // Once it has ended, that node no longer speaks for her either.
+    assert!(c.allot(&["cancel", &id]).status.success());
+    c.wait_state(&id, "cancelled", LONG);
+    refused(here, me);
 }

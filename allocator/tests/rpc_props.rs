@@ -1863,7 +1863,7 @@ fn cases() -> u32 {
 }
 
 fn org() -> &'static str {
-    "[[group]]\nname = \"team-a\"\nweight = 1\nmembers = [\"alice\"]\nmanagers = [\"alice\"]\n[[group]]\nname = \"p-a\"\nparent = \"team-a\"\nweight = 1\n[[group]]\nname = \"p-b\"\nweight = 1\n"
+    "[[group]]\nname = \"team-a\"\nweight = 1\nmembers = [\"alice\"]\nmanagers = [\"alice\"]\n[[group]]\nname = \"p-a\"\nparent = \"team-a\"\nweight = 1\n[[group]]\nname = \"p-b\"\nweight = 1\n[auth]\nvouching_hosts = [\"node-0\"]\n"
 }
 
 /// allotd and the agents still run and answer a plain request.

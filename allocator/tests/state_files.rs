@@ -6,6 +6,7 @@
 mod support;
 
 use allot_test_support::{checkpoint_sqlite, run_until_exit};
+use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use support::Cluster;
 
@@ -193,6 +194,15 @@ fn a_restored_backup_never_gives_an_id_twice() {
     let backup = c.dir.join("backup.db");
     let (ok, out) = state(&c, &["state", "backup", &backup.display().to_string()]);
     assert!(ok, "{out}");
+    // It holds every token hash: its owner's alone from the first byte, and never
+    // written over a file that holds something.
+    let mode = std::fs::metadata(&backup)
+        .expect("backup")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "backup mode {mode:o}");
+    let (ok, out) = state(&c, &["state", "backup", &backup.display().to_string()]);
+    assert!(!ok && out.contains("exists"), "{out}");
     let second = c.submit(&["--project", "demo-a", "--gpus", "1"], "echo two");
     c.wait_state(&second, "completed", LONG);
     assert_eq!(second, "2");

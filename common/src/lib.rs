@@ -1,6 +1,7 @@
 //! What allot's daemons and CLI share, one helper per job.
 //!
-//! Map: [`array`] (`--array` specifications) · [`hostlist`] (`--nodelist` host lists) · [`config_error`] (a config error that names file, line and field, with the
+//! Map: [`admission`] (which connections hold a slot under per-peer, per-prefix and
+//! per-identity caps, and whose a newcomer takes) · [`array`] (`--array` specifications) · [`hostlist`] (`--nodelist` host lists) · [`config_error`] (a config error that names file, line and field, with the
 //! line from the TOML parser's own spans) · [`stats`] (percentiles) · [`systemd`]
 //! (`sd_notify(3)` and the watchdog period) · [`fields`] (caps on request fields, safe
 //! names) · [`net`] (loopback hosts) · `files` (atomic writes with a mode, feature `files`) · `rlimit` (the descriptor limit, feature `rlimit`) · `sqlite` (opening a state database,
@@ -10,6 +11,7 @@
 //! Nothing here decides policy; the fair-share core and the health policy stay in
 //! their own crates.
 
+pub mod admission;
 pub mod array;
 #[cfg(feature = "clidocs")]
 pub mod clidocs;

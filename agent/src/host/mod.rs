@@ -424,11 +424,14 @@ impl Host {
         }))
     }
 
-    /// Where the terminal of live lease `id` is attached to (`allot attach`): only
-    /// a lease this host holds and runs, found by its id.
-    pub fn tty_socket(&self, id: &str) -> Result<PathBuf, String> {
+    /// Where the terminal of live lease `id` is attached to (`allot attach`), and
+    /// the user it runs as: only a lease this host holds and runs, found by its id.
+    pub fn tty_socket(&self, id: &str) -> Result<(PathBuf, String), String> {
         match self.leases.get(id) {
-            Some(l) if l.live() => Ok(crate::tty::socket_path(&lease_dir(&self.settings, id))),
+            Some(l) if l.live() => Ok((
+                crate::tty::socket_path(&lease_dir(&self.settings, id)),
+                l.user.clone(),
+            )),
             Some(_) => Err(format!("lease {id} has ended on this host")),
             None => Err(format!("this host holds no lease {id}")),
         }

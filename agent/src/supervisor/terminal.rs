@@ -73,8 +73,10 @@ impl Terminal {
         self.slave.try_clone()
     }
 
-    /// Gives the far side to `uid`/`gid` as login does (mode 0620): the user's
-    /// own tools (`mesg`, tmux) expect their terminal to be theirs.
+    /// Gives the far side to `uid`/`gid`, mode 0600: the user's own tools (tmux)
+    /// expect their terminal to be theirs; login's 0620 is for the `tty` group's
+    /// `write(1)`, and here the group would be the user's, whose other members
+    /// must not type into the session.
     pub fn give_to(&self, uid: u32, gid: u32) {
         let _ = nix::unistd::fchown(
             self.slave.as_fd(),
@@ -83,7 +85,7 @@ impl Terminal {
         );
         let _ = nix::sys::stat::fchmod(
             self.slave.as_fd(),
-            nix::sys::stat::Mode::from_bits_truncate(0o620),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
         );
     }
 
@@ -212,5 +214,21 @@ impl Terminal {
             let _ = c.write_all(&frame);
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_far_side_is_its_owners_alone() {
+        let t = Terminal::open().expect("a pty");
+        let me = nix::unistd::getuid().as_raw();
+        let group = nix::unistd::getgid().as_raw();
+        t.give_to(me, group);
+        let st = nix::sys::stat::fstat(t.slave.as_fd()).expect("fstat");
+        assert_eq!(st.st_mode & 0o777, 0o600, "mode {:o}", st.st_mode);
+        assert_eq!((st.st_uid, st.st_gid), (me, group));
     }
 }

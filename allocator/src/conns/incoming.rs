@@ -483,7 +483,8 @@ mod tests {
         let (mut incoming, conns, addr) = listen(&s).await;
         let from = |a: &str| {
             let sock = tokio::net::TcpSocket::new_v4().expect("socket");
-            sock.bind(format!("{a}:0").parse().expect("addr")).expect("bind");
+            sock.bind(format!("{a}:0").parse().expect("addr"))
+                .expect("bind");
             sock.connect(addr)
         };
         let _a = from("127.0.0.1").await.expect("connect");
@@ -491,7 +492,10 @@ mod tests {
         let reading = tokio::spawn(async move {
             let mut buf = [0u8; 8];
             let t0 = Instant::now();
-            (first.read(&mut buf).await.expect_err("evicted"), t0.elapsed())
+            (
+                first.read(&mut buf).await.expect_err("evicted"),
+                t0.elapsed(),
+            )
         });
         tokio::task::yield_now().await;
         // An authenticated second and a pending third fill the server; a fourth,
@@ -499,7 +503,9 @@ mod tests {
         // the heaviest prefix: the first's.
         let _b = from("127.0.0.2").await.expect("connect");
         let second = next(&mut incoming).await;
-        conns.authenticate(&second.connect_info().activity, "ana").expect("share");
+        conns
+            .authenticate(&second.connect_info().activity, "ana")
+            .expect("share");
         let _c = from("127.0.0.3").await.expect("connect");
         let _third = next(&mut incoming).await;
         let _d = from("127.0.1.1").await.expect("connect");

@@ -2,7 +2,7 @@
 //! starve the rest, and so that nothing unauthenticated holds a slot for long.
 //! Accepted TCP connections are admitted per peer address, per address prefix (a
 //! /24 of IPv4, a /64 of IPv6, which one host may hold whole) and in all
-//! ([`admission`]): a connection is *pending* until a request on it shows a valid
+//! ([`allot_common::admission`]): a connection is *pending* until a request on it shows a valid
 //! token or node certificate, and a newcomer that finds a cap reached takes the
 //! slot of the heaviest holder's oldest pending connection, so an agent or a
 //! user's CLI gets in under a flood. A pending connection is closed
@@ -20,16 +20,15 @@
 //! and never a body held every slot, so that a restarted agent could not reconnect
 //! and its node was declared lost.
 
-mod admission;
 mod incoming;
 mod requests;
 
-pub use admission::Prefix;
+pub use allot_common::admission::Prefix;
 pub use incoming::Incoming;
 pub use requests::{peer_certs, Proof, Prover, TrackRequests};
 
 use crate::config::ServerSection;
-use admission::{Admitted, Caps, Over, Table};
+use allot_common::admission::{Admitted, Caps, Over, Table};
 use incoming::Activity;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -370,7 +369,11 @@ mod tests {
         assert!(a1.activity.evicted() && !a2.activity.evicted());
         assert_eq!((c.open(), c.pending(), c.evicted()), (3, 2, 1));
         drop(a1);
-        assert_eq!(c.open(), 3, "an evicted slot was given back when it was taken");
+        assert_eq!(
+            c.open(),
+            3,
+            "an evicted slot was given back when it was taken"
+        );
         drop((a2, b1, d));
         assert_eq!((c.open(), c.pending()), (0, 0));
     }

@@ -119,7 +119,9 @@ where
             Proof::Anonymous => None,
         };
         if let Some(status) = refusal {
-            let resp = status.into_http::<B>().map(|body| Counted { body, _open: None });
+            let resp = status
+                .into_http::<B>()
+                .map(|body| Counted { body, _open: None });
             return Box::pin(std::future::ready(Ok(resp)));
         }
         let open = activity.map(Open::new);

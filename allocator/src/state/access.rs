@@ -173,14 +173,22 @@ impl Access {
             || role_user(who).is_some_and(|u| self.roles.operators.iter().any(|a| a == u))
     }
 
-    /// Why a vouch is not taken: the host may not vouch, or the name is root's.
-    fn vouch_refused(&self, who: &Who) -> Option<Denied> {
+    /// Why a vouch is not taken: the host may not vouch for this user (not a
+    /// vouching host, and `runs_there` says the user has no work on it), or the
+    /// name is root's.
+    fn vouch_refused(&self, who: &Who, runs_there: impl FnOnce() -> bool) -> Option<Denied> {
         let Who::Vouched { user, node } = who else {
             return None;
         };
-        if !self.auth.may_vouch(node) {
+        let by_work = self.auth.vouch_for_running_work && runs_there();
+        if !by_work && !self.auth.may_vouch(node) {
+            let work = if self.auth.vouch_for_running_work {
+                format!(", and {user} has no work running there")
+            } else {
+                String::new()
+            };
             return Some(denied(format!(
-                "node {node} may not vouch for its users: it is not in [auth] vouching_hosts in allotd.toml; {user} needs a token (`allotd tokens create --user {user}`)"
+                "node {node} may not vouch for its users: it is not in [auth] vouching_hosts in allotd.toml{work}; {user} needs a token (`allotd tokens create --user {user}`)"
             )));
         }
         if user == "root" {
@@ -189,6 +197,29 @@ impl Access {
             )));
         }
         None
+    }
+}
+
+impl Allocator {
+    /// Why a vouch is not taken ([`Access::vouch_refused`], knowing where each
+    /// user's work runs).
+    fn vouch_refused(&self, who: &Who) -> Option<Denied> {
+        self.access.vouch_refused(who, || match who {
+            Who::Vouched { user, node } => self.runs_on(user, node),
+            _ => false,
+        })
+    }
+
+    /// Whether `user` has a live lease placed on `node`.
+    pub fn runs_on(&self, user: &str, node: &str) -> bool {
+        self.lease_hosts.iter().any(|(lease, hosts)| {
+            hosts.iter().any(|(n, _)| n == node)
+                && self
+                    .core
+                    .lease(allot_fairshare::LeaseId(*lease))
+                    .and_then(|l| self.core.workload(l.workload))
+                    .is_some_and(|w| w.spec.user == user)
+        })
     }
 }
 
@@ -282,7 +313,7 @@ impl Allocator {
         if *who == Who::Anonymous || matches!(who, Who::Node(_)) {
             return self.authorize(who, Ask::Read);
         }
-        if let Some(d) = self.access.vouch_refused(who) {
+        if let Some(d) = self.vouch_refused(who) {
             return Err(d);
         }
         if self.access.admin(who) {
@@ -392,7 +423,7 @@ impl Allocator {
                 message: "authentication required: give a token (ALLOT_TOKEN or ~/.config/allot/token; an admin makes one with `allotd tokens create --user NAME`), or run allot on a host whose agent vouches for you".into(),
             });
         }
-        if let Some(d) = self.access.vouch_refused(who) {
+        if let Some(d) = self.vouch_refused(who) {
             return Err(d);
         }
         let admin = self.access.admin(who);

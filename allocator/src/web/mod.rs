@@ -25,10 +25,29 @@ use sessions::{Session, Sessions};
 use std::sync::Arc;
 use tonic::Request;
 
-/// The session cookie's name.
-const COOKIE: &str = "allot_session";
-/// The login form's own CSRF cookie (before there is a session).
-const LOGIN_COOKIE: &str = "allot_login";
+/// The cookies' names: the session's, and the login form's own CSRF cookie
+/// (before there is a session).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Names {
+    session: &'static str,
+    login: &'static str,
+}
+
+/// Over TLS, `__Host-` names: a browser takes such a cookie only Secure, for
+/// Path=/, with no Domain, so a page of another port or a sibling host (plain
+/// HTTP) cannot set one, nor toss its own session in.
+const TLS_NAMES: Names = Names {
+    session: "__Host-allot_session",
+    login: "__Host-allot_login",
+};
+/// On a loopback listener (plain HTTP, one host): plain names, since a browser
+/// keeps nothing of one loopback port apart from another's.
+const PLAIN_NAMES: Names = Names {
+    session: "allot_session",
+    login: "allot_login",
+};
+/// Failed logins one address may make in a minute.
+pub const LOGIN_TRIES: u32 = 10;
 /// Most of a run's output a page shows: its end.
 const LOG_TAIL: usize = 64 * 1024;
 /// Most form body a POST may send.
@@ -39,8 +58,10 @@ const FORM_LIMIT: usize = 8 * 1024;
 struct App {
     server: Arc<Server>,
     sessions: Arc<Sessions>,
-    /// Cookies are `Secure` (the listener is TLS).
+    /// Cookies are `Secure` and `__Host-` (the listener is TLS).
     secure: bool,
+    names: Names,
+    logins: Arc<sessions::LoginTries>,
 }
 
 /// The pages' routes, to be merged with `/metrics`' router.
@@ -49,6 +70,8 @@ pub fn router(server: Arc<Server>, secure: bool) -> axum::Router {
         sessions: Arc::new(Sessions::new(server.cfg.server.web_session)),
         server,
         secure,
+        names: if secure { TLS_NAMES } else { PLAIN_NAMES },
+        logins: Arc::new(sessions::LoginTries::new(LOGIN_TRIES, 60)),
     };
     axum::Router::new()
         .route("/", get(tree_page))
@@ -65,7 +88,63 @@ pub fn router(server: Arc<Server>, secure: bool) -> axum::Router {
         .route("/static/allot.css", get(css))
         .route("/static/allot.js", get(js))
         .layer(axum::extract::DefaultBodyLimit::max(FORM_LIMIT))
+        .layer(axum::middleware::from_fn(same_origin_posts))
+        .layer(axum::middleware::map_response(never_sniffed))
         .with_state(app)
+}
+
+/// Every answer, pages or not (a run's log, an error): never sniffed into HTML,
+/// and anything without a policy of its own runs nothing.
+async fn never_sniffed(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.entry(header::X_CONTENT_TYPE_OPTIONS)
+        .or_insert(HeaderValue::from_static("nosniff"));
+    h.entry(header::CONTENT_SECURITY_POLICY)
+        .or_insert(HeaderValue::from_static(
+            "default-src 'none'; frame-ancestors 'none'; sandbox",
+        ));
+    r
+}
+
+/// A POST another origin's page made (a login CSRF, a tossed form): refused
+/// before any handler, by what the browser says of it, which a page cannot
+/// forge. A client that is not a browser sends neither header.
+async fn same_origin_posts(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if req.method() == axum::http::Method::POST {
+        if let Some(why) = cross_origin(req.headers()) {
+            tracing::info!(why, "web: a cross-origin POST refused");
+            return html(
+                StatusCode::FORBIDDEN,
+                html::page("Refused", None, 0, &format!("<p id=\"error\">{why}</p>")),
+            );
+        }
+    }
+    next.run(req).await
+}
+
+/// Why a POST's headers show another origin's page sent it, if they do.
+fn cross_origin(h: &HeaderMap) -> Option<&'static str> {
+    let fetched_from = h.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+    if fetched_from.is_some_and(|s| s != "same-origin" && s != "none") {
+        return Some(
+            "this form was sent by another site's page (Sec-Fetch-Site); use allotd's own pages",
+        );
+    }
+    let origin = h.get(header::ORIGIN)?;
+    let host = h
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let authority = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.split_once("://"))
+        .map(|(_, a)| a);
+    if authority.is_some_and(|a| !host.is_empty() && a.eq_ignore_ascii_case(host)) {
+        None
+    } else {
+        Some("this form was sent by another origin's page (Origin); use allotd's own pages")
+    }
 }
 
 /// What every page is sent with: HTML, only allotd's own script and sheet, never
@@ -113,11 +192,11 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-/// `Set-Cookie` for `name=value` (HttpOnly, SameSite=Strict, Secure over TLS);
-/// `max_age` 0 removes it.
-fn set_cookie(r: &mut Response, name: &str, value: &str, path: &str, max_age: u64, secure: bool) {
+/// `Set-Cookie` for `name=value` (Path=/, no Domain, HttpOnly, SameSite=Strict,
+/// Secure over TLS: what a `__Host-` name asks); `max_age` 0 removes it.
+fn set_cookie(r: &mut Response, name: &str, value: &str, max_age: u64, secure: bool) {
     let c = format!(
-        "{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Strict{}",
+        "{name}={value}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict{}",
         if secure { "; Secure" } else { "" }
     );
     if let Ok(v) = HeaderValue::from_str(&c) {
@@ -127,7 +206,7 @@ fn set_cookie(r: &mut Response, name: &str, value: &str, path: &str, max_age: u6
 
 /// The logged-in session of this request, if its token still holds.
 fn session(app: &App, headers: &HeaderMap) -> Option<Session> {
-    let id = cookie(headers, COOKIE)?;
+    let id = cookie(headers, app.names.session)?;
     let at = now();
     let s = app.sessions.get(id, at)?;
     if app.server.core().alloc.creds.token_live(&s.token_id, at) {
@@ -515,7 +594,7 @@ fn login_form(app: &App, status: StatusCode, error: Option<&str>) -> Response {
         status,
         html::page("Log in", None, 0, &pages::login(&secret, error)),
     );
-    set_cookie(&mut r, LOGIN_COOKIE, &secret, "/login", 900, app.secure);
+    set_cookie(&mut r, app.names.login, &secret, 900, app.secure);
     r
 }
 
@@ -528,8 +607,28 @@ struct LoginForm {
     csrf: String,
 }
 
-async fn login(State(app): State<App>, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
-    let shown = cookie(&headers, LOGIN_COOKIE).unwrap_or("");
+async fn login(
+    State(app): State<App>,
+    peer: Option<axum::Extension<allot_common::http::Peer>>,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    let at = now();
+    let from = peer.map(|p| p.0 .0.ip());
+    if let Some(wait) = from.and_then(|ip| app.logins.wait(ip, at)) {
+        let mut r = login_form(
+            &app,
+            StatusCode::TOO_MANY_REQUESTS,
+            Some(&format!(
+                "{LOGIN_TRIES} failed logins from this address within a minute; try again in {wait} s"
+            )),
+        );
+        if let Ok(v) = HeaderValue::from_str(&wait.to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return r;
+    }
+    let shown = cookie(&headers, app.names.login).unwrap_or("");
     if shown.is_empty()
         || !allot_auth::same_hash(
             &allot_auth::hash_secret(shown),
@@ -542,7 +641,6 @@ async fn login(State(app): State<App>, headers: HeaderMap, Form(f): Form<LoginFo
             Some("this login form expired or did not come from allotd; log in again"),
         );
     }
-    let at = now();
     let found = app
         .server
         .core()
@@ -553,10 +651,18 @@ async fn login(State(app): State<App>, headers: HeaderMap, Form(f): Form<LoginFo
     let (user, token_id, expires) = match found {
         Ok(t) => t,
         Err(why) => {
-            tracing::info!(why = %why, "web login refused");
+            tracing::info!(why = %why, peer = ?from, "web login refused");
+            if let Some(ip) = from {
+                app.logins.failed(ip, at);
+            }
             return login_form(&app, StatusCode::UNAUTHORIZED, Some(&why.0));
         }
     };
+    // Whatever session the browser brought (one another page may have tossed in)
+    // ends here: a login always starts a fresh one.
+    if let Some(old) = cookie(&headers, app.names.session) {
+        app.sessions.close(old);
+    }
     let (id, _) = match app.sessions.open(&user, &token_id, expires, at) {
         Ok(s) => s,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
@@ -565,15 +671,14 @@ async fn login(State(app): State<App>, headers: HeaderMap, Form(f): Form<LoginFo
     let mut r = see_other("/");
     set_cookie(
         &mut r,
-        COOKIE,
+        app.names.session,
         &id,
-        "/",
         expires
             .saturating_sub(at)
             .min(app.server.cfg.server.web_session),
         app.secure,
     );
-    set_cookie(&mut r, LOGIN_COOKIE, "", "/login", 0, app.secure);
+    set_cookie(&mut r, app.names.login, "", 0, app.secure);
     r
 }
 
@@ -582,11 +687,11 @@ async fn logout(State(app): State<App>, headers: HeaderMap, Form(f): Form<Action
     if !csrf_ok(&s, &f.csrf) {
         return csrf_refused(&s);
     }
-    if let Some(id) = cookie(&headers, COOKIE) {
+    if let Some(id) = cookie(&headers, app.names.session) {
         app.sessions.close(id);
     }
     let mut r = see_other("/login");
-    set_cookie(&mut r, COOKIE, "", "/", 0, app.secure);
+    set_cookie(&mut r, app.names.session, "", 0, app.secure);
     r
 }
 
@@ -611,4 +716,50 @@ async fn css() -> Response {
 
 async fn js() -> Response {
     asset(include_str!("allot.js"), "text/javascript; charset=utf-8")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn over_tls_the_cookies_are_host_only_and_secure() {
+        let mut r = StatusCode::OK.into_response();
+        set_cookie(&mut r, TLS_NAMES.session, "allot-web_x", 60, true);
+        let c = r.headers()[header::SET_COOKIE].to_str().expect("ascii");
+        assert_eq!(
+            c,
+            "__Host-allot_session=allot-web_x; Path=/; Max-Age=60; HttpOnly; SameSite=Strict; Secure"
+        );
+        assert!(TLS_NAMES.login.starts_with("__Host-"));
+    }
+
+    #[test]
+    fn a_post_is_cross_origin_by_what_the_browser_says() {
+        let h = |pairs: &[(&'static str, &'static str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, HeaderValue::from_static(v));
+            }
+            m
+        };
+        let host = ("host", "127.0.0.1:9470");
+        assert_eq!(cross_origin(&h(&[host])), None, "not a browser");
+        assert_eq!(
+            cross_origin(&h(&[
+                host,
+                ("origin", "http://127.0.0.1:9470"),
+                ("sec-fetch-site", "same-origin")
+            ])),
+            None
+        );
+        for bad in [
+            h(&[host, ("origin", "http://127.0.0.1:8888")]),
+            h(&[host, ("origin", "null")]),
+            h(&[host, ("sec-fetch-site", "same-site")]),
+            h(&[("origin", "http://127.0.0.1:9470")]),
+        ] {
+            assert!(cross_origin(&bad).is_some(), "{bad:?}");
+        }
+    }
 }

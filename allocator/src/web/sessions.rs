@@ -26,6 +26,9 @@ pub struct Session {
     pub opened: Time,
     /// When it ends.
     pub expires: Time,
+    /// Its place in the order of logins: of two opened in one second, the
+    /// older goes first.
+    pub seq: u64,
 }
 
 /// The sessions allotd holds.
@@ -33,6 +36,7 @@ pub struct Session {
 pub struct Sessions {
     by_hash: Mutex<HashMap<String, Session>>,
     ttl: u64,
+    next: std::sync::atomic::AtomicU64,
 }
 
 impl Sessions {
@@ -41,6 +45,7 @@ impl Sessions {
         Sessions {
             by_hash: Mutex::new(HashMap::new()),
             ttl,
+            next: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -62,13 +67,14 @@ impl Sessions {
             csrf,
             opened: now,
             expires: (now + self.ttl).min(token_expires),
+            seq: self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         let mut map = self.by_hash.lock().unwrap_or_else(|e| e.into_inner());
         map.retain(|_, s| s.expires > now);
-        let mut mine: Vec<(Time, String)> = map
+        let mut mine: Vec<(u64, String)> = map
             .iter()
             .filter(|(_, s)| s.user == user)
-            .map(|(h, s)| (s.opened, h.clone()))
+            .map(|(h, s)| (s.seq, h.clone()))
             .collect();
         mine.sort();
         for (_, h) in mine.iter().take((mine.len() + 1).saturating_sub(PER_USER)) {
@@ -77,7 +83,7 @@ impl Sessions {
         if map.len() >= MAX_SESSIONS {
             if let Some(h) = map
                 .iter()
-                .min_by_key(|(_, s)| s.opened)
+                .min_by_key(|(_, s)| s.seq)
                 .map(|(h, _)| h.clone())
             {
                 map.remove(&h);
@@ -108,9 +114,73 @@ impl Sessions {
     }
 }
 
+/// Failed logins by address, in fixed windows: past `most` in one, an address
+/// waits for the window's end. Bounded: at most [`MAX_SESSIONS`] addresses are
+/// kept, the stalest forgotten first.
+#[derive(Debug)]
+pub struct LoginTries {
+    most: u32,
+    window: u64,
+    by_ip: Mutex<HashMap<std::net::IpAddr, (Time, u32)>>,
+}
+
+impl LoginTries {
+    /// At most `most` failures per `window` seconds from one address.
+    pub fn new(most: u32, window: u64) -> LoginTries {
+        LoginTries {
+            most,
+            window,
+            by_ip: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Seconds `ip` must wait before it may try again, if it must.
+    pub fn wait(&self, ip: std::net::IpAddr, now: Time) -> Option<u64> {
+        let map = self.by_ip.lock().unwrap_or_else(|e| e.into_inner());
+        let (since, n) = map.get(&ip.to_canonical())?;
+        let ends = since + self.window;
+        (*n >= self.most && now < ends).then(|| ends - now)
+    }
+
+    /// `ip` failed a login.
+    pub fn failed(&self, ip: std::net::IpAddr, now: Time) {
+        let mut map = self.by_ip.lock().unwrap_or_else(|e| e.into_inner());
+        let window = self.window;
+        if map.len() >= MAX_SESSIONS {
+            map.retain(|_, (since, _)| since.saturating_add(window) > now);
+        }
+        if map.len() >= MAX_SESSIONS {
+            if let Some(stalest) = map.iter().min_by_key(|(_, v)| v.0).map(|(k, _)| *k) {
+                map.remove(&stalest);
+            }
+        }
+        let e = map.entry(ip.to_canonical()).or_insert((now, 0));
+        if e.0 + window <= now {
+            *e = (now, 0);
+        }
+        e.1 += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_past_its_failed_logins_waits_for_the_window_and_others_do_not() {
+        let t = LoginTries::new(3, 60);
+        let a: std::net::IpAddr = "10.0.0.7".parse().expect("ip");
+        let b: std::net::IpAddr = "10.0.0.8".parse().expect("ip");
+        for i in 0..3 {
+            assert_eq!(t.wait(a, 1000 + i), None, "try {i}");
+            t.failed(a, 1000 + i);
+        }
+        assert_eq!(t.wait(a, 1010), Some(50));
+        assert_eq!(t.wait(b, 1010), None, "another address is not held back");
+        assert_eq!(t.wait(a, 1060), None, "the window is over");
+        t.failed(a, 1060);
+        assert_eq!(t.wait(a, 1061), None, "a new window counts anew");
+    }
 
     #[test]
     fn a_session_is_found_by_its_id_until_it_expires_and_not_after_logout() {
@@ -138,12 +208,15 @@ mod tests {
     #[test]
     fn one_user_holds_at_most_per_user_and_loses_the_oldest() {
         let s = Sessions::new(3600);
-        let ids: Vec<String> = (0..PER_USER as u64 + 3)
-            .map(|i| s.open("ana", "t1", u64::MAX, 1000 + i).expect("random").0)
+        // All in one second: age is the order of logins, not the ids' hashes.
+        let ids: Vec<String> = (0..PER_USER + 3)
+            .map(|_| s.open("ana", "t1", u64::MAX, 1000).expect("random").0)
             .collect();
         let other = s.open("bo", "t2", u64::MAX, 1000).expect("random").0;
         assert_eq!(s.len(), PER_USER + 1);
-        assert!(s.get(&ids[0], 1100).is_none(), "the oldest went");
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(s.get(id, 1100).is_some(), i >= 3, "login {i}");
+        }
         assert!(s.get(&ids[ids.len() - 1], 1100).is_some());
         assert!(s.get(&other, 1100).is_some(), "another user's stays");
     }

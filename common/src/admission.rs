@@ -343,9 +343,11 @@ impl<H> Table<H> {
                 && v.peers.values().map(VecDeque::len).sum::<usize>() == v.count
                 && self.heaviest.contains(&(v.count, *p))
         });
-        let peers_ok = self.by_peer.iter().all(|(p, n)| {
-            *n == self.entries.values().filter(|e| e.peer == *p).count()
-        }) && self.by_peer.values().sum::<usize>() == self.entries.len();
+        let peers_ok = self
+            .by_peer
+            .iter()
+            .all(|(p, n)| *n == self.entries.values().filter(|e| e.peer == *p).count())
+            && self.by_peer.values().sum::<usize>() == self.entries.len();
         by_prefix_ok
             && peers_ok
             && self.heaviest.len() == self.pending.len()
@@ -426,7 +428,11 @@ mod tests {
         assert_eq!(evicted, Some(0));
         // 10.0.1.0/24 (2 pending) may take from 10.0.0.0/24 (3) ...
         let (_, evicted) = id(t.admit(v4(1, 2), 7));
-        assert_eq!(evicted, Some(1), "the oldest of .2, now the heaviest peer of 10.0.0.0/24");
+        assert_eq!(
+            evicted,
+            Some(1),
+            "the oldest of .2, now the heaviest peer of 10.0.0.0/24"
+        );
         // ... and now the two hold 2 and 3: 10.0.1.0/24 is the heaviest, and
         // its own newcomer is refused rather than take from a lighter prefix.
         assert_eq!(t.admit(v4(1, 3), 8), Admitted::Refused(Over::All));
