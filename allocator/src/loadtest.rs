@@ -493,7 +493,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 async fn scrape(addr: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+    // Host is the address: allotd refuses names that are not its own.
+    s.write_all(format!("GET /metrics HTTP/1.1\r\nhost: {addr}\r\n\r\n").as_bytes())
         .await
         .ok()?;
     let mut out = String::new();

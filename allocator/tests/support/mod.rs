@@ -568,7 +568,8 @@ impl Cluster {
     pub fn metrics_text(&self) -> String {
         use std::io::Read;
         let mut s = std::net::TcpStream::connect(&self.metrics).expect("metrics port");
-        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+        // Host is the address: allotd refuses names that are not its own.
+        s.write_all(format!("GET /metrics HTTP/1.1\r\nhost: {}\r\n\r\n", self.metrics).as_bytes())
             .expect("request");
         let mut out = String::new();
         let _ = s.read_to_string(&mut out);
