@@ -625,6 +625,19 @@ mod tests {
         String::from_utf8_lossy(&out).into_owned()
     }
 
+    /// A login form `form` posted to `addr` with extra `headers` (each ending in
+    /// CRLF); the answer.
+    async fn post_login(addr: std::net::SocketAddr, headers: &str, form: &str) -> String {
+        raw(
+            addr,
+            &format!(
+                "POST /login HTTP/1.1\r\nhost: {addr}\r\n{headers}content-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\n\r\n{form}",
+                form.len()
+            ),
+        )
+        .await
+    }
+
     #[tokio::test]
     async fn another_hosts_name_cross_origin_posts_and_sniffing_are_refused() {
         let (server, dir) = open_server();
@@ -654,28 +667,15 @@ mod tests {
             "sec-fetch-site: same-site\r\n".into(),
             format!("origin: http://{addr}\r\nsec-fetch-site: cross-site\r\n"),
         ] {
-            let r = raw(
-                addr,
-                &format!(
-                    "POST /login HTTP/1.1\r\nhost: {addr}\r\n{header}content-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\n\r\n{form}",
-                    form.len()
-                ),
-            )
-            .await;
+            let r = post_login(addr, &header, form).await;
             assert!(
                 r.starts_with("HTTP/1.1 403") && r.contains("another"),
                 "{header}: {r}"
             );
         }
         // Its own page's POST reaches the login (refused there: no login cookie).
-        let r = raw(
-            addr,
-            &format!(
-                "POST /login HTTP/1.1\r\nhost: {addr}\r\norigin: http://{addr}\r\nsec-fetch-site: same-origin\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\n\r\n{form}",
-                form.len()
-            ),
-        )
-        .await;
+        let same = format!("origin: http://{addr}\r\nsec-fetch-site: same-origin\r\n");
+        let r = post_login(addr, &same, form).await;
         assert!(
             r.starts_with("HTTP/1.1 403") && r.contains("this login form expired"),
             "{r}"
@@ -699,14 +699,7 @@ mod tests {
         let mut codes = Vec::new();
         for _ in 0..=crate::web::LOGIN_TRIES {
             let form = format!("token=allot_not-a-token&csrf={secret}");
-            let r = raw(
-                addr,
-                &format!(
-                    "POST /login HTTP/1.1\r\nhost: {addr}\r\ncookie: allot_login={secret}\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\n\r\n{form}",
-                    form.len()
-                ),
-            )
-            .await;
+            let r = post_login(addr, &format!("cookie: allot_login={secret}\r\n"), &form).await;
             codes.push(r.get(9..12).unwrap_or("").to_string());
             if codes.len() == 1 + crate::web::LOGIN_TRIES as usize {
                 assert!(r.contains("failed logins from this address"), "{r}");
