@@ -124,11 +124,14 @@ async fn same_origin_posts(req: axum::extract::Request, next: axum::middleware::
 
 /// Why a POST's headers show another origin's page sent it, if they do.
 fn cross_origin(h: &HeaderMap) -> Option<&'static str> {
-    let fetched_from = h.get("sec-fetch-site").and_then(|v| v.to_str().ok());
-    if fetched_from.is_some_and(|s| s != "same-origin" && s != "none") {
-        return Some(
-            "this form was sent by another site's page (Sec-Fetch-Site); use allotd's own pages",
-        );
+    // A browser that says where the request came from is taken at its word: the
+    // pages' `Referrer-Policy: no-referrer` makes it send `Origin: null` even on
+    // their own POSTs (the Fetch standard), so Origin is read only without it.
+    if let Some(site) = h.get("sec-fetch-site") {
+        return match site.to_str() {
+            Ok("same-origin" | "none") => None,
+            _ => Some("this form was sent by another site's page (Sec-Fetch-Site); use allotd's own pages"),
+        };
     }
     let origin = h.get(header::ORIGIN)?;
     let host = h
@@ -749,6 +752,15 @@ mod tests {
             cross_origin(&h(&[
                 host,
                 ("origin", "http://127.0.0.1:9470"),
+                ("sec-fetch-site", "same-origin")
+            ])),
+            None
+        );
+        // The pages' no-referrer policy: a browser's own POST says Origin null.
+        assert_eq!(
+            cross_origin(&h(&[
+                host,
+                ("origin", "null"),
                 ("sec-fetch-site", "same-origin")
             ])),
             None
