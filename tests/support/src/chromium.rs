@@ -96,10 +96,13 @@ impl Browser {
             .and_then(|r| r.split('/').next())
             .expect("a ws:// URL");
         let stream = TcpStream::connect(hostport).expect("connect to DevTools");
-        stream
+        // The handshake gets the whole wait: a busy CI machine answers it in more
+        // than the short poll interval, and a timed-out read mid-handshake is fatal.
+        stream.set_read_timeout(Some(WAIT)).expect("timeout");
+        let (ws, _) = tungstenite::client(url.as_str(), stream).expect("DevTools handshake");
+        ws.get_ref()
             .set_read_timeout(Some(Duration::from_millis(200)))
             .expect("timeout");
-        let (ws, _) = tungstenite::client(url.as_str(), stream).expect("DevTools handshake");
         let mut b = Browser {
             child,
             ws,
