@@ -476,6 +476,22 @@ fn workload_spec(
             spec.class
         )));
     }
+    if let Some(limit) = spec
+        .time_limit
+        .filter(|l| !s.warn_signal.is_empty() && s.warn_before_s >= *l)
+    {
+        return Err(Status::invalid_argument(format!(
+            "warn_before_s: {} s before a time limit of {limit} s ({}) is at or before the start: the warning would come as the work starts; warn less long before the limit (--signal {}@{}s), or give a longer --time-limit",
+            s.warn_before_s,
+            if s.time_limit_s.is_some() {
+                "asked for"
+            } else {
+                "the class's default"
+            },
+            s.warn_signal,
+            limit / 2,
+        )));
+    }
     match spec.check() {
         Ok(()) => Ok(spec),
         Err(SpecError::ProtectedPastLimit {

@@ -103,8 +103,8 @@ pub struct LoopStats {
 /// One agent's outbound stream.
 pub type Session = mpsc::UnboundedSender<Result<pb::AllocatorMessage, tonic::Status>>;
 
-/// How often parts of ended leases still held are told again to stop.
-const RESEND_LEAVING: Duration = Duration::from_secs(30);
+/// How often every host is sent again what allotd wants stopped there.
+const RESYNC: Duration = Duration::from_secs(30);
 
 /// Agents that understand withdrawn revocations and health drains from allotd.
 pub const PROTOCOL_DRAINS: u32 = 2;
@@ -455,36 +455,16 @@ impl Server {
         }
     }
 
-    /// Parts of ended leases still held are told again to stop, on the hosts connected:
-    /// a revocation sent while a host's session was being set up is lost, and the part
-    /// would stay held (and its workload wait) until the job ended by itself. Idempotent
-    /// on the agent; at most once a `RESEND_LEAVING`.
-    fn resend_leaving(&self, last: &mut std::time::Instant) {
-        if last.elapsed() < RESEND_LEAVING {
+    /// The connected hosts are sent again what allotd wants stopped
+    /// (`Allocator::wanted_stops`): a revocation sent into a session that was
+    /// breaking reached nobody, and the job would run on holding its GPUs. Idempotent
+    /// on the agent; at most once a `RESYNC`.
+    fn resync(&self, last: &mut std::time::Instant) {
+        if last.elapsed() < RESYNC {
             return;
         }
         *last = std::time::Instant::now();
-        let sends: Vec<Out> = {
-            let c = self.core();
-            let a = &c.alloc;
-            a.core
-                .leaving()
-                .iter()
-                .flat_map(|(lease, l)| {
-                    l.parts.iter().filter_map(move |p| {
-                        let name = a.names().get(p.node.idx())?;
-                        Some(Out::Send {
-                            node: name.clone(),
-                            cmd: Command::Revoke {
-                                lease: lease.0,
-                                not_before: 0,
-                                why: "its lease has ended; stop what is left of it".into(),
-                            },
-                        })
-                    })
-                })
-                .collect()
-        };
+        let sends = self.core().alloc.wanted_stops(None);
         self.dispatch(&sends);
     }
 
@@ -549,7 +529,7 @@ impl Server {
         ));
         let min_gap = Duration::from_secs(self.cfg.server.min_pass_interval);
         let mut last_pass = std::time::Instant::now();
-        let mut last_leaving = std::time::Instant::now();
+        let mut last_resync = std::time::Instant::now();
         loop {
             let wake = *self.next_wakeup.lock().unwrap_or_else(|e| e.into_inner());
             // The core's wake-ups wait out min_pass_interval too (a pass cut short
@@ -571,7 +551,7 @@ impl Server {
             self.mark_lost();
             self.recheck_held();
             self.warn_idle_sessions();
-            self.resend_leaving(&mut last_leaving);
+            self.resync(&mut last_resync);
             self.pass();
             if watchdog.is_some() {
                 allot_common::systemd::notify("WATCHDOG=1");

@@ -179,6 +179,14 @@ fn submit_says_the_contract_and_classes_have_defaults() {
         err.contains("warn_signal: a warning before the time limit needs a time limit, and class batch has none"),
         "{err}"
     );
+    // A warning at or before the start (an offset as long as the limit) is refused:
+    // it would fire as the work starts.
+    let (code, _, err) = submit(&["--class", "debug", "--signal", "USR2@1h"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("warn_before_s: 3600 s before a time limit of 3600 s (the class's default) is at or before the start"),
+        "{err}"
+    );
     // A protection past the class's limit is refused, naming where each came from.
     let (code, _, err) = submit(&["--class", "debug", "--min-runtime", "2h"]);
     assert_eq!(code, Some(1), "{err}");

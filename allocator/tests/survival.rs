@@ -283,3 +283,114 @@ fn a_lost_node_that_comes_back_never_runs_its_work_twice() {
         (c.node_view(i)["free_gpus"] == 1).then_some(())
     });
 }
+
+const TWO_PROJECTS: &str =
+    "[[group]]\nname = \"demo-a\"\nweight = 1\n[[group]]\nname = \"demo-b\"\nweight = 1\n";
+
+/// Workload `id`'s latest lease once its host runs it: (lease, pid).
+fn running_on_host(c: &Cluster, id: &str) -> (String, i32) {
+    let w = c.wait_state(id, "running", LONG);
+    let lease = w["lease_ids"]
+        .as_array()
+        .and_then(|l| l.last())
+        .and_then(|l| l.as_str())
+        .expect("a lease")
+        .to_string();
+    let pid = wait_for("the host to run it", LONG, || {
+        let l = agent_lease(c, 0, &lease);
+        let pid = l["pid"].as_i64().unwrap_or(0);
+        (l["state"] == "running" && pid > 0).then_some(pid as i32)
+    });
+    (lease, pid)
+}
+
+fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+#[test]
+fn what_allotd_asks_while_an_agent_is_away_is_done_when_it_returns() {
+    // Each way allotd takes work back, asked while the host's agent is down: the
+    // process must be gone within its ladder once the agent is back, not run on
+    // holding its GPUs until someone asks again.
+    let mut c = Cluster::start("away", TWO_PROJECTS, 1, 2);
+    let ladder = Duration::from_secs(20); // 3 s checkpoint grace + 2 s term, with room
+    let check = |c: &mut Cluster, what: &str, id: &str, ask: &dyn Fn(&Cluster)| {
+        let (lease, pid) = running_on_host(c, id);
+        c.kill9_agent(0);
+        ask(c);
+        assert!(alive(pid), "{what}: nobody has told the host yet");
+        c.start_agent(0, 2);
+        wait_for(&format!("{what}: {lease}'s process gone"), ladder, || {
+            (!alive(pid)).then_some(())
+        });
+        let l = wait_for(&format!("{what}: {lease} ended"), ladder, || {
+            let l = agent_lease(c, 0, &lease);
+            (l["state"] == "ended").then_some(l)
+        });
+        assert_eq!(l["end_reason"], "revoked", "{what}: {l}");
+    };
+    // A cancel.
+    let a = c.submit(&["--project", "demo-a", "--gpus", "1"], "sleep 600");
+    check(&mut c, "cancel", &a, &|c| {
+        let out = c.allot(&["cancel", &a]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    c.wait_state(&a, "cancelled", LONG);
+    // A requeue: the work runs again, after the first run has gone.
+    let b = c.submit(
+        &["--project", "demo-a", "--gpus", "1", "--resumable"],
+        "sleep 600",
+    );
+    check(&mut c, "requeue", &b, &|c| {
+        let out = c.allot(&["requeue", &b]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    running_on_host(&c, &b);
+    let out = c.allot(&["cancel", &b]);
+    assert!(out.status.success());
+    c.wait_state(&b, "cancelled", LONG);
+    // A preemption: free occupancy gives way to funded work submitted meanwhile.
+    let free = c.submit(
+        &["--project", "demo-b", "--gpus", "2", "--resumable"],
+        "sleep 600",
+    );
+    let funded = std::cell::RefCell::new(String::new());
+    check(&mut c, "preemption", &free, &|c| {
+        *funded.borrow_mut() = c.submit(
+            &["--project", "demo-a", "--gpus", "2", "--min-runtime", "1h"],
+            "sleep 600",
+        );
+        c.wait_passes(2);
+    });
+    let funded = funded.into_inner();
+    running_on_host(&c, &funded);
+    assert_eq!(c.status(&free)["preemptions"], 1);
+    for id in [&funded, &free] {
+        let out = c.allot(&["cancel", id]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    c.wait_state(&funded, "cancelled", LONG);
+    // A drain-now by the cluster's operator.
+    let d = c.submit(&["--project", "demo-a", "--gpus", "1"], "sleep 600");
+    check(&mut c, "drain", &d, &|c| {
+        let out = c.allot(&["nodes", "drain", "node-0", "--reason", "fan", "--now"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}

@@ -36,7 +36,9 @@ impl Host {
             return Some(l.clone());
         }
         let nb = contract::not_before(l, now_ms, now, floor_ms);
-        if l.state == LeaseState::Revoking && l.not_before_ms == Some(nb) {
+        // allotd sends what it wants on every connect and resync: a revocation in
+        // force that acts as soon or sooner stays as it is, so a repeat is a no-op.
+        if l.state == LeaseState::Revoking && l.not_before_ms.is_some_and(|old| old <= nb) {
             return Some(l.clone());
         }
         // A lease revoked for another reason (a preemption, a cancel) stays revoked

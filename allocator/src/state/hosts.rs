@@ -1,9 +1,10 @@
 //! The rules about hosts: registration and reconciliation, drains by author kind,
 //! health reports through the circuit breaker.
 
+use super::audit::revoke_text;
 use super::audit::state_name;
 use super::input::{drain_kind, GpuCondition, GpuSeen, HostDrain, Input, Verdict};
-use super::out::{lease_wire, Applied, Command, Level};
+use super::out::{lease_wire, Applied, Command, Level, Out};
 use super::{effective, Allocator, DrainRec, NodeRec};
 use allot_common::drain::DrainAuthor;
 use allot_fairshare::{CoreError, LeaseId, NodeSpec, NodeState, Time, WorkloadId, WorkloadState};
@@ -308,6 +309,13 @@ impl Allocator {
                 self.part_gone(at, lease, name, a);
             }
         }
+        // What allotd wants stopped here, whatever was sent before: a revocation
+        // sent while the host was away reached nobody.
+        for out in self.wanted_stops(Some(name)) {
+            if let Out::Send { node, cmd } = out {
+                a.send(&node, cmd);
+            }
+        }
         for lease in running.difference(&ours) {
             let known = self
                 .work
@@ -358,6 +366,48 @@ impl Allocator {
             }
         }
         Ok(())
+    }
+
+    /// What allotd wants stopped, as commands to the hosts (all, or `node`'s): each
+    /// live lease's revocation in force (its `not_before` and reason, as the core
+    /// keeps them), and each part of an ended lease still held on its host, now.
+    /// This is state, not a message: it is sent on every registration and every
+    /// periodic resync, and an agent takes a repeat as a no-op.
+    pub fn wanted_stops(&self, node: Option<&str>) -> Vec<Out> {
+        let mut out = Vec::new();
+        let ours = |n: &str| node.is_none_or(|want| want == n);
+        for l in self.core.leases() {
+            let Some(r) = &l.revoke else { continue };
+            let why = revoke_text(&r.why, &self.names).1;
+            for (host, _) in self.lease_hosts.get(&l.id.0).into_iter().flatten() {
+                if ours(host) {
+                    out.push(Out::Send {
+                        node: host.clone(),
+                        cmd: Command::Revoke {
+                            lease: l.id.0,
+                            not_before: r.not_before,
+                            why: why.clone(),
+                        },
+                    });
+                }
+            }
+        }
+        for (lease, l) in self.core.leaving() {
+            for p in &l.parts {
+                let Some(host) = self.names.get(p.node.idx()).filter(|h| ours(h)) else {
+                    continue;
+                };
+                out.push(Out::Send {
+                    node: host.clone(),
+                    cmd: Command::Revoke {
+                        lease: lease.0,
+                        not_before: 0, // now, whatever the host's clock says
+                        why: "its lease has ended; stop what is left of it".into(),
+                    },
+                });
+            }
+        }
+        out
     }
 
     /// A host came back running `lease` of workload `wid`, which allotd ended while

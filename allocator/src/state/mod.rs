@@ -493,11 +493,6 @@ impl Allocator {
         })
     }
 
-    /// Node names by the core's node id.
-    pub fn names(&self) -> &[String] {
-        &self.names
-    }
-
     /// Nodes by name.
     pub fn nodes(&self) -> &BTreeMap<String, NodeRec> {
         &self.nodes

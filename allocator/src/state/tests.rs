@@ -1646,3 +1646,77 @@ fn a_class_protected_by_use_keeps_a_lease_in_use_and_lets_an_idle_one_go() {
     a.apply(4_100, &used(0, 80)).expect("busy again");
     assert_eq!(at(&a), Time::MAX);
 }
+
+#[test]
+fn a_revocation_is_wanted_state_sent_again_on_every_registration() {
+    let mut a = allocator(0);
+    a.apply(0, &registration(0, Vec::new(), Vec::new()))
+        .expect("up");
+    a.apply(1, &batch("demo-a")).expect("submit");
+    a.apply(1, &batch("demo-b")).expect("submit");
+    a.apply(2, &Input::Schedule).expect("pass");
+    let live: Vec<u64> = a.leases_on("n0").into_iter().map(|(l, _)| l).collect();
+    assert_eq!(live.len(), 2);
+    let wid = |lease: u64| {
+        a.workloads()
+            .values()
+            .find(|w| w.leases.contains(&lease))
+            .map(|w| w.id)
+            .expect("its workload")
+    };
+    let (cancelled, kept) = (live[0], live[1]);
+    // The cancel is sent while the host is away: nobody receives it.
+    let id = wid(cancelled);
+    a.apply(3, &Input::Cancel { id, by: "u".into() })
+        .expect("cancel");
+    let revokes = |cmds: Vec<Command>| -> Vec<(u64, Time)> {
+        cmds.into_iter()
+            .filter_map(|c| match c {
+                Command::Revoke {
+                    lease, not_before, ..
+                } => Some((lease, not_before)),
+                _ => None,
+            })
+            .collect()
+    };
+    // The host comes back running both: the cancel reaches it now, and again on
+    // the next registration, never the lease allotd still wants to run.
+    for at in [10, 20] {
+        let ap = a
+            .apply(at, &registration(0, vec![cancelled, kept], Vec::new()))
+            .expect("register");
+        assert_eq!(revokes(sends(&ap, "n0")), vec![(cancelled, 3)], "at {at}");
+    }
+    // The periodic resync sends the same, from the same state.
+    let all: Vec<(String, Command)> = a
+        .wanted_stops(None)
+        .into_iter()
+        .filter_map(|o| match o {
+            Out::Send { node, cmd } => Some((node, cmd)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0].0, "n0");
+    assert!(
+        matches!(&all[0].1, Command::Revoke { lease, why, .. } if *lease == cancelled && why.contains("cancel")),
+        "{all:?}"
+    );
+    // Once the host reports it ended, nothing is wanted of it any more.
+    a.apply(
+        30,
+        &Input::LeaseEnded {
+            lease: cancelled,
+            end: LeaseEnd::Revoked,
+            reason: "revoked".into(),
+            node: "n0".into(),
+            exit_code: None,
+            signal: Some(15),
+            part: false,
+            leaving: false,
+        },
+    )
+    .expect("ended");
+    assert!(a.wanted_stops(None).is_empty());
+    assert!(a.wanted_stops(Some("n0")).is_empty());
+}

@@ -141,3 +141,28 @@ fn a_revocation_whose_ladder_began_cannot_be_withdrawn() {
     assert!(!t.h.withdraw(&l.id, "too late"));
     assert_eq!(t.state(&l.id), LeaseState::Checkpointing);
 }
+
+#[test]
+fn allotds_repeat_of_a_revocation_in_force_changes_nothing() {
+    // allotd sends what it wants again on every connect and resync: the second
+    // copy of a cancel, arriving later, must neither move the ladder's start nor
+    // write the lease again.
+    let mut t = T::new();
+    let l = t.start(spec(1, 3_600));
+    let first = t.os.advance(1_000);
+    let r =
+        t.h.revoke_until(&l.id, first - 500, "cancelled", first)
+            .expect("revokes");
+    assert_eq!(r.not_before_ms, Some(first));
+    t.h.take_changes();
+    let later = t.os.advance(700);
+    let again =
+        t.h.revoke_until(&l.id, first - 500, "cancelled", later)
+            .expect("again");
+    assert_eq!(again.not_before_ms, Some(first), "the ladder's start stays");
+    assert!(
+        t.h.take_changes().is_empty(),
+        "nothing written: {:?}",
+        t.h.take_changes()
+    );
+}
