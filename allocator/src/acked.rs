@@ -99,6 +99,19 @@ impl Marker {
         }
     }
 
+    /// Whether the marker in `dir` is there and holds bytes of which neither slot
+    /// reads: damaged, not absent. allotd cannot tell from it what it acknowledged,
+    /// so it refuses to start rather than switch the lost-log check off.
+    pub fn damaged(dir: &Path) -> std::io::Result<bool> {
+        match std::fs::read(dir.join(FILE)) {
+            // Empty is what a crash between making the file and its first write
+            // leaves: as if none.
+            Ok(buf) => Ok(!buf.is_empty() && best(&buf).is_none()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Opens (making) the marker in `dir` for the database of id `db_id`; `None`
     /// inside when there is none yet (a state dir from before it existed, or a new
     /// one) or neither slot reads. A file it makes is owned like `dir` (an operator's
@@ -155,6 +168,17 @@ impl Marker {
         self.writes += 1;
         Ok(())
     }
+}
+
+/// Why allotd will not start on the damaged marker `path`, and the ways forward.
+pub fn damaged_text(path: &Path) -> String {
+    format!(
+        "{} is damaged (neither of its two records reads): allotd cannot tell whether its \
+         database lost inputs it acknowledged, so it does not start. Nothing was changed. \
+         Ways forward, allotd stopped: put back a copy of that file if you kept one; or \
+         `allotd state accept-loss`, which makes it anew from what the database holds",
+        path.display()
+    )
 }
 
 /// The slot written last of the two, if either reads.
@@ -253,6 +277,27 @@ mod tests {
         // Garbage in both: no marker, not a refusal by itself.
         std::fs::write(d.join(FILE), vec![0xAB; 2 * SLOT]).expect("write");
         assert_eq!(Marker::open(&d, "db-1").expect("reopen").1, None);
+    }
+
+    #[test]
+    fn a_marker_of_which_no_record_reads_is_damaged_and_none_or_empty_is_not() {
+        let d = dir("damaged");
+        assert!(!Marker::damaged(&d).expect("none"), "absent");
+        std::fs::write(d.join(FILE), b"").expect("empty");
+        assert!(
+            !Marker::damaged(&d).expect("empty"),
+            "empty: a crash before the first write"
+        );
+        let (mut m, _) = Marker::open(&d, "db-1").expect("open");
+        m.record(Acked::default()).expect("record");
+        assert!(!Marker::damaged(&d).expect("good"));
+        std::fs::write(d.join(FILE), [0x5au8; 2 * SLOT]).expect("garble");
+        assert!(Marker::damaged(&d).expect("garbled"));
+        std::fs::write(d.join(FILE), b"ALLOT").expect("cut");
+        assert!(Marker::damaged(&d).expect("cut short"));
+        let text = damaged_text(&d.join(FILE));
+        assert!(text.contains(&d.join(FILE).display().to_string()), "{text}");
+        assert!(text.contains("allotd state accept-loss"), "{text}");
     }
 
     #[test]

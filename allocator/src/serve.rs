@@ -600,6 +600,16 @@ pub fn acknowledged(
 ) -> anyhow::Result<crate::acked::Marker> {
     let dir = &cfg.server.state_dir;
     let id = store.db_id()?;
+    let file = dir.join(crate::acked::FILE);
+    if crate::acked::Marker::damaged(dir).with_context(|| format!("reading {}", file.display()))? {
+        anyhow::bail!(crate::acked::damaged_text(&file));
+    }
+    if !file.exists() && store.last_seq()? > 0 {
+        tracing::warn!(
+            file = %file.display(),
+            "no record of what allotd acknowledged beside a database that holds a journal (a state dir from before 0.3, or a backup restored here): the lost-log check starts from the database's position"
+        );
+    }
     let (mut marker, acked) = crate::acked::Marker::open(dir, &id)
         .with_context(|| format!("opening {}", dir.join(crate::acked::FILE).display()))?;
     let mut seq = store.last_seq()?;
@@ -642,13 +652,17 @@ pub fn acknowledged(
 /// releases wrote). Returns it with the number of journal entries applied.
 pub fn load(cfg: &ServerConfig, store: &dyn Store) -> anyhow::Result<(Allocator, u64)> {
     let loaded = store.load()?;
+    let db = cfg.server.state_dir.join("allotd.db");
     let mut alloc = match &loaded.snapshot {
         Some((seq, at, body)) => {
             let snap: crate::state::Snapshot = serde_json::from_str(body).with_context(|| {
-                format!("the snapshot at journal position {seq} does not read: `allotd state check` says more; `allotd state import` restores an export")
+                format!("the snapshot at journal position {seq} in {} does not read: `allotd state check` says more; `allotd state import` restores an export", db.display())
             })?;
             Allocator::restore(cfg, &snap, *at).with_context(|| {
-                format!("the snapshot at journal position {seq} does not fit this config")
+                format!(
+                    "the snapshot at journal position {seq} in {} does not fit this config",
+                    db.display()
+                )
             })?
         }
         None => Allocator::new(cfg).map_err(|e| anyhow::anyhow!("{e}"))?,

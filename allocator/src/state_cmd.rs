@@ -332,6 +332,22 @@ fn accept_loss(cfg: &ServerConfig) -> anyhow::Result<()> {
     let mut store = Sqlite::open(&cfg.server.state_dir)?;
     let seq = store.last_seq()?;
     let this = db_hash(&store.db_id()?);
+    let file = cfg.server.state_dir.join(crate::acked::FILE);
+    if Marker::damaged(&cfg.server.state_dir)? {
+        // What it said is gone: it is made anew from the database, and ids continue
+        // above those the database and the hosts' records hold.
+        std::fs::remove_file(&file).with_context(|| format!("removing {}", file.display()))?;
+        let (w, l) = continue_ids(
+            cfg,
+            &mut store,
+            &format!("{} was damaged and is made anew", file.display()),
+        )?;
+        println!(
+            "accepted: {} was damaged; it is made anew at journal entry {seq}, and new ids continue at workload {w} and lease A-{l}",
+            file.display()
+        );
+        return Ok(());
+    }
     let acked = Marker::peek(&cfg.server.state_dir)?;
     let Some(a) = acked.filter(|a| a.db == this && a.seq > seq) else {
         println!(

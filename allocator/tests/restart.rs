@@ -340,3 +340,34 @@ fn a_journal_entry_that_does_not_read_is_named_and_can_be_dropped() {
         .unwrap_or_default();
     assert_eq!(a["weight"], 5.0, "{tree}");
 }
+
+#[test]
+fn a_snapshot_that_does_not_read_is_named_with_its_file() {
+    let mut c = Cluster::start("bad-snapshot", TWO_PROJECTS, 0, 0);
+    let (_, status) = c.term_server();
+    assert!(status.success());
+    let path = c.dir.join("allotd/allotd.db");
+    let db = rusqlite::Connection::open(&path).expect("db");
+    let n = db
+        .execute(
+            "UPDATE snapshot SET body = '{\"version\":' WHERE seq = (SELECT max(seq) FROM snapshot)",
+            [],
+        )
+        .expect("damage");
+    assert_eq!(n, 1, "the stop wrote a snapshot");
+    drop(db);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_allotd"))
+        .args(["serve", "--config"])
+        .arg(&c.config)
+        .output()
+        .expect("allotd runs");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success(),
+        "allotd started on a damaged snapshot"
+    );
+    assert!(
+        err.contains(&format!("in {} does not read", path.display())),
+        "{err}"
+    );
+}

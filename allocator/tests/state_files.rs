@@ -236,3 +236,27 @@ fn a_restored_backup_never_gives_an_id_twice() {
     let w = c.wait_state(&fourth, "completed", LONG);
     assert_eq!(w["lease_ids"][0], "A-4", "{w}");
 }
+
+#[test]
+fn a_damaged_acknowledgement_record_is_refused_until_the_loss_is_accepted() {
+    // Garbage in allotd.db.acked must not switch the lost-log check off in silence.
+    let mut c = Cluster::start("acked-damaged", GROUPS, 1, 1);
+    c.term_server();
+    let file = c.dir.join("allotd/allotd.db.acked");
+    std::fs::write(&file, [0x5au8; 128]).expect("garble");
+    let (status, stderr) = serve_until_exit(&c);
+    assert!(!status.success(), "{status}: {stderr}");
+    for words in [
+        format!("{} is damaged", file.display()),
+        "allotd state accept-loss".to_string(),
+    ] {
+        assert!(stderr.contains(&words), "{words:?} not in {stderr}");
+    }
+    let (ok, out) = state(&c, &["state", "accept-loss"]);
+    assert!(ok && out.contains("was damaged; it is made anew"), "{out}");
+    c.start_server();
+    c.wait_connected(1);
+    let w = c.submit(&["--project", "demo-a", "--gpus", "1"], "true");
+    assert_eq!(w, "1", "{w}");
+    c.wait_state(&w, "completed", LONG);
+}
