@@ -59,7 +59,8 @@ pub fn schedule(l: &LeaseRecord, t: Terms) -> Vec<(i64, Due)> {
 }
 
 /// What is due at `now_ms`: the time limit wins over a revocation (its end reason
-/// is the truer one); a warning past the limit is pointless and skipped.
+/// is the truer one). A warning not yet sent when the limit has come (the agent was
+/// down through both) goes first: the work asked for it, and its ladder follows.
 pub fn due(l: &LeaseRecord, t: Terms, now_ms: i64) -> Vec<Due> {
     let due: Vec<Due> = schedule(l, t)
         .into_iter()
@@ -67,7 +68,7 @@ pub fn due(l: &LeaseRecord, t: Terms, now_ms: i64) -> Vec<Due> {
         .map(|(_, d)| d)
         .collect();
     if due.contains(&Due::TimeLimit) {
-        return vec![Due::TimeLimit];
+        return due.into_iter().filter(|d| *d != Due::Revoke).collect();
     }
     due
 }
@@ -158,8 +159,11 @@ mod tests {
             vec![(end - 60_000, Due::Warn), (end, Due::TimeLimit)]
         );
         assert_eq!(due(&l, T, end - 60_000), vec![Due::Warn]);
+        // An agent down through the warning and the limit sends the warning first.
+        assert_eq!(due(&l, T, end + 5_000), vec![Due::Warn, Due::TimeLimit]);
         l.warned = true;
         assert_eq!(next_wakeup([&l], T), Some(end));
+        assert_eq!(due(&l, T, end + 5_000), vec![Due::TimeLimit]);
         l.state = LeaseState::Revoking;
         l.not_before_ms = Some(end - 1);
         assert_eq!(due(&l, T, end), vec![Due::TimeLimit]);

@@ -183,6 +183,27 @@ fn without_a_warning_asked_for_nothing_is_sent_before_the_limit() {
 }
 
 #[test]
+fn a_warning_missed_while_the_agent_was_down_comes_before_the_limits_ladder() {
+    // The agent was down through both the warning and the limit: the work still
+    // hears the signal it asked for, then the ladder starts.
+    let mut t = T::with(|s| s.warning_before_ms = 0);
+    let t0 = t.now();
+    let l = t.start(StartSpec {
+        time_limit_s: Some(300),
+        warn_signal: "USR2".into(),
+        warn_before_s: 90,
+        ..spec(1, 0)
+    });
+    t.os.set_now(t0 + 305_000);
+    let jobs = t.tick();
+    assert_eq!(t.os.signals(), [(l.pid, Signal::SIGUSR2)], "warned first");
+    assert_eq!(jobs.len(), 1);
+    let l = t.lease(&l.id);
+    assert!(l.warned);
+    assert_eq!(l.ladder_reason, "time-limit");
+}
+
+#[test]
 fn the_time_limit_wins_over_a_revocation_due_at_the_same_tick() {
     let mut t = T::with(|s| s.warning_before_ms = 0);
     let t0 = t.now();
