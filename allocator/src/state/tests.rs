@@ -1720,3 +1720,15 @@ fn a_revocation_is_wanted_state_sent_again_on_every_registration() {
     assert!(a.wanted_stops(None).is_empty());
     assert!(a.wanted_stops(Some("n0")).is_empty());
 }
+
+#[test]
+fn a_submission_to_a_cluster_without_nodes_says_so() {
+    let mut a = allocator(0);
+    let e = a.apply(0, &batch("demo-a")).expect_err("nowhere to run");
+    let text = e.to_string();
+    assert!(
+        text.contains("the cluster has no nodes yet; start an agent"),
+        "{text}"
+    );
+    assert!(!text.contains("has  together"), "{text}");
+}

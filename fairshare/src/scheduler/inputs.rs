@@ -111,13 +111,16 @@ impl Scheduler {
             let mut what = asked.iter().filter(|a| a.1);
             let field = what.clone().next().map_or("gpu_types", |a| a.0);
             let what: Vec<&str> = what.by_ref().map(|a| a.2.as_str()).collect();
-            return Err(CoreError::Unplaceable {
-                field,
-                why: format!(
+            let why = if what.is_empty() {
+                // Nothing was asked of a node: there is none.
+                "the cluster has no nodes yet; start an agent on an enrolled host (`allot nodes` lists them), then submit".to_string()
+            } else {
+                format!(
                     "no node has {} together; `allot nodes` shows each node's type and features",
                     what.join(", ")
-                ),
-            });
+                )
+            };
+            return Err(CoreError::Unplaceable { field, why });
         }
         let max_gpus = kinds().map(|(k, _)| k.gpus).max().unwrap_or(0);
         if spec.gpus_per_node == 0 || spec.gpus_per_node > max_gpus {
