@@ -310,13 +310,7 @@ fn a_journal_entry_that_does_not_read_is_named_and_can_be_dropped() {
         .query_row("SELECT min(seq) FROM journal", [], |r| r.get(0))
         .expect("seq");
     drop(db);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_allotd"))
-        .args(["serve", "--config"])
-        .arg(&c.config)
-        .output()
-        .expect("allotd runs");
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "allotd started on a damaged entry");
+    let err = serve_refused(&c, "a damaged entry");
     assert!(
         err.contains("allotd.db") && err.contains(&format!("entry {seq}")),
         "{err}"
@@ -356,18 +350,20 @@ fn a_snapshot_that_does_not_read_is_named_with_its_file() {
         .expect("damage");
     assert_eq!(n, 1, "the stop wrote a snapshot");
     drop(db);
+    let err = serve_refused(&c, "a damaged snapshot");
+    assert!(
+        err.contains(&format!("in {} does not read", path.display())),
+        "{err}"
+    );
+}
+
+/// `allotd serve` on `c`'s state, which must refuse to start on `what`: its stderr.
+fn serve_refused(c: &Cluster, what: &str) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_allotd"))
         .args(["serve", "--config"])
         .arg(&c.config)
         .output()
         .expect("allotd runs");
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        !out.status.success(),
-        "allotd started on a damaged snapshot"
-    );
-    assert!(
-        err.contains(&format!("in {} does not read", path.display())),
-        "{err}"
-    );
+    assert!(!out.status.success(), "allotd started on {what}");
+    String::from_utf8_lossy(&out.stderr).to_string()
 }
