@@ -96,6 +96,17 @@ impl TtyRelay {
         }
     }
 
+    /// allotd is stopping: every attach ends now, saying so, rather than hold its
+    /// connection open through the shutdown's grace; the sessions run on.
+    pub fn close_all(&self) {
+        let gone: Vec<Open> = std::mem::take(&mut *self.open()).into_values().collect();
+        for a in gone {
+            let _ = a.tx.try_send(Err(Status::unavailable(
+                "allotd is stopping; the session runs on: `allot attach` again once allotd is back",
+            )));
+        }
+    }
+
     /// `node`'s session `session` ended: its attaches end, the sessions run on.
     pub fn node_gone(&self, node: &str, session: u64) {
         let gone: Vec<Open> = {

@@ -118,6 +118,9 @@ pub async fn serve_bound(
             // Dropping the senders ends each agent's stream; the agents reconnect to
             // the next allotd.
             server.sessions.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            // An open attach holds its connection as long as its caller types: it
+            // ends too, so the stop takes no grace and the port is free at once.
+            server.ttys.close_all();
             match tokio::time::timeout(Duration::from_secs(3), &mut grpc).await {
                 Ok(r) => r.context("gRPC task").and_then(|r| r),
                 Err(_) => {

@@ -160,6 +160,24 @@ fn a_session_survives_an_agent_and_an_allotd_restart_and_attach_comes_back() {
     q.expect("agent-kept-9", LONG);
     detach(&mut q);
 
+    // allotd stops with an attach open: the stop takes no grace for it, the attach
+    // ends saying how to come back, and allotd starts again on its port at once.
+    let mut q = attach(&c, &id);
+    let (took, status) = c.term_server();
+    assert!(status.success(), "{status}");
+    assert!(
+        took < std::time::Duration::from_millis(2500),
+        "SIGTERM with an attach open took {took:?}"
+    );
+    q.expect("allotd is stopping; the session runs on", LONG);
+    assert!(!q.wait(LONG).success(), "{}", q.text());
+    c.start_server();
+    c.wait_connected(1);
+    let mut r = attach(&c, &id);
+    r.send(b"echo term-$X\r");
+    r.expect("term-kept-9", LONG);
+    detach(&mut r);
+
     // allotd goes and comes back: the same session, attached again.
     c.kill9_server();
     c.start_server();
