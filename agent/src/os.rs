@@ -103,6 +103,11 @@ pub trait Os: Send + Sync {
     fn process_group(&self, pid: i32) -> Option<i32>;
     /// Sends `signal` to every process of group `pgid`.
     fn signal_group(&self, pgid: i32, signal: Signal) -> Result<(), nix::Error>;
+    /// Sends a lease's time-limit warning: to every process of its cgroup but a
+    /// torchrun launcher (which would shut the gang down on it; its workers run in
+    /// sessions of their own, out of its group), or to group `pgid` where the lease
+    /// has no cgroup.
+    fn signal_warning(&self, cgroup: &str, pgid: i32, signal: Signal) -> Result<(), nix::Error>;
     /// The user id owning `pid`, if it exists.
     fn owner(&self, pid: i32) -> Option<u32>;
     /// The agent's own pid and those of its ancestors up to init: processes a lease
@@ -216,6 +221,23 @@ impl Os for RealOs {
         nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), signal)
     }
 
+    fn signal_warning(&self, cgroup: &str, pgid: i32, signal: Signal) -> Result<(), nix::Error> {
+        if cgroup.is_empty() {
+            return self.signal_group(pgid, signal);
+        }
+        for pid in allot_checkpoint_hooks::cgroup::Cgroup::at(cgroup).procs() {
+            let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let argv: Vec<&str> = argv
+                .split(|b| *b == 0)
+                .filter_map(|a| std::str::from_utf8(a).ok())
+                .collect();
+            if !is_torchrun_launcher(&argv) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+            }
+        }
+        Ok(())
+    }
+
     fn owner(&self, pid: i32) -> Option<u32> {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(format!("/proc/{pid}"))
@@ -318,5 +340,47 @@ mod tests {
         assert_eq!(u.home, Path::new("/home/allot-test-a"));
         assert_eq!(u.shell, Path::new("/bin/bash"));
         assert_eq!(RealOs.user_by_uid(uid), Some(u));
+    }
+}
+
+/// Whether `argv` is torchrun's own launcher: `torchrun …`, `python …/torchrun …`, or
+/// `python -m torch.distributed.run` (or the older `.launch`).
+pub fn is_torchrun_launcher(argv: &[&str]) -> bool {
+    let base = |a: &&str| a.rsplit('/').next() == Some("torchrun");
+    argv.first().is_some_and(base)
+        || argv.get(1).is_some_and(base)
+        || argv.windows(2).any(|w| {
+            w[0] == "-m" && matches!(w[1], "torch.distributed.run" | "torch.distributed.launch")
+        })
+}
+
+#[cfg(test)]
+mod launcher_tests {
+    use super::is_torchrun_launcher;
+
+    #[test]
+    fn torchrun_launchers_are_told_from_their_workers() {
+        for l in [
+            &["torchrun", "train.py"][..],
+            &[
+                "/venv/bin/python3",
+                "/venv/bin/torchrun",
+                "--nnodes",
+                "2",
+                "t.py",
+            ],
+            &["python", "-m", "torch.distributed.run", "t.py"],
+            &["python3", "-u", "-m", "torch.distributed.launch", "t.py"],
+        ] {
+            assert!(is_torchrun_launcher(l), "{l:?}");
+        }
+        for w in [
+            &["/venv/bin/python3", "-u", "train.py", "--ckpt-dir", "/c"][..],
+            &["bash", "job.sh"],
+            &["python", "torchrun_helper.py"],
+            &[],
+        ] {
+            assert!(!is_torchrun_launcher(w), "{w:?}");
+        }
     }
 }

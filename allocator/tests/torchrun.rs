@@ -52,9 +52,14 @@ fn lines(log: &Path, word: &str, run: usize) -> Vec<(u32, u64)> {
 
 /// Every rank's step in `found`, when all 16 are there and agree.
 fn agreed(found: &[(u32, u64)]) -> Option<u64> {
+    agreed_of(found, 16)
+}
+
+/// Every rank's step in `found`, when all `world` are there and agree.
+fn agreed_of(found: &[(u32, u64)], world: usize) -> Option<u64> {
     let ranks: std::collections::BTreeSet<u32> = found.iter().map(|x| x.0).collect();
     let steps: std::collections::BTreeSet<u64> = found.iter().map(|x| x.1).collect();
-    (ranks.len() == 16 && steps.len() == 1).then(|| *steps.iter().next().unwrap_or(&0))
+    (ranks.len() == world && steps.len() == 1).then(|| *steps.iter().next().unwrap_or(&0))
 }
 
 #[test]
@@ -169,4 +174,80 @@ fn a_torchrun_gang_checkpoints_and_resumes_at_its_step_through_five_preemptions(
     assert_eq!(resumed, step);
     let out = c.allot(&["cancel", &id]);
     assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn a_torchrun_gang_hears_its_warning_checkpoints_trains_on_and_ends_at_its_limit() {
+    // `--signal USR2@45s`: the warning is for the ranks. torchrun must pass it by,
+    // not shut the gang down on it ("failed, exit 1" before the limit).
+    let Some(venv) = torch_venv() else {
+        return;
+    };
+    let c = Cluster::start("torchwarn", ONE_PROJECT, 2, 2);
+    let ckpt = c.dir.join("ckpt");
+    let log = c.dir.join("ranks.log");
+    let train = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/torchrun/train.py");
+    let path = format!(
+        "{}:{}",
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = c.allot(&[
+        "submit",
+        "--json",
+        "--project",
+        "demo-a",
+        "--nodes",
+        "2",
+        "--gpus",
+        "2",
+        "--min-runtime",
+        "1s",
+        "--time-limit",
+        "90s",
+        "--signal",
+        "USR2@45s",
+        "--checkpoint",
+        "signal:USR1",
+        "--env",
+        &format!("PATH={path}"),
+        "--",
+        "torchrun",
+        &train.display().to_string(),
+        "--ckpt-dir",
+        &ckpt.display().to_string(),
+        "--steps",
+        "100000",
+        "--rank-log",
+        &log.display().to_string(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let warned = wait_for("4 ranks warned, at one step", LONG, || {
+        agreed_of(&lines(&log, "warned", 1), 4)
+    });
+    // The gang trains on past the warning: torchrun did not stop it.
+    wait_for("steps after the warning", LONG, || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("step=")?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .any(|s| s >= warned + 3)
+            .then_some(())
+    });
+    assert_eq!(c.status(&id)["state"], "running");
+    // At the limit the ladder ends it through its checkpoint, as timed-out.
+    let w = c.wait_state(&id, "timed-out", LONG);
+    assert_eq!(w["lease_ids"].as_array().map(Vec::len), Some(1), "{w}");
+    let done = agreed_of(&lines(&log, "checkpointed", 1), 4).expect("every rank checkpointed");
+    assert!(done > warned, "it trained on from {warned} to {done}");
 }

@@ -6,7 +6,8 @@ rendezvous flags from the PET_* variables allot sets. On SIGUSR1 (allot's preemp
 delivered directly and again forwarded by the torchrun agent) all ranks stop at the same
 step, save DIR/rank-R.pt, rank 0 writes DIR/complete.json, each host's local rank 0
 touches $ALLOT_CHECKPOINT_DIR/checkpoint.done, and every rank exits 0. A later run resumes
-from that checkpoint at exactly its step.
+from that checkpoint at exactly its step. On SIGUSR2 (a `--signal USR2@…` warning before
+the time limit) all ranks save a checkpoint at one step, log `warned`, and train on.
 """
 import os
 import signal
@@ -16,6 +17,9 @@ import sys
 # the process, and allot may preempt at any moment. The handler only sets a flag (it
 # may arrive twice); the work happens at the next step boundary, on all ranks alike.
 STOP = False
+# SIGUSR2 is the time-limit warning (`--signal USR2@…`): checkpoint at the next step
+# and train on; the limit's own ladder (SIGUSR1) ends the run.
+WARN = False
 
 
 def _on_usr1(signum, frame):
@@ -23,7 +27,13 @@ def _on_usr1(signum, frame):
     STOP = True
 
 
+def _on_usr2(signum, frame):
+    global WARN
+    WARN = True
+
+
 signal.signal(signal.SIGUSR1, _on_usr1)
+signal.signal(signal.SIGUSR2, _on_usr2)
 # SIGTERM/SIGINT mean "die now" (allot's ladder has given up on the checkpoint, or the
 # agent is tearing down): keep the default action so no collective can hold us.
 signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -42,6 +52,7 @@ PACE_S = 0.2  # one optimizer step per PACE_S, so a test can preempt mid-run
 
 
 def main():
+    global WARN
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt-dir", required=True, help="persistent, shared by all ranks and runs")
     ap.add_argument("--steps", type=int, required=True, help="total steps; exit 0 when done")
@@ -106,10 +117,16 @@ def main():
         loss.backward()
         # One collective per step carries the gradients and the stop flag (SUM > 0:
         # some rank got SIGUSR1), so every rank decides to stop at the same step.
-        flat = torch.cat([p.grad.flatten() for p in params] + [torch.tensor([float(STOP)])])
+        flat = torch.cat(
+            [p.grad.flatten() for p in params] + [torch.tensor([float(WARN), float(STOP)])]
+        )
         dist.all_reduce(flat)
         if flat[-1] > 0:
             return checkpoint(args, model, opt, step, rank, world, local_rank, run, rank_file, done_file, say)
+        if flat[-2] > 0:
+            WARN = False
+            save(model, opt, step, rank, world, run, rank_file, done_file)
+            say(f"warned rank={rank} step={step} run={run}")
         off = 0
         for p in params:
             p.grad.copy_(flat[off:off + p.numel()].view_as(p) / world)
@@ -128,7 +145,7 @@ def main():
     return 0
 
 
-def checkpoint(args, model, opt, step, rank, world, local_rank, run, rank_file, done_file, say):
+def save(model, opt, step, rank, world, run, rank_file, done_file):
     def atomic(path, write):  # tmp + fsync + rename: a reader sees the old file or the new
         tmp = f"{path}.tmp.{os.getpid()}"
         with open(tmp, "wb") as f:
@@ -144,6 +161,10 @@ def checkpoint(args, model, opt, step, rank, world, local_rank, run, rank_file, 
         meta = {"step": step, "world": world, "run": int(run) if run.isdigit() else run}
         atomic(done_file, lambda f: f.write(json.dumps(meta).encode() + b"\n"))
     dist.barrier()  # complete.json is written before anyone reports the checkpoint
+
+
+def checkpoint(args, model, opt, step, rank, world, local_rank, run, rank_file, done_file, say):
+    save(model, opt, step, rank, world, run, rank_file, done_file)
     say(f"checkpointed rank={rank} step={step} run={run}")
     dist.barrier()  # all lines printed before a marker lets allot move on to SIGTERM
     marker_dir = os.environ.get("ALLOT_CHECKPOINT_DIR")

@@ -215,7 +215,7 @@ impl Host {
                         let sig = allot_checkpoint_hooks::signal_named(&l.warn_signal)
                             .unwrap_or(self.settings.warning_signal);
                         if alive {
-                            let _ = self.os.signal_group(l.pgid(), sig);
+                            let _ = self.os.signal_warning(&l.cgroup, l.pgid(), sig);
                         }
                         let l = l.clone();
                         self.save(&l);

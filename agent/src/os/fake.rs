@@ -377,6 +377,10 @@ impl Os for FakeOs {
         }
     }
 
+    fn signal_warning(&self, _cgroup: &str, pgid: i32, signal: Signal) -> Result<(), nix::Error> {
+        self.signal_group(pgid, signal)
+    }
+
     fn owner(&self, pid: i32) -> Option<u32> {
         let s = self.record(Call::Owner(pid));
         s.procs.get(&pid).map(|p| p.owner)

@@ -252,19 +252,17 @@ impl StartLease {
 
     /// The signals torchrun is to catch and forward to its workers (it starts each in a
     /// session of its own, so a signal to its group never reaches them): its own
-    /// default, and the checkpoint hook's and the time-limit warning's signals, so that
-    /// a gang's ranks hear what the lease asks of them instead of torchrun dying of it.
+    /// default and the checkpoint hook's, which end the run. Not the time-limit
+    /// warning's: torchrun shuts the gang down on a signal it handles, and a warning is
+    /// for the ranks to act on while the gang goes on (the agent sends it to them).
     fn torchrun_signals(&self) -> String {
         let mut sigs: Vec<String> = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]
             .into_iter()
             .map(String::from)
             .collect();
-        let hook = match self.hook.parse::<allot_checkpoint_hooks::Hook>() {
-            Ok(allot_checkpoint_hooks::Hook::Signal(name)) => Some(name),
-            _ => None,
-        };
-        let warn = self.warn.as_ref().map(|w| w.signal.clone());
-        for name in hook.into_iter().chain(warn) {
+        if let Ok(allot_checkpoint_hooks::Hook::Signal(name)) =
+            self.hook.parse::<allot_checkpoint_hooks::Hook>()
+        {
             if let Some(sig) = allot_checkpoint_hooks::signal_named(&name) {
                 let n = sig.as_str().to_string();
                 if !sigs.contains(&n) {
