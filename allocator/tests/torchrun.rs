@@ -16,6 +16,15 @@ const LONG: Duration = Duration::from_secs(300);
 const ONE_PROJECT: &str = "[[group]]\nname = \"demo-a\"\nweight = 1\n";
 const PREEMPTIONS: usize = 5;
 
+/// Held by each test for its whole run: two gangs at once on a 2-core machine starve
+/// each other's rendezvous (and their allotds may hand out the same master port).
+static ONE_GANG_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// This test's turn: the lock, whether or not a test before it panicked.
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_GANG_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The venv with torch, if there is one.
 fn torch_venv() -> Option<PathBuf> {
     let p = std::env::var_os("ALLOT_TEST_TORCH_VENV")
@@ -64,6 +73,7 @@ fn agreed_of(found: &[(u32, u64)], world: usize) -> Option<u64> {
 
 #[test]
 fn a_torchrun_gang_checkpoints_and_resumes_at_its_step_through_five_preemptions() {
+    let _turn = turn();
     let Some(venv) = torch_venv() else {
         return;
     };
@@ -180,6 +190,7 @@ fn a_torchrun_gang_checkpoints_and_resumes_at_its_step_through_five_preemptions(
 fn a_torchrun_gang_hears_its_warning_checkpoints_trains_on_and_ends_at_its_limit() {
     // `--signal USR2@45s`: the warning is for the ranks. torchrun must pass it by,
     // not shut the gang down on it ("failed, exit 1" before the limit).
+    let _turn = turn();
     let Some(venv) = torch_venv() else {
         return;
     };
