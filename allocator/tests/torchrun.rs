@@ -43,6 +43,44 @@ fn torch_venv() -> Option<PathBuf> {
     None
 }
 
+/// Submits `torchrun train.py` for 100000 steps with `flags` (and
+/// `--checkpoint signal:USR1`): its id, and the log its ranks write.
+fn submit_train(c: &Cluster, venv: &Path, flags: &[&str]) -> (String, PathBuf) {
+    let ckpt = c.dir.join("ckpt");
+    let log = c.dir.join("ranks.log");
+    let train = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/torchrun/train.py");
+    let path = format!(
+        "PATH={}:{}",
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let (train, ckpt_s, log_s) = (
+        train.display().to_string(),
+        ckpt.display().to_string(),
+        log.display().to_string(),
+    );
+    let mut args = vec!["submit", "--json", "--project", "demo-a"];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--checkpoint", "signal:USR1", "--env", &path, "--"]);
+    args.extend_from_slice(&[
+        "torchrun",
+        &train,
+        "--ckpt-dir",
+        &ckpt_s,
+        "--steps",
+        "100000",
+        "--rank-log",
+        &log_s,
+    ]);
+    let out = c.allot(&args);
+    assert!(out.status.success(), "{out:?}");
+    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    (id, log)
+}
+
 /// The lines the ranks wrote (`--log`) for run `run`: (rank, step) of each `word`.
 fn lines(log: &Path, word: &str, run: usize) -> Vec<(u32, u64)> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -78,45 +116,19 @@ fn a_torchrun_gang_checkpoints_and_resumes_at_its_step_through_five_preemptions(
         return;
     };
     let c = Cluster::start("torchrun", ONE_PROJECT, 4, 8);
-    let ckpt = c.dir.join("ckpt");
-    let log = c.dir.join("ranks.log");
-    let train = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/torchrun/train.py");
-    let path = format!(
-        "{}:{}",
-        venv.join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
+    let (id, log) = submit_train(
+        &c,
+        &venv,
+        &[
+            "--nodes",
+            "2",
+            "--gpus",
+            "8",
+            "--min-runtime",
+            "1s",
+            "--resumable",
+        ],
     );
-    let out = c.allot(&[
-        "submit",
-        "--json",
-        "--project",
-        "demo-a",
-        "--nodes",
-        "2",
-        "--gpus",
-        "8",
-        "--min-runtime",
-        "1s",
-        "--resumable",
-        "--checkpoint",
-        "signal:USR1",
-        "--env",
-        &format!("PATH={path}"),
-        "--",
-        "torchrun",
-        &train.display().to_string(),
-        "--ckpt-dir",
-        &ckpt.display().to_string(),
-        "--steps",
-        "100000",
-        "--rank-log",
-        &log.display().to_string(),
-    ]);
-    assert!(out.status.success(), "{out:?}");
-    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")["id"]
-        .as_str()
-        .expect("id")
-        .to_string();
     let mut step = 0;
     for run in 1..=PREEMPTIONS {
         // Every rank of this run is up, at the step the last checkpoint left.
@@ -195,48 +207,22 @@ fn a_torchrun_gang_hears_its_warning_checkpoints_trains_on_and_ends_at_its_limit
         return;
     };
     let c = Cluster::start("torchwarn", ONE_PROJECT, 2, 2);
-    let ckpt = c.dir.join("ckpt");
-    let log = c.dir.join("ranks.log");
-    let train = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/torchrun/train.py");
-    let path = format!(
-        "{}:{}",
-        venv.join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
+    let (id, log) = submit_train(
+        &c,
+        &venv,
+        &[
+            "--nodes",
+            "2",
+            "--gpus",
+            "2",
+            "--min-runtime",
+            "1s",
+            "--time-limit",
+            "90s",
+            "--signal",
+            "USR2@45s",
+        ],
     );
-    let out = c.allot(&[
-        "submit",
-        "--json",
-        "--project",
-        "demo-a",
-        "--nodes",
-        "2",
-        "--gpus",
-        "2",
-        "--min-runtime",
-        "1s",
-        "--time-limit",
-        "90s",
-        "--signal",
-        "USR2@45s",
-        "--checkpoint",
-        "signal:USR1",
-        "--env",
-        &format!("PATH={path}"),
-        "--",
-        "torchrun",
-        &train.display().to_string(),
-        "--ckpt-dir",
-        &ckpt.display().to_string(),
-        "--steps",
-        "100000",
-        "--rank-log",
-        &log.display().to_string(),
-    ]);
-    assert!(out.status.success(), "{out:?}");
-    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")["id"]
-        .as_str()
-        .expect("id")
-        .to_string();
     let warned = wait_for("4 ranks warned, at one step", LONG, || {
         agreed_of(&lines(&log, "warned", 1), 4)
     });
