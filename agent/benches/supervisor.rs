@@ -37,6 +37,7 @@ fn spec(dir: &Path, n: usize, script: &str, cap: u64, cgroup: Option<PathBuf>) -
         cwd: None,
         script: String::new(),
         pty: false,
+        fence: None,
     }
 }
 

@@ -30,6 +30,13 @@ pub struct AgentSection {
     /// How long SIGTERM may take before SIGKILL (reloadable).
     #[serde(deserialize_with = "de_duration")]
     pub term_grace: u64,
+    /// Without word from allotd this long, the host stops allotd's leases by their
+    /// ladders (it fences), so that allotd may run a lost node's work elsewhere and
+    /// never twice at once; 0: never, and allotd holds a lost node's leases until
+    /// the host reports. Longer than any allotd restart (reloadable: for leases
+    /// started after).
+    #[serde(deserialize_with = "de_duration")]
+    pub fence_after: u64,
     /// The host's default time-limit warning for leases that ask for none, this long
     /// before the limit; 0 (the default): none, since a program is never sent a
     /// signal it did not ask for. A submission's `--signal` wins (reloadable).
@@ -114,6 +121,7 @@ impl Default for AgentSection {
             state_dir: "/var/lib/allot/agent".into(),
             default_grace: 120,
             term_grace: 30,
+            fence_after: 600,
             time_limit_warning: 0,
             time_limit_signal: "USR2".into(),
             default_checkpoint: String::new(),

@@ -113,7 +113,14 @@ impl Credentials {
 
     /// An endpoint to allotd at `addr` that proves this host with its certificate.
     pub fn endpoint(&self, addr: &str) -> Result<Endpoint, CredError> {
-        endpoint(addr, &self.ca_pem, Some(self))
+        // Pings find a stream cut off in the network (nothing closes it), so that
+        // the agent reconnects once the way is open again; a connect into a cut
+        // network gives up and is tried again.
+        Ok(endpoint(addr, &self.ca_pem, Some(self))?
+            .http2_keep_alive_interval(std::time::Duration::from_secs(10))
+            .keep_alive_timeout(std::time::Duration::from_secs(10))
+            .keep_alive_while_idle(true)
+            .connect_timeout(std::time::Duration::from_secs(10)))
     }
 }
 

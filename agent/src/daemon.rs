@@ -79,6 +79,7 @@ pub fn settings(c: &AgentConfig, cgroups: &Placement, supervisor: &Path) -> Sett
             .then(|| c.agent.checkpoint_root.clone()),
         default_grace_s: c.agent.default_grace,
         term_grace_s: c.agent.term_grace,
+        fence_after_s: c.agent.fence_after,
         warning_before_ms: i64::try_from(c.agent.time_limit_warning.saturating_mul(1000))
             .unwrap_or(i64::MAX),
         // Checked when the config was parsed, by the same parser.

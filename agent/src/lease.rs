@@ -49,10 +49,12 @@ pub enum LeaseEnd {
     Refused,
     /// The host took it and could not start it.
     FailedToStart,
+    /// Its supervisor stopped it: no word from allotd for `fence_after`.
+    Fenced,
 }
 
 impl LeaseEnd {
-    const ALL: [LeaseEnd; 7] = [
+    const ALL: [LeaseEnd; 8] = [
         LeaseEnd::Exited,
         LeaseEnd::Revoked,
         LeaseEnd::TimeLimit,
@@ -60,10 +62,11 @@ impl LeaseEnd {
         LeaseEnd::Vanished,
         LeaseEnd::Refused,
         LeaseEnd::FailedToStart,
+        LeaseEnd::Fenced,
     ];
 
     /// The name people read: `exited`, `revoked`, `time-limit`, `gpu-lost`,
-    /// `vanished`, `refused`, `failed-to-start`; empty when unspecified.
+    /// `vanished`, `refused`, `failed-to-start`, `fenced`; empty when unspecified.
     pub fn name(self) -> &'static str {
         match self {
             LeaseEnd::Unspecified => "",
@@ -74,6 +77,7 @@ impl LeaseEnd {
             LeaseEnd::Vanished => "vanished",
             LeaseEnd::Refused => "refused",
             LeaseEnd::FailedToStart => "failed-to-start",
+            LeaseEnd::Fenced => "fenced",
         }
     }
 
@@ -84,6 +88,10 @@ impl LeaseEnd {
             .find(|e| e.name() == name)
             .unwrap_or(LeaseEnd::Unspecified)
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Where a lease's output is, as the host holds it.
@@ -176,6 +184,10 @@ pub struct LeaseRecord {
     pub hook: String,
     /// How long a checkpoint may take.
     pub grace_s: u64,
+    /// Gone within this many seconds of the host's last word from allotd: its
+    /// supervisor fences it ([`crate::fence::bound_s`]); 0: it is not fenced.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fence_s: u64,
     /// State.
     pub state: LeaseState,
     /// While revoking: the ladder starts at this Unix millisecond.
@@ -298,6 +310,15 @@ impl LeaseRecord {
         self.oom_kills = e.oom_kills;
         self.output_cut = e.output_cut;
         self.end_detail = e.detail();
+    }
+
+    /// Ends it now as its supervisor saw it end: exited, or fenced when the
+    /// supervisor stopped it for want of word from allotd.
+    pub fn end_by_exit(&mut self, now_ms: i64, e: &crate::supervisor::Exit) {
+        match &e.fenced {
+            Some(why) => self.end(now_ms, LeaseEnd::Fenced, why),
+            None => self.end(now_ms, LeaseEnd::Exited, "exited"),
+        }
     }
 
     /// The process group the ladder signals (each workload leads its own).

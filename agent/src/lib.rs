@@ -12,6 +12,7 @@ pub mod contract;
 pub mod credentials;
 pub mod daemon;
 pub mod disk;
+pub mod fence;
 pub mod host;
 pub mod lease;
 pub mod logs;

@@ -58,6 +58,8 @@ pub struct Launch {
     pub cwd: Option<PathBuf>,
     /// A session: on a terminal its supervisor holds ([`crate::tty`]).
     pub pty: bool,
+    /// Its fence, for a lease of allotd's; `None`: it is never fenced.
+    pub fence: Option<crate::fence::Fence>,
 }
 
 /// Makes `path` and its parents; `path` itself, if this made it, is given to `owner`
@@ -211,6 +213,7 @@ pub fn launch(l: &Launch) -> Result<Started, LaunchError> {
         cap_bytes: l.cap_bytes,
         exit_file: exit_file(&l.lease_dir),
         tty_socket: l.pty.then(|| crate::tty::socket_path(&l.lease_dir)),
+        fence: l.fence.clone(),
     };
     // A spent exit file of an earlier start must not be taken for this one's.
     let _ = std::fs::remove_file(&spec.exit_file);

@@ -84,14 +84,56 @@ fn register(sh: &Shared, facts: &HostFacts, advertise_addr: &str) -> pb::AgentMe
             advertise_addr: advertise_addr.to_string(),
             highest_workload: highest.0,
             highest_lease: highest.1,
+            fence_s: h.fence_s(),
         })),
     }
 }
 
 /// What this agent understands of allotd's messages (see `Register.protocol`): 3
 /// reads its leases' output for allotd, 4 runs a start's batch script, 5 gives a
-/// session a terminal and relays it.
-const PROTOCOL: u32 = 5;
+/// session a terminal and relays it, 6 heartbeats and fences.
+const PROTOCOL: u32 = 6;
+
+/// The heartbeats of one stream not answered yet: (seq, boot ms sent), oldest first.
+#[derive(Default)]
+struct Beats {
+    next: u64,
+    unanswered: std::collections::VecDeque<(u64, u64)>,
+}
+
+impl Beats {
+    /// At most this many kept: an allotd that answers none has the host fence anyway.
+    const KEPT: usize = 64;
+
+    fn sent(&mut self, at: u64) -> u64 {
+        self.next += 1;
+        if self.unanswered.len() == Self::KEPT {
+            self.unanswered.pop_front();
+        }
+        self.unanswered.push_back((self.next, at));
+        self.next
+    }
+
+    /// When heartbeat `seq` was sent, once: it and every earlier one are answered.
+    fn answered(&mut self, seq: u64) -> Option<u64> {
+        let mut at = None;
+        while let Some(&(s, t)) = self.unanswered.front().filter(|(s, _)| *s <= seq) {
+            self.unanswered.pop_front();
+            if s == seq {
+                at = Some(t);
+            }
+        }
+        at
+    }
+}
+
+/// Records `at` as the host's last word from allotd, for the leases' fences.
+fn heard(sh: &Shared, at: u64) {
+    let dir = sh.host().settings().state_dir.clone();
+    if let Err(e) = crate::fence::write(&dir, at) {
+        tracing::warn!(error = %e, dir = %dir.display(), "cannot record allotd's last word: the leases will fence on the older one");
+    }
+}
 
 /// Sends to the allocator if the stream is up (otherwise the next register
 /// reconciles).
@@ -271,7 +313,7 @@ fn on_command(sh: &Arc<Shared>, m: pb::AllocatorMessage) {
                 tracing::warn!(error = %e, "allocator drain not applied");
             }
         }
-        None => {}
+        Some(pb::allocator_message::Body::Heard(_)) | None => {}
     }
     flush(sh);
     sh.wake.notify_one();
@@ -355,6 +397,9 @@ async fn session(
     *sh.uplink.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx.clone());
     // Older changes are in the snapshot that follows.
     sh.host().take_changes();
+    // Whatever allotd sends on this stream comes after it took the register: its
+    // send time is the first word from allotd of this session.
+    let registered = crate::fence::boot_ms();
     let _ = tx.send(register(sh, facts, &advertise));
     let _ = tx.send(health(sh));
     // Ended leases the allocator may not have heard of while the stream was down.
@@ -377,16 +422,55 @@ async fn session(
             return Err(format!("allocator refused the session: {}", e.message()));
         }
     };
-    drop(tx);
+    let beats = std::sync::Arc::new(std::sync::Mutex::new(Beats::default()));
+    let heartbeat = {
+        let (sh, beats) = (sh.clone(), beats.clone());
+        let every = Duration::from_millis(crate::fence::heartbeat_ms(
+            sh.host().settings().fence_after_s,
+        ));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let seq = beats
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .sent(crate::fence::boot_ms());
+                let fence_s = sh.host().fence_s();
+                let body = pb::agent_message::Body::Heartbeat(pb::Heartbeat { seq, fence_s });
+                if tx.send(pb::AgentMessage { body: Some(body) }).is_err() {
+                    break;
+                }
+            }
+        })
+    };
     sh.host().set_defer_health(true, now_ms());
     tracing::info!(allocator = %addr, "connected to the allocator");
+    let mut first = true;
     let r = loop {
         match inbound.message().await {
-            Ok(Some(m)) => on_command(sh, m),
+            Ok(Some(m)) => {
+                if std::mem::take(&mut first) {
+                    heard(sh, registered);
+                }
+                match m.body {
+                    Some(pb::allocator_message::Body::Heard(h)) => {
+                        let at = beats
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .answered(h.seq);
+                        if let Some(at) = at {
+                            heard(sh, at);
+                        }
+                    }
+                    _ => on_command(sh, m),
+                }
+            }
             Ok(None) => break Ok(()),
             Err(e) => break Err(format!("stream broke: {}", e.message())),
         }
     };
+    heartbeat.abort();
     *sh.uplink.lock().unwrap_or_else(|e| e.into_inner()) = None;
     sh.ttys.close_all();
     sh.host().set_defer_health(false, now_ms());

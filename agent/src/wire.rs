@@ -162,6 +162,7 @@ pub fn end_pb(e: LeaseEnd) -> pb::LeaseEnd {
         LeaseEnd::Vanished => pb::LeaseEnd::Vanished,
         LeaseEnd::Refused => pb::LeaseEnd::Refused,
         LeaseEnd::FailedToStart => pb::LeaseEnd::FailedToStart,
+        LeaseEnd::Fenced => pb::LeaseEnd::Fenced,
     }
 }
 
@@ -208,6 +209,7 @@ mod tests {
             "vanished",
             "refused",
             "failed-to-start",
+            "fenced",
         ] {
             let e = LeaseEnd::from_name(name);
             assert_eq!(e.name(), name);

@@ -38,6 +38,7 @@ fn launch_spec(tag: &str, script: &str) -> Launch {
         cwd: None,
         script: String::new(),
         pty: false,
+        fence: None,
     }
 }
 
@@ -81,6 +82,67 @@ impl Drop for RemoveCgroup {
             let _ = std::fs::remove_dir(base);
         }
     }
+}
+
+#[test]
+fn a_supervisor_without_word_from_allotd_stops_its_job_by_the_ladder() {
+    // The host's last word from allotd is 2 s old at the start and never renewed:
+    // the 3 s fence runs the ladder (the hook's signal, then SIGTERM) about 1 s in.
+    let mut l = launch_spec(
+        "fence",
+        "trap 'echo checkpoint; exit 0' USR1; while :; do sleep 0.1; done",
+    );
+    let dir = l.lease_dir.parent().expect("test dir").to_path_buf();
+    std::fs::create_dir_all(&dir).expect("dir");
+    allot_agent::fence::write(&dir, allot_agent::fence::boot_ms() - 2_000).expect("contact");
+    l.fence = Some(allot_agent::fence::Fence {
+        contact: dir.join(allot_agent::fence::FILE),
+        after_s: 3,
+        hook: "signal:USR1".into(),
+        grace_s: 5,
+        term_grace_s: 2,
+        checkpoint_dir: l.checkpoint_dir.clone(),
+        hook_hosts: Vec::new(),
+    });
+    let t0 = std::time::Instant::now();
+    let s = launch(&l).expect("starts");
+    let e = finish(&l, s);
+    let took = t0.elapsed();
+    assert_eq!(e.code, Some(0), "it checkpointed and exited: {e:?}");
+    let why = e.fenced.clone().expect("the end says it was fenced");
+    assert!(why.contains("no word from allotd for 3s"), "{why}");
+    assert!(e.detail().contains("fenced"), "{}", e.detail());
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(8),
+        "{took:?}"
+    );
+    let out = std::fs::read_to_string(&l.out_log).expect("stdout log");
+    assert!(out.contains("checkpoint"), "{out}");
+
+    // A word renewed as it goes keeps the job: it ends by itself.
+    let mut l = launch_spec("fence-kept", "sleep 2; exit 3");
+    let dir = l.lease_dir.parent().expect("test dir").to_path_buf();
+    std::fs::create_dir_all(&dir).expect("dir");
+    allot_agent::fence::write(&dir, allot_agent::fence::boot_ms()).expect("contact");
+    l.fence = Some(allot_agent::fence::Fence {
+        contact: dir.join(allot_agent::fence::FILE),
+        after_s: 1,
+        hook: String::new(),
+        grace_s: 1,
+        term_grace_s: 1,
+        checkpoint_dir: l.checkpoint_dir.clone(),
+        hook_hosts: Vec::new(),
+    });
+    let s = launch(&l).expect("starts");
+    let renew = std::thread::spawn(move || {
+        for _ in 0..12 {
+            let _ = allot_agent::fence::write(&dir, allot_agent::fence::boot_ms());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    let e = finish(&l, s);
+    renew.join().expect("renewer");
+    assert_eq!((e.code, e.fenced.as_deref()), (Some(3), None), "{e:?}");
 }
 
 #[test]

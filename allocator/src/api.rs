@@ -1238,6 +1238,7 @@ impl Api {
                 highest_workload: r.highest_workload,
                 highest_lease: r.highest_lease,
                 end_strays: true,
+                fence_s: r.fence_s,
             })
             .map_err(core_status)?;
         self.0
@@ -1328,6 +1329,10 @@ impl Api {
             Some(pb::agent_message::Body::Register(_)) => {
                 tracing::warn!(node, "second register on one stream ignored");
             }
+            // Answered in the session's loop, which holds the stream back.
+            Some(pb::agent_message::Body::Heartbeat(h)) => {
+                self.0.core().alloc.agent_fences(node, h.fence_s);
+            }
             None => {}
         }
     }
@@ -1402,6 +1407,9 @@ impl pb::agent_stream_server::AgentStream for Api {
         for m in backlog {
             let _ = tx.send(Ok(m));
         }
+        // Each heartbeat is answered on this stream, so the host knows allotd heard
+        // it: the host's fence counts from the last one answered.
+        let heard = tx.clone();
         let session = self.0.attach(&node, tx, reg.protocol);
         tracing::info!(node = %node, gpus = reg.gpus.len(), running = reg.running.len(), "agent connected");
         let api = self.clone();
@@ -1422,7 +1430,13 @@ impl pb::agent_stream_server::AgentStream for Api {
                     break;
                 }
                 match msg {
-                    Ok(Some(m)) => api.on_agent(&node, m),
+                    Ok(Some(m)) => {
+                        if let Some(pb::agent_message::Body::Heartbeat(h)) = &m.body {
+                            let body = pb::allocator_message::Body::Heard(pb::Heard { seq: h.seq });
+                            let _ = heard.send(Ok(pb::AllocatorMessage { body: Some(body) }));
+                        }
+                        api.on_agent(&node, m)
+                    }
                     Ok(None) => break,
                     Err(e) => {
                         tracing::info!(node = %node, error = %e, "agent stream broke");

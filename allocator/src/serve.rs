@@ -503,14 +503,30 @@ impl Server {
         st.last = dt;
     }
 
-    /// Nodes silent past the grace are lost (the rule: `Allocator::silent_nodes`,
-    /// `lost_input`, `lost_parts`); each input is committed as any other.
+    /// Nodes silent past the grace are lost: they take no new work
+    /// (`Allocator::silent_nodes`, `lost_input`). Their leases end only once their
+    /// host has fenced them (`fenced_nodes`, `lost_parts`), so that no workload runs
+    /// twice at once. Each input is committed as any other.
     fn mark_lost(&self) {
         let grace = self.cfg.server.lost_grace;
         let lost = self.core().alloc.silent_nodes(now(), self.started, grace);
         for node in lost {
-            tracing::warn!(node = %node, grace_s = grace, "agent silent past the grace: node lost");
+            let fence_s = self
+                .core()
+                .alloc
+                .nodes()
+                .get(&node)
+                .map_or(0, |n| n.fence_s);
+            if fence_s == 0 {
+                tracing::warn!(node = %node, grace_s = grace, "agent silent past the grace: node lost; its agent does not fence, so its leases are held until the host reports");
+            } else {
+                tracing::warn!(node = %node, grace_s = grace, fence_s, "agent silent past the grace: node lost; its leases end once its host has fenced them");
+            }
             let _ = self.commit(Allocator::lost_input(&node, grace));
+        }
+        let fenced = self.core().alloc.fenced_nodes(now(), self.started);
+        for node in fenced {
+            tracing::warn!(node = %node, "a lost node's fence has passed: its leases end node-lost");
             let parts = self.core().alloc.lost_parts(&node);
             for input in parts {
                 let _ = self.commit(input);

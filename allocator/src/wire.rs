@@ -429,7 +429,9 @@ pub fn end_from_agent(end: pb::LeaseEnd, exit_code: Option<i32>) -> LeaseEnd {
         // The host could not take it (drained, GPU taken): a fact about the node;
         // the work waits again and that node is not offered it until it changes.
         pb::LeaseEnd::Refused => LeaseEnd::Refused,
-        pb::LeaseEnd::GpuLost | pb::LeaseEnd::Vanished => LeaseEnd::NodeLost,
+        // Fenced: its host stopped it, cut off from allotd, so that it could run
+        // elsewhere; what allotd does at the fence's end if it has not heard.
+        pb::LeaseEnd::GpuLost | pb::LeaseEnd::Vanished | pb::LeaseEnd::Fenced => LeaseEnd::NodeLost,
         pb::LeaseEnd::Exited | pb::LeaseEnd::FailedToStart | pb::LeaseEnd::Unspecified => {
             LeaseEnd::Failed
         }

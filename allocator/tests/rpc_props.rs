@@ -812,6 +812,8 @@ fn register() -> BoxedStrategy<pb::Register> {
                         // A type and features from the cluster's name: fuzzed text too.
                         gpu_type: cluster.chars().take(8).collect(),
                         features: labels.keys().take(3).cloned().collect(),
+                        // Any fence, absurd ones too.
+                        fence_s: memory_gb.rotate_left(17),
                     }
                 },
             )

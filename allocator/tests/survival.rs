@@ -237,8 +237,12 @@ while :; do sleep 0.2; done"#,
 }
 
 #[test]
-fn a_lost_node_that_comes_back_never_runs_its_work_twice() {
-    let mut c = Cluster::start_with("lostback", "lost_grace = \"3s\"", ONE_PROJECT, 2, 1);
+fn a_lost_node_whose_agent_does_not_fence_keeps_its_work_until_it_returns() {
+    // `fence_after = 0`: the host never stops work for want of allotd, so allotd
+    // cannot know the first run is over and never starts a second.
+    let mut c = Cluster::prepare("lostback", "lost_grace = \"3s\"", ONE_PROJECT);
+    c.agent_extra = "fence_after = 0\n".into();
+    c.start_agents(2, 1);
     let id = c.submit(
         &["--project", "demo-a", "--gpus", "1", "--resumable"],
         "trap 'exit 0' TERM; while :; do sleep 0.2; done",
@@ -246,42 +250,166 @@ fn a_lost_node_that_comes_back_never_runs_its_work_twice() {
     let w = c.wait_state(&id, "running", LONG);
     let (node, i) = Cluster::node_of(&w);
     let lease = w["lease_ids"][0].as_str().expect("lease").to_string();
-    wait_for("the workload to run on its host", LONG, || {
-        (agent_lease(&c, i, &lease)["state"] == "running").then_some(())
-    });
-    // Its agent goes silent past the grace: the node is lost, the work requeued
-    // (and started again on the other node, the only free one).
-    c.kill9_agent(i);
-    let w = wait_for("the work to be requeued and run elsewhere", LONG, || {
-        let w = c.status(&id);
-        (w["state"] == "running" && w["node_names"][0] != node.as_str()).then_some(w)
-    });
-    assert_eq!(w["lease_ids"].as_array().map(Vec::len), Some(2), "{w}");
-    // The agent comes back, its workload still running: allotd ends that copy.
-    c.start_agent(i, 1);
-    let ended = wait_for("the returning lease to be ended", LONG, || {
+    let pid = wait_for("the workload to run on its host", LONG, || {
         let l = agent_lease(&c, i, &lease);
-        (l["state"] == "ended").then_some(l)
+        (l["state"] == "running").then(|| l["pid"].as_i64().unwrap_or(0) as i32)
     });
-    assert_eq!(ended["end_reason"], "revoked", "{ended}");
-    assert!(
-        ended["revoke_why"]
-            .as_str()
-            .unwrap_or("")
-            .contains("never runs twice"),
-        "{ended}"
-    );
+    c.kill9_agent(i);
+    wait_for("the node to be lost", LONG, || {
+        (c.node_view(i)["state"] == "down").then_some(())
+    });
+    // Passes go by; the work stays where it is, held: the other node's GPU idles.
+    c.wait_passes(5);
     let w = c.status(&id);
     assert_eq!(w["state"], "running", "{w}");
-    let history = w["history"].to_string();
-    assert!(
-        history.contains(&format!("node {node} came back running {lease}")),
-        "{history}"
+    assert_eq!(w["lease_ids"].as_array().map(Vec::len), Some(1), "{w}");
+    assert!(alive(pid), "the host still runs it");
+    // The agent comes back: the same run goes on, nothing ended.
+    c.start_agent(i, 1);
+    c.wait_connected(2);
+    let l = agent_lease(&c, i, &lease);
+    assert_eq!(l["state"], "running", "{l}");
+    let w = c.status(&id);
+    assert_eq!(w["state"], "running", "{w}");
+    assert_eq!(w["node_names"][0], node.as_str(), "{w}");
+    assert_eq!(w["lease_ids"].as_array().map(Vec::len), Some(1), "{w}");
+    assert!(alive(pid));
+}
+
+/// How a test cuts a host off from allotd.
+#[derive(Clone, Copy, Debug)]
+enum CutOff {
+    /// The network between them drops every byte (the test's relay).
+    Partition,
+    /// The host's agent is stopped (SIGSTOP): its workloads run on.
+    StoppedAgent,
+}
+
+/// A host cut off from allotd `how`: its work stops by its fence, and only then does
+/// allotd run it elsewhere. At no instant do two runs of the workload exist: each
+/// run writes its pid to `run-N.pid`, and the test looks every 50 ms.
+fn fenced_before_it_runs_elsewhere(tag: &str, how: CutOff) {
+    let mut c = Cluster::prepare(
+        tag,
+        "lost_grace = \"3s\"\nidle_timeout = \"10s\"",
+        ONE_PROJECT,
     );
-    // Its GPU is free again once that copy is gone, and counted so.
-    wait_for("the GPU free again", LONG, || {
-        (c.node_view(i)["free_gpus"] == 1).then_some(())
-    });
+    // Fenced 4 s after the last word from allotd, by a 3 s + 2 s ladder.
+    c.agent_extra = "fence_after = \"4s\"\n".into();
+    let relay = allot_test_support::partition::Partition::start(&c.addr);
+    c.agent_route.insert(0, relay.addr.clone());
+    // Node 0 alone first, so that the first run is there.
+    c.start_agents(1, 1);
+    let runs = c.dir.join("runs");
+    std::fs::create_dir_all(&runs).expect("runs dir");
+    let id = c.submit(
+        &["--project", "demo-a", "--gpus", "1", "--resumable"],
+        &format!(
+            "echo $$ > {}/run-$ALLOT_RUN.pid; trap 'exit 0' TERM; while :; do sleep 0.2; done",
+            runs.display()
+        ),
+    );
+    let (lease, first) = running_on_host(&c, &id);
+    c.agents.push(None);
+    c.start_agent(1, 1);
+    c.wait_connected(2);
+    let agent = c.agent_pid(0).expect("agent 0 runs");
+    match how {
+        CutOff::Partition => relay.cut(),
+        CutOff::StoppedAgent => {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(agent),
+                nix::sys::signal::Signal::SIGSTOP,
+            )
+            .expect("SIGSTOP");
+        }
+    }
+    let live = || -> Vec<(String, i32)> {
+        let mut v: Vec<(String, i32)> = std::fs::read_dir(&runs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let pid = std::fs::read_to_string(e.path())
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()?;
+                Some((name, pid))
+            })
+            .filter(|(_, pid)| alive(*pid))
+            .collect();
+        v.sort();
+        v
+    };
+    let t0 = std::time::Instant::now();
+    let mut first_gone = None;
+    let second = loop {
+        let now = live();
+        assert!(now.len() <= 1, "{how:?}: two runs at once: {now:?}");
+        if first_gone.is_none() && !alive(first) {
+            first_gone = Some(t0.elapsed());
+        }
+        if let Some((name, pid)) = now.iter().find(|(n, _)| n != "run-1.pid") {
+            break (name.clone(), *pid);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(150),
+            "{how:?}: no second run in 150 s; live: {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let rerun = t0.elapsed();
+    let first_gone = first_gone.expect("the first run ended before the second began");
+    eprintln!("{how:?}: first run fenced after {first_gone:?}, second run began after {rerun:?}");
+    assert_eq!(second.0, "run-2.pid");
+    let w = c.status(&id);
+    assert_eq!(w["state"], "running", "{w}");
+    assert_eq!(w["node_names"][0], "node-1", "{w}");
+    let history = w["history"].to_string();
+    assert!(history.contains("node node-0 lost"), "{history}");
+    // The host comes back and says how its run ended: by its fence.
+    match how {
+        CutOff::Partition => relay.heal(),
+        CutOff::StoppedAgent => {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(agent),
+                nix::sys::signal::Signal::SIGCONT,
+            )
+            .expect("SIGCONT");
+        }
+    }
+    let l = wait_for(
+        &format!("{how:?}: the host to say how {lease} ended"),
+        LONG,
+        || {
+            let l = agent_lease(&c, 0, &lease);
+            (l["state"] == "ended").then_some(l)
+        },
+    );
+    assert_eq!(l["end_reason"], "fenced", "{l}");
+    assert!(
+        l["ended_by"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no word from allotd for 4s"),
+        "{l}"
+    );
+    c.wait_connected(2);
+    // The second run goes on untouched.
+    assert!(alive(second.1));
+    assert_eq!(c.status(&id)["state"], "running");
+}
+
+#[test]
+fn a_partitioned_host_stops_its_work_before_it_runs_anywhere_else() {
+    fenced_before_it_runs_elsewhere("fence-cut", CutOff::Partition);
+}
+
+#[test]
+fn a_host_whose_agent_is_stopped_stops_its_work_before_it_runs_anywhere_else() {
+    fenced_before_it_runs_elsewhere("fence-stop", CutOff::StoppedAgent);
 }
 
 const TWO_PROJECTS: &str =

@@ -17,7 +17,7 @@ pub mod uds;
 
 impl v1::LeaseEnd {
     /// The name people read and 0.1 agents sent as `end_reason`: `exited`, `revoked`,
-    /// `time-limit`, `gpu-lost`, `vanished`, `refused`, `failed-to-start`; empty for
+    /// `time-limit`, `gpu-lost`, `vanished`, `refused`, `failed-to-start`, `fenced`; empty for
     /// an unspecified end.
     pub fn name(self) -> &'static str {
         use v1::LeaseEnd as E;
@@ -30,6 +30,7 @@ impl v1::LeaseEnd {
             E::Vanished => "vanished",
             E::Refused => "refused",
             E::FailedToStart => "failed-to-start",
+            E::Fenced => "fenced",
         }
     }
 
@@ -44,6 +45,7 @@ impl v1::LeaseEnd {
             E::Vanished,
             E::Refused,
             E::FailedToStart,
+            E::Fenced,
         ]
         .into_iter()
         .find(|e| e.name() == name)

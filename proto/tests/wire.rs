@@ -43,6 +43,7 @@ fn agent_registration_round_trips() {
             highest_lease: 77,
             gpu_type: "h100".into(),
             features: vec!["nvlink".into()],
+            fence_s: 755,
         })),
     };
     let bytes = msg.encode_to_vec();

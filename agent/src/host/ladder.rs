@@ -70,7 +70,7 @@ impl Host {
             LeaseState::Running | LeaseState::Revoking | LeaseState::Starting
         );
         if ended {
-            l.end(now_ms, LeaseEnd::Exited, "exited");
+            l.end_by_exit(now_ms, exit);
         }
         let l = l.clone();
         self.save(&l);
@@ -118,7 +118,7 @@ impl Host {
         match self.os.read_exit(&lease_dir(&self.settings, &l.id)) {
             Some(e) => {
                 l.record_exit(&e);
-                l.end(now_ms, LeaseEnd::Exited, "exited");
+                l.end_by_exit(now_ms, &e);
                 format!("workload ended{when}: {}", l.end_detail)
             }
             None => {

@@ -105,6 +105,9 @@ pub struct Settings {
     pub default_grace_s: u64,
     /// SIGTERM → SIGKILL grace.
     pub term_grace_s: u64,
+    /// Without word from allotd this long, allotd's leases stop ([`crate::fence`]);
+    /// 0: never.
+    pub fence_after_s: u64,
     /// The time-limit warning's lead, ms.
     pub warning_before_ms: i64,
     /// The time-limit warning's signal.

@@ -184,6 +184,45 @@ impl Host {
 
     /// A write a start needed failed: the host drains itself (`disk-full`) and the
     /// start is refused, so the work waits again rather than failing.
+    /// Lease `l`'s fence: allotd's leases have one while `fence_after` is set; a
+    /// local lease is the operator's, and allotd never restarts it elsewhere.
+    fn fence_for(&self, l: &LeaseRecord) -> Option<crate::fence::Fence> {
+        let s = &self.settings;
+        (s.fence_after_s > 0 && crate::lease::from_allocator_id(&l.id)).then(|| {
+            crate::fence::Fence {
+                contact: s.state_dir.join(crate::fence::FILE),
+                after_s: s.fence_after_s,
+                hook: l.hook.clone(),
+                grace_s: l.grace_s.min(MAX_CONTRACT),
+                term_grace_s: s.term_grace_s,
+                checkpoint_dir: super::checkpoint_dir(s, l),
+                hook_hosts: s.hook_hosts.clone(),
+            }
+        })
+    }
+
+    /// How soon after its last word from allotd every lease of allotd's here is
+    /// gone (`Register.fence_s`): the longest bound of those running and of one
+    /// started now; 0 when any of them is not fenced.
+    pub fn fence_s(&self) -> u64 {
+        let s = &self.settings;
+        if s.fence_after_s == 0 {
+            return 0;
+        }
+        let mut most = crate::fence::bound_s(s.fence_after_s, s.default_grace_s, s.term_grace_s);
+        for l in self
+            .leases
+            .values()
+            .filter(|l| l.live() && crate::lease::from_allocator_id(&l.id))
+        {
+            if l.fence_s == 0 {
+                return 0;
+            }
+            most = most.max(l.fence_s);
+        }
+        most
+    }
+
     fn cannot_write(&mut self, what: &str, now_ms: i64) -> HostError {
         self.write_failed(what, now_ms);
         HostError::Refused(format!(
@@ -420,6 +459,11 @@ impl Host {
             allotd_start_s: spec.allotd_start_s,
             ..Default::default()
         };
+        if adopt.is_none() {
+            l.fence_s = self.fence_for(&l).map_or(0, |f| {
+                crate::fence::bound_s(f.after_s, f.grace_s, f.term_grace_s)
+            });
+        }
         let dir = lease_dir(&self.settings, &id);
         // Where its output goes and its cgroup, recorded before it starts (an adopted
         // process writes wherever it already did, in whatever cgroup it is).
@@ -466,6 +510,7 @@ impl Host {
                 (None, p)
             }
             None => {
+                let fence = self.fence_for(&l);
                 let launched = self.os.launch(&Launch {
                     lease: id.clone(),
                     argv: spec.argv.clone(),
@@ -488,6 +533,7 @@ impl Host {
                     env: job_env(&spec.job_env, &who.env, &spec.env),
                     cwd: cwd.clone(),
                     pty: spec.pty,
+                    fence,
                 });
                 match launched {
                     Ok(started) => {

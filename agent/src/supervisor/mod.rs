@@ -17,13 +17,16 @@ mod terminal;
 use crate::procid::ProcId;
 use allot_checkpoint_hooks::cgroup::Cgroup;
 use allot_checkpoint_hooks::identity::{prepare, Identity, RunAs};
+
+use crate::fence::Fence;
+use allot_checkpoint_hooks::{Ladder, Target, DEFAULT_MARKER};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Why a workload could not be started.
@@ -118,6 +121,10 @@ pub struct Spec {
     /// holds, and attaches come to this socket; `None`: output pipes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tty_socket: Option<PathBuf>,
+    /// The lease's fence ([`crate::fence`]): without word from allotd for its
+    /// time, the supervisor runs the lease's ladder itself; `None`: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<crate::fence::Fence>,
 }
 
 /// The supervisor's one line of answer.
@@ -154,6 +161,9 @@ pub struct Exit {
     pub survivors: u32,
     /// Set when the supervisor could not tell (it was killed, its file is unreadable).
     pub lost: Option<String>,
+    /// Set when the supervisor stopped the job by its fence: why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<String>,
 }
 
 impl Exit {
@@ -192,6 +202,9 @@ impl Exit {
                 None => "end not seen".into(),
             },
         };
+        if let Some(why) = &self.fenced {
+            s.push_str(&format!("; {why}"));
+        }
         if self.output_cut {
             s.push_str(&format!(
                 "; output cut at {} bytes ([agent] max_output_bytes)",
@@ -707,6 +720,45 @@ fn pump(mut from: impl Read, mut to: std::fs::File, cap: &Cap) {
     }
 }
 
+/// Watches the host's last word from allotd while the job runs; once it is older
+/// than the fence, runs the lease's ladder on the job (hook, SIGTERM, SIGKILL, as
+/// the agent would for a revocation) and says why in the cell it returns. Nothing
+/// here needs the agent: it may be stopped, dead or cut off with the host.
+fn watch_fence(spec: &Spec, f: &Fence, pid: i32) -> Arc<OnceLock<String>> {
+    let cell = Arc::new(OnceLock::new());
+    let started = crate::fence::boot_ms();
+    let target = Target {
+        lease: spec.lease.clone(),
+        pgid: pid,
+        cgroup: spec.cgroup.clone(),
+        checkpoint_dir: f.checkpoint_dir.clone(),
+        env: spec.env.clone(),
+        run_as: spec.user.clone().map_or(RunAs::Agent, RunAs::User),
+    };
+    let ladder = Ladder {
+        hook: f.hook.parse().ok(),
+        grace: Duration::from_secs(f.grace_s),
+        term_grace: Duration::from_secs(f.term_grace_s),
+        marker: DEFAULT_MARKER.into(),
+        hook_hosts: f.hook_hosts.clone(),
+    };
+    let (f, said) = (f.clone(), cell.clone());
+    std::thread::spawn(move || loop {
+        std::thread::sleep(Duration::from_millis(f.check_ms()));
+        if f.due(
+            crate::fence::read(&f.contact),
+            started,
+            crate::fence::boot_ms(),
+        ) {
+            let _ = said.set(f.reason());
+            eprintln!("allot supervise {}: {}", target.lease, f.reason());
+            let _ = allot_checkpoint_hooks::run(&target, &ladder);
+            return;
+        }
+    });
+    cell
+}
+
 fn supervise(spec: &Spec, job: Job) -> Exit {
     let Job {
         child: mut job,
@@ -754,9 +806,10 @@ fn supervise(spec: &Spec, job: Job) -> Exit {
             pumps += 1;
         }
     }
+    let pid = i32::try_from(job.id()).unwrap_or(0);
+    let fenced = spec.fence.as_ref().map(|f| watch_fence(spec, f, pid));
     let status = job.wait();
     // The job's main process is its lease: whatever it left behind goes with it.
-    let pid = i32::try_from(job.id()).unwrap_or(0);
     let cgroup = spec.cgroup.as_ref().map(Cgroup::at);
     let mut survivors = 0;
     match &cgroup {
@@ -806,6 +859,7 @@ fn supervise(spec: &Spec, job: Job) -> Exit {
         output_bytes: cap.kept.load(Ordering::Relaxed),
         survivors,
         lost: None,
+        fenced: fenced.and_then(|f| f.get().cloned()),
     };
     // Counted: the lease's cgroup has nothing more to say (one the kill could not
     // empty stays for the agent's sweep).

@@ -285,12 +285,14 @@ impl Allocator {
                 highest_workload,
                 highest_lease,
                 end_strays,
+                fence_s,
             } => {
                 let seen = super::hosts::Seen {
                     gpus,
                     running,
                     drains,
                     end_strays: *end_strays,
+                    fence_s: *fence_s,
                 };
                 self.register(at, spec, gpu_uuids, &seen, addr, &mut a)?;
                 self.ids_seen_on(&spec.name, *highest_workload, *highest_lease, &mut a);

@@ -21,7 +21,15 @@ pub(super) struct Seen<'a> {
     pub drains: &'a [HostDrain],
     /// Whether leases allotd ended are held and ended (`Input::Register`).
     pub end_strays: bool,
+    /// How soon after its last word from allotd the host has stopped its leases
+    /// (`Input::Register`); 0: it does not.
+    pub fence_s: u64,
 }
+
+/// How long past a lost host's `fence_s` allotd still waits before it takes the
+/// host's leases to be over: the fence is checked every 2 s on the host, and two
+/// clocks never run at quite the same rate.
+pub const FENCE_MARGIN: u64 = 10;
 
 fn no_node(node: &str) -> CoreError {
     CoreError::Config(format!("no node {node:?}; `allot nodes` lists them"))
@@ -56,6 +64,7 @@ impl Allocator {
                 seen: Vec::new(),
                 gpus: Vec::new(),
                 addr: String::new(),
+                fence_s: 0,
             },
         );
         Ok(())
@@ -255,6 +264,7 @@ impl Allocator {
             running,
             drains,
             end_strays,
+            fence_s,
         } = *seen;
         let name = spec.name.as_str();
         match self
@@ -291,6 +301,7 @@ impl Allocator {
         self.sync_local_drain(at, name, drains, a);
         if let Some(n) = self.nodes.get_mut(name) {
             n.seen = gpus.to_vec();
+            n.fence_s = fence_s;
             // An agent that sends no address keeps the last one known.
             if !addr.is_empty() {
                 n.addr = addr.to_string();
@@ -659,18 +670,42 @@ impl Allocator {
         }
     }
 
-    /// After [`Allocator::lost_input`]: the ends of the parts on a lost node, as
-    /// node-lost (resumable work is requeued). Should the node come back running
+    /// Lost nodes whose work is known to be over, so that it may run elsewhere:
+    /// their agent fences, and its `fence_s` and [`FENCE_MARGIN`] have passed since
+    /// it was last heard (counted from `since` at the earliest: allotd's start).
+    /// A node whose agent does not fence is never one: its leases are held until
+    /// the host reports, for a workload must never run twice at once.
+    pub fn fenced_nodes(&self, now: Time, since: Time) -> Vec<String> {
+        self.nodes
+            .values()
+            .filter(|n| {
+                let name = n.spec.name.as_str();
+                !n.connected
+                    && n.drains.contains_key(DrainAuthor::Lost.as_str())
+                    && n.fence_s > 0
+                    && now.saturating_sub(n.last_seen.max(since))
+                        >= n.fence_s.saturating_add(FENCE_MARGIN)
+                    && (!self.leases_on(name).is_empty() || !self.leaving_on(name).is_empty())
+            })
+            .map(|n| n.spec.name.clone())
+            .collect()
+    }
+
+    /// For a node of [`Allocator::fenced_nodes`]: the ends of its parts, as
+    /// node-lost (work that may be requeued is). Should the node come back running
     /// them, they are held again and ended then; the parts of its gangs elsewhere
     /// are told to stop and stay held until they have.
     pub fn lost_parts(&self, node: &str) -> Vec<Input> {
+        let fence = self.nodes.get(node).map_or(0, |n| n.fence_s);
         let leases = self.leases_on(node).into_iter().map(|(l, _)| l);
         leases
             .chain(self.leaving_on(node))
             .map(|lease| Input::LeaseEnded {
                 lease,
                 end: allot_fairshare::LeaseEnd::NodeLost,
-                reason: format!("node {node} lost"),
+                reason: format!(
+                    "node {node} lost: its host stops its work within {fence}s of losing allotd, and that has passed"
+                ),
                 node: node.to_string(),
                 exit_code: None,
                 signal: None,

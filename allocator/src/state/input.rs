@@ -333,6 +333,11 @@ pub enum Input {
         /// replay keeps that).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         end_strays: bool,
+        /// Every lease of allotd's on the host is gone within this many seconds of
+        /// its agent's last word from allotd (it fences); 0: it does not fence, and
+        /// a lost node's leases are held until the host reports.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        fence_s: u64,
     },
     /// New ids continue at or above these: an operator restored the state from a
     /// backup (`allotd state restore`) or accepted a loss (`allotd state

@@ -77,6 +77,9 @@ pub struct NodeRec {
     /// Where the cluster reaches the host, as its agent registered it (empty from
     /// agents before it was sent: the node's name is used).
     pub addr: String,
+    /// Its agent stops every lease of allotd's within this many seconds of its last
+    /// word from allotd, as it registered; 0: it does not fence.
+    pub fence_s: u64,
 }
 
 /// A GPU as its agent last reported it, for views.
@@ -512,6 +515,15 @@ impl Allocator {
     pub fn agent_heard(&mut self, node: &str, now: Time) {
         if let Some(n) = self.nodes.get_mut(node) {
             n.last_seen = now;
+        }
+    }
+
+    /// A node's agent says how soon its leases stop without word from allotd
+    /// (`Heartbeat.fence_s`: a reload changes it; kept by snapshots, and journaled
+    /// at each registration).
+    pub fn agent_fences(&mut self, node: &str, fence_s: u64) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.fence_s = fence_s;
         }
     }
 

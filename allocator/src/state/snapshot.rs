@@ -60,6 +60,9 @@ pub struct NodeFacts {
     /// Where the cluster reaches it, as its agent registered it.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub addr: String,
+    /// How soon its agent fences, as it last registered (0: it does not).
+    #[serde(default, skip_serializing_if = "super::is_zero")]
+    pub fence_s: u64,
 }
 
 /// Why a snapshot could not be taken back into memory.
@@ -127,6 +130,7 @@ impl Allocator {
                         verdict: n.verdict,
                         seen: n.seen.clone(),
                         addr: n.addr.clone(),
+                        fence_s: n.fence_s,
                     },
                     // A removed node keeps its place (ids never move) and nothing else.
                     _ => NodeFacts {
@@ -187,6 +191,7 @@ impl Allocator {
                     seen: theirs.seen,
                     gpus: Vec::new(),
                     addr: theirs.addr,
+                    fence_s: theirs.fence_s,
                 },
             );
         }

@@ -1,5 +1,6 @@
 //! The state machine's rules, one per test.
 
+use super::hosts::FENCE_MARGIN;
 use super::*;
 use crate::config::{BreakerSection, ServerConfig, EXAMPLE};
 use allot_fairshare::{LeaseEnd, NodeSpec, NodeState, Time, WorkloadSpec, WorkloadState};
@@ -225,6 +226,37 @@ fn registration(i: u32, running: Vec<u64>, drains: Vec<HostDrain>) -> Input {
         highest_workload: 0,
         highest_lease: 0,
         end_strays: true,
+        fence_s: 0,
+    }
+}
+
+/// A registration whose agent fences within `fence_s`.
+fn fencing(i: u32, fence_s: u64) -> Input {
+    match registration(i, Vec::new(), Vec::new()) {
+        Input::Register {
+            spec,
+            gpu_uuids,
+            gpus,
+            running,
+            drains,
+            addr,
+            highest_workload,
+            highest_lease,
+            end_strays,
+            ..
+        } => Input::Register {
+            spec,
+            gpu_uuids,
+            gpus,
+            running,
+            drains,
+            addr,
+            highest_workload,
+            highest_lease,
+            end_strays,
+            fence_s,
+        },
+        other => other,
     }
 }
 
@@ -531,12 +563,10 @@ fn registration_reconciles_the_leases_both_sides_hold() {
 }
 
 #[test]
-fn a_node_silent_past_the_grace_is_lost_and_its_parts_end_as_node_lost() {
+fn a_node_silent_past_the_grace_is_lost_and_its_parts_end_once_its_host_has_fenced_them() {
     let mut a = allocator(0);
-    a.apply(0, &registration(0, Vec::new(), Vec::new()))
-        .expect("n0");
-    a.apply(0, &registration(1, Vec::new(), Vec::new()))
-        .expect("n1");
+    a.apply(0, &fencing(0, 500)).expect("n0");
+    a.apply(0, &fencing(1, 500)).expect("n1");
     a.apply(1, &batch("demo-a")).expect("submit");
     a.apply(2, &Input::Schedule).expect("pass");
     let on: Vec<(String, u64)> = ["n0", "n1"]
@@ -560,6 +590,21 @@ fn a_node_silent_past_the_grace_is_lost_and_its_parts_end_as_node_lost() {
         .expect("lost");
     assert_eq!(a.nodes()[&node].state, NodeState::Down);
     assert!(a.silent_nodes(1_000, 0, 300).is_empty(), "down already");
+    // Lost, its work is not over: the host may still run it until its fence (500 s
+    // after its last word) and the margin have passed, counted from allotd's start
+    // at the earliest.
+    assert_eq!(
+        a.leases_on(&node).len(),
+        1,
+        "held while the host may run it"
+    );
+    let over = 10 + 500 + FENCE_MARGIN;
+    assert!(a.fenced_nodes(over - 1, 0).is_empty());
+    assert_eq!(a.fenced_nodes(over, 0), vec![node.clone()]);
+    assert!(
+        a.fenced_nodes(over, 100).is_empty(),
+        "counted from the start"
+    );
     let parts = a.lost_parts(&node);
     assert!(
         matches!(
@@ -569,13 +614,40 @@ fn a_node_silent_past_the_grace_is_lost_and_its_parts_end_as_node_lost() {
         "{parts:?}"
     );
     for p in &parts {
-        a.apply(311, p).expect("part ended");
+        a.apply(over, p).expect("part ended");
     }
     assert!(a.leases_on(&node).is_empty());
+    assert!(
+        a.fenced_nodes(over + 1, 0).is_empty(),
+        "nothing left to end"
+    );
     assert_eq!(
         a.workloads()[&1].state,
         WorkloadState::Pending,
         "resumable: requeued"
+    );
+}
+
+#[test]
+fn a_lost_node_whose_agent_does_not_fence_keeps_its_leases_until_it_reports() {
+    let mut a = allocator(0);
+    a.apply(0, &registration(0, Vec::new(), Vec::new()))
+        .expect("n0");
+    a.apply(1, &batch("demo-a")).expect("submit");
+    a.apply(2, &Input::Schedule).expect("pass");
+    assert_eq!(a.leases_on("n0").len(), 1);
+    a.agent_disconnected("n0", 10);
+    a.apply(311, &Allocator::lost_input("n0", 300))
+        .expect("lost");
+    assert!(
+        a.fenced_nodes(1 << 40, 0).is_empty(),
+        "never: it may still run"
+    );
+    // A heartbeat's word replaces the registration's, as a reload changes it.
+    a.agent_fences("n0", 60);
+    assert_eq!(
+        a.fenced_nodes(10 + 60 + FENCE_MARGIN, 0),
+        vec!["n0".to_string()]
     );
 }
 
@@ -1038,6 +1110,7 @@ fn with_ports(lo: u16, hi: u16, n: u32) -> Allocator {
                 highest_workload: 0,
                 highest_lease: 0,
                 end_strays: true,
+                fence_s: 0,
             },
         )
         .expect("registers");

@@ -42,6 +42,8 @@ pub struct Cluster {
     pub metered: bool,
     /// The fake GPU source's script for every agent, instead of `40 + i` %.
     pub gpu_script: Option<String>,
+    /// Where agent `i` reaches allotd instead of `addr` (a relay the test can cut).
+    pub agent_route: std::collections::BTreeMap<usize, String>,
 }
 
 impl Cluster {
@@ -103,7 +105,8 @@ impl Cluster {
         c
     }
 
-    fn start_agents(&mut self, nodes: usize, gpus: u32) {
+    /// Starts allotd and `nodes` agents of `gpus`; waits until they are connected.
+    pub fn start_agents(&mut self, nodes: usize, gpus: u32) {
         self.start_server();
         for i in 0..nodes {
             self.agents.push(None);
@@ -138,7 +141,9 @@ impl Cluster {
     }
 
     /// A fresh dir and config with ports picked free; nothing started yet.
-    fn prepare(tag: &str, server: &str, groups: &str) -> Cluster {
+    /// Writes allotd's config (`server` lines in `[server]`, `groups`); starts
+    /// nothing.
+    pub fn prepare(tag: &str, server: &str, groups: &str) -> Cluster {
         let dir = std::env::temp_dir().join(format!("allot-cluster-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
@@ -172,6 +177,7 @@ impl Cluster {
             agent_metrics: Vec::new(),
             metered: false,
             gpu_script: None,
+            agent_route: std::collections::BTreeMap::new(),
         }
     }
 
@@ -362,7 +368,7 @@ impl Cluster {
                 "[agent]\nsocket = {:?}\nstate_dir = {:?}\nallocator = \"https://{}\"\nhost = \"node-{i}\"\ncluster = \"test\"\n{term_grace}default_grace = \"3s\"\nallow_root = true\n{}{metered}[health]\nsource = \"{source}\"\ninterval_s = 1\nkmsg = {:?}\n",
                 d.join("agent.sock"),
                 d.join("state"),
-                self.addr,
+                self.agent_route.get(&i).unwrap_or(&self.addr),
                 self.agent_extra,
                 kmsg
             ),
@@ -536,6 +542,13 @@ impl Cluster {
             }
         }
         out
+    }
+
+    /// Agent `i`'s pid, while it runs.
+    pub fn agent_pid(&self, i: usize) -> Option<i32> {
+        self.agents[i]
+            .as_ref()
+            .and_then(|c| i32::try_from(c.id()).ok())
     }
 
     /// kill -9 agent `i`.

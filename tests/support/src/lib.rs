@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod chromium;
+pub mod partition;
 pub mod pty;
 
 use std::path::{Path, PathBuf};

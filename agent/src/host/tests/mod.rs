@@ -86,6 +86,7 @@ pub(super) fn settings(dir: &Path) -> Settings {
         checkpoint_root: None,
         default_grace_s: 30,
         term_grace_s: 10,
+        fence_after_s: 600,
         warning_before_ms: 60_000,
         warning_signal: Signal::SIGUSR2,
         default_hook: String::new(),
