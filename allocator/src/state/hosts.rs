@@ -7,7 +7,9 @@ use super::input::{drain_kind, GpuCondition, GpuSeen, HostDrain, Input, Verdict}
 use super::out::{lease_wire, Applied, Command, Level, Out};
 use super::{effective, Allocator, DrainRec, NodeRec};
 use allot_common::drain::DrainAuthor;
-use allot_fairshare::{CoreError, LeaseId, NodeSpec, NodeState, Time, WorkloadId, WorkloadState};
+use allot_fairshare::{
+    CoreError, LeaseId, NodeId, NodeSpec, NodeState, Time, WorkloadId, WorkloadState,
+};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What a registering host says it has.
@@ -299,6 +301,13 @@ impl Allocator {
             }
         }
         self.sync_local_drain(at, name, drains, a);
+        if let Some(id) = self.nodes.get(name).map(|n| n.id) {
+            // A GPU that failed, or was cleared, while the host was away is as it
+            // says now: the registration is a report like any other.
+            if self.sync_gpu_health(id, gpus) {
+                self.core.node_changed(id);
+            }
+        }
         if let Some(n) = self.nodes.get_mut(name) {
             n.seen = gpus.to_vec();
             n.fence_s = fence_s;
@@ -535,12 +544,8 @@ impl Allocator {
         for g in gpus {
             let before = prev.iter().find(|p| p.index == g.index);
             node_changed |= before.is_none_or(|p| p.state != g.state || p.lease != g.lease);
-            if before.is_some_and(failed) != failed(g) {
-                // An index the host does not have is refused by the core; the report
-                // is still taken.
-                let _ = self.core.set_gpu_health(id, g.index, !failed(g));
-            }
         }
+        node_changed |= self.sync_gpu_health(id, gpus);
         changed |= self.sync_local_drain(at, node, drains, a);
         if node_changed {
             self.core.node_changed(id);
@@ -571,6 +576,25 @@ impl Allocator {
             _ => {}
         }
         Ok(changed)
+    }
+
+    /// The core's pool of node `id` set to the host's word: a GPU is in it exactly
+    /// when the report does not say it failed. Compared with the pool itself, not
+    /// with the last report, so no path (a registration, a restart) can leave the
+    /// two apart. Returns whether the pool changed.
+    fn sync_gpu_health(&mut self, id: NodeId, gpus: &[GpuSeen]) -> bool {
+        let mut changed = false;
+        for g in gpus {
+            let in_pool = g.index < 64
+                && self.core.cluster().len() > id.idx()
+                && self.core.cluster().node(id).healthy & (1u64 << g.index) != 0;
+            if in_pool == failed(g) {
+                // An index the host does not have is refused by the core; the report
+                // is still taken.
+                changed |= self.core.set_gpu_health(id, g.index, !failed(g)).is_ok();
+            }
+        }
+        changed
     }
 
     /// A health drain through the circuit breaker, or held (and the host told to

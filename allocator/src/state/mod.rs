@@ -23,6 +23,8 @@ mod creds;
 mod gates;
 #[cfg(test)]
 mod gates_tests;
+#[cfg(test)]
+mod health_props;
 mod hosts;
 mod input;
 mod out;
