@@ -62,6 +62,7 @@ impl Allocator {
                 held: None,
                 connected: false,
                 last_seen: at,
+                last_heard: at,
                 verdict: Verdict::Ok,
                 seen: Vec::new(),
                 gpus: Vec::new(),
@@ -707,7 +708,7 @@ impl Allocator {
                 !n.connected
                     && n.drains.contains_key(DrainAuthor::Lost.as_str())
                     && n.fence_s > 0
-                    && now.saturating_sub(n.last_seen.max(since))
+                    && now.saturating_sub(n.last_heard.max(since))
                         >= n.fence_s.saturating_add(FENCE_MARGIN)
                     && (!self.leases_on(name).is_empty() || !self.leaving_on(name).is_empty())
             })

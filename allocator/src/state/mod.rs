@@ -68,8 +68,12 @@ pub struct NodeRec {
     pub held: Option<(String, bool)>,
     /// Its agent's stream is up (not journaled).
     pub connected: bool,
-    /// Last message from its agent, Unix s (not journaled).
+    /// Last message from its agent, or the end of its stream, Unix s (not
+    /// journaled): the lost grace counts from it.
     pub last_seen: Time,
+    /// Last message from its agent, Unix s (not journaled): its fence counts from
+    /// it, for nothing the host heard from allotd is later.
+    pub last_heard: Time,
     /// The agent's last health verdict.
     pub verdict: Verdict,
     /// The agent's GPUs as the rules last saw them (registration, health report).
@@ -509,6 +513,7 @@ impl Allocator {
         if let Some(n) = self.nodes.get_mut(node) {
             n.connected = true;
             n.last_seen = now;
+            n.last_heard = now;
             n.gpus = gpus;
         }
     }
@@ -517,6 +522,7 @@ impl Allocator {
     pub fn agent_heard(&mut self, node: &str, now: Time) {
         if let Some(n) = self.nodes.get_mut(node) {
             n.last_seen = now;
+            n.last_heard = now;
         }
     }
 

@@ -187,6 +187,7 @@ impl Allocator {
                     held: theirs.held,
                     connected: false,
                     last_seen: at,
+                    last_heard: at,
                     verdict: theirs.verdict,
                     seen: theirs.seen,
                     gpus: Vec::new(),
