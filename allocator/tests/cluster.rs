@@ -349,7 +349,11 @@ while :; do wait $P; done"#,
 
 #[test]
 fn a_silent_node_is_lost_only_after_the_grace_and_its_work_moves() {
-    let mut c = Cluster::start_with("lost", "lost_grace = \"3s\"", TWO_PROJECTS, 2, 2);
+    // The host fences 2 s after its last word from allotd (ladder 3 s + 2 s): allotd
+    // moves the work once that is known over, 22 s after it last heard the host.
+    let mut c = Cluster::prepare("lost", "lost_grace = \"3s\"", TWO_PROJECTS);
+    c.agent_extra = "fence_after = \"2s\"\n".into();
+    c.start_agents(2, 2);
     let id = c.submit(
         &[
             "--project",

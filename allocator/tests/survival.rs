@@ -314,15 +314,12 @@ fn fenced_before_it_runs_elsewhere(tag: &str, how: CutOff) {
     c.start_agent(1, 1);
     c.wait_connected(2);
     let agent = c.agent_pid(0).expect("agent 0 runs");
+    let signal_agent = |sig| {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent), sig).expect("signals the agent")
+    };
     match how {
         CutOff::Partition => relay.cut(),
-        CutOff::StoppedAgent => {
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(agent),
-                nix::sys::signal::Signal::SIGSTOP,
-            )
-            .expect("SIGSTOP");
-        }
+        CutOff::StoppedAgent => signal_agent(nix::sys::signal::Signal::SIGSTOP),
     }
     let live = || -> Vec<(String, i32)> {
         let mut v: Vec<(String, i32)> = std::fs::read_dir(&runs)
@@ -372,13 +369,7 @@ fn fenced_before_it_runs_elsewhere(tag: &str, how: CutOff) {
     // The host comes back and says how its run ended: by its fence.
     match how {
         CutOff::Partition => relay.heal(),
-        CutOff::StoppedAgent => {
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(agent),
-                nix::sys::signal::Signal::SIGCONT,
-            )
-            .expect("SIGCONT");
-        }
+        CutOff::StoppedAgent => signal_agent(nix::sys::signal::Signal::SIGCONT),
     }
     let l = wait_for(
         &format!("{how:?}: the host to say how {lease} ended"),

@@ -232,32 +232,11 @@ fn registration(i: u32, running: Vec<u64>, drains: Vec<HostDrain>) -> Input {
 
 /// A registration whose agent fences within `fence_s`.
 fn fencing(i: u32, fence_s: u64) -> Input {
-    match registration(i, Vec::new(), Vec::new()) {
-        Input::Register {
-            spec,
-            gpu_uuids,
-            gpus,
-            running,
-            drains,
-            addr,
-            highest_workload,
-            highest_lease,
-            end_strays,
-            ..
-        } => Input::Register {
-            spec,
-            gpu_uuids,
-            gpus,
-            running,
-            drains,
-            addr,
-            highest_workload,
-            highest_lease,
-            end_strays,
-            fence_s,
-        },
-        other => other,
+    let mut r = registration(i, Vec::new(), Vec::new());
+    if let Input::Register { fence_s: f, .. } = &mut r {
+        *f = fence_s;
     }
+    r
 }
 
 fn sends(ap: &Applied, to: &str) -> Vec<Command> {
