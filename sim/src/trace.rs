@@ -163,30 +163,58 @@ pub fn parse(text: &str, file: &str, scenario: &Scenario) -> Result<Trace, Scena
     Ok(Trace { jobs, groups })
 }
 
-/// The records of a CSV text with their 1-based lines: one record a line (LF or
-/// CRLF), each read by the `csv` crate (a quoted cell may hold a comma), fields
-/// trimmed, blank lines skipped. The lines are counted here, not by the reader,
-/// which counts a row from before the line ending it skipped. Both trace formats
-/// read their files with this; the first record is the header, and [`csv_row`]
-/// checks each row against it.
+/// The records of a CSV text with their 1-based lines: one reader over the whole
+/// text (a quoted cell may hold a comma), fields trimmed, blank lines skipped. The
+/// line of a record is counted here from its first byte that is not a line ending
+/// or blank, so LF and CRLF files count alike and a blank line before a record does
+/// not move it. Both trace formats read their files with this; the first record is
+/// the header, and [`csv_row`] checks each row against it.
 pub(crate) fn csv_records(
     text: &str,
 ) -> impl Iterator<Item = Result<(usize, csv::StringRecord), (usize, String)>> + '_ {
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            let mut rec = csv::StringRecord::new();
-            csv::ReaderBuilder::new()
-                .has_headers(false)
-                .flexible(true)
-                .trim(csv::Trim::All)
-                .buffer_capacity(l.len().max(64))
-                .from_reader(l.as_bytes())
-                .read_record(&mut rec)
-                .map(|_| (i + 1, rec))
-                .map_err(|e| (i + 1, e.to_string()))
-        })
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(text.as_bytes());
+    let bytes = text.as_bytes();
+    // Lines counted up to `counted`: each record's count starts where the last ended.
+    let (mut line, mut counted) = (1usize, 0usize);
+    let mut line_of = move |from: u64| {
+        let mut at = usize::try_from(from)
+            .unwrap_or(bytes.len())
+            .min(bytes.len());
+        while at < bytes.len() && bytes[at].is_ascii_whitespace() {
+            at += 1;
+        }
+        let at = at.max(counted);
+        line += bytes[counted..at].iter().filter(|b| **b == b'\n').count();
+        counted = at;
+        line
+    };
+    let mut done = false;
+    std::iter::from_fn(move || loop {
+        if done {
+            return None;
+        }
+        let mut rec = csv::StringRecord::new();
+        let start = reader.position().byte();
+        match reader.read_record(&mut rec) {
+            Ok(false) => return None,
+            // A line of blanks only is no record.
+            Ok(true) if rec.len() == 1 && rec[0].is_empty() => continue,
+            Ok(true) => {
+                let at = rec.position().map_or(start, csv::Position::byte);
+                return Some(Ok((line_of(at), rec)));
+            }
+            Err(e) => {
+                // The reader cannot go on past a broken record: the error is the last.
+                done = true;
+                let at = e.position().map_or(start, csv::Position::byte);
+                return Some(Err((line_of(at), e.to_string())));
+            }
+        }
+    })
 }
 
 /// A row's cells, checked against the header's `width`: the error says how many
