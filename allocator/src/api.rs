@@ -1407,9 +1407,6 @@ impl pb::agent_stream_server::AgentStream for Api {
         for m in backlog {
             let _ = tx.send(Ok(m));
         }
-        // Each heartbeat is answered on this stream, so the host knows allotd heard
-        // it: the host's fence counts from the last one answered.
-        let heard = tx.clone();
         let session = self.0.attach(&node, tx, reg.protocol);
         tracing::info!(node = %node, gpus = reg.gpus.len(), running = reg.running.len(), "agent connected");
         let api = self.clone();
@@ -1431,9 +1428,12 @@ impl pb::agent_stream_server::AgentStream for Api {
                 }
                 match msg {
                     Ok(Some(m)) => {
+                        // Each heartbeat is answered on this stream, so the host knows
+                        // allotd heard it: its fence counts from the last one answered.
                         if let Some(pb::agent_message::Body::Heartbeat(h)) = &m.body {
                             let body = pb::allocator_message::Body::Heard(pb::Heard { seq: h.seq });
-                            let _ = heard.send(Ok(pb::AllocatorMessage { body: Some(body) }));
+                            let m = pb::AllocatorMessage { body: Some(body) };
+                            api.0.answer(&node, session, m);
                         }
                         api.on_agent(&node, m)
                     }

@@ -421,6 +421,16 @@ impl Server {
         n
     }
 
+    /// Sends `m` on agent session `session` of `node` while it is the node's
+    /// current one. Holding no sender of its own, the caller leaves a replaced
+    /// session's stream to end, so its agent reconnects.
+    pub fn answer(&self, node: &str, session: u64, m: pb::AllocatorMessage) {
+        let s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, tx, _)) = s.get(node).filter(|(n, _, _)| *n == session) {
+            let _ = tx.send(Ok(m));
+        }
+    }
+
     /// Held health drains are looked at again (for hosts still connected; one
     /// alone puts its drain in force itself): once the breaker's window has room,
     /// they go through.
