@@ -220,12 +220,18 @@ impl<H> Table<H> {
                 None => return Admitted::Refused(Over::Prefix),
             }
         } else if self.entries.len() >= self.caps.max {
-            let heavier = self
-                .heaviest
-                .last()
-                .filter(|(n, _)| *n > in_prefix)
-                .map(|(_, p)| *p);
-            match heavier.and_then(|p| self.victim_in(p, 0)) {
+            let heaviest = self.heaviest.last().map(|(n, _)| *n).unwrap_or(0);
+            let from = match self.heaviest.last() {
+                Some((n, p)) if *n > in_prefix => self.victim_in(*p, 0),
+                // Its own prefix is (one of) the heaviest: there, as when the prefix
+                // is full, the heaviest peer gives way to a lighter one, so a host
+                // with nothing pending gets in even inside the flooded /24.
+                _ if in_prefix > 0 && in_prefix == heaviest => {
+                    self.victim_in(prefix, self.pending_of(peer, prefix))
+                }
+                _ => None,
+            };
+            match from {
                 Some(v) => victim = Some(v),
                 None => return Admitted::Refused(Over::All),
             }
@@ -433,15 +439,34 @@ mod tests {
             Some(1),
             "the oldest of .2, now the heaviest peer of 10.0.0.0/24"
         );
-        // ... and now the two hold 2 and 3: 10.0.1.0/24 is the heaviest, and
-        // its own newcomer is refused rather than take from a lighter prefix.
-        assert_eq!(t.admit(v4(1, 3), 8), Admitted::Refused(Over::All));
+        // ... and now the two hold 2 and 3: 10.0.1.0/24 is the heaviest. Its own
+        // newcomer never takes from the lighter prefix; it takes from its own
+        // prefix's heaviest peer (.1, 2 pending), which holds more than it does.
+        let (_, evicted) = id(t.admit(v4(1, 3), 8));
+        assert_eq!(evicted, Some(4), "the oldest of 10.0.1.1");
+        // .1 and .3 now hold 1 each as the heaviest peers of the heaviest prefix:
+        // a third slot for .3 is refused, none heavier holds more.
+        assert_eq!(t.admit(v4(1, 3), 9), Admitted::Refused(Over::All));
         // Authenticated connections are never taken.
-        for l in &light {
-            t.authenticate(*l, "bob").expect("share");
-        }
+        t.authenticate(light[1], "bob").expect("share");
         assert!(t.consistent());
-        assert_eq!((t.open(), t.pending()), (6, 4));
+        assert_eq!((t.open(), t.pending()), (6, 5));
+    }
+
+    #[test]
+    fn a_full_server_lets_a_host_with_nothing_pending_into_its_own_flooded_prefix() {
+        // Two prefixes flooded alike fill the server; a CLI from inside one of them,
+        // with nothing pending, takes the slot of that prefix's heaviest peer.
+        let mut t = Table::new(caps(6, 10, 10));
+        (0..3).for_each(|h| {
+            id(t.admit(v4(0, 1), h));
+        });
+        (3..6).for_each(|h| {
+            id(t.admit(v4(1, 1), h));
+        });
+        let (_, evicted) = id(t.admit(v4(0, 9), 6));
+        assert_eq!(evicted, Some(0), "10.0.0.1's oldest");
+        assert!(t.consistent());
     }
 
     #[test]
