@@ -38,6 +38,11 @@ pub fn write(state_dir: &Path, at: u64) -> std::io::Result<()> {
     std::fs::rename(&tmp, &path)
 }
 
+/// Whether an allotd has ever answered this host's heartbeats (the file exists).
+pub fn answered_before(state_dir: &Path) -> bool {
+    state_dir.join(FILE).exists()
+}
+
 /// The host's last word from allotd (boot ms), if the file says one.
 pub fn read(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
@@ -79,11 +84,15 @@ pub struct Fence {
 
 impl Fence {
     /// Whether the fence is due at `now` (boot ms) with the host's last word from
-    /// allotd at `contact`; `started` (the supervisor's start) stands for a missing
-    /// file, which the agent writes before any start it takes from allotd.
+    /// allotd at `contact`. No file, none: no allotd has answered a heartbeat (one
+    /// older than the fence ends a lost node's leases itself). A word "from the
+    /// future" is from before a reboot (the clock restarts): `started`, the
+    /// supervisor's start, stands for it.
     pub fn due(&self, contact: Option<u64>, started: u64, now: u64) -> bool {
-        // A word "from the future" is from before a reboot (the clock restarts).
-        let last = contact.filter(|c| *c <= now).unwrap_or(started);
+        let Some(c) = contact else {
+            return false;
+        };
+        let last = if c <= now { c } else { started };
         now.saturating_sub(last) >= self.after_s.saturating_mul(1000)
     }
 
@@ -118,16 +127,17 @@ mod tests {
     }
 
     #[test]
-    fn the_fence_counts_from_the_last_word_and_a_missing_file_from_the_start() {
+    fn the_fence_counts_from_the_last_word_and_never_without_one() {
         let f = fence(10);
         assert!(!f.due(Some(5_000), 0, 14_999));
         assert!(f.due(Some(5_000), 0, 15_000));
         // A later start does not move the last word: the start came before it.
         assert!(f.due(Some(5_000), 9_000, 15_000));
-        assert!(!f.due(None, 9_000, 15_000));
-        assert!(f.due(None, 9_000, 19_000));
-        // A file from before a reboot is no word at all.
+        // No allotd ever answered: never.
+        assert!(!f.due(None, 9_000, 1 << 40));
+        // A file from before a reboot counts from the supervisor's start.
         assert!(!f.due(Some(99_000), 9_000, 15_000));
+        assert!(f.due(Some(99_000), 9_000, 19_000));
     }
 
     #[test]

@@ -84,7 +84,7 @@ fn register(sh: &Shared, facts: &HostFacts, advertise_addr: &str) -> pb::AgentMe
             advertise_addr: advertise_addr.to_string(),
             highest_workload: highest.0,
             highest_lease: highest.1,
-            fence_s: h.fence_s(),
+            fence_s: fence_s(&h),
         })),
     }
 }
@@ -124,6 +124,16 @@ impl Beats {
             }
         }
         at
+    }
+}
+
+/// What the host tells allotd of its fence: 0 until an allotd has answered a
+/// heartbeat, for until then no supervisor fences.
+fn fence_s(h: &crate::host::Host) -> u64 {
+    if crate::fence::answered_before(&h.settings().state_dir) {
+        h.fence_s()
+    } else {
+        0
     }
 }
 
@@ -436,7 +446,7 @@ async fn session(
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .sent(crate::fence::boot_ms());
-                let fence_s = sh.host().fence_s();
+                let fence_s = fence_s(&sh.host());
                 let body = pb::agent_message::Body::Heartbeat(pb::Heartbeat { seq, fence_s });
                 if tx.send(pb::AgentMessage { body: Some(body) }).is_err() {
                     break;
@@ -450,7 +460,12 @@ async fn session(
     let r = loop {
         match inbound.message().await {
             Ok(Some(m)) => {
-                if std::mem::take(&mut first) {
+                // Only where an allotd answered heartbeats before: an allotd too old
+                // to answer them never makes the file, and the host never fences
+                // (that allotd ends a lost node's leases at its grace, as always).
+                if std::mem::take(&mut first)
+                    && crate::fence::answered_before(&sh.host().settings().state_dir)
+                {
                     heard(sh, registered);
                 }
                 match m.body {
@@ -460,7 +475,23 @@ async fn session(
                             .unwrap_or_else(|e| e.into_inner())
                             .answered(h.seq);
                         if let Some(at) = at {
+                            let first =
+                                !crate::fence::answered_before(&sh.host().settings().state_dir);
                             heard(sh, at);
+                            // The host fences from now on: allotd hears so at once,
+                            // not a heartbeat later.
+                            if first {
+                                let seq = beats
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .sent(crate::fence::boot_ms());
+                                let fence_s = fence_s(&sh.host());
+                                let body = pb::agent_message::Body::Heartbeat(pb::Heartbeat {
+                                    seq,
+                                    fence_s,
+                                });
+                                send(sh, pb::AgentMessage { body: Some(body) });
+                            }
                         }
                     }
                     _ => on_command(sh, m),
