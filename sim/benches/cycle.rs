@@ -323,6 +323,34 @@ fn main() {
     if want("scale") {
         scale();
     }
+    if want("parse") {
+        parse();
+    }
+}
+
+/// Reading the whole Philly trace, parsing alone: the speed of reading the file.
+fn parse() {
+    let (sc, path) = shipped("philly.toml");
+    let trace_path = sc.trace_path(&path).expect("philly.toml names its trace");
+    let text = std::fs::read_to_string(&trace_path).expect("the trace is shipped");
+    let file = trace_path.display().to_string();
+    let mut times: Vec<f64> = (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            let tr = allot_sim::trace::parse(&text, &file, &sc).expect("the trace parses");
+            std::hint::black_box(tr.jobs.len());
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let rows = text.lines().count();
+    let mb = text.len() as f64 / 1e6;
+    println!(
+        "parse: the Philly trace ({rows} lines, {mb:.1} MB): median {:.1} ms, min {:.1} ms ({:.0} MB/s)",
+        times[3] * 1e3,
+        times[0] * 1e3,
+        mb / times[3]
+    );
 }
 
 /// A scenario shipped under `scenarios/`, with the path its `[trace]` is read from.
