@@ -96,6 +96,11 @@ impl Fence {
         now.saturating_sub(last) >= self.after_s.saturating_mul(1000)
     }
 
+    /// The longest this lease runs on after the host's last word from allotd.
+    pub fn bound_s(&self) -> u64 {
+        bound_s(self.after_s, self.grace_s, self.term_grace_s)
+    }
+
     /// Why the lease was stopped, in words the user reads.
     pub fn reason(&self) -> String {
         format!(

@@ -145,6 +145,44 @@ fn heard(sh: &Shared, at: u64) {
     }
 }
 
+/// Whether an allotd has answered this host's heartbeats before.
+fn answered_before(sh: &Shared) -> bool {
+    crate::fence::answered_before(&sh.host().settings().state_dir)
+}
+
+/// A heartbeat, recorded as sent now.
+fn beat(sh: &Shared, beats: &std::sync::Mutex<Beats>) -> pb::AgentMessage {
+    let seq = beats
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .sent(crate::fence::boot_ms());
+    let fence_s = fence_s(&sh.host());
+    pb::AgentMessage {
+        body: Some(pb::agent_message::Body::Heartbeat(pb::Heartbeat {
+            seq,
+            fence_s,
+        })),
+    }
+}
+
+/// allotd answered heartbeat `seq`: its send time is the host's last word. The
+/// first answer ever makes the host fence, and allotd hears so at once, not a
+/// heartbeat later.
+fn on_heard(sh: &Shared, beats: &std::sync::Mutex<Beats>, seq: u64) {
+    let Some(at) = beats
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .answered(seq)
+    else {
+        return;
+    };
+    let first = !answered_before(sh);
+    heard(sh, at);
+    if first {
+        send(sh, beat(sh, beats));
+    }
+}
+
 /// Sends to the allocator if the stream is up (otherwise the next register
 /// reconciles).
 pub fn send(sh: &Shared, m: pb::AgentMessage) {
@@ -442,13 +480,8 @@ async fn session(
             let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
-                let seq = beats
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .sent(crate::fence::boot_ms());
-                let fence_s = fence_s(&sh.host());
-                let body = pb::agent_message::Body::Heartbeat(pb::Heartbeat { seq, fence_s });
-                if tx.send(pb::AgentMessage { body: Some(body) }).is_err() {
+                let m = beat(&sh, &beats);
+                if tx.send(m).is_err() {
                     break;
                 }
             }
@@ -463,37 +496,11 @@ async fn session(
                 // Only where an allotd answered heartbeats before: an allotd too old
                 // to answer them never makes the file, and the host never fences
                 // (that allotd ends a lost node's leases at its grace, as always).
-                if std::mem::take(&mut first)
-                    && crate::fence::answered_before(&sh.host().settings().state_dir)
-                {
+                if std::mem::take(&mut first) && answered_before(sh) {
                     heard(sh, registered);
                 }
                 match m.body {
-                    Some(pb::allocator_message::Body::Heard(h)) => {
-                        let at = beats
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .answered(h.seq);
-                        if let Some(at) = at {
-                            let first =
-                                !crate::fence::answered_before(&sh.host().settings().state_dir);
-                            heard(sh, at);
-                            // The host fences from now on: allotd hears so at once,
-                            // not a heartbeat later.
-                            if first {
-                                let seq = beats
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .sent(crate::fence::boot_ms());
-                                let fence_s = fence_s(&sh.host());
-                                let body = pb::agent_message::Body::Heartbeat(pb::Heartbeat {
-                                    seq,
-                                    fence_s,
-                                });
-                                send(sh, pb::AgentMessage { body: Some(body) });
-                            }
-                        }
-                    }
+                    Some(pb::allocator_message::Body::Heard(h)) => on_heard(sh, &beats, h.seq),
                     _ => on_command(sh, m),
                 }
             }

@@ -1259,8 +1259,8 @@ impl Api {
             .collect())
     }
 
-    /// One message from an agent.
-    fn on_agent(&self, node: &str, m: pb::AgentMessage) {
+    /// One message from an agent, on its session `session`.
+    fn on_agent(&self, node: &str, session: u64, m: pb::AgentMessage) {
         self.0.core().alloc.agent_heard(node, now());
         match m.body {
             Some(pb::agent_message::Body::LeaseStatus(s)) => {
@@ -1329,9 +1329,13 @@ impl Api {
             Some(pb::agent_message::Body::Register(_)) => {
                 tracing::warn!(node, "second register on one stream ignored");
             }
-            // Answered in the session's loop, which holds the stream back.
+            // Answered on its stream, so the host knows allotd heard it: its
+            // fence counts from the last one answered.
             Some(pb::agent_message::Body::Heartbeat(h)) => {
                 self.0.core().alloc.agent_fences(node, h.fence_s);
+                let body = pb::allocator_message::Body::Heard(pb::Heard { seq: h.seq });
+                self.0
+                    .answer(node, session, pb::AllocatorMessage { body: Some(body) });
             }
             None => {}
         }
@@ -1427,16 +1431,7 @@ impl pb::agent_stream_server::AgentStream for Api {
                     break;
                 }
                 match msg {
-                    Ok(Some(m)) => {
-                        // Each heartbeat is answered on this stream, so the host knows
-                        // allotd heard it: its fence counts from the last one answered.
-                        if let Some(pb::agent_message::Body::Heartbeat(h)) = &m.body {
-                            let body = pb::allocator_message::Body::Heard(pb::Heard { seq: h.seq });
-                            let m = pb::AllocatorMessage { body: Some(body) };
-                            api.0.answer(&node, session, m);
-                        }
-                        api.on_agent(&node, m)
-                    }
+                    Ok(Some(m)) => api.on_agent(&node, session, m),
                     Ok(None) => break,
                     Err(e) => {
                         tracing::info!(node = %node, error = %e, "agent stream broke");

@@ -182,8 +182,6 @@ impl Host {
             .collect()
     }
 
-    /// A write a start needed failed: the host drains itself (`disk-full`) and the
-    /// start is refused, so the work waits again rather than failing.
     /// Lease `l`'s fence: allotd's leases have one while `fence_after` is set; a
     /// local lease is the operator's, and allotd never restarts it elsewhere.
     fn fence_for(&self, l: &LeaseRecord) -> Option<crate::fence::Fence> {
@@ -223,6 +221,8 @@ impl Host {
         most
     }
 
+    /// A write a start needed failed: the host drains itself (`disk-full`) and the
+    /// start is refused, so the work waits again rather than failing.
     fn cannot_write(&mut self, what: &str, now_ms: i64) -> HostError {
         self.write_failed(what, now_ms);
         HostError::Refused(format!(
@@ -459,11 +459,9 @@ impl Host {
             allotd_start_s: spec.allotd_start_s,
             ..Default::default()
         };
-        if adopt.is_none() {
-            l.fence_s = self.fence_for(&l).map_or(0, |f| {
-                crate::fence::bound_s(f.after_s, f.grace_s, f.term_grace_s)
-            });
-        }
+        // An adopted process has no supervisor to fence it.
+        let fence = adopt.is_none().then(|| self.fence_for(&l)).flatten();
+        l.fence_s = fence.as_ref().map_or(0, crate::fence::Fence::bound_s);
         let dir = lease_dir(&self.settings, &id);
         // Where its output goes and its cgroup, recorded before it starts (an adopted
         // process writes wherever it already did, in whatever cgroup it is).
@@ -510,7 +508,6 @@ impl Host {
                 (None, p)
             }
             None => {
-                let fence = self.fence_for(&l);
                 let launched = self.os.launch(&Launch {
                     lease: id.clone(),
                     argv: spec.argv.clone(),

@@ -14,11 +14,10 @@
 
 mod terminal;
 
+use crate::fence::Fence;
 use crate::procid::ProcId;
 use allot_checkpoint_hooks::cgroup::Cgroup;
 use allot_checkpoint_hooks::identity::{prepare, Identity, RunAs};
-
-use crate::fence::Fence;
 use allot_checkpoint_hooks::{Ladder, Target, DEFAULT_MARKER};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -124,7 +123,7 @@ pub struct Spec {
     /// The lease's fence ([`crate::fence`]): without word from allotd for its
     /// time, the supervisor runs the lease's ladder itself; `None`: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fence: Option<crate::fence::Fence>,
+    pub fence: Option<Fence>,
 }
 
 /// The supervisor's one line of answer.
