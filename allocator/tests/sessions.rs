@@ -330,14 +330,26 @@ fn a_requeued_tmux_session_finds_its_windows_again() {
     wait_for("tmux's window", LONG, || {
         tmux(&lease, &["has-session", "-t", "main"]).0.then_some(())
     });
+    // Typed once the shell shows its prompt, as a user would: keys typed before it
+    // are echoed first, and the output then follows the prompt on its line.
+    let pane = || tmux(&lease, &["capture-pane", "-p", "-t", "main"]).1;
+    wait_for("the window's shell to show its prompt", LONG, || {
+        (!pane().trim().is_empty()).then_some(())
+    });
     let typed = format!("cd {work:?} && echo marker-$((6*7))");
     assert!(tmux(&lease, &["send-keys", "-t", "main", &typed, "Enter"]).0);
-    wait_for("the window to show the marker", LONG, || {
-        tmux(&lease, &["capture-pane", "-p", "-t", "main"])
-            .1
-            .contains("\nmarker-42")
+    let shown = allot_test_support::try_wait_for(LONG, || {
+        // A line of output, not the command line that asked for it.
+        pane()
+            .lines()
+            .any(|l| l.trim_end().ends_with("marker-42") && !l.contains("echo"))
             .then_some(())
     });
+    assert!(
+        shown.is_some(),
+        "the window never showed the marker; it shows:\n{}",
+        pane()
+    );
 
     // Sent back to the queue: the hook saves the windows, then the session ends.
     let out = c.allot(&["requeue", &id]);
