@@ -6,7 +6,7 @@
 //! very same [`Scheduler`].
 //!
 //! Map: [`tree`] (org tree and shares) · [`ledger`] (usage over the lookback) ·
-//! [`ratios`] (served ratios) · [`entitlement`] (the ideal allocation) · [`cluster`]
+//! [`ratios`] (served ratios) · [`runlength`] (run lengths predicted) · [`entitlement`] (the ideal allocation) · [`cluster`]
 //! (nodes, GPUs, fit indexes) · [`queue`] (per-project order) · [`scheduler`] (the
 //! pass, and the static-priority baseline it replaces) · [`select`] (GPU types,
 //! features and clusters work asks for) · `preempt` (victims,
@@ -20,6 +20,7 @@ pub mod ledger;
 mod preempt;
 pub mod queue;
 pub mod ratios;
+pub mod runlength;
 pub mod scheduler;
 pub mod select;
 pub mod time;

@@ -319,6 +319,7 @@ mod tests {
             small_short_funded_p90_s: 0.0,
             lost_gpu_hours: lost,
             lost_pct: 1.0,
+            reservation_lost_gpu_hours: 0.0,
             preemptions: 0.0,
             largest_gang_p90_s: 0.0,
             wall_s: 1.0,

@@ -27,7 +27,8 @@ pub struct Args {
     #[arg(long)]
     trace: Option<PathBuf>,
     /// `fairshare` (allot), `priority` (the static-priority baseline), `fifo-backfill`
-    /// (FIFO with EASY backfill, as a Slurm site runs), or the Helios study's
+    /// (FIFO with EASY backfill, real durations as estimates), `fifo-backfill-user`
+    /// (the same with time limits as users set them), or the Helios study's
     /// strict-order baselines `fifo` and `sjf` (a Helios-format scenario).
     #[arg(long, default_value = "fairshare")]
     policy: String,
@@ -60,7 +61,8 @@ pub fn run(a: Args) -> Result<()> {
         "sjf" => return run_strict(a, strict::Order::Sjf),
         other => PolicyKind::parse(other).with_context(|| {
             format!(
-                "--policy {other:?}: use `fairshare`, `priority`, `fifo-backfill`, `fifo` or `sjf`"
+                "--policy {other:?}: use `fairshare`, `priority`, `fifo-backfill`, \
+                 `fifo-backfill-user`, `fifo` or `sjf`"
             )
         })?,
     };

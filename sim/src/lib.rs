@@ -24,7 +24,7 @@ use allot_fairshare::cluster::{NodeId, NodeState};
 use allot_fairshare::decision::Action;
 use allot_fairshare::entitlement::water_fill;
 use allot_fairshare::scheduler::{Baseline, LeaseEnd, Scheduler};
-use allot_fairshare::time::{Secs, Time, DAY};
+use allot_fairshare::time::{Secs, Time, DAY, HOUR, MINUTE};
 use allot_fairshare::tree::{GroupId, OrgTree};
 use allot_fairshare::workload::{LeaseId, RevokeWhy, WorkloadId, WorkloadState};
 pub use report::{Report, SeedTable, Spread, Timeline};
@@ -43,6 +43,9 @@ pub enum PolicyKind {
     /// FIFO with EASY backfill, the reference a Slurm site runs (work-conserving, no
     /// preemption), with every job's real duration as its time limit when it has none.
     FifoBackfill,
+    /// The same with time limits as users set them ([`user_estimate`]): what a Slurm
+    /// site's backfill plans with.
+    FifoBackfillUser,
 }
 
 impl PolicyKind {
@@ -52,6 +55,7 @@ impl PolicyKind {
             PolicyKind::FairShare => "fairshare",
             PolicyKind::Priority => "priority",
             PolicyKind::FifoBackfill => "fifo-backfill",
+            PolicyKind::FifoBackfillUser => "fifo-backfill-user",
         }
     }
 
@@ -61,6 +65,7 @@ impl PolicyKind {
             PolicyKind::FairShare,
             PolicyKind::Priority,
             PolicyKind::FifoBackfill,
+            PolicyKind::FifoBackfillUser,
         ]
         .into_iter()
         .find(|p| p.name() == name)
@@ -232,11 +237,21 @@ pub fn run_probed(
             .collect();
         core = core.into_baseline(Baseline { team_caps: caps });
     }
-    if opts.policy == PolicyKind::FifoBackfill {
-        core = core.into_fifo_backfill();
-        for j in &mut jobs {
-            perfect_estimate(j);
+    match opts.policy {
+        PolicyKind::FifoBackfill => {
+            core = core.into_fifo_backfill();
+            for j in &mut jobs {
+                perfect_estimate(j);
+            }
         }
+        PolicyKind::FifoBackfillUser => {
+            core = core.into_fifo_backfill();
+            let mut rng = Rng::new(opts.seed ^ 0xE571_3A7E);
+            for j in &mut jobs {
+                user_estimate(j, &mut rng);
+            }
+        }
+        PolicyKind::FairShare | PolicyKind::Priority => {}
     }
     let horizon = u64::from(sc.days) * DAY;
     let teams: Vec<GroupId> = tree.teams().to_vec();
@@ -701,6 +716,50 @@ fn perfect_estimate(job: &mut Job) {
     job.spec.min_runtime = job.spec.min_runtime.min(limit);
 }
 
+/// The time limits users set, shortest first: a limit is rounded up to one
+/// of these (beyond the last, to whole multiples of it).
+const USER_LIMITS: [Secs; 17] = [
+    5 * MINUTE,
+    10 * MINUTE,
+    15 * MINUTE,
+    30 * MINUTE,
+    HOUR,
+    2 * HOUR,
+    4 * HOUR,
+    6 * HOUR,
+    8 * HOUR,
+    12 * HOUR,
+    DAY,
+    2 * DAY,
+    3 * DAY,
+    5 * DAY,
+    7 * DAY,
+    14 * DAY,
+    30 * DAY,
+];
+
+/// Gives `job` a time limit as its user would set one, where it has none: its real
+/// duration times a factor drawn uniformly from 1 to 5 (the "f-model" of Mu'alem
+/// and Feitelson, "Utilization, predictability, workloads, and user runtime
+/// estimates in scheduling the IBM SP2 with backfilling", IEEE TPDS 12(6), 2001),
+/// rounded up to a round value, since users pick a few round limits (Tsafrir,
+/// Etsion and Feitelson, "Modeling user runtime estimates", JSSPP 2005: the 20
+/// most used values cover about 90% of jobs). No job outlives its limit.
+pub fn user_estimate(job: &mut Job, rng: &mut Rng) {
+    let factor = 1.0 + 4.0 * rng.unit();
+    if job.spec.time_limit.is_none() {
+        let want = (job.work.max(1) as f64 * factor).ceil() as Secs;
+        let last = USER_LIMITS[USER_LIMITS.len() - 1];
+        let round = USER_LIMITS
+            .iter()
+            .copied()
+            .find(|&l| l >= want)
+            .unwrap_or_else(|| want.div_ceil(last).saturating_mul(last));
+        job.spec.time_limit = Some(round.min(allot_fairshare::scheduler::MAX_CONTRACT));
+    }
+    perfect_estimate(job);
+}
+
 /// Run `r` ends at `t`: its GPUs leave the team's and the cluster's counts.
 fn release(
     rep: &mut report::Builder,
@@ -728,6 +787,46 @@ mod tests {
     use super::*;
     use allot_fairshare::tree::GroupSpec;
     use allot_fairshare::{NodeSpec, PolicyConfig, WorkloadSpec};
+
+    #[test]
+    fn a_user_estimate_is_a_round_limit_no_job_outlives() {
+        let mut rng = Rng::new(7);
+        let (mut factors, mut seen) = (Vec::new(), BTreeSet::new());
+        for work in [1, 59, 600, 3_599, 7_000, 86_400, 40 * DAY] {
+            for _ in 0..200 {
+                let mut job = Job {
+                    submit: 0,
+                    work,
+                    spec: WorkloadSpec::default(),
+                    line: 0,
+                };
+                user_estimate(&mut job, &mut rng);
+                let limit = job.spec.time_limit.expect("a limit");
+                assert!(limit >= work, "{work} s outlives its limit {limit} s");
+                assert!(
+                    USER_LIMITS.contains(&limit) || limit.is_multiple_of(30 * DAY),
+                    "{limit} s is no round limit"
+                );
+                factors.push(limit as f64 / work as f64);
+                seen.insert(limit);
+            }
+        }
+        // Over-estimated, and not by one fixed factor: users' limits vary.
+        assert!(factors.iter().any(|&f| f > 2.0));
+        assert!(seen.len() > 7, "{seen:?}");
+        // A limit the job had is kept.
+        let mut job = Job {
+            submit: 0,
+            work: 100,
+            spec: WorkloadSpec {
+                time_limit: Some(150),
+                ..Default::default()
+            },
+            line: 0,
+        };
+        user_estimate(&mut job, &mut rng);
+        assert_eq!(job.spec.time_limit, Some(150));
+    }
 
     #[test]
     fn a_faulted_host_is_repaired_only_once_its_last_lease_left() {

@@ -29,7 +29,10 @@ pub struct SuiteArgs {
     #[arg(long)]
     pub quick: bool,
     /// Policies to run, comma-separated.
-    #[arg(long, default_value = "fairshare,priority,fifo-backfill")]
+    #[arg(
+        long,
+        default_value = "fairshare,priority,fifo-backfill,fifo-backfill-user"
+    )]
     pub policies: String,
     /// Only the scenarios whose name contains this.
     #[arg(long)]
@@ -77,6 +80,8 @@ pub struct Figures {
     pub lost_gpu_hours: f64,
     /// Those, % of GPU-hours delivered.
     pub lost_pct: f64,
+    /// Of those, GPU-hours lost to reservations taking their nodes back.
+    pub reservation_lost_gpu_hours: f64,
     /// Leases revoked for preemption or reservations.
     pub preemptions: f64,
     /// p90 wait of the largest gangs, s.
@@ -100,6 +105,11 @@ impl Figures {
             } else {
                 0.0
             },
+            reservation_lost_gpu_hours: r
+                .lost_gpu_hours_by
+                .get("reservation")
+                .copied()
+                .unwrap_or(0.0),
             preemptions: r.preemptions as f64,
             largest_gang_p90_s: r.largest_gang_wait_s.p90 as f64,
             wall_s: r.sim_wall_s,
@@ -116,7 +126,7 @@ struct Measure {
     decimals: usize,
 }
 
-const MEASURES: [Measure; 10] = [
+const MEASURES: [Measure; 11] = [
     Measure {
         name: "occupancy",
         get: |f| f.occupancy,
@@ -158,6 +168,12 @@ const MEASURES: [Measure; 10] = [
         get: |f| f.lost_pct,
         duration: false,
         decimals: 2,
+    },
+    Measure {
+        name: "… to reservations",
+        get: |f| f.reservation_lost_gpu_hours,
+        duration: false,
+        decimals: 0,
     },
     Measure {
         name: "preemptions",
@@ -321,7 +337,7 @@ pub(crate) fn parse_policies(list: &str) -> Result<Vec<PolicyKind>> {
     for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let p = PolicyKind::parse(name).with_context(|| {
             format!(
-                "--policies {list:?}: {name:?} is not one; use fairshare, priority, fifo-backfill"
+                "--policies {list:?}: {name:?} is not one; use fairshare, priority, fifo-backfill, fifo-backfill-user"
             )
         })?;
         if !out.contains(&p) {

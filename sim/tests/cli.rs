@@ -113,7 +113,7 @@ fn bad_files_fail_with_file_line_and_field() {
 }
 
 #[test]
-fn suite_runs_every_scenario_under_three_policies_and_judges_allots() {
+fn suite_runs_every_scenario_under_four_policies_and_judges_allots() {
     let dir = std::env::temp_dir().join(format!("allot-sim-suite-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     // Two days of a light ai2 (extends the built-in, arrivals × 0.3), and one left
@@ -143,7 +143,15 @@ fn suite_runs_every_scenario_under_three_policies_and_judges_allots() {
         .iter()
         .map(|r| r[0].as_str().expect("name"))
         .collect();
-    assert_eq!(policies, ["fairshare", "priority", "fifo-backfill"]);
+    assert_eq!(
+        policies,
+        [
+            "fairshare",
+            "priority",
+            "fifo-backfill",
+            "fifo-backfill-user"
+        ]
+    );
     for r in tiny["runs"].as_array().expect("runs") {
         assert_eq!(r[1].as_array().expect("per seed").len(), 2);
         let occ = r[1][0]["occupancy"].as_f64().expect("occupancy");

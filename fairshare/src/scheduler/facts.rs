@@ -43,6 +43,9 @@ pub struct Facts {
     /// Ended leases' parts still running on their hosts (absent from older
     /// snapshots: none).
     pub leaving: Vec<(LeaseId, Leaving)>,
+    /// The last run lengths of each user and class (absent from older snapshots:
+    /// none learnt; the journal after the snapshot teaches them again).
+    pub run_lengths: Vec<crate::runlength::RunLengthFacts>,
 }
 
 impl Default for Facts {
@@ -60,6 +63,7 @@ impl Default for Facts {
             last_now: 0,
             usage_since: None,
             leaving: Vec::new(),
+            run_lengths: Vec::new(),
         }
     }
 }
@@ -228,6 +232,7 @@ impl Scheduler {
                 .iter()
                 .map(|(id, l)| (*id, l.clone()))
                 .collect(),
+            run_lengths: self.st.run_lengths.facts(),
         }
     }
 
@@ -397,6 +402,7 @@ impl Scheduler {
             }
             s.st.leaving.insert(*id, l.clone());
         }
+        s.st.run_lengths = crate::runlength::RunLengths::from_facts(&f.run_lengths);
         let held: Vec<WorkloadId> = f.leaving.iter().map(|(_, l)| l.workload).collect();
         for w in held {
             if s.st
@@ -589,6 +595,8 @@ mod tests {
         let (s, _) = busy();
         let f = s.facts();
         assert!(!f.leases.is_empty() && f.workloads.len() > f.leases.len());
+        // The completed runs taught how long a run of theirs lasts; a snapshot keeps it.
+        assert_eq!(f.run_lengths.len(), 1, "{:?}", f.run_lengths);
         let json = serde_json::to_string(&f).expect("encodes");
         let back: Facts = serde_json::from_str(&json).expect("decodes");
         let r =

@@ -362,6 +362,19 @@ impl Scheduler {
         }
         // Revoked or lost work waits again, from its checkpoint when it can resume and
         // from the beginning otherwise, unless its user asked for no requeue.
+        if matches!(
+            end,
+            LeaseEnd::Completed | LeaseEnd::Failed | LeaseEnd::TimeLimit
+        ) {
+            // Ended on its own: how long such a run lasts (`runlength.rs`).
+            if let Some(w) = self.st.workloads.get(&wid) {
+                self.st.run_lengths.record(
+                    &w.spec.user,
+                    &w.spec.class,
+                    now.saturating_sub(l.start).max(1),
+                );
+            }
+        }
         let next = match end {
             LeaseEnd::Completed => WorkloadState::Completed,
             LeaseEnd::Failed => WorkloadState::Failed,

@@ -222,6 +222,8 @@ struct State {
     allowance: BTreeMap<String, u32>,
     /// Ended leases' parts still running on their hosts (`leaving.rs`).
     leaving: BTreeMap<LeaseId, Leaving>,
+    /// How long runs last, by user and class, from those that ended on their own.
+    run_lengths: crate::runlength::RunLengths,
 }
 
 impl Scheduler {
@@ -256,6 +258,7 @@ impl Scheduler {
                 whole_keys: Default::default(),
                 allowance: BTreeMap::new(),
                 leaving: BTreeMap::new(),
+                run_lengths: Default::default(),
             },
             baseline: None,
             fifo: None,

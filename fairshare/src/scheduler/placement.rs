@@ -58,6 +58,9 @@ pub(super) fn backfill_placement(
     let w = st.workloads.get(&id)?;
     let hold = protection(w, funded, cfg.cooldown);
     let may_resume = w.spec.resumable || cfg.rules_of_0_4;
+    let predicted = st
+        .run_lengths
+        .predict(&w.spec.user, &w.spec.class, w.spec.time_limit, 0);
     let mut best: Option<(u32, WorkloadId, Time, NodeId)> = None;
     for (holder, c) in &st.claims {
         let ClaimKind::Reservation { start } = c.kind else {
@@ -68,8 +71,15 @@ pub(super) fn backfill_placement(
             .time_limit
             .is_some_and(|tl| now.saturating_add(tl) <= start);
         // Work that cannot resume would lose its whole run when the reservation takes
-        // the node back: it must end before, not merely become preemptible.
-        let leaves_in_time = ends_in_time || (may_resume && now.saturating_add(hold) <= start);
+        // the node back: it must end before, not merely become preemptible. Work that
+        // can resume is not started either where its run is predicted to outlast the
+        // reservation (`runlength.rs`): the reservation would take back what it did
+        // since its last checkpoint. Unknown length keeps the rule of protection.
+        let outlasts = predicted.is_some_and(|p| now.saturating_add(p) > start);
+        let leaves_in_time = ends_in_time
+            || (may_resume
+                && now.saturating_add(hold) <= start
+                && !(cfg.backfill_by_prediction && outlasts));
         if start <= now || !leaves_in_time {
             continue;
         }
