@@ -56,9 +56,9 @@ pub const DEFAULT_UNFUNDED_RESERVATIONS: bool = true;
 /// Whether resumable backfill on a reserved node must be predicted to end before the
 /// reservation starts: a run predicted to outlast it would lose, when the
 /// reservation takes the node back, what it did since its last checkpoint. Off: on
-/// philly-384 and llm-lab (seeds 1-2) it changed lost work by -1% to +7%, within
-/// the seeds' spread; the reservations' losses come from the nodes they take, not
-/// from the backfill on them (docs/policy/suite.md).
+/// philly-384 and llm-lab (seeds 1-2) it lost more work, not less (philly-384
+/// 20.1k → 22.4k GPU-h); the reservations' losses come from the nodes they take,
+/// not from the backfill on them (docs/policy/suite.md).
 pub const DEFAULT_BACKFILL_BY_PREDICTION: bool = false;
 /// Share of the GPUs kept free for protected work arriving (debug runs, sessions,
 /// training): free occupancy (min runtime 0) starts only while 1% stays free. At 2–3×

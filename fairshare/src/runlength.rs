@@ -175,8 +175,9 @@ fn corrected(first: Secs, elapsed: Secs) -> Secs {
     let mut step = 0;
     for s in LADDER {
         step = s;
-        if first.saturating_add(s) > elapsed {
-            return first + s;
+        let p = first.saturating_add(s);
+        if p > elapsed {
+            return p;
         }
     }
     loop {

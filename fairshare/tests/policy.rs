@@ -243,6 +243,52 @@ fn backfill_only_what_leaves_before_the_reservation() {
 }
 
 #[test]
+fn backfill_by_prediction_keeps_a_run_predicted_to_outlast_the_reservation_off_its_nodes() {
+    for by_prediction in [false, true] {
+        let cfg = allot_fairshare::PolicyConfig {
+            backfill_by_prediction: by_prediction,
+            ..Default::default()
+        };
+        let mut s = Scheduler::new(cfg, two_teams(), nodes("c", 2, 8)).unwrap();
+        // Its user's last two runs of class `long` lasted 5 h each.
+        let long = || allot_fairshare::WorkloadSpec {
+            class: "long".into(),
+            ..job("x", 2, 30 * MINUTE)
+        };
+        for k in 0..2 {
+            let w = s.submit(k * 5 * HOUR, long()).unwrap();
+            s.schedule(k * 5 * HOUR);
+            s.lease_ended((k + 1) * 5 * HOUR, lease_of(&s, w), LeaseEnd::Completed)
+                .unwrap();
+        }
+        let t = 10 * HOUR;
+        s.submit(t, job("x", 4, 2 * HOUR)).unwrap();
+        s.schedule(t);
+        let g = s.submit(t + 1, gang("y", 2, 8, HOUR)).unwrap();
+        let d = s.schedule(t + 1);
+        assert!(d
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Reserve { workload, start, .. }
+                if *workload == g && *start == t + 2 * HOUR)));
+        // Both pass their protection (30 min) before the reservation starts (2 h);
+        // the `long` one is predicted to run 5 h, the other has no runs to go by.
+        let predicted_long = s.submit(t + 2, long()).unwrap();
+        let unknown = s.submit(t + 2, job("x", 2, 30 * MINUTE)).unwrap();
+        let started: Vec<_> = starts(&s.schedule(t + 2))
+            .into_iter()
+            .map(|x| x.0)
+            .collect();
+        assert!(started.contains(&unknown), "{by_prediction}: {started:?}");
+        assert_eq!(
+            started.contains(&predicted_long),
+            !by_prediction,
+            "by_prediction = {by_prediction}: {started:?}"
+        );
+    }
+}
+
+#[test]
 fn draining_revokes_at_the_lapse_and_drain_now_at_once() {
     let mut s = sched(two_teams(), nodes("c", 2, 8));
     let p = s.submit(0, job("x", 8, 8 * HOUR)).unwrap();

@@ -755,8 +755,9 @@ pub fn user_estimate(job: &mut Job, rng: &mut Rng) {
             .copied()
             .find(|&l| l >= want)
             .unwrap_or_else(|| want.div_ceil(last).saturating_mul(last));
-        job.spec.time_limit = Some(round.min(allot_fairshare::scheduler::MAX_CONTRACT));
+        job.spec.time_limit = Some(round);
     }
+    // Bounds the limit to the longest contract, as for every baseline job.
     perfect_estimate(job);
 }
 

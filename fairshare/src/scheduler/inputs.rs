@@ -360,8 +360,6 @@ impl Scheduler {
                     .update(p.node, |n| n.refused_from = n.refused_from.min(gpus));
             }
         }
-        // Revoked or lost work waits again, from its checkpoint when it can resume and
-        // from the beginning otherwise, unless its user asked for no requeue.
         if matches!(
             end,
             LeaseEnd::Completed | LeaseEnd::Failed | LeaseEnd::TimeLimit
@@ -375,6 +373,8 @@ impl Scheduler {
                 );
             }
         }
+        // Revoked or lost work waits again, from its checkpoint when it can resume and
+        // from the beginning otherwise, unless its user asked for no requeue.
         let next = match end {
             LeaseEnd::Completed => WorkloadState::Completed,
             LeaseEnd::Failed => WorkloadState::Failed,

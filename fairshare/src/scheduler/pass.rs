@@ -514,8 +514,11 @@ impl<'c> Pass<'c> {
             return true;
         }
         // Same shape and contract, same project: later ones leave no sooner, so stop
-        // trying them this pass.
-        self.backfill_dead.insert((c.project, s));
+        // trying them this pass. Not where predictions decide: another user's or
+        // class's run of the same shape may be predicted to leave in time.
+        if !self.cfg.backfill_by_prediction {
+            self.backfill_dead.insert((c.project, s));
+        }
         false
     }
 

@@ -58,9 +58,14 @@ pub(super) fn backfill_placement(
     let w = st.workloads.get(&id)?;
     let hold = protection(w, funded, cfg.cooldown);
     let may_resume = w.spec.resumable || cfg.rules_of_0_4;
-    let predicted = st
-        .run_lengths
-        .predict(&w.spec.user, &w.spec.class, w.spec.time_limit, 0);
+    // Looked up only where the key asks for it: backfill is tried on every pass.
+    let predicted = cfg
+        .backfill_by_prediction
+        .then(|| {
+            st.run_lengths
+                .predict(&w.spec.user, &w.spec.class, w.spec.time_limit, 0)
+        })
+        .flatten();
     let mut best: Option<(u32, WorkloadId, Time, NodeId)> = None;
     for (holder, c) in &st.claims {
         let ClaimKind::Reservation { start } = c.kind else {
@@ -76,10 +81,8 @@ pub(super) fn backfill_placement(
         // reservation (`runlength.rs`): the reservation would take back what it did
         // since its last checkpoint. Unknown length keeps the rule of protection.
         let outlasts = predicted.is_some_and(|p| now.saturating_add(p) > start);
-        let leaves_in_time = ends_in_time
-            || (may_resume
-                && now.saturating_add(hold) <= start
-                && !(cfg.backfill_by_prediction && outlasts));
+        let leaves_in_time =
+            ends_in_time || (may_resume && now.saturating_add(hold) <= start && !outlasts);
         if start <= now || !leaves_in_time {
             continue;
         }
